@@ -1,0 +1,605 @@
+//! Configuration as data: every parameter of the model, loaded from TOML
+//! presets shipped with the binary and overridable key by key.
+//!
+//! A preset names the published system it models; every calibrated constant
+//! in `presets/*.toml` cites the table or section it comes from. Loading is
+//! strict: unknown keys and impossible values are errors that name the key
+//! (DESIGN.md "Configuration as data").
+
+mod presets;
+mod technology;
+
+pub use presets::{preset_names, preset_source, PRESETS};
+pub use technology::{Technology, TECHNOLOGIES};
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A configuration error: which key, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.key, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(key: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.to_string(), message: message.into() }
+}
+
+/// How the device's request queues order work (SPEC §1.4).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueuePolicy {
+    /// One queue, requests processed in arrival order (MICRO'10 baseline).
+    Fifo,
+    /// Separate read and write queues served alternately (Moneta+2Q).
+    #[serde(rename = "2q")]
+    TwoQueue,
+    /// Two queues, round-robin between requests within a queue (Moneta+Balance).
+    Balance,
+}
+
+/// Which memory controller model the array uses.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ControllerKind {
+    /// DDR-style controller with row buffers and inserted latencies (SPEC §1.6).
+    Moneta,
+    /// Onyx's PCM controller driving P8P ranks (SPEC §5).
+    OnyxPcm,
+}
+
+/// The host software stack driving the device (SPEC §2.2, §3.5, §6).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stack {
+    Base,
+    NoSched,
+    Atomic,
+    Spin,
+    #[serde(rename = "2q")]
+    TwoQueue,
+    Balance,
+    /// Moneta-D: user-space library, device-checked permissions (SPEC §3).
+    Direct,
+    /// DDR-attached NVM ramdisk: the CPU copies, no device (SPEC §6).
+    Ramdisk,
+}
+
+impl Stack {
+    pub const ALL: [Stack; 8] = [
+        Stack::Base,
+        Stack::NoSched,
+        Stack::Atomic,
+        Stack::Spin,
+        Stack::TwoQueue,
+        Stack::Balance,
+        Stack::Direct,
+        Stack::Ramdisk,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Stack::Base => "base",
+            Stack::NoSched => "nosched",
+            Stack::Atomic => "atomic",
+            Stack::Spin => "spin",
+            Stack::TwoQueue => "2q",
+            Stack::Balance => "balance",
+            Stack::Direct => "direct",
+            Stack::Ramdisk => "ramdisk",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Stack, ConfigError> {
+        Stack::ALL
+            .iter()
+            .copied()
+            .find(|st| st.name() == s)
+            .ok_or_else(|| err("host.stack", format!("unknown stack '{s}' (expected one of base, nosched, atomic, spin, 2q, balance, direct, ramdisk)")))
+    }
+
+    /// The queue policy a kernel-stack step implies for the device, if any:
+    /// Moneta+2Q and Moneta+Balance are hardware steps (SPEC §2.2).
+    pub fn implied_queue_policy(self) -> Option<QueuePolicy> {
+        match self {
+            Stack::TwoQueue => Some(QueuePolicy::TwoQueue),
+            Stack::Balance => Some(QueuePolicy::Balance),
+            _ => None,
+        }
+    }
+}
+
+/// Completion technique of the Moneta-D direct stack (SPEC §3.5).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Completion {
+    /// The device DMA-writes the result into the tag's status word; the thread spins on it.
+    Dma,
+    /// The kernel's interrupt handler forwards completions into COMPLETIONCOUNT.
+    Forwarding,
+    /// Issue, then sleep in a system call until the interrupt.
+    IssueSleep,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Preset name this configuration was built from.
+    pub name: String,
+    /// One line: which published system this models.
+    pub description: String,
+    pub device: DeviceConfig,
+    pub link: LinkConfig,
+    pub ring: RingConfig,
+    pub memory: MemoryConfig,
+    pub start_gap: StartGapConfig,
+    pub onyx: OnyxConfig,
+    pub host: HostConfig,
+    pub direct: DirectConfig,
+    pub ramdisk: RamdiskConfig,
+    pub power: PowerConfig,
+}
+
+/// Scheduler, tags, buffers (SPEC §1.2–1.4).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    pub capacity_bytes: u64,
+    pub tags: u32,
+    pub transfer_buffers: u32,
+    pub buffer_bytes: u64,
+    pub queue_policy: QueuePolicy,
+    /// Cycles from the command register through retag and protection into
+    /// the queues, at the 250 MHz design clock.
+    pub pipeline_ns: u64,
+}
+
+/// PCIe link and DMA engine (SPEC §1.1).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LinkConfig {
+    /// Raw rate per direction (PCIe 1.1 ×8: 2 GB/s).
+    pub bandwidth_bytes_per_s: f64,
+    /// Negotiated max payload per TLP; DMA splits transfers to it.
+    pub max_payload_bytes: u64,
+    /// Per-TLP framing, header, sequence number and LCRC.
+    pub tlp_overhead_bytes: u64,
+    /// Host-to-device DMA: time for the host memory to answer the first read request.
+    pub latency_ns_host_to_device: u64,
+    /// Device-to-host DMA: time until the first posted write is in host memory.
+    pub latency_ns_device_to_host: u64,
+}
+
+/// Token ring between the scheduler and the memory controllers (SPEC §1.5).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RingConfig {
+    pub bandwidth_bytes_per_s: f64,
+    /// Time for a flit to go once around the ring.
+    pub round_trip_ns: u64,
+    /// Largest packet a router sends before releasing the token.
+    pub packet_bytes: u64,
+}
+
+/// Memory controllers and the memory technology (SPEC §1.6, §1.8).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryConfig {
+    pub controller: ControllerKind,
+    pub controllers: u32,
+    pub stripe_bytes: u64,
+    /// Name of the technology whose latencies are below (SPEC §1.8).
+    pub technology: String,
+    /// Array read latency, paid once per row opened.
+    pub latency_ns_read: u64,
+    /// Array write latency (extended precharge), paid once per row written.
+    pub latency_ns_write: u64,
+    /// Virtual row (row buffer) size.
+    pub row_bytes: u64,
+    /// DDR transfer rate between row buffer and controller.
+    pub ddr_bytes_per_s: f64,
+    /// Controller pipeline: command decode and DDR command sequencing.
+    pub controller_ns: u64,
+    /// Size of each controller's in and out queue.
+    pub queue_bytes: u64,
+}
+
+/// Start-gap wear leveling with address randomization (SPEC §1.7).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StartGapConfig {
+    pub enabled: bool,
+    pub line_bytes: u64,
+    /// Writes between gap moves (G, ψ).
+    pub gap_interval_writes: u64,
+    pub randomize: bool,
+    /// Track per-line write counts (memory: 8 B per line).
+    pub track_wear: bool,
+}
+
+/// Onyx's P8P PCM controller (SPEC §5).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OnyxConfig {
+    pub ranks: u32,
+    pub parts_per_rank: u32,
+    /// Write buffer per part (64 B), filled then committed.
+    pub write_buffer_bytes: u64,
+    /// Time to commit one buffered write of random data.
+    pub buffered_write_ns: u64,
+    /// Read of 16 B from one part.
+    pub read_ns_per_16_bytes: u64,
+    /// The controller reads in increments of this many ns (125 MHz design).
+    pub read_increment_ns: u64,
+    /// Clock period of the controller.
+    pub clock_ns: u64,
+    /// Cycles to send a write's command and metadata to a rank.
+    pub write_setup_cycles: u64,
+    /// Cycles of a status-register poll.
+    pub status_poll_cycles: u64,
+    /// Signal write completion when data leaves the scheduler FIFOs (true),
+    /// or when it is in the PCM array (false).
+    pub early_completion: bool,
+}
+
+/// Host CPU and kernel stack (SPEC §2).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    pub stack: Stack,
+    pub cores: u32,
+    /// Spinning stacks spin for requests up to this size and sleep above it.
+    pub spin_max_bytes: u64,
+    /// Add the file-system cost to every request.
+    pub file_system: bool,
+    /// Extra serialized section per request (HASTE's driver lock).
+    pub driver_lock_ns: u64,
+    pub costs: KernelCosts,
+}
+
+/// Table 3.1 software costs; `_read` / `_write` pairs in ns.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct KernelCosts {
+    pub syscall_entry_ns_read: u64,
+    pub syscall_entry_ns_write: u64,
+    pub block_layer_ns_read: u64,
+    pub block_layer_ns_write: u64,
+    /// Part of the block layer spent switching to the single scheduler thread.
+    pub io_scheduler_switch_ns: u64,
+    pub tag_ns_read: u64,
+    pub tag_ns_write: u64,
+    /// Copy from the DMA buffer (reads), per KB.
+    pub copy_ns_per_kb_read: u64,
+    /// Copy into the DMA buffer (writes), per KB.
+    pub copy_ns_per_kb_write: u64,
+    /// The baseline three-word PIO command.
+    pub pio_ns_read: u64,
+    pub pio_ns_write: u64,
+    pub interrupt_ns_read: u64,
+    pub interrupt_ns_write: u64,
+    /// Wake-up of the sleeping thread beyond the hardware time.
+    pub wake_ns_read: u64,
+    pub wake_ns_write: u64,
+    pub return_ns_read: u64,
+    pub return_ns_write: u64,
+    pub file_system_ns_read: u64,
+    pub file_system_ns_write: u64,
+}
+
+/// Moneta-D direct stack (SPEC §3, Table 4.2); `_read` / `_write` pairs in ns.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DirectConfig {
+    pub completion: Completion,
+    /// Records in the device's shared permission table.
+    pub permission_records: u32,
+    /// Extents the workload's file has (each needs a permission record).
+    pub file_extents: u64,
+    /// Merge physically adjacent records of the same file and permission.
+    pub merge_records: bool,
+    /// Fraction of logically consecutive extents that the file system
+    /// placed physically adjacent (mergeable).
+    pub adjacent_fraction: f64,
+    pub library_ns_read: u64,
+    pub library_ns_write: u64,
+    pub extent_lookup_ns_one: u64,
+    pub extent_lookup_ns_many: u64,
+    pub copy_ns_per_kb_read: u64,
+    pub copy_ns_per_kb_write: u64,
+    /// Cycle time of one permission-tree step in the device (3 cycles at 250 MHz).
+    pub tree_step_ns: u64,
+    pub soft_miss_ns_one: u64,
+    pub soft_miss_ns_many: u64,
+    pub permission_update_ns: u64,
+    /// Added when the device rejects a request for a missing record.
+    pub hard_miss_detect_ns: u64,
+    pub forwarding_ns_read: u64,
+    pub forwarding_ns_write: u64,
+    pub syscall_ns_read: u64,
+    pub syscall_ns_write: u64,
+}
+
+/// DDR-attached NVM ramdisk (SPEC §6).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RamdiskConfig {
+    /// CPU copy rate of one thread through the cache hierarchy.
+    pub copy_bytes_per_s: f64,
+    /// Aggregate rate of the host memory channels.
+    pub memory_bytes_per_s: f64,
+    /// Granule at which the NVM delay is inserted.
+    pub access_bytes: u64,
+}
+
+/// Power model (SPEC §1.9, MICRO'10 Table I).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PowerConfig {
+    pub scheduler_dma_w_idle: f64,
+    pub scheduler_dma_w_peak: f64,
+    pub ring_w_idle: f64,
+    pub ring_w_peak: f64,
+    pub scheduler_buffer_w_idle: f64,
+    pub scheduler_buffer_w_peak: f64,
+    pub controller_w_idle: f64,
+    pub controller_w_peak: f64,
+    pub controller_buffer_w_idle: f64,
+    pub controller_buffer_w_peak: f64,
+    pub pcie_w_idle: f64,
+    pub pcie_w_peak: f64,
+    pub array_write_pj_per_bit: f64,
+    pub array_read_pj_per_bit: f64,
+    pub row_buffer_write_pj_per_bit: f64,
+    pub row_buffer_read_pj_per_bit: f64,
+    /// Idle background power per die (clock off).
+    pub background_w_per_die_idle: f64,
+    /// Active background power per bit of open row buffer.
+    pub background_w_per_bit_active: f64,
+    /// Capacity of one memory die.
+    pub die_bytes: u64,
+}
+
+impl Config {
+    /// Load a preset by name, e.g. `moneta` or `onyx-late`.
+    pub fn preset(name: &str) -> Result<Config, ConfigError> {
+        let value = presets::preset_value(name)?;
+        let config: Config = value
+            .try_into()
+            .map_err(|e: toml::de::Error| err("", format!("preset '{name}' is malformed: {e}")))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Apply a `key=value` override such as `memory.controllers=4`. The value
+    /// is parsed as TOML (numbers, booleans, strings; bare words are strings).
+    pub fn set(&mut self, assignment: &str) -> Result<(), ConfigError> {
+        let (key, raw) = assignment
+            .split_once('=')
+            .ok_or_else(|| err(assignment, "expected key=value"))?;
+        let key = key.trim();
+        let raw = raw.trim();
+        let value = parse_value(raw);
+        let mut tree = toml::Value::try_from(&*self).map_err(|e| err(key, e.to_string()))?;
+        let slot = lookup_mut(&mut tree, key)?;
+        *slot = coerce_like(slot, value).map_err(|m| err(key, m))?;
+        let updated: Config = tree.try_into().map_err(|e: toml::de::Error| err(key, clean_serde_message(&e.to_string())))?;
+        updated.validate()?;
+        *self = updated;
+        Ok(())
+    }
+
+    /// Use a memory technology's read/write latencies (SPEC §1.8).
+    pub fn set_technology(&mut self, name: &str) -> Result<(), ConfigError> {
+        let tech = Technology::find(name).ok_or_else(|| {
+            let names: Vec<_> = TECHNOLOGIES.iter().map(|t| t.name).collect();
+            err("memory.technology", format!("unknown technology '{name}' (expected one of {})", names.join(", ")))
+        })?;
+        self.memory.technology = tech.name.to_string();
+        self.memory.latency_ns_read = tech.latency_ns_read;
+        self.memory.latency_ns_write = tech.latency_ns_write;
+        Ok(())
+    }
+
+    /// Select a host stack; the hardware steps (2q, balance) also set the
+    /// device queue policy, as in SPEC §2.2.
+    pub fn set_stack(&mut self, stack: Stack) {
+        self.host.stack = stack;
+        if let Some(policy) = stack.implied_queue_policy() {
+            self.device.queue_policy = policy;
+        }
+    }
+
+    /// The resolved configuration as a JSON value (for reports).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("config serializes")
+    }
+
+    /// Reject impossible values, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let d = &self.device;
+        positive("device.capacity_bytes", d.capacity_bytes)?;
+        range("device.tags", d.tags as u64, 1, 256)?;
+        range("device.transfer_buffers", d.transfer_buffers as u64, 1, 1024)?;
+        range("device.buffer_bytes", d.buffer_bytes, 512, 1 << 20)?;
+        power_of_two("device.buffer_bytes", d.buffer_bytes)?;
+        let l = &self.link;
+        positive_f("link.bandwidth_bytes_per_s", l.bandwidth_bytes_per_s)?;
+        range("link.max_payload_bytes", l.max_payload_bytes, 16, 4096)?;
+        let r = &self.ring;
+        positive_f("ring.bandwidth_bytes_per_s", r.bandwidth_bytes_per_s)?;
+        positive("ring.packet_bytes", r.packet_bytes)?;
+        let m = &self.memory;
+        range("memory.controllers", m.controllers as u64, 1, 16)?;
+        range("memory.stripe_bytes", m.stripe_bytes, 512, 1 << 30)?;
+        power_of_two("memory.stripe_bytes", m.stripe_bytes)?;
+        range("memory.row_bytes", m.row_bytes, 64, 1 << 20)?;
+        power_of_two("memory.row_bytes", m.row_bytes)?;
+        positive_f("memory.ddr_bytes_per_s", m.ddr_bytes_per_s)?;
+        range("memory.queue_bytes", m.queue_bytes, 512, 1 << 30)?;
+        if m.latency_ns_read > 1_000_000_000 || m.latency_ns_write > 1_000_000_000 {
+            return Err(err("memory.latency_ns_read", "latencies above one second are not storage"));
+        }
+        if d.capacity_bytes % (m.stripe_bytes * m.controllers as u64) != 0 {
+            return Err(err("device.capacity_bytes", "must be a multiple of memory.stripe_bytes × memory.controllers"));
+        }
+        let s = &self.start_gap;
+        if s.enabled {
+            range("start_gap.line_bytes", s.line_bytes, 64, 1 << 20)?;
+            power_of_two("start_gap.line_bytes", s.line_bytes)?;
+            positive("start_gap.gap_interval_writes", s.gap_interval_writes)?;
+            let per_controller = d.capacity_bytes / m.controllers as u64;
+            if per_controller / s.line_bytes < 2 {
+                return Err(err("start_gap.line_bytes", "each controller needs at least two lines"));
+            }
+            if s.track_wear && per_controller / s.line_bytes > (1 << 26) {
+                return Err(err("start_gap.track_wear", "too many lines per controller to track wear (raise start_gap.line_bytes or lower device.capacity_bytes)"));
+            }
+        }
+        if m.controller == ControllerKind::OnyxPcm {
+            let o = &self.onyx;
+            range("onyx.ranks", o.ranks as u64, 1, 64)?;
+            range("onyx.parts_per_rank", o.parts_per_rank as u64, 1, 16)?;
+            range("onyx.write_buffer_bytes", o.write_buffer_bytes, 16, 4096)?;
+            positive("onyx.clock_ns", o.clock_ns)?;
+            positive("onyx.read_increment_ns", o.read_increment_ns)?;
+        }
+        let h = &self.host;
+        range("host.cores", h.cores as u64, 1, 1024)?;
+        let x = &self.direct;
+        range("direct.permission_records", x.permission_records as u64, 1, 1 << 24)?;
+        positive("direct.file_extents", x.file_extents)?;
+        if !(0.0..=1.0).contains(&x.adjacent_fraction) {
+            return Err(err("direct.adjacent_fraction", "must be between 0 and 1"));
+        }
+        positive_f("ramdisk.copy_bytes_per_s", self.ramdisk.copy_bytes_per_s)?;
+        positive_f("ramdisk.memory_bytes_per_s", self.ramdisk.memory_bytes_per_s)?;
+        positive("ramdisk.access_bytes", self.ramdisk.access_bytes)?;
+        Ok(())
+    }
+}
+
+fn positive(key: &str, v: u64) -> Result<(), ConfigError> {
+    if v == 0 {
+        Err(err(key, "must be greater than zero"))
+    } else {
+        Ok(())
+    }
+}
+
+fn positive_f(key: &str, v: f64) -> Result<(), ConfigError> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(err(key, "must be a positive finite number"))
+    }
+}
+
+fn range(key: &str, v: u64, lo: u64, hi: u64) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        Err(err(key, format!("{v} is out of range {lo}..={hi}")))
+    } else {
+        Ok(())
+    }
+}
+
+fn power_of_two(key: &str, v: u64) -> Result<(), ConfigError> {
+    if v.is_power_of_two() {
+        Ok(())
+    } else {
+        Err(err(key, format!("{v} must be a power of two")))
+    }
+}
+
+fn parse_value(raw: &str) -> toml::Value {
+    let wrapped = format!("v = {raw}");
+    match wrapped.parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+/// Integers are accepted where floats are expected (`link.bandwidth_bytes_per_s=1e9` or `=1000000000`).
+fn coerce_like(old: &toml::Value, new: toml::Value) -> Result<toml::Value, String> {
+    match (old, new) {
+        (toml::Value::Float(_), toml::Value::Integer(i)) => Ok(toml::Value::Float(i as f64)),
+        (toml::Value::Integer(_), toml::Value::Float(f)) if f.fract() == 0.0 && f >= 0.0 => Ok(toml::Value::Integer(f as i64)),
+        (toml::Value::Table(_), _) => Err("is a section, not a value".to_string()),
+        (old, new) if std::mem::discriminant(old) == std::mem::discriminant(&new) => Ok(new),
+        (old, new) => Err(format!("expected {}, got {} '{}'", old.type_str(), new.type_str(), new)),
+    }
+}
+
+fn lookup_mut<'a>(tree: &'a mut toml::Value, key: &str) -> Result<&'a mut toml::Value, ConfigError> {
+    let mut node = tree;
+    for part in key.split('.') {
+        node = node
+            .as_table_mut()
+            .and_then(|t| t.get_mut(part))
+            .ok_or_else(|| err(key, "unknown key (see `moneta presets --verbose` for the keys)"))?;
+    }
+    Ok(node)
+}
+
+fn clean_serde_message(m: &str) -> String {
+    m.lines().last().unwrap_or(m).trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_loads_and_validates() {
+        for name in preset_names() {
+            let c = Config::preset(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.name, name);
+        }
+    }
+
+    #[test]
+    fn set_overrides_and_rejects() {
+        let mut c = Config::preset("moneta").unwrap();
+        c.set("memory.controllers=4").unwrap();
+        assert_eq!(c.memory.controllers, 4);
+        c.set("link.bandwidth_bytes_per_s=1000000000").unwrap();
+        assert_eq!(c.link.bandwidth_bytes_per_s, 1e9);
+        c.set("device.queue_policy=balance").unwrap();
+        assert_eq!(c.device.queue_policy, QueuePolicy::Balance);
+
+        let e = c.set("memory.nonsense=3").unwrap_err();
+        assert_eq!(e.key, "memory.nonsense");
+        let e = c.set("memory.controllers=0").unwrap_err();
+        assert_eq!(e.key, "memory.controllers");
+        let e = c.set("memory.controllers=many").unwrap_err();
+        assert_eq!(e.key, "memory.controllers");
+        let e = c.set("device.queue_policy=lifo").unwrap_err();
+        assert_eq!(e.key, "device.queue_policy");
+        let e = c.set("memory").unwrap_err();
+        assert_eq!(e.key, "memory");
+        // A rejected override leaves the configuration unchanged.
+        assert_eq!(c.memory.controllers, 4);
+    }
+
+    #[test]
+    fn unknown_preset_and_technology_are_errors() {
+        assert!(Config::preset("moneta-9000").is_err());
+        let mut c = Config::preset("moneta").unwrap();
+        assert!(c.set_technology("unobtainium").is_err());
+        c.set_technology("stt-mram").unwrap();
+        assert_eq!(c.memory.latency_ns_read, 30);
+    }
+}

@@ -1,0 +1,1 @@
+//! Command decoding (SPEC §1.2). Placeholder: being written.

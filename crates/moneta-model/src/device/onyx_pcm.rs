@@ -1,0 +1,1 @@
+//! Onyx P8P PCM controller (SPEC §5). Placeholder: being written.

@@ -1,0 +1,1 @@
+//! Power model (SPEC §1.9). Placeholder: being written.

@@ -1,0 +1,1 @@
+//! Start-gap wear leveling with address randomization (SPEC §1.7). Placeholder: being written.

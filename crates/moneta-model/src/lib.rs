@@ -1,0 +1,26 @@
+//! # moneta-model
+//!
+//! The Moneta storage array family (SPEC.md) as a deterministic discrete-event
+//! model: one model, driven by a virtual clock for simulation and (later) by
+//! the wall clock for emulation (DESIGN.md "One model, two clocks").
+//!
+//! The modules follow the data path:
+//!
+//! - [`workload`]: XDD-like closed-loop generators (SPEC §2, §3.5).
+//! - [`host`]: host software stacks: the Linux kernel stacks Base … Balance
+//!   (SPEC §2), Moneta-D's user-space library (SPEC §3), the DDR ramdisk (§6).
+//! - [`device`]: the array: command decoding, tags, request queues, transfer
+//!   buffers and scheduler, DMA over PCIe, ring, memory controllers, start-gap,
+//!   the Onyx PCM controller, the power model (SPEC §1, §5).
+//! - [`kernel`]: the event kernel, clocks and seeded randomness.
+//! - [`config`]: presets as data, overrides, validation.
+//! - [`experiment`]: runs one configured experiment and reports its results.
+
+pub mod config;
+pub mod device;
+pub mod experiment;
+pub mod host;
+pub mod kernel;
+pub mod stats;
+pub mod units;
+pub mod workload;
