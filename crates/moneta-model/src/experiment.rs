@@ -1,1 +1,454 @@
-//! experiment
+//! One experiment: a host stack and a workload driving the device on the
+//! event kernel, and the results it produces.
+//!
+//! The host side (threads, cores, locks, tags) and the device share one
+//! event queue. Threads hold a core while they compute, spin on a lock or
+//! spin for a completion, and give it up while they sleep; a woken thread
+//! waits in a FIFO run queue until a core is free. Serialized sections
+//! (locks, the single scheduler thread, the memory bus) are FIFO servers.
+//! Everything is a function of the configuration, the workload and the seed.
+
+use crate::config::{Config, Stack};
+use crate::device::pipeline::{Device, DeviceCounters, DeviceEvent, DeviceRequest};
+use crate::device::tags::TagPool;
+use crate::host::permissions::PermissionModel;
+use crate::host::{plan, PermissionOutcome, Plan, Step, SERVERS};
+use crate::kernel::{Clock, EventQueue, VirtualClock};
+use crate::stats::LatencyHistogram;
+use crate::units::{DeviceAddr, Ns, Op, PhysTag};
+use crate::workload::{AddressStream, RunLimit, Workload};
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Device(DeviceEvent),
+    /// Continue a thread's program.
+    Resume(u32),
+    /// A sleeping thread is runnable again and needs a core.
+    Wake(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    None,
+    Spin { detect_ns: Ns },
+    Sleep { interrupt_ns: Ns, lock: Option<usize>, wake_ns: Ns },
+}
+
+struct Thread {
+    group: usize,
+    addresses: AddressStream,
+    plan: Plan,
+    step: usize,
+    op: Op,
+    bytes: u64,
+    addr: u64,
+    start_ns: Ns,
+    wait: Wait,
+    /// The device finished before the thread reached its wait step.
+    completed_at: Option<Ns>,
+    tag: Option<PhysTag>,
+    done: bool,
+}
+
+/// Results of one thread group.
+#[derive(Debug, Clone)]
+pub struct GroupResult {
+    pub name: String,
+    pub threads: u32,
+    pub size_bytes: u64,
+    pub ops: u64,
+    pub bytes: u64,
+    pub latency: LatencyHistogram,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub elapsed_ns: Ns,
+    pub groups: Vec<GroupResult>,
+    pub latency: LatencyHistogram,
+    pub ops: u64,
+    pub bytes: u64,
+    pub device: DeviceCounters,
+    pub events: u64,
+    /// CPU time spent by the host threads (software and spinning).
+    pub cpu_busy_ns: u64,
+    pub soft_misses: u64,
+    pub hard_misses: u64,
+}
+
+impl RunResult {
+    /// 10^6 bytes per second, as in the papers.
+    pub fn bandwidth_mb_per_s(&self) -> f64 {
+        rate(self.bytes, self.elapsed_ns) / 1e6
+    }
+
+    pub fn iops(&self) -> f64 {
+        rate(self.ops, self.elapsed_ns)
+    }
+}
+
+pub fn rate(count: u64, elapsed_ns: Ns) -> f64 {
+    if elapsed_ns == 0 {
+        0.0
+    } else {
+        count as f64 * 1e9 / elapsed_ns as f64
+    }
+}
+
+/// Run `workload` on the configured host stack and device in virtual time.
+pub fn run(config: &Config, workload: &Workload) -> Result<RunResult, String> {
+    config.validate().map_err(|e| e.to_string())?;
+    let needs_device = config.host.stack != Stack::Ramdisk;
+    workload.validate(config.device.capacity_bytes)?;
+    Simulation::new(config, workload, needs_device).run(VirtualClock::new())
+}
+
+struct Simulation<'a> {
+    config: &'a Config,
+    workload: &'a Workload,
+    device: Device,
+    queue: EventQueue<Event>,
+    threads: Vec<Thread>,
+    tags: TagPool,
+    tag_waiters: VecDeque<u32>,
+    free_cores: u32,
+    run_queue: VecDeque<u32>,
+    servers_free_at: [Ns; SERVERS],
+    permissions: Option<PermissionModel>,
+    /// Plans without permission misses, per (group, op): computed once.
+    plans: Vec<[Plan; 2]>,
+    issued: u64,
+    groups: Vec<GroupResult>,
+    last_completion_ns: Ns,
+    cpu_busy_ns: u64,
+    events: u64,
+    notify_ns: Ns,
+}
+
+impl<'a> Simulation<'a> {
+    fn new(config: &'a Config, workload: &'a Workload, _needs_device: bool) -> Self {
+        let permissions =
+            (config.host.stack == Stack::Direct).then(|| PermissionModel::new(&config.direct, workload.seed));
+        let plans = workload
+            .groups
+            .iter()
+            .map(|g| {
+                let hit = PermissionOutcome { soft_miss: false, hard_miss: false, tree_depth: 1 };
+                [plan(config, Op::Read, g.size_bytes, hit), plan(config, Op::Write, g.size_bytes, hit)]
+            })
+            .collect();
+        let mut threads = Vec::new();
+        for (gi, g) in workload.groups.iter().enumerate() {
+            for _ in 0..g.threads {
+                let id = threads.len() as u64;
+                threads.push(Thread {
+                    group: gi,
+                    addresses: AddressStream::new(g, workload.seed, id),
+                    plan: Plan::default(),
+                    step: 0,
+                    op: Op::Read,
+                    bytes: g.size_bytes,
+                    addr: 0,
+                    start_ns: 0,
+                    wait: Wait::None,
+                    completed_at: None,
+                    tag: None,
+                    done: false,
+                });
+            }
+        }
+        let groups = workload
+            .groups
+            .iter()
+            .map(|g| GroupResult {
+                name: g.name.clone(),
+                threads: g.threads,
+                size_bytes: g.size_bytes,
+                ops: 0,
+                bytes: 0,
+                latency: LatencyHistogram::new(),
+            })
+            .collect();
+        Self {
+            config,
+            workload,
+            device: Device::new(config, workload.seed),
+            queue: EventQueue::new(),
+            threads,
+            tags: TagPool::new(config.device.tags),
+            tag_waiters: VecDeque::new(),
+            free_cores: config.host.cores,
+            run_queue: VecDeque::new(),
+            servers_free_at: [0; SERVERS],
+            permissions,
+            plans,
+            issued: 0,
+            groups,
+            last_completion_ns: 0,
+            cpu_busy_ns: 0,
+            events: 0,
+            notify_ns: config.link.latency_ns_device_to_host,
+        }
+    }
+
+    fn run<C: Clock>(mut self, mut clock: C) -> Result<RunResult, String> {
+        for t in 0..self.threads.len() as u32 {
+            self.queue.push(0, Event::Wake(t));
+        }
+        while let Some((now, event)) = self.queue.pop() {
+            clock.advance_to(now);
+            self.events += 1;
+            match event {
+                Event::Device(e) => {
+                    self.device.handle(now, e);
+                    self.drain_device(now)?;
+                }
+                Event::Resume(t) => self.advance(now, t)?,
+                Event::Wake(t) => self.want_core(now, t),
+            }
+        }
+        let mut latency = LatencyHistogram::new();
+        for g in &self.groups {
+            latency.merge(&g.latency);
+        }
+        let elapsed_ns = self.last_completion_ns;
+        Ok(RunResult {
+            elapsed_ns,
+            ops: self.groups.iter().map(|g| g.ops).sum(),
+            bytes: self.groups.iter().map(|g| g.bytes).sum(),
+            latency,
+            groups: self.groups,
+            device: self.device.counters(elapsed_ns),
+            events: self.events,
+            cpu_busy_ns: self.cpu_busy_ns,
+            soft_misses: self.permissions.as_ref().map_or(0, |p| p.soft_misses),
+            hard_misses: self.permissions.as_ref().map_or(0, |p| p.hard_misses),
+        })
+    }
+
+    fn drain_device(&mut self, now: Ns) -> Result<(), String> {
+        for i in 0..self.device.outbox.len() {
+            let (t, e) = self.device.outbox[i];
+            self.queue.push(t, Event::Device(e));
+        }
+        self.device.outbox.clear();
+        for i in 0..self.device.completions.len() {
+            let c = self.device.completions[i];
+            self.completed(now, c.token as u32, c.tag);
+        }
+        self.device.completions.clear();
+        Ok(())
+    }
+
+    /// A thread becomes runnable: take a core or queue for one.
+    fn want_core(&mut self, now: Ns, t: u32) {
+        if self.free_cores > 0 {
+            self.free_cores -= 1;
+            self.queue.push(now, Event::Resume(t));
+        } else {
+            self.run_queue.push_back(t);
+        }
+    }
+
+    fn release_core(&mut self, now: Ns) {
+        match self.run_queue.pop_front() {
+            Some(next) => self.queue.push(now, Event::Resume(next)),
+            None => self.free_cores += 1,
+        }
+    }
+
+    fn start_request(&mut self, now: Ns, t: u32) -> bool {
+        let limit_reached = match self.workload.limit {
+            RunLimit::Ops(n) => self.issued >= n,
+            RunLimit::DurationNs(d) => now >= d,
+        };
+        if limit_reached {
+            return false;
+        }
+        self.issued += 1;
+        let th = &mut self.threads[t as usize];
+        let group = &self.workload.groups[th.group];
+        let (op, addr) = th.addresses.next(group.op);
+        th.op = op;
+        th.addr = addr;
+        th.start_ns = now;
+        th.step = 0;
+        th.wait = Wait::None;
+        th.completed_at = None;
+        th.plan = match self.permissions.as_mut() {
+            None => self.plans[th.group][(op == Op::Write) as usize],
+            Some(p) => {
+                let offset = addr - group.region_offset_bytes;
+                let extent = (offset as u128 * p.extents() as u128 / group.region_bytes as u128) as usize;
+                let (soft_miss, hard_miss) = p.access(extent);
+                let outcome = PermissionOutcome { soft_miss, hard_miss, tree_depth: p.tree_depth() };
+                plan(self.config, op, th.bytes, outcome)
+            }
+        };
+        true
+    }
+
+    /// Run thread `t`'s program from its current step; `t` holds a core.
+    fn advance(&mut self, now: Ns, t: u32) -> Result<(), String> {
+        loop {
+            let th = &self.threads[t as usize];
+            if th.done {
+                return Ok(());
+            }
+            let Some(step) = th.plan.get(th.step) else {
+                // Request finished (or the thread has not started one yet).
+                if th.plan.steps().len() > 0 {
+                    let g = &mut self.groups[th.group];
+                    g.ops += 1;
+                    g.bytes += th.bytes;
+                    g.latency.record(now - th.start_ns);
+                    self.last_completion_ns = self.last_completion_ns.max(now);
+                }
+                if !self.start_request(now, t) {
+                    self.threads[t as usize].done = true;
+                    self.release_core(now);
+                    return Ok(());
+                }
+                continue;
+            };
+            match step {
+                Step::Cpu(ns) => {
+                    self.cpu_busy_ns += ns;
+                    self.threads[t as usize].step += 1;
+                    self.queue.push(now + ns, Event::Resume(t));
+                    return Ok(());
+                }
+                Step::Serial(server, ns) => {
+                    let free = &mut self.servers_free_at[server.index()];
+                    let start = now.max(*free);
+                    *free = start + ns;
+                    self.cpu_busy_ns += start + ns - now;
+                    self.threads[t as usize].step += 1;
+                    self.queue.push(start + ns, Event::Resume(t));
+                    return Ok(());
+                }
+                Step::Issue { protection_ns } => {
+                    let Some(tag) = self.tags.allocate() else {
+                        // Out of tags: wait (keeping the core) for one to be released.
+                        self.tag_waiters.push_back(t);
+                        return Ok(());
+                    };
+                    let th = &mut self.threads[t as usize];
+                    th.tag = Some(tag);
+                    th.step += 1;
+                    let request = DeviceRequest {
+                        token: t as u64,
+                        op: th.op,
+                        addr: DeviceAddr(th.addr),
+                        len_bytes: th.bytes,
+                        barrier: false,
+                        protection_ns,
+                    };
+                    if self.config.host.stack == Stack::Ramdisk {
+                        unreachable!("the ramdisk stack has no device");
+                    }
+                    self.device.submit(now, tag, request).map_err(|e| format!("device refused a request: {e}"))?;
+                    self.drain_device(now)?;
+                }
+                Step::Spin { detect_ns } => {
+                    let th = &mut self.threads[t as usize];
+                    th.step += 1;
+                    match th.completed_at {
+                        Some(done) => {
+                            let resume = now.max(done + detect_ns);
+                            self.cpu_busy_ns += resume - now;
+                            self.queue.push(resume, Event::Resume(t));
+                        }
+                        None => th.wait = Wait::Spin { detect_ns },
+                    }
+                    return Ok(());
+                }
+                Step::Sleep { interrupt_ns, lock, wake_ns } => {
+                    let th = &mut self.threads[t as usize];
+                    th.step += 1;
+                    if th.completed_at.is_some() {
+                        // Done before the thread slept: the check before sleeping sees it.
+                        continue;
+                    }
+                    th.wait = Wait::Sleep { interrupt_ns, lock: lock.map(|s| s.index()), wake_ns };
+                    self.release_core(now);
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// The device finished thread `t`'s request at `now`.
+    fn completed(&mut self, now: Ns, t: u32, tag: PhysTag) {
+        self.tags.release(tag);
+        if let Some(waiter) = self.tag_waiters.pop_front() {
+            self.queue.push(now, Event::Resume(waiter));
+        }
+        let th = &mut self.threads[t as usize];
+        debug_assert_eq!(th.tag, Some(tag));
+        th.tag = None;
+        match th.wait {
+            Wait::None => th.completed_at = Some(now),
+            Wait::Spin { detect_ns } => {
+                th.wait = Wait::None;
+                // The thread spun on its core from the wait step until now.
+                self.queue.push(now + detect_ns, Event::Resume(t));
+            }
+            Wait::Sleep { interrupt_ns, lock, wake_ns } => {
+                th.wait = Wait::None;
+                let irq = now + self.notify_ns;
+                let handled = match lock {
+                    None => irq + interrupt_ns,
+                    Some(s) => {
+                        let free = &mut self.servers_free_at[s];
+                        let start = irq.max(*free);
+                        *free = start + interrupt_ns;
+                        start + interrupt_ns
+                    }
+                };
+                self.cpu_busy_ns += interrupt_ns;
+                self.queue.push(handled + wake_ns, Event::Wake(t));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::OpMix;
+
+    fn xdd(op: OpMix, size: u64, threads: u32, ops: u64) -> Workload {
+        Workload::xdd(op, size, threads, 1 << 30, RunLimit::Ops(ops), 7)
+    }
+
+    #[test]
+    fn same_seed_same_result_to_the_last_digit() {
+        let c = Config::preset("moneta").unwrap();
+        let w = xdd(OpMix::Mixed(0.5), 4096, 16, 20_000);
+        let a = run(&c, &w).unwrap();
+        let b = run(&c, &w).unwrap();
+        assert_eq!(a.elapsed_ns, b.elapsed_ns);
+        assert_eq!(a.latency.mean_ns().to_bits(), b.latency.mean_ns().to_bits());
+        assert_eq!(a.events, b.events);
+        let mut w2 = w.clone();
+        w2.seed = 8;
+        assert_ne!(run(&c, &w2).unwrap().elapsed_ns, a.elapsed_ns);
+    }
+
+    #[test]
+    fn every_stack_completes_every_request() {
+        for stack in Stack::ALL {
+            let mut c = Config::preset("moneta").unwrap();
+            c.set_stack(stack);
+            let r = run(&c, &xdd(OpMix::Mixed(0.5), 4096, 4, 2000)).unwrap();
+            assert_eq!(r.ops, 2000, "{stack:?}");
+            assert!(r.elapsed_ns > 0);
+            if stack != Stack::Ramdisk {
+                assert_eq!(r.device.requests_completed, 2000, "{stack:?}");
+            }
+        }
+    }
+}

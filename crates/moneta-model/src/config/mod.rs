@@ -327,8 +327,14 @@ pub struct DirectConfig {
     pub permission_update_ns: u64,
     /// Added when the device rejects a request for a missing record.
     pub hard_miss_detect_ns: u64,
-    pub forwarding_ns_read: u64,
-    pub forwarding_ns_write: u64,
+    /// Completion path, device done → thread running again (Table 4.2).
+    pub completion_ns_read_dma: u64,
+    pub completion_ns_write_dma: u64,
+    pub completion_ns_read_forwarding: u64,
+    pub completion_ns_write_forwarding: u64,
+    pub completion_ns_read_issue_sleep: u64,
+    pub completion_ns_write_issue_sleep: u64,
+    /// Part of issue-sleep spent in the system call before sleeping.
     pub syscall_ns_read: u64,
     pub syscall_ns_write: u64,
 }

@@ -1,1 +1,255 @@
-//! host
+//! Host software stacks that drive the device (SPEC §2, §3, §6).
+//!
+//! A stack turns one IO request of a thread into a short program of steps:
+//! software on the thread's core, serialized sections (locks, the single
+//! no-op scheduler thread, the memory bus), issuing the command, and waiting
+//! for the completion by spinning (the core stays busy) or sleeping (the core
+//! is free; the interrupt handler and the wake-up follow the device). The
+//! costs are Table 3.1 (kernel stacks) and Table 4.2 (Moneta-D); which steps
+//! exist is what each optimization of SPEC §2.2 changed:
+//!
+//! | stack | block layer | scheduler thread | locks | command | completion |
+//! |---|---|---|---|---|---|
+//! | base | yes | single, +2 µs switch | hardware + data | 3 PIO words | sleep |
+//! | nosched | yes | none | hardware + data | 3 PIO words | sleep |
+//! | atomic | yes | none | none | 1 atomic word | sleep |
+//! | spin, 2q, balance | yes | none | none | 1 atomic word | spin ≤ 4 KB, else sleep |
+//! | direct | no (library) | none | none | 1 word, channel | DMA / forwarding / issue-sleep |
+//! | ramdisk | yes | none | none | CPU copies | synchronous |
+
+pub mod permissions;
+
+use crate::config::{Completion, Config, Stack};
+use crate::units::{Ns, Op};
+
+/// Serialized resources shared by the threads of one host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// The no-op IO scheduler's single kernel thread (Base).
+    IoScheduler,
+    /// The lock around the multi-word PIO interface and tag status (Base, NoSched).
+    HardwareLock,
+    /// The lock around shared driver data, e.g. the tag pool (Base, NoSched).
+    DataLock,
+    /// HASTE's driver lock.
+    DriverLock,
+    /// Host memory channels (DDR ramdisk).
+    MemoryBus,
+}
+
+pub const SERVERS: usize = 5;
+
+impl Server {
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One step of a request's program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Software on the thread's core.
+    Cpu(Ns),
+    /// A serialized section; the thread keeps its core while it waits (spinlock).
+    Serial(Server, Ns),
+    /// Take a tag and hand the command to the device; the device's
+    /// protection check takes `protection_ns`.
+    Issue { protection_ns: Ns },
+    /// Spin on the core until the completion is seen, `detect_ns` after the device finished.
+    Spin { detect_ns: Ns },
+    /// Sleep; the interrupt handler (under `lock` if any) and the wake-up run after the device finishes.
+    Sleep { interrupt_ns: Ns, lock: Option<Server>, wake_ns: Ns },
+}
+
+/// A request's program: at most `MAX_STEPS` steps, no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    steps: [Step; Plan::MAX_STEPS],
+    len: u8,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan { steps: [Step::Cpu(0); Plan::MAX_STEPS], len: 0 }
+    }
+}
+
+impl Plan {
+    pub const MAX_STEPS: usize = 10;
+
+    fn push(&mut self, step: Step) {
+        // Merge consecutive CPU work; drop empty work.
+        match (step, self.len.checked_sub(1).map(|i| &mut self.steps[i as usize])) {
+            (Step::Cpu(0), _) | (Step::Serial(_, 0), _) => {}
+            (Step::Cpu(b), Some(Step::Cpu(a))) => *a += b,
+            (s, _) => {
+                assert!((self.len as usize) < Self::MAX_STEPS, "plan too long");
+                self.steps[self.len as usize] = s;
+                self.len += 1;
+            }
+        }
+    }
+
+    pub fn get(&self, i: usize) -> Option<Step> {
+        (i < self.len as usize).then(|| self.steps[i])
+    }
+
+    pub fn steps(&self) -> &[Step] {
+        &self.steps[..self.len as usize]
+    }
+}
+
+/// What a direct-stack request met in the permission model (SPEC §3.2–3.3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PermissionOutcome {
+    pub soft_miss: bool,
+    pub hard_miss: bool,
+    /// Depth of the channel's permission tree for the device's check.
+    pub tree_depth: u32,
+}
+
+fn rw(op: Op, read: u64, write: u64) -> Ns {
+    match op {
+        Op::Read => read,
+        Op::Write => write,
+    }
+}
+
+fn per_kb(ns_per_kb: u64, bytes: u64) -> Ns {
+    (ns_per_kb * bytes).div_ceil(1024)
+}
+
+/// Build the program of one request.
+pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome) -> Plan {
+    let h = &config.host;
+    let c = &h.costs;
+    let mut p = Plan::default();
+    let entry = rw(op, c.syscall_entry_ns_read, c.syscall_entry_ns_write)
+        + if h.file_system { rw(op, c.file_system_ns_read, c.file_system_ns_write) } else { 0 };
+    let block = rw(op, c.block_layer_ns_read, c.block_layer_ns_write).saturating_sub(c.io_scheduler_switch_ns);
+    let tag = rw(op, c.tag_ns_read, c.tag_ns_write);
+    let copy_in = if op == Op::Write { per_kb(c.copy_ns_per_kb_write, bytes) } else { 0 };
+    let copy_out = if op == Op::Read { per_kb(c.copy_ns_per_kb_read, bytes) } else { 0 };
+    let pio = rw(op, c.pio_ns_read, c.pio_ns_write);
+    // The atomic interface writes one of the baseline's three command words.
+    let pio_word = pio / 3;
+    let interrupt_ns = rw(op, c.interrupt_ns_read, c.interrupt_ns_write);
+    let wake_ns = rw(op, c.wake_ns_read, c.wake_ns_write);
+    let ret = rw(op, c.return_ns_read, c.return_ns_write);
+    let issue = Step::Issue { protection_ns: 0 };
+    match h.stack {
+        Stack::Base => {
+            p.push(Step::Cpu(entry + block));
+            p.push(Step::Serial(Server::IoScheduler, c.io_scheduler_switch_ns + tag + copy_in));
+            p.push(Step::Serial(Server::HardwareLock, pio));
+            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
+            p.push(issue);
+            p.push(Step::Sleep { interrupt_ns, lock: Some(Server::HardwareLock), wake_ns });
+            p.push(Step::Cpu(copy_out + ret));
+        }
+        Stack::NoSched => {
+            p.push(Step::Cpu(entry + block));
+            p.push(Step::Serial(Server::DataLock, tag));
+            p.push(Step::Cpu(copy_in));
+            p.push(Step::Serial(Server::HardwareLock, pio));
+            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
+            p.push(issue);
+            p.push(Step::Sleep { interrupt_ns, lock: Some(Server::HardwareLock), wake_ns });
+            p.push(Step::Cpu(copy_out + ret));
+        }
+        Stack::Atomic | Stack::Spin | Stack::TwoQueue | Stack::Balance => {
+            p.push(Step::Cpu(entry + block + tag + copy_in + pio_word));
+            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
+            p.push(issue);
+            if h.stack != Stack::Atomic && bytes <= h.spin_max_bytes {
+                // The spinning thread reads the tag status register: one PIO word.
+                p.push(Step::Spin { detect_ns: pio_word });
+            } else {
+                p.push(Step::Sleep { interrupt_ns, lock: None, wake_ns });
+            }
+            p.push(Step::Cpu(copy_out + ret));
+        }
+        Stack::Direct => {
+            let d = &config.direct;
+            let many = d.file_extents > 1;
+            let lookup = if many { d.extent_lookup_ns_many } else { d.extent_lookup_ns_one };
+            let mut software = rw(op, d.library_ns_read, d.library_ns_write) + lookup;
+            if permissions.soft_miss {
+                software += if many { d.soft_miss_ns_many } else { d.soft_miss_ns_one } + d.permission_update_ns;
+            }
+            let protection_ns = permissions.tree_depth as u64 * d.tree_step_ns;
+            if permissions.hard_miss {
+                // The device rejects the request after its check; the library
+                // notices the error, re-installs the record and retries.
+                software += config.device.pipeline_ns + protection_ns + d.hard_miss_detect_ns + d.permission_update_ns;
+            }
+            let copy_in = if op == Op::Write { per_kb(d.copy_ns_per_kb_write, bytes) } else { 0 };
+            let copy_out = if op == Op::Read { per_kb(d.copy_ns_per_kb_read, bytes) } else { 0 };
+            p.push(Step::Cpu(software + copy_in));
+            p.push(Step::Issue { protection_ns });
+            match d.completion {
+                Completion::Dma => p.push(Step::Spin {
+                    detect_ns: rw(op, d.completion_ns_read_dma, d.completion_ns_write_dma),
+                }),
+                Completion::Forwarding => p.push(Step::Spin {
+                    detect_ns: rw(op, d.completion_ns_read_forwarding, d.completion_ns_write_forwarding),
+                }),
+                Completion::IssueSleep => {
+                    let syscall = rw(op, d.syscall_ns_read, d.syscall_ns_write);
+                    let total = rw(op, d.completion_ns_read_issue_sleep, d.completion_ns_write_issue_sleep);
+                    p.push(Step::Cpu(syscall));
+                    p.push(Step::Sleep { interrupt_ns: 0, lock: None, wake_ns: total.saturating_sub(syscall) });
+                }
+            }
+            p.push(Step::Cpu(copy_out));
+        }
+        Stack::Ramdisk => {
+            let r = &config.ramdisk;
+            let granules = bytes.div_ceil(r.access_bytes);
+            let nvm = granules * rw(op, config.memory.latency_ns_read, config.memory.latency_ns_write);
+            p.push(Step::Cpu(entry + block));
+            p.push(Step::Serial(Server::MemoryBus, crate::units::transfer_ns(bytes, r.memory_bytes_per_s)));
+            p.push(Step::Cpu(crate::units::transfer_ns(bytes, r.copy_bytes_per_s) + nvm + ret));
+        }
+    }
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_follow_the_optimization_sequence() {
+        let mut c = Config::preset("moneta").unwrap();
+        let none = PermissionOutcome::default();
+        c.set_stack(Stack::Base);
+        let base = plan(&c, Op::Write, 4096, none);
+        assert!(base.steps().iter().any(|s| matches!(s, Step::Serial(Server::IoScheduler, _))));
+        c.set_stack(Stack::NoSched);
+        let nosched = plan(&c, Op::Write, 4096, none);
+        assert!(!nosched.steps().iter().any(|s| matches!(s, Step::Serial(Server::IoScheduler, _))));
+        assert!(nosched.steps().iter().any(|s| matches!(s, Step::Serial(Server::HardwareLock, _))));
+        c.set_stack(Stack::Atomic);
+        let atomic = plan(&c, Op::Write, 4096, none);
+        assert!(!atomic.steps().iter().any(|s| matches!(s, Step::Serial(..))));
+        assert!(atomic.steps().iter().any(|s| matches!(s, Step::Sleep { .. })));
+        c.set_stack(Stack::Spin);
+        let spin = plan(&c, Op::Write, 4096, none);
+        assert!(spin.steps().iter().any(|s| matches!(s, Step::Spin { .. })));
+        let spin_large = plan(&c, Op::Write, 8192, none);
+        assert!(spin_large.steps().iter().any(|s| matches!(s, Step::Sleep { .. })));
+    }
+
+    #[test]
+    fn direct_misses_cost_table_4_2_time() {
+        let mut c = Config::preset("moneta-d").unwrap();
+        let hit = PermissionOutcome { soft_miss: false, hard_miss: false, tree_depth: 1 };
+        let soft = PermissionOutcome { soft_miss: true, ..hit };
+        let cpu = |p: Plan| p.steps().iter().map(|s| if let Step::Cpu(n) = s { *n } else { 0 }).sum::<u64>();
+        let extra = cpu(plan(&c, Op::Read, 512, soft)) - cpu(plan(&c, Op::Read, 512, hit));
+        assert_eq!(extra, 7280); // Table 4.2: soft miss 7.28 µs with 1 extent
+        c.direct.completion = Completion::IssueSleep;
+        assert!(plan(&c, Op::Read, 512, hit).steps().iter().any(|s| matches!(s, Step::Sleep { .. })));
+    }
+}
