@@ -1,1 +1,982 @@
-//! plot placeholder
+//! Dependency-free SVG line charts and self-contained HTML reports.
+//!
+//! The `moneta` CLI uses this module to show sweep results: a [`Chart`] holds
+//! one or more [`Series`] of `(x, y)` points and renders to a standalone SVG
+//! document (axes, 1-2-5 "nice" ticks or log2 request-size ticks, grid,
+//! legend outside the plot area, a polyline plus markers per series).  A
+//! [`Report`] strings headings, paragraphs, charts, tables and preformatted
+//! text together into one HTML file with inline SVGs.  Non-finite points (and
+//! non-positive x on a log2 axis) are skipped; all text is escaped.
+
+// Temporary: main.rs is still a placeholder, so nothing calls this yet.
+#![allow(dead_code)]
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Okabe–Ito colour-blind-friendly palette (yellow omitted: too pale on white).
+const PALETTE: [&str; 7] = [
+    "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000",
+];
+
+/// Marker shapes, cycled independently of colours so that series stay distinct.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Marker {
+    Circle,
+    Square,
+    Triangle,
+    Diamond,
+    Cross,
+}
+
+const MARKERS: [Marker; 5] = [
+    Marker::Circle,
+    Marker::Square,
+    Marker::Triangle,
+    Marker::Diamond,
+    Marker::Cross,
+];
+
+/// Approximate glyph width (in px) of the sans-serif font at `size` px.
+fn text_width(s: &str, size: f64) -> f64 {
+    s.chars().count() as f64 * size * 0.6
+}
+
+/// One named line on a chart.  Points are drawn in the order given.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A line chart; see [`Chart::to_svg`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Chart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    /// Log2 x axis (request sizes 512..1M), ticks labelled 512, 1K, …, 1M.
+    pub x_log2: bool,
+    pub series: Vec<Series>,
+}
+
+/// An axis in "transformed" space (log2 of the value for a log2 axis).
+struct Axis {
+    lo: f64,
+    hi: f64,
+    log2: bool,
+    ticks: Vec<(f64, String)>,
+}
+
+impl Axis {
+    /// Position of `v` along the axis, 0.0 at `lo` and 1.0 at `hi`.
+    fn frac(&self, v: f64) -> f64 {
+        let t = if self.log2 { v.log2() } else { v };
+        (t - self.lo) / (self.hi - self.lo)
+    }
+
+    fn linear(min: f64, max: f64, target_ticks: usize) -> Axis {
+        let ticks = nice_ticks(min, max, target_ticks);
+        let step = if ticks.len() > 1 {
+            ticks[1] - ticks[0]
+        } else {
+            1.0
+        };
+        let max_abs = ticks.iter().fold(0.0, |m: f64, t| m.max(t.abs()));
+        Axis {
+            lo: ticks[0],
+            hi: ticks[ticks.len() - 1],
+            log2: false,
+            ticks: ticks
+                .iter()
+                .map(|&t| (t, format_tick(t, step, max_abs)))
+                .collect(),
+        }
+    }
+
+    fn log2(min: f64, max: f64, max_ticks: usize) -> Axis {
+        let mut lo = min.log2().floor();
+        let mut hi = max.log2().ceil();
+        if hi <= lo {
+            lo -= 1.0;
+            hi += 1.0;
+        }
+        let span = (hi - lo) as usize;
+        let stride = span.div_ceil(max_ticks.max(2) - 1).max(1);
+        // Every power of two gets a grid line; only every `stride`-th a label.
+        let ticks = (0..=span)
+            .map(|i| {
+                let v = (lo + i as f64).exp2();
+                let label = if i % stride == 0 {
+                    format_pow2(v)
+                } else {
+                    String::new()
+                };
+                (v, label)
+            })
+            .collect();
+        Axis {
+            lo,
+            hi,
+            log2: true,
+            ticks,
+        }
+    }
+}
+
+/// "Nice" tick values covering `[lo, hi]`: evenly spaced by 1, 2 or 5 × 10^k,
+/// roughly `target` of them, the first ≤ `lo` and the last ≥ `hi`.  A
+/// degenerate or non-finite range is widened so at least two ticks result.
+pub fn nice_ticks(lo: f64, hi: f64, target: usize) -> Vec<f64> {
+    let (mut lo, mut hi) = if lo.is_finite() && hi.is_finite() {
+        (lo.min(hi), lo.max(hi))
+    } else {
+        (0.0, 1.0)
+    };
+    if hi - lo <= f64::EPSILON * hi.abs().max(1.0) {
+        if lo == 0.0 {
+            hi = 1.0;
+        } else {
+            let pad = lo.abs() * 0.1;
+            lo -= pad;
+            hi += pad;
+        }
+    }
+    let raw = (hi - lo) / target.max(2) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&s| s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * mag);
+    let first = (lo / step + 1e-9).floor() as i64;
+    let last = (hi / step - 1e-9).ceil() as i64;
+    (first..=last.max(first + 1))
+        .map(|i| {
+            let v = i as f64 * step;
+            if v == 0.0 {
+                0.0 // avoid "-0"
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+/// Label for a linear tick `v` on an axis with spacing `step` whose largest
+/// |tick| is `max_abs`: plain numbers with just enough decimals, k/M/G/T
+/// suffixes from 100 000 up, exponent notation for tiny or enormous values.
+fn format_tick(v: f64, step: f64, max_abs: f64) -> String {
+    if v == 0.0 {
+        return "0".to_string();
+    }
+    if !(1e-3..1e15).contains(&max_abs) {
+        return format!("{v:.1e}");
+    }
+    let (scale, suffix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|&(scale, _)| max_abs >= 1e5 && max_abs >= scale)
+        .unwrap_or((1.0, ""));
+    let decimals = (-(step / scale).log10().floor()).clamp(0.0, 6.0) as usize;
+    format!("{:.decimals$}{suffix}", v / scale)
+}
+
+/// Label for a power-of-two size: 512, 1K, 2K, …, 1M, 1G.
+pub fn format_pow2(v: f64) -> String {
+    const UNITS: [(u32, &str); 4] = [(40, "T"), (30, "G"), (20, "M"), (10, "K")];
+    for (shift, suffix) in UNITS {
+        let n = f64::from(shift).exp2();
+        if v >= n {
+            return format!("{}{suffix}", trim_float(v / n));
+        }
+    }
+    trim_float(v)
+}
+
+fn trim_float(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// Escapes `&`, `<`, `>`, `"` and `'` for XML/HTML text and attributes.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// SVG for one marker of `shape` centred on (`x`, `y`).
+fn marker_svg(shape: Marker, x: f64, y: f64, colour: &str) -> String {
+    let r = 3.5;
+    match shape {
+        Marker::Circle => format!(r#"<circle cx="{x:.1}" cy="{y:.1}" r="{r}" fill="{colour}"/>"#),
+        Marker::Square => format!(
+            r#"<rect x="{:.1}" y="{:.1}" width="{w}" height="{w}" fill="{colour}"/>"#,
+            x - r,
+            y - r,
+            w = 2.0 * r
+        ),
+        Marker::Triangle => format!(
+            r#"<path d="M{x:.1} {:.1}L{:.1} {:.1}L{:.1} {:.1}Z" fill="{colour}"/>"#,
+            y - 1.2 * r,
+            x + 1.1 * r,
+            y + 0.8 * r,
+            x - 1.1 * r,
+            y + 0.8 * r
+        ),
+        Marker::Diamond => format!(
+            r#"<path d="M{x:.1} {:.1}L{:.1} {y:.1}L{x:.1} {:.1}L{:.1} {y:.1}Z" fill="{colour}"/>"#,
+            y - 1.3 * r,
+            x + 1.3 * r,
+            y + 1.3 * r,
+            x - 1.3 * r
+        ),
+        Marker::Cross => format!(
+            r#"<path d="M{:.1} {:.1}L{:.1} {:.1}M{:.1} {:.1}L{:.1} {:.1}" stroke="{colour}" stroke-width="2" fill="none"/>"#,
+            x - r,
+            y - r,
+            x + r,
+            y + r,
+            x - r,
+            y + r,
+            x + r,
+            y - r
+        ),
+    }
+}
+
+impl Chart {
+    /// The points of series `i` that can be drawn (finite; x > 0 on log2 axes).
+    fn drawable(&self, i: usize) -> Vec<(f64, f64)> {
+        let log2 = self.x_log2;
+        self.series[i]
+            .points
+            .iter()
+            .copied()
+            .filter(|&(x, y)| x.is_finite() && y.is_finite() && (!log2 || x > 0.0))
+            .collect()
+    }
+
+    /// A standalone SVG document of `width_px` × `height_px`: title, axes,
+    /// ticks, grid, one polyline with markers per series, and a legend to
+    /// the right of the plot area (or below it when names are long).
+    pub fn to_svg(&self, width_px: u32, height_px: u32) -> String {
+        let (w, h) = (f64::from(width_px.max(200)), f64::from(height_px.max(150)));
+        let data: Vec<Vec<(f64, f64)>> = (0..self.series.len()).map(|i| self.drawable(i)).collect();
+        let all = data.iter().flatten();
+        let (mut x_min, mut x_max, mut y_min, mut y_max) = (
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        );
+        for &(x, y) in all {
+            x_min = x_min.min(x);
+            x_max = x_max.max(x);
+            y_min = y_min.min(y);
+            y_max = y_max.max(y);
+        }
+        let empty = x_min > x_max;
+        if empty {
+            (x_min, x_max, y_min, y_max) = if self.x_log2 {
+                (512.0, 1048576.0, 0.0, 1.0)
+            } else {
+                (0.0, 1.0, 0.0, 1.0)
+            };
+        }
+        // Bandwidth, IOPS and latency are non-negative: anchor such axes at 0.
+        y_min = y_min.min(0.0);
+
+        // Legend geometry: on the right unless it would take > 30% of the width.
+        let font = 12.0;
+        let row_h = 18.0;
+        let sample_w = 28.0;
+        let longest = self
+            .series
+            .iter()
+            .map(|s| text_width(&s.name, font))
+            .fold(0.0, f64::max);
+        let entry_w = sample_w + 6.0 + longest + 16.0;
+        let n = self.series.len();
+        let legend_right = n > 0 && entry_w <= w * 0.3;
+        let (mut legend_cols, mut legend_rows) = (1usize, n);
+        if n > 0 && !legend_right {
+            legend_cols = (((w - 40.0) / entry_w).floor() as usize).clamp(1, n);
+            legend_rows = n.div_ceil(legend_cols);
+        }
+
+        // Margins; the left one must fit the y tick labels.
+        let top = if self.title.is_empty() { 16.0 } else { 40.0 };
+        let right = if legend_right { entry_w + 20.0 } else { 20.0 };
+        let x_label_h = if self.x_label.is_empty() { 0.0 } else { 22.0 };
+        let mut bottom = 30.0 + x_label_h;
+        if n > 0 && !legend_right {
+            bottom += legend_rows as f64 * row_h + 10.0;
+        }
+        let plot_h = (h - top - bottom).max(40.0);
+        let y_axis = Axis::linear(y_min, y_max, ((plot_h / 45.0) as usize).clamp(2, 10));
+        let y_label_w = y_axis
+            .ticks
+            .iter()
+            .map(|(_, l)| text_width(l, font))
+            .fold(0.0, f64::max);
+        let left = y_label_w + 14.0 + if self.y_label.is_empty() { 0.0 } else { 24.0 };
+        let plot_w = (w - left - right).max(40.0);
+        let x_axis = if self.x_log2 {
+            Axis::log2(x_min, x_max, ((plot_w / 40.0) as usize).clamp(2, 24))
+        } else {
+            Axis::linear(x_min, x_max, ((plot_w / 90.0) as usize).clamp(2, 10))
+        };
+        // Leave room for the last x tick label, centred on the right edge.
+        let overhang = x_axis
+            .ticks
+            .last()
+            .map_or(0.0, |(_, l)| text_width(l, font) / 2.0 + 4.0);
+        let plot_w = if legend_right {
+            plot_w
+        } else {
+            plot_w - (overhang - right).max(0.0)
+        };
+        let px = |x: f64| left + x_axis.frac(x) * plot_w;
+        let py = |y: f64| top + (1.0 - y_axis.frac(y)) * plot_h;
+        let (plot_r, plot_b) = (left + plot_w, top + plot_h);
+
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="Helvetica, Arial, sans-serif" font-size="{font}">"#
+        );
+        let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+        if !self.title.is_empty() {
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+                w / 2.0,
+                escape(&self.title)
+            );
+        }
+        // Grid and tick labels.
+        s.push_str("<g stroke=\"#e0e0e0\" stroke-width=\"1\">\n");
+        for &(v, _) in &y_axis.ticks {
+            let _ = writeln!(
+                s,
+                r#"<line x1="{left:.1}" y1="{y:.1}" x2="{plot_r:.1}" y2="{y:.1}"/>"#,
+                y = py(v)
+            );
+        }
+        for &(v, _) in &x_axis.ticks {
+            let _ = writeln!(
+                s,
+                r#"<line x1="{x:.1}" y1="{top:.1}" x2="{x:.1}" y2="{plot_b:.1}"/>"#,
+                x = px(v)
+            );
+        }
+        s.push_str("</g>\n");
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left:.1}" y="{top:.1}" width="{plot_w:.1}" height="{plot_h:.1}" fill="none" stroke="#444"/>"##
+        );
+        s.push_str("<g fill=\"#333\">\n");
+        for (v, label) in &y_axis.ticks {
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end" dominant-baseline="middle">{}</text>"#,
+                left - 6.0,
+                py(*v),
+                escape(label)
+            );
+        }
+        for (v, label) in x_axis.ticks.iter().filter(|(_, l)| !l.is_empty()) {
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                px(*v),
+                plot_b + 18.0,
+                escape(label)
+            );
+        }
+        s.push_str("</g>\n");
+        if !self.x_label.is_empty() {
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="13">{}</text>"#,
+                left + plot_w / 2.0,
+                plot_b + 40.0,
+                escape(&self.x_label)
+            );
+        }
+        if !self.y_label.is_empty() {
+            let (lx, ly) = (16.0, top + plot_h / 2.0);
+            let _ = writeln!(
+                s,
+                r#"<text x="{lx}" y="{ly:.1}" text-anchor="middle" font-size="13" transform="rotate(-90 {lx} {ly:.1})">{}</text>"#,
+                escape(&self.y_label)
+            );
+        }
+        if empty {
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#888">no data</text>"##,
+                left + plot_w / 2.0,
+                top + plot_h / 2.0
+            );
+        }
+
+        // Series: polyline then markers.
+        for (i, pts) in data.iter().enumerate() {
+            let colour = PALETTE[i % PALETTE.len()];
+            let shape = MARKERS[i % MARKERS.len()];
+            let _ = writeln!(
+                s,
+                "<g class=\"series\"><title>{}</title>",
+                escape(&self.series[i].name)
+            );
+            if pts.len() > 1 {
+                let coords: Vec<String> = pts
+                    .iter()
+                    .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-linejoin="round"/>"#,
+                    coords.join(" ")
+                );
+            }
+            for &(x, y) in pts {
+                s.push_str(&marker_svg(shape, px(x), py(y), colour));
+                s.push('\n');
+            }
+            s.push_str("</g>\n");
+        }
+
+        // Legend, outside the plot area.
+        if n > 0 {
+            let (x0, y0) = if legend_right {
+                (plot_r + 16.0, top + 4.0)
+            } else {
+                let total = legend_cols as f64 * entry_w;
+                (
+                    ((w - total) / 2.0).max(4.0),
+                    plot_b + 30.0 + x_label_h + 8.0,
+                )
+            };
+            s.push_str("<g class=\"legend\">\n");
+            for (i, series) in self.series.iter().enumerate() {
+                let (col, row) = if legend_right {
+                    (0, i)
+                } else {
+                    (i % legend_cols, i / legend_cols)
+                };
+                let ex = x0 + col as f64 * entry_w;
+                let ey = y0 + row as f64 * row_h + row_h / 2.0;
+                let colour = PALETTE[i % PALETTE.len()];
+                let _ = writeln!(
+                    s,
+                    r#"<line x1="{ex:.1}" y1="{ey:.1}" x2="{:.1}" y2="{ey:.1}" stroke="{colour}" stroke-width="2"/>"#,
+                    ex + sample_w
+                );
+                s.push_str(&marker_svg(
+                    MARKERS[i % MARKERS.len()],
+                    ex + sample_w / 2.0,
+                    ey,
+                    colour,
+                ));
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{:.1}" y="{ey:.1}" dominant-baseline="middle">{}</text>"#,
+                    ex + sample_w + 6.0,
+                    escape(&series.name)
+                );
+            }
+            s.push_str("</g>\n");
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+/// A self-contained HTML report; see [`Report::to_html`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    pub title: String,
+    pub sections: Vec<ReportSection>,
+}
+
+/// One block of a [`Report`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReportSection {
+    Heading(String),
+    Paragraph(String),
+    Chart(Chart),
+    Table {
+        header: Vec<String>,
+        rows: Vec<Vec<String>>,
+    },
+    Preformatted(String),
+}
+
+const CSS: &str = "body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}
+h1{border-bottom:2px solid #0072B2;padding-bottom:.2em}
+h2{margin-top:1.6em}
+figure{margin:1em 0}
+svg{max-width:100%;height:auto}
+table{border-collapse:collapse;margin:1em 0;font-size:.9em}
+th,td{border:1px solid #ccc;padding:.3em .7em}
+th{background:#f0f4f8;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+tbody tr:nth-child(even){background:#fafafa}
+pre{background:#f6f6f6;border:1px solid #ddd;padding:.8em;overflow-x:auto}
+";
+
+impl Report {
+    /// One self-contained HTML document: inline CSS and SVG, all text escaped.
+    pub fn to_html(&self) -> String {
+        let mut s = String::new();
+        let title = escape(&self.title);
+        let _ = write!(
+            s,
+            "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{title}</title>\n<style>\n{CSS}</style>\n</head>\n<body>\n<h1>{title}</h1>\n"
+        );
+        for section in &self.sections {
+            match section {
+                ReportSection::Heading(t) => {
+                    let _ = writeln!(s, "<h2>{}</h2>", escape(t));
+                }
+                ReportSection::Paragraph(t) => {
+                    let _ = writeln!(s, "<p>{}</p>", escape(t));
+                }
+                ReportSection::Chart(chart) => {
+                    let _ = writeln!(s, "<figure>\n{}</figure>", chart.to_svg(900, 480));
+                }
+                ReportSection::Table { header, rows } => {
+                    s.push_str("<table>\n<thead><tr>");
+                    for cell in header {
+                        let _ = write!(s, "<th>{}</th>", escape(cell));
+                    }
+                    s.push_str("</tr></thead>\n<tbody>\n");
+                    for row in rows {
+                        s.push_str("<tr>");
+                        for cell in row {
+                            let class = if cell.trim().parse::<f64>().is_ok() {
+                                " class=\"num\""
+                            } else {
+                                ""
+                            };
+                            let _ = write!(s, "<td{class}>{}</td>", escape(cell));
+                        }
+                        s.push_str("</tr>\n");
+                    }
+                    s.push_str("</tbody>\n</table>\n");
+                }
+                ReportSection::Preformatted(t) => {
+                    let _ = writeln!(s, "<pre>{}</pre>", escape(t));
+                }
+            }
+        }
+        s.push_str("</body>\n</html>\n");
+        s
+    }
+}
+
+/// Writes `contents` to `path`, creating parent directories.  Errors carry
+/// the path in their message.
+pub fn write_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    let with_path =
+        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(with_path)?;
+    }
+    std::fs::write(path, contents).map_err(with_path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checks that every `<tag>` is closed by a matching `</tag>` in order
+    /// (self-closing tags, comments and the doctype are skipped) and that no
+    /// raw `<`, `>` or unescaped `&` appears in text.  Returns the tag count.
+    fn check_balanced(doc: &str) -> usize {
+        let mut stack: Vec<String> = Vec::new();
+        let mut count = 0;
+        let mut rest = doc;
+        while let Some(open) = rest.find('<') {
+            let text = &rest[..open];
+            assert!(!text.contains('>'), "stray '>' in text {text:?}");
+            for (i, _) in text.match_indices('&') {
+                let ent = &text[i..];
+                assert!(
+                    ["&amp;", "&lt;", "&gt;", "&quot;", "&#39;"]
+                        .iter()
+                        .any(|e| ent.starts_with(e)),
+                    "bad entity at {ent:?}"
+                );
+            }
+            let close = rest[open..].find('>').expect("unterminated tag") + open;
+            let tag = &rest[open + 1..close];
+            assert!(!tag.contains('<'), "'<' inside tag {tag:?}");
+            rest = &rest[close + 1..];
+            if tag.starts_with('!') {
+                continue;
+            }
+            count += 1;
+            let name: String = tag
+                .trim_start_matches('/')
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric())
+                .collect();
+            if let Some(closing) = tag.strip_prefix('/') {
+                let top = stack
+                    .pop()
+                    .unwrap_or_else(|| panic!("unmatched </{closing}>"));
+                assert_eq!(top, name, "mismatched close tag");
+            } else if !tag.ends_with('/') && !["meta", "br", "hr"].contains(&name.as_str()) {
+                stack.push(name);
+            }
+        }
+        assert!(stack.is_empty(), "unclosed tags: {stack:?}");
+        count
+    }
+
+    fn sample_chart() -> Chart {
+        let sizes: Vec<f64> = (9..=20).map(|k| f64::from(k).exp2()).collect();
+        let curve = |peak: f64, knee: f64| -> Vec<(f64, f64)> {
+            sizes.iter().map(|&s| (s, peak * s / (s + knee))).collect()
+        };
+        Chart {
+            title: "Sequential read bandwidth vs request size".into(),
+            x_label: "Request size (bytes)".into(),
+            y_label: "Bandwidth (MB/s)".into(),
+            x_log2: true,
+            series: vec![
+                Series {
+                    name: "1 thread".into(),
+                    points: curve(1400.0, 16384.0),
+                },
+                Series {
+                    name: "2 threads".into(),
+                    points: curve(2500.0, 12000.0),
+                },
+                Series {
+                    name: "4 threads".into(),
+                    points: curve(3800.0, 8000.0),
+                },
+                Series {
+                    name: "8 threads".into(),
+                    points: curve(4600.0, 4096.0),
+                },
+                Series {
+                    name: "RAID-0 <8 ch> & \"PCIe\"".into(),
+                    points: curve(5200.0, 3000.0),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn svg_is_balanced_and_names_every_series() {
+        let chart = sample_chart();
+        let svg = chart.to_svg(800, 450);
+        assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+        assert!(check_balanced(&svg) > 50);
+        for s in &chart.series {
+            assert!(svg.contains(&escape(&s.name)), "missing {}", s.name);
+        }
+        assert!(svg.contains("RAID-0 &lt;8 ch&gt; &amp; &quot;PCIe&quot;"));
+        assert_eq!(svg.matches("<polyline").count(), chart.series.len());
+    }
+
+    #[test]
+    fn log2_ticks_for_request_sizes() {
+        let axis = Axis::log2(512.0, 1048576.0, 24);
+        let labels: Vec<&str> = axis.ticks.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["512", "1K", "2K", "4K", "8K", "16K", "32K", "64K", "128K", "256K", "512K", "1M"]
+        );
+        // And they all appear in a rendered chart of normal width.
+        let svg = sample_chart().to_svg(800, 450);
+        for l in labels {
+            assert!(svg.contains(&format!(">{l}</text>")), "tick {l} missing");
+        }
+        // A narrow chart thins the ticks instead of overlapping them.
+        let narrow = Axis::log2(512.0, 1048576.0, 6);
+        let shown: Vec<&str> = narrow
+            .ticks
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert_eq!(shown, ["512", "4K", "32K", "256K"]);
+        assert_eq!(
+            narrow.ticks.len(),
+            12,
+            "grid lines stay at every power of two"
+        );
+    }
+
+    #[test]
+    fn linear_tick_labels() {
+        assert_eq!(format_tick(0.0, 0.2, 1.0), "0");
+        assert_eq!(format_tick(0.4, 0.2, 1.0), "0.4");
+        assert_eq!(format_tick(4000.0, 1000.0, 6000.0), "4000");
+        assert_eq!(format_tick(200000.0, 200000.0, 1.2e6), "0.2M");
+        assert_eq!(format_tick(300000.0, 100000.0, 500000.0), "300k");
+        assert_eq!(format_tick(2e-5, 1e-5, 5e-5), "2.0e-5");
+        let axis = Axis::linear(0.0, 0.3, 4);
+        let labels: Vec<&str> = axis.ticks.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(labels, ["0", "0.1", "0.2", "0.3"]);
+    }
+
+    #[test]
+    fn pow2_labels() {
+        assert_eq!(format_pow2(512.0), "512");
+        assert_eq!(format_pow2(1024.0), "1K");
+        assert_eq!(format_pow2(1536.0), "1.5K");
+        assert_eq!(format_pow2(1048576.0), "1M");
+        assert_eq!(format_pow2(f64::from(1u32 << 30)), "1G");
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(
+            escape(r#"a<b>&"c"'d"#),
+            "a&lt;b&gt;&amp;&quot;c&quot;&#39;d"
+        );
+        assert_eq!(escape("plain µs text"), "plain µs text");
+        let report = Report {
+            title: "<script>alert(1)</script>".into(),
+            sections: vec![
+                ReportSection::Heading("A & B".into()),
+                ReportSection::Paragraph("x < y".into()),
+                ReportSection::Preformatted("<pre>".into()),
+                ReportSection::Table {
+                    header: vec!["k<".into()],
+                    rows: vec![vec!["v&".into()]],
+                },
+            ],
+        };
+        let html = report.to_html();
+        assert!(!html.contains("<script>"));
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(html.contains("<h2>A &amp; B</h2>"));
+        assert!(html.contains("<td>v&amp;</td>"));
+        check_balanced(&html);
+    }
+
+    #[test]
+    fn nice_tick_properties() {
+        let cases = [
+            (0.0, 1.0),
+            (0.0, 4623.7),
+            (0.0, 0.037),
+            (-3.2, 17.9),
+            (12.0, 12.0),
+            (0.0, 0.0),
+            (-5.0, -5.0),
+            (1e-3, 2e9),
+            (980.0, 1020.0),
+            (7.0, 3.0),
+            (f64::NAN, 1.0),
+        ];
+        for (lo, hi) in cases {
+            for target in [2, 5, 8, 10] {
+                let t = nice_ticks(lo, hi, target);
+                assert!(t.len() >= 2, "{lo}..{hi}: {t:?}");
+                assert!(
+                    t.len() <= 2 * target + 2,
+                    "{lo}..{hi} target {target}: {t:?}"
+                );
+                if lo.is_finite() {
+                    assert!(
+                        t[0] <= lo.min(hi) && *t.last().unwrap() >= lo.max(hi),
+                        "{lo}..{hi}: {t:?}"
+                    );
+                }
+                let step = t[1] - t[0];
+                assert!(step > 0.0);
+                let mantissa = step / 10f64.powf(step.log10().floor());
+                assert!(
+                    [1.0, 2.0, 5.0, 10.0]
+                        .iter()
+                        .any(|m| (mantissa - m).abs() < 1e-6),
+                    "step {step} is not 1-2-5"
+                );
+                for w in t.windows(2) {
+                    assert!(((w[1] - w[0]) - step).abs() <= step * 1e-9, "uneven {t:?}");
+                }
+            }
+        }
+        assert_eq!(
+            nice_ticks(0.0, 4623.7, 5),
+            [0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
+        );
+        assert_eq!(nice_ticks(0.0, 0.0, 5)[0], 0.0);
+    }
+
+    #[test]
+    fn degenerate_inputs_render_without_nan() {
+        let chart = |series: Vec<Series>, log2: bool| Chart {
+            title: "t".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            x_log2: log2,
+            series,
+        };
+        let weird = vec![
+            Series {
+                name: "empty".into(),
+                points: vec![],
+            },
+            Series {
+                name: "single".into(),
+                points: vec![(4096.0, 10.0)],
+            },
+            Series {
+                name: "bad".into(),
+                points: vec![
+                    (f64::NAN, 1.0),
+                    (8192.0, f64::INFINITY),
+                    (0.0, 3.0),
+                    (-1.0, 2.0),
+                    (16384.0, 12.0),
+                ],
+            },
+        ];
+        for log2 in [false, true] {
+            for series in [
+                vec![],
+                weird.clone(),
+                vec![weird[1].clone()],
+                vec![weird[0].clone()],
+            ] {
+                for (w, h) in [(800, 450), (300, 200), (0, 0)] {
+                    let svg = chart(series.clone(), log2).to_svg(w, h);
+                    check_balanced(&svg);
+                    assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+                    for s in &series {
+                        assert!(svg.contains(&s.name));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn many_series_cycle_colours_and_markers() {
+        let series: Vec<Series> = (0..12)
+            .map(|i| Series {
+                name: format!("s{i}"),
+                points: vec![(1.0, f64::from(i)), (2.0, f64::from(i) + 1.0)],
+            })
+            .collect();
+        let svg = Chart {
+            series,
+            ..Chart::default()
+        }
+        .to_svg(800, 450);
+        check_balanced(&svg);
+        for c in PALETTE {
+            assert!(svg.contains(c));
+        }
+        // Series 0 and 7 share a colour but not a marker shape.
+        assert_ne!(MARKERS[0], MARKERS[PALETTE.len() % MARKERS.len()]);
+        assert!(
+            svg.contains("<circle")
+                && svg.contains("<rect x=")
+                && svg.contains("stroke-width=\"2\" fill=\"none\"/>")
+        );
+    }
+
+    #[test]
+    fn long_names_move_legend_below() {
+        let mut chart = sample_chart();
+        chart.series[0].name = "a very long series name that would squeeze the plot area".into();
+        let svg = chart.to_svg(800, 450);
+        check_balanced(&svg);
+        // Plot frame keeps most of the width when the legend is below.
+        let frame = svg.lines().find(|l| l.contains("stroke=\"#444\"")).unwrap();
+        let width: f64 = frame
+            .split("width=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(width > 600.0, "{frame}");
+    }
+
+    #[test]
+    fn write_file_creates_dirs_and_reports_path() {
+        let dir = std::env::temp_dir().join(format!("moneta-plot-test-{}", std::process::id()));
+        let path = dir.join("a/b/report.html");
+        write_file(&path, "hello").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello");
+        // A file where a directory is needed: the error names the path.
+        let bad = dir.join("a/b/report.html/x.svg");
+        let err = write_file(&bad, "x").unwrap_err();
+        assert!(err.to_string().contains("report.html"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `cargo test -p moneta-cli render_sample -- --ignored` writes
+    /// /tmp/plot-sample.svg and /tmp/plot-sample.html for eyeballing.
+    #[test]
+    #[ignore]
+    fn render_sample() {
+        let chart = sample_chart();
+        write_file(Path::new("/tmp/plot-sample.svg"), &chart.to_svg(800, 450)).unwrap();
+        let mut latency = chart.clone();
+        latency.title = "Linear axes, long legend names".into();
+        latency.x_log2 = false;
+        latency.series[0].name = "a very long series name that pushes the legend below".into();
+        write_file(
+            Path::new("/tmp/plot-sample2.svg"),
+            &latency.to_svg(800, 450),
+        )
+        .unwrap();
+        let mut many = sample_chart();
+        many.title = "Many series, small canvas".into();
+        many.series = (0..10)
+            .map(|i| Series {
+                name: format!("queue depth {}", 1 << i),
+                points: (9..=20)
+                    .map(|k| (f64::from(k).exp2(), f64::from(i * 30 + k)))
+                    .collect(),
+            })
+            .collect();
+        write_file(Path::new("/tmp/plot-sample3.svg"), &many.to_svg(480, 320)).unwrap();
+        let report = Report {
+            title: "Moneta sweep report".into(),
+            sections: vec![
+                ReportSection::Heading("Bandwidth".into()),
+                ReportSection::Paragraph("Sequential reads, 1–8 threads.".into()),
+                ReportSection::Chart(chart),
+                ReportSection::Table {
+                    header: vec!["size".into(), "MB/s".into()],
+                    rows: vec![
+                        vec!["4K".into(), "1234.5".into()],
+                        vec!["1M".into(), "4600".into()],
+                    ],
+                },
+                ReportSection::Preformatted("moneta sweep --preset baseline".into()),
+            ],
+        };
+        write_file(Path::new("/tmp/plot-sample.html"), &report.to_html()).unwrap();
+    }
+}
