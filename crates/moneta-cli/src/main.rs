@@ -1,3 +1,372 @@
+//! `moneta`: the command-line face of the model.
+//!
+//! - `moneta presets` lists the presets (and with `--verbose` their TOML).
+//! - `moneta sim run` simulates one point; `moneta sim sweep` a grid of
+//!   operations × request sizes, with sharding, progress, and SVG/HTML plots.
+//! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
+//! - `moneta sim speed` measures simulated requests per wall-clock second.
+
+mod output;
 mod plot;
 
-fn main() {}
+use clap::{Args, Parser, Subcommand};
+use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};
+use moneta_model::experiment::{rate, run};
+use moneta_model::summary::{default_region_bytes, xdd_point, PointSummary};
+use moneta_model::workload::{OpMix, RunLimit, Workload};
+use output::Format;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "moneta", version, about = "Moneta in software: simulate the Moneta storage array family")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List presets and technologies.
+    Presets {
+        /// Print each preset's full TOML (every key, with its source).
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Simulate in virtual time.
+    #[command(subcommand)]
+    Sim(Sim),
+}
+
+#[derive(Subcommand)]
+enum Sim {
+    /// One point: bandwidth, IOPS, latency, power.
+    Run(RunArgs),
+    /// A grid of operations × request sizes.
+    Sweep(SweepArgs),
+    /// SPEC §2.2 fairness: small-request threads beside large-request threads.
+    Fairness(FairnessArgs),
+    /// Simulator speed: simulated requests per wall-clock second.
+    Speed(SpeedArgs),
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Preset (see `moneta presets`).
+    #[arg(long, default_value = "moneta")]
+    preset: String,
+    /// Host stack: base, nosched, atomic, spin, 2q, balance, direct, ramdisk.
+    #[arg(long)]
+    stack: Option<String>,
+    /// Memory technology (sets memory.latency_ns_read/write).
+    #[arg(long)]
+    tech: Option<String>,
+    /// Override any key, e.g. --set memory.controllers=4 (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Random seed: the same seed gives the same numbers.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+impl ModelArgs {
+    fn config(&self) -> Result<Config, String> {
+        let mut c = Config::preset(&self.preset).map_err(|e| e.to_string())?;
+        if let Some(t) = &self.tech {
+            c.set_technology(t).map_err(|e| e.to_string())?;
+        }
+        if let Some(s) = &self.stack {
+            c.set_stack(Stack::parse(s).map_err(|e| e.to_string())?);
+        }
+        for kv in &self.set {
+            c.set(kv).map_err(|e| format!("--set {kv}: {e}"))?;
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Args, Clone)]
+struct LimitArgs {
+    /// Requests to simulate (all threads together).
+    #[arg(long, conflicts_with = "duration_ms")]
+    ops: Option<u64>,
+    /// Simulated time to run instead of a request count.
+    #[arg(long)]
+    duration_ms: Option<f64>,
+}
+
+impl LimitArgs {
+    fn limit(&self, default_ops: u64) -> Result<RunLimit, String> {
+        match (self.ops, self.duration_ms) {
+            (Some(0), _) => Err("--ops must be positive".into()),
+            (Some(n), _) => Ok(RunLimit::Ops(n)),
+            (None, Some(ms)) if ms.is_finite() && ms > 0.0 => Ok(RunLimit::DurationNs((ms * 1e6) as u64)),
+            (None, Some(ms)) => Err(format!("--duration-ms {ms} must be a positive number")),
+            (None, None) => Ok(RunLimit::Ops(default_ops)),
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    limit: LimitArgs,
+    /// read, write or mixed (50/50).
+    #[arg(long, default_value = "read")]
+    op: String,
+    /// Request size in bytes (multiple of 512).
+    #[arg(long, default_value_t = 4096)]
+    size: u64,
+    /// Closed-loop threads.
+    #[arg(long, default_value_t = 16)]
+    threads: u32,
+}
+
+#[derive(Args)]
+struct SweepArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    limit: LimitArgs,
+    /// Comma-separated operations.
+    #[arg(long, default_value = "read,write,mixed")]
+    op: String,
+    /// Comma-separated request sizes in bytes.
+    #[arg(long, default_value = "512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576")]
+    sizes: String,
+    #[arg(long, default_value_t = 16)]
+    threads: u32,
+    /// Run only points i, i+n, i+2n, … (0-based), for cluster job arrays.
+    #[arg(long, value_name = "I/N")]
+    shard: Option<String>,
+    /// Write an SVG plot of bandwidth vs request size.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write an HTML report (plots and the table).
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct FairnessArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    limit: LimitArgs,
+    #[arg(long, default_value_t = 4)]
+    small_threads: u32,
+    #[arg(long, default_value_t = 4096)]
+    small_size: u64,
+    #[arg(long, default_value_t = 4)]
+    large_threads: u32,
+    #[arg(long, default_value_t = 524288)]
+    large_size: u64,
+}
+
+#[derive(Args)]
+struct SpeedArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value_t = 2_000_000)]
+    ops: u64,
+    #[arg(long, default_value_t = 4096)]
+    size: u64,
+    #[arg(long, default_value_t = 16)]
+    threads: u32,
+    #[arg(long, default_value = "read")]
+    op: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("moneta: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Presets { verbose } => presets(verbose),
+        Command::Sim(Sim::Run(a)) => sim_run(a),
+        Command::Sim(Sim::Sweep(a)) => sim_sweep(a),
+        Command::Sim(Sim::Fairness(a)) => sim_fairness(a),
+        Command::Sim(Sim::Speed(a)) => sim_speed(a),
+    }
+}
+
+fn presets(verbose: bool) -> Result<(), String> {
+    for name in preset_names() {
+        let c = Config::preset(name).map_err(|e| e.to_string())?;
+        if verbose {
+            println!("# ---- {name} ----");
+            println!("{}", preset_source(name).unwrap_or_default());
+        } else {
+            println!(
+                "{name:<15} {:<8} ctl={:<2} buf={:<2} {:<8} {:<8} {}",
+                c.host.stack.name(),
+                c.memory.controllers,
+                c.device.transfer_buffers,
+                format!("{:?}", c.device.queue_policy).to_lowercase(),
+                c.memory.technology,
+                c.description
+            );
+        }
+    }
+    println!("\ntechnologies (--tech):");
+    for t in TECHNOLOGIES {
+        println!("  {:<15} read {:>8} ns  write {:>8} ns  ({})", t.name, t.latency_ns_read, t.latency_ns_write, t.source);
+    }
+    Ok(())
+}
+
+fn parse_op(s: &str) -> Result<OpMix, String> {
+    OpMix::parse(s.trim())
+}
+
+fn sim_run(a: RunArgs) -> Result<(), String> {
+    let config = a.model.config()?;
+    let op = parse_op(&a.op)?;
+    let limit = a.limit.limit(200_000)?;
+    let point = xdd_point(&config, op, a.size, a.threads, limit, a.model.seed)?;
+    output::print_points(&[point], a.model.format, false);
+    Ok(())
+}
+
+/// `i/n` with i < n.
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("--shard {s}: expected I/N with 0 <= I < N");
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    let i: usize = i.trim().parse().map_err(|_| bad())?;
+    let n: usize = n.trim().parse().map_err(|_| bad())?;
+    if n == 0 || i >= n {
+        return Err(bad());
+    }
+    Ok((i, n))
+}
+
+fn sim_sweep(a: SweepArgs) -> Result<(), String> {
+    let config = a.model.config()?;
+    let ops: Vec<OpMix> = a.op.split(',').map(parse_op).collect::<Result<_, _>>()?;
+    let sizes: Vec<u64> = a
+        .sizes
+        .split(',')
+        .map(|s| s.trim().parse::<u64>().map_err(|_| format!("--sizes: '{s}' is not a number of bytes")))
+        .collect::<Result<_, _>>()?;
+    let (shard, shards) = a.shard.as_deref().map(parse_shard).transpose()?.unwrap_or((0, 1));
+    let limit = a.limit.limit(100_000)?;
+    let grid: Vec<(OpMix, u64)> = ops.iter().flat_map(|&o| sizes.iter().map(move |&s| (o, s))).collect();
+    let mine: Vec<(OpMix, u64)> = grid.iter().copied().enumerate().filter(|(i, _)| i % shards == shard).map(|(_, p)| p).collect();
+    let progress = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let mut points = Vec::with_capacity(mine.len());
+    for (k, &(op, size)) in mine.iter().enumerate() {
+        if progress {
+            eprint!("\r[{}/{}] {} {} B … {:.1} s   ", k + 1, mine.len(), op.name(), size, started.elapsed().as_secs_f64());
+        }
+        points.push(xdd_point(&config, op, size, a.threads, limit, a.model.seed)?);
+    }
+    if progress {
+        eprintln!("\r{} points in {:.1} s{:20}", mine.len(), started.elapsed().as_secs_f64(), "");
+    }
+    output::print_points(&points, a.model.format, true);
+    if let Some(path) = &a.plot {
+        let svg = output::bandwidth_chart(&config, &points).to_svg(900, 480);
+        plot::write_file(path, &svg).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &a.report {
+        let html = output::sweep_report(&config, &points).to_html();
+        plot::write_file(path, &html).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
+    let config = a.model.config()?;
+    let limit = a.limit.limit(100_000)?;
+    let w = Workload::fairness(
+        a.small_threads,
+        a.small_size,
+        a.large_threads,
+        a.large_size,
+        default_region_bytes(&config),
+        limit,
+        a.model.seed,
+    );
+    let r = run(&config, &w)?;
+    let rows: Vec<serde_json::Value> = r
+        .groups
+        .iter()
+        .map(|g| {
+            serde_json::json!({
+                "group": g.name, "threads": g.threads, "size_bytes": g.size_bytes, "ops": g.ops,
+                "bandwidth_mb_per_s": rate(g.bytes, r.elapsed_ns) / 1e6,
+                "latency_us_mean": g.latency.mean_ns() / 1e3,
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "preset": config.name, "stack": config.host.stack.name(), "seed": a.model.seed,
+        "aggregate_mb_per_s": r.bandwidth_mb_per_s(), "groups": rows,
+    });
+    match a.model.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&doc).expect("json")),
+        _ => {
+            println!("{} / {}  seed {}  aggregate {:.1} MB/s", config.name, config.host.stack.name(), a.model.seed, r.bandwidth_mb_per_s());
+            for g in &r.groups {
+                println!(
+                    "  {:<6} {:>2} threads × {:>7} B: {:>9.1} MB/s  mean {:>9.1} µs",
+                    g.name,
+                    g.threads,
+                    g.size_bytes,
+                    rate(g.bytes, r.elapsed_ns) / 1e6,
+                    g.latency.mean_ns() / 1e3
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sim_speed(a: SpeedArgs) -> Result<(), String> {
+    let config = a.model.config()?;
+    let op = parse_op(&a.op)?;
+    let w = Workload::xdd(op, a.size, a.threads, default_region_bytes(&config), RunLimit::Ops(a.ops), a.model.seed);
+    let started = Instant::now();
+    let r = run(&config, &w)?;
+    let wall_s = started.elapsed().as_secs_f64();
+    let per_s = r.ops as f64 / wall_s;
+    let doc = serde_json::json!({
+        "preset": config.name, "stack": config.host.stack.name(), "op": op.name(), "size_bytes": a.size,
+        "threads": a.threads, "simulated_requests": r.ops, "events": r.events, "wall_s": wall_s,
+        "simulated_requests_per_s": per_s, "events_per_s": r.events as f64 / wall_s,
+    });
+    match a.model.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&doc).expect("json")),
+        _ => println!(
+            "{} simulated {} B {} requests in {:.3} s wall: {:.2} M requests/s ({:.1} M events/s)",
+            r.ops,
+            a.size,
+            op.name(),
+            wall_s,
+            per_s / 1e6,
+            r.events as f64 / wall_s / 1e6
+        ),
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn _assert_summary_is_used(_: PointSummary) {}

@@ -22,5 +22,6 @@ pub mod experiment;
 pub mod host;
 pub mod kernel;
 pub mod stats;
+pub mod summary;
 pub mod units;
 pub mod workload;

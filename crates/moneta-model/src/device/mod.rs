@@ -16,3 +16,9 @@ pub mod queues;
 pub mod ring;
 pub mod start_gap;
 pub mod tags;
+
+/// Average power (W) and energy per operation (nJ) of a run.
+/// Placeholder until the power model lands: NaN.
+pub fn power_of_run(_config: &crate::config::Config, _run: &crate::experiment::RunResult) -> (f64, f64) {
+    (f64::NAN, f64::NAN)
+}
