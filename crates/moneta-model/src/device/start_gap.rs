@@ -54,7 +54,11 @@ impl Randomizer {
         // An independent stream so that the randomizer of one controller does
         // not consume numbers another consumer of the same seed sees.
         let mut rng = Rng::stream(seed, 0x5747_4150); // "SGAP"
-        let mask = if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 };
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
         Self {
             mask,
             // Half the width mixes high bits into low bits in one step; at
@@ -69,7 +73,10 @@ impl Randomizer {
     fn apply(&self, line: u64) -> u64 {
         let mut x = line & self.mask;
         for round in 0..2 {
-            x = x.wrapping_mul(self.multipliers[round]).wrapping_add(self.addends[round]) & self.mask;
+            x = x
+                .wrapping_mul(self.multipliers[round])
+                .wrapping_add(self.addends[round])
+                & self.mask;
             x ^= x >> self.shift;
         }
         x
@@ -98,12 +105,21 @@ pub struct StartGap {
 
 impl StartGap {
     /// `logical_lines` must be a power of two (N); physical lines = N + 1 (one gap line).
-    pub fn new(logical_lines: u64, gap_interval_writes: u64, randomize: bool, seed: u64, track_wear: bool) -> Self {
+    pub fn new(
+        logical_lines: u64,
+        gap_interval_writes: u64,
+        randomize: bool,
+        seed: u64,
+        track_wear: bool,
+    ) -> Self {
         assert!(
             logical_lines.is_power_of_two(),
             "start-gap needs a power-of-two number of logical lines, got {logical_lines}"
         );
-        assert!(gap_interval_writes > 0, "start-gap gap interval must be at least one write");
+        assert!(
+            gap_interval_writes > 0,
+            "start-gap gap interval must be at least one write"
+        );
         let physical_lines = logical_lines + 1;
         Self {
             logical_lines,
@@ -135,13 +151,20 @@ impl StartGap {
     /// Logical line -> physical line (randomize first, then PA = (LA + START) mod N; if PA >= GAP then PA + 1).
     #[inline]
     pub fn translate(&self, logical_line: u64) -> u64 {
-        debug_assert!(logical_line < self.logical_lines, "logical line {logical_line} out of range");
+        debug_assert!(
+            logical_line < self.logical_lines,
+            "logical line {logical_line} out of range"
+        );
         let randomized = match &self.randomizer {
             Some(randomizer) => randomizer.apply(logical_line),
             None => logical_line,
         };
         let rotated = (randomized + self.start) & self.line_mask;
-        let physical = if rotated >= self.gap { rotated + 1 } else { rotated };
+        let physical = if rotated >= self.gap {
+            rotated + 1
+        } else {
+            rotated
+        };
         debug_assert!(physical != self.gap && physical <= self.logical_lines);
         physical
     }
@@ -173,12 +196,18 @@ impl StartGap {
     /// bottom, copy line N into line 0, wrap the gap to N and advance START.
     fn move_gap(&mut self) -> GapMove {
         let gap_move = if self.gap == 0 {
-            let gap_move = GapMove { from_physical_line: self.logical_lines, to_physical_line: 0 };
+            let gap_move = GapMove {
+                from_physical_line: self.logical_lines,
+                to_physical_line: 0,
+            };
             self.gap = self.logical_lines;
             self.start = (self.start + 1) & self.line_mask;
             gap_move
         } else {
-            let gap_move = GapMove { from_physical_line: self.gap - 1, to_physical_line: self.gap };
+            let gap_move = GapMove {
+                from_physical_line: self.gap - 1,
+                to_physical_line: self.gap,
+            };
             self.gap -= 1;
             gap_move
         };
@@ -203,7 +232,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn mapping(start_gap: &StartGap) -> Vec<u64> {
-        (0..start_gap.logical_lines()).map(|line| start_gap.translate(line)).collect()
+        (0..start_gap.logical_lines())
+            .map(|line| start_gap.translate(line))
+            .collect()
     }
 
     /// Every logical line maps to a distinct physical line, and none maps to the gap.
@@ -211,8 +242,15 @@ mod tests {
         let mut seen = vec![false; start_gap.physical_lines() as usize];
         for physical in mapping(start_gap) {
             assert!(physical < start_gap.physical_lines());
-            assert_ne!(physical, start_gap.gap_line(), "a logical line maps onto the gap");
-            assert!(!seen[physical as usize], "two logical lines share physical line {physical}");
+            assert_ne!(
+                physical,
+                start_gap.gap_line(),
+                "a logical line maps onto the gap"
+            );
+            assert!(
+                !seen[physical as usize],
+                "two logical lines share physical line {physical}"
+            );
             seen[physical as usize] = true;
         }
     }
@@ -225,10 +263,22 @@ mod tests {
         // START = 0, GAP = 4: identity.
         assert_eq!(mapping(&start_gap), vec![0, 1, 2, 3]);
         // Move 1: copy 3 -> 4, GAP = 3; LA 3 -> PA 3 >= 3 -> 4.
-        assert_eq!(start_gap.record_write(0), Some(GapMove { from_physical_line: 3, to_physical_line: 4 }));
+        assert_eq!(
+            start_gap.record_write(0),
+            Some(GapMove {
+                from_physical_line: 3,
+                to_physical_line: 4
+            })
+        );
         assert_eq!(mapping(&start_gap), vec![0, 1, 2, 4]);
         // Moves 2..4: the gap walks down to 0.
-        assert_eq!(start_gap.record_write(0), Some(GapMove { from_physical_line: 2, to_physical_line: 3 }));
+        assert_eq!(
+            start_gap.record_write(0),
+            Some(GapMove {
+                from_physical_line: 2,
+                to_physical_line: 3
+            })
+        );
         assert_eq!(mapping(&start_gap), vec![0, 1, 3, 4]);
         start_gap.record_write(0);
         start_gap.record_write(0);
@@ -236,7 +286,13 @@ mod tests {
         assert_eq!(mapping(&start_gap), vec![1, 2, 3, 4]);
         // Move 5: copy line N = 4 into line 0, GAP wraps to 4, START = 1:
         // LA 3 -> (3 + 1) mod 4 = 0.
-        assert_eq!(start_gap.record_write(0), Some(GapMove { from_physical_line: 4, to_physical_line: 0 }));
+        assert_eq!(
+            start_gap.record_write(0),
+            Some(GapMove {
+                from_physical_line: 4,
+                to_physical_line: 0
+            })
+        );
         assert_eq!(start_gap.gap_line(), 4);
         assert_eq!(mapping(&start_gap), vec![1, 2, 3, 0]);
         // Move 6: copy 3 -> 4, GAP = 3; LA 2 -> 3 >= 3 -> 4.
@@ -271,7 +327,10 @@ mod tests {
         let randomizer = Randomizer::new(10, 7);
         let images: Vec<u64> = (0..16).map(|line| randomizer.apply(line)).collect();
         let spread = images.iter().max().unwrap() - images.iter().min().unwrap();
-        assert!(spread > 256, "randomized neighbours still clustered: {images:?}");
+        assert!(
+            spread > 256,
+            "randomized neighbours still clustered: {images:?}"
+        );
     }
 
     #[test]
@@ -308,7 +367,11 @@ mod tests {
             let mut start_gap = StartGap::new(lines, gap_interval_writes, randomize, 11, true);
             let mut rng = Rng::new(5);
             for _ in 0..writes {
-                let line = if rng.below(10) < 9 { rng.below(hot_lines) } else { rng.below(lines) };
+                let line = if rng.below(10) < 9 {
+                    rng.below(hot_lines)
+                } else {
+                    rng.below(lines)
+                };
                 start_gap.record_write(line);
             }
             wear_imbalance(start_gap.wear().unwrap())
@@ -316,8 +379,14 @@ mod tests {
         // "No leveling": a gap interval longer than the run never moves the gap.
         let unleveled = run(u64::MAX, false);
         let leveled = run(8, true);
-        assert!(unleveled > 7.0, "hot spot should concentrate wear, max/mean = {unleveled}");
-        assert!(leveled < 1.6, "randomized start-gap should spread wear, max/mean = {leveled}");
+        assert!(
+            unleveled > 7.0,
+            "hot spot should concentrate wear, max/mean = {unleveled}"
+        );
+        assert!(
+            leveled < 1.6,
+            "randomized start-gap should spread wear, max/mean = {leveled}"
+        );
         eprintln!("hot spot max/mean: unleveled {unleveled:.2}, leveled {leveled:.2}");
         assert!(leveled * 4.0 < unleveled);
     }
