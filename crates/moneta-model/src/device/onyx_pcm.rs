@@ -261,7 +261,13 @@ impl OnyxController {
         let line = logical_addr / self.line_bytes;
         let offset_in_line = logical_addr % self.line_bytes;
         let physical_line = match &self.start_gap {
-            Some(start_gap) => start_gap.translate(line & (start_gap.logical_lines() - 1)),
+            Some(start_gap) => {
+                debug_assert!(
+                    line < start_gap.logical_lines(),
+                    "address beyond the controller's lines"
+                );
+                start_gap.translate(line & (start_gap.logical_lines() - 1))
+            }
             None => line,
         };
         let limit = (self.line_bytes - offset_in_line).min(logical_end - logical_addr);
