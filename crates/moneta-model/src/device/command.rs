@@ -323,7 +323,7 @@ pub fn decode_baseline(words: [u64; 3], limits: &CommandLimits) -> Result<Comman
     }
     let byte = decode_command_byte((control >> BASELINE_COMMAND_SHIFT) as u8, error)?;
     let len_bytes = control & u64::from(u32::MAX);
-    if len_bytes % SECTOR_BYTES != 0 {
+    if !len_bytes.is_multiple_of(SECTOR_BYTES) {
         return Err(error(CommandErrorKind::Misaligned, len_bytes, SECTOR_BYTES));
     }
     // A sector address whose byte address overflows is beyond any capacity.
@@ -392,14 +392,14 @@ fn check_representable(
     if command.len_bytes == 0 {
         return Err(error(CommandErrorKind::ZeroLength, 0, 0));
     }
-    if command.len_bytes % SECTOR_BYTES != 0 {
+    if !command.len_bytes.is_multiple_of(SECTOR_BYTES) {
         return Err(error(
             CommandErrorKind::Misaligned,
             command.len_bytes,
             SECTOR_BYTES,
         ));
     }
-    if command.addr.0 % SECTOR_BYTES != 0 {
+    if !command.addr.0.is_multiple_of(SECTOR_BYTES) {
         return Err(error(
             CommandErrorKind::Misaligned,
             command.addr.0,
@@ -437,8 +437,8 @@ pub fn encode_baseline(command: &Command) -> Result<[u64; 3], CommandError> {
         limit: 0,
     })?;
     let control = command.len_bytes
-        | u64::from(command.tag) << BASELINE_TAG_SHIFT
-        | u64::from(encode_command_byte(command)) << BASELINE_COMMAND_SHIFT;
+        | (u64::from(command.tag) << BASELINE_TAG_SHIFT)
+        | (u64::from(encode_command_byte(command)) << BASELINE_COMMAND_SHIFT);
     Ok([command.addr.0 / SECTOR_BYTES, host_dma_addr, control])
 }
 
@@ -456,10 +456,10 @@ pub fn encode_atomic(command: &Command) -> Result<u64, CommandError> {
             limit: 0,
         });
     }
-    Ok(u64::from(command.tag) << ATOMIC_TAG_SHIFT
-        | u64::from(encode_command_byte(command)) << ATOMIC_COMMAND_SHIFT
-        | (command.len_bytes / SECTOR_BYTES) << ATOMIC_LEN_SHIFT
-        | command.addr.0 / SECTOR_BYTES)
+    Ok((u64::from(command.tag) << ATOMIC_TAG_SHIFT)
+        | (u64::from(encode_command_byte(command)) << ATOMIC_COMMAND_SHIFT)
+        | ((command.len_bytes / SECTOR_BYTES) << ATOMIC_LEN_SHIFT)
+        | (command.addr.0 / SECTOR_BYTES))
 }
 
 #[cfg(test)]
@@ -493,7 +493,10 @@ mod tests {
     }
 
     fn atomic_word(tag: u8, command_byte: u8, len_sectors: u64, addr_sectors: u64) -> u64 {
-        u64::from(tag) << 56 | u64::from(command_byte) << 48 | len_sectors << 32 | addr_sectors
+        (u64::from(tag) << 56)
+            | (u64::from(command_byte) << 48)
+            | (len_sectors << 32)
+            | addr_sectors
     }
 
     fn kind_atomic(word: u64) -> CommandErrorKind {
@@ -530,7 +533,7 @@ mod tests {
 
     #[test]
     fn baseline_layout_matches_the_documented_bits() {
-        let words = [2048, 0xdead_b000, 4096 | 7 << 32 | 0b0001 << 40];
+        let words = [2048, 0xdead_b000, 4096 | (7 << 32) | (0b0001 << 40)];
         let command = decode_baseline(words, &limits(CommandFormat::Baseline)).unwrap();
         assert_eq!(command.tag, 7);
         assert_eq!(command.op, Op::Read);
@@ -605,11 +608,11 @@ mod tests {
             CommandErrorKind::ReservedBitsSet
         );
         assert_eq!(
-            kind_baseline([0, 0, 4096 | 1 << 40 | 1 << 63]),
+            kind_baseline([0, 0, 4096 | (1 << 40) | (1 << 63)]),
             CommandErrorKind::ReservedBitsSet
         );
         assert_eq!(
-            kind_baseline([0, 0, 4096 | 0x81 << 40]),
+            kind_baseline([0, 0, 4096 | (0x81 << 40)]),
             CommandErrorKind::ReservedBitsSet
         );
     }
@@ -641,7 +644,7 @@ mod tests {
             (CommandErrorKind::TagOutOfRange, 64, 64, 64)
         );
         assert_eq!(
-            kind_baseline([0, 0, 4096 | 200 << 32 | 1 << 40]),
+            kind_baseline([0, 0, 4096 | (200 << 32) | (1 << 40)]),
             CommandErrorKind::TagOutOfRange
         );
     }
@@ -658,11 +661,11 @@ mod tests {
         );
         // Baseline sector addresses near u64::MAX overflow in bytes and in addr + len.
         assert_eq!(
-            kind_baseline([u64::MAX, 0, 4096 | 1 << 40]),
+            kind_baseline([u64::MAX, 0, 4096 | (1 << 40)]),
             CommandErrorKind::OutOfRange
         );
         assert_eq!(
-            kind_baseline([u64::MAX / 512, 0, 4096 | 1 << 40]),
+            kind_baseline([u64::MAX / 512, 0, 4096 | (1 << 40)]),
             CommandErrorKind::OutOfRange
         );
         let e = decode_atomic(atomic_word(0, 1, 8, 0xffff_ffff), &l).unwrap_err();
@@ -681,7 +684,7 @@ mod tests {
     #[test]
     fn misaligned() {
         assert_eq!(
-            kind_baseline([0, 0, 4000 | 1 << 40]),
+            kind_baseline([0, 0, 4000 | (1 << 40)]),
             CommandErrorKind::Misaligned
         );
         let odd = Command {
