@@ -9,7 +9,7 @@
 //! non-positive x on a log2 axis) are skipped; all text is escaped.
 
 // Temporary: main.rs is still a placeholder, so nothing calls this yet.
-#![allow(dead_code)]
+
 
 use std::fmt::Write as _;
 use std::path::Path;

@@ -459,7 +459,7 @@ impl Config {
         if m.latency_ns_read > 1_000_000_000 || m.latency_ns_write > 1_000_000_000 {
             return Err(err("memory.latency_ns_read", "latencies above one second are not storage"));
         }
-        if d.capacity_bytes % (m.stripe_bytes * m.controllers as u64) != 0 {
+        if !d.capacity_bytes.is_multiple_of(m.stripe_bytes * m.controllers as u64) {
             return Err(err("device.capacity_bytes", "must be a multiple of memory.stripe_bytes × memory.controllers"));
         }
         let s = &self.start_gap;

@@ -17,8 +17,23 @@ pub mod ring;
 pub mod start_gap;
 pub mod tags;
 
-/// Average power (W) and energy per operation (nJ) of a run.
-/// Placeholder until the power model lands: NaN.
-pub fn power_of_run(_config: &crate::config::Config, _run: &crate::experiment::RunResult) -> (f64, f64) {
-    (f64::NAN, f64::NAN)
+/// Average device power (W) and energy per operation (nJ) of a run
+/// (SPEC §1.9). The DDR ramdisk has no Moneta device: NaN.
+pub fn power_of_run(config: &crate::config::Config, run: &crate::experiment::RunResult) -> (f64, f64) {
+    if config.host.stack == crate::config::Stack::Ramdisk {
+        return (f64::NAN, f64::NAN);
+    }
+    let c = &run.device;
+    let activity = power::DeviceActivity {
+        elapsed_ns: run.elapsed_ns,
+        dma_busy_ns_host_to_device: c.dma_busy_ns_host_to_device,
+        dma_busy_ns_device_to_host: c.dma_busy_ns_device_to_host,
+        ring_busy_ns: c.ring_busy_ns,
+        scheduler_busy_ns: c.scheduler_busy_ns,
+        buffer_busy_ns: c.buffer_busy_ns,
+        transfer_buffers: config.device.transfer_buffers,
+        controllers: c.controllers.clone(),
+    };
+    let report = power::power_report(&config.power, config.device.capacity_bytes, &activity, run.ops);
+    (report.total_w, report.energy_nj_per_op)
 }

@@ -21,6 +21,7 @@ use super::buffers::{BufferPool, Segment, Striping};
 use super::dma::Dma;
 use super::memory::{ControllerActivity, MemoryTiming};
 use super::moneta_controller::MonetaController;
+use super::onyx_pcm::OnyxController;
 use super::queues::{BarrierGate, RequestQueues};
 use super::ring::Ring;
 use crate::config::{Config, ControllerKind};
@@ -154,7 +155,7 @@ impl Device {
                         Box::new(MonetaController::new(m, &config.start_gap, controller_bytes, controller_seed))
                     }
                     ControllerKind::OnyxPcm => {
-                        Box::new(MonetaController::new(m, &config.start_gap, controller_bytes, controller_seed))
+                        Box::new(OnyxController::new(&config.onyx, &config.start_gap, controller_bytes, controller_seed))
                     }
                 }
             })
