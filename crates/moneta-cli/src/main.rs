@@ -12,7 +12,7 @@ mod plot;
 use clap::{Args, Parser, Subcommand};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};
 use moneta_model::experiment::{rate, run};
-use moneta_model::summary::{default_region_bytes, xdd_point, PointSummary};
+use moneta_model::summary::{default_region_bytes, xdd_point};
 use moneta_model::workload::{OpMix, RunLimit, Workload};
 use output::Format;
 use std::io::IsTerminal;
@@ -21,7 +21,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "moneta", version, about = "Moneta in software: simulate the Moneta storage array family")]
+#[command(
+    name = "moneta",
+    version,
+    about = "Moneta in software: simulate the Moneta storage array family"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -37,7 +41,12 @@ enum Command {
     },
     /// Simulate in virtual time.
     #[command(subcommand)]
-    Sim(Sim),
+    Sim(Box<Sim>),
+    /// Compare the model with the published numbers (SPEC §1.9, §2).
+    Calibrate {
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
 }
 
 #[derive(Subcommand)]
@@ -105,7 +114,9 @@ impl LimitArgs {
         match (self.ops, self.duration_ms) {
             (Some(0), _) => Err("--ops must be positive".into()),
             (Some(n), _) => Ok(RunLimit::Ops(n)),
-            (None, Some(ms)) if ms.is_finite() && ms > 0.0 => Ok(RunLimit::DurationNs((ms * 1e6) as u64)),
+            (None, Some(ms)) if ms.is_finite() && ms > 0.0 => {
+                Ok(RunLimit::DurationNs((ms * 1e6) as u64))
+            }
             (None, Some(ms)) => Err(format!("--duration-ms {ms} must be a positive number")),
             (None, None) => Ok(RunLimit::Ops(default_ops)),
         }
@@ -139,7 +150,10 @@ struct SweepArgs {
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
     /// Comma-separated request sizes in bytes.
-    #[arg(long, default_value = "512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576")]
+    #[arg(
+        long,
+        default_value = "512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576"
+    )]
     sizes: String,
     #[arg(long, default_value_t = 16)]
     threads: u32,
@@ -198,10 +212,13 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::Presets { verbose } => presets(verbose),
-        Command::Sim(Sim::Run(a)) => sim_run(a),
-        Command::Sim(Sim::Sweep(a)) => sim_sweep(a),
-        Command::Sim(Sim::Fairness(a)) => sim_fairness(a),
-        Command::Sim(Sim::Speed(a)) => sim_speed(a),
+        Command::Sim(sim) => match *sim {
+            Sim::Run(a) => sim_run(a),
+            Sim::Sweep(a) => sim_sweep(a),
+            Sim::Fairness(a) => sim_fairness(a),
+            Sim::Speed(a) => sim_speed(a),
+        },
+        Command::Calibrate { format } => calibrate(format),
     }
 }
 
@@ -225,7 +242,10 @@ fn presets(verbose: bool) -> Result<(), String> {
     }
     println!("\ntechnologies (--tech):");
     for t in TECHNOLOGIES {
-        println!("  {:<15} read {:>8} ns  write {:>8} ns  ({})", t.name, t.latency_ns_read, t.latency_ns_write, t.source);
+        println!(
+            "  {:<15} read {:>8} ns  write {:>8} ns  ({})",
+            t.name, t.latency_ns_read, t.latency_ns_write, t.source
+        );
     }
     Ok(())
 }
@@ -261,23 +281,60 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     let sizes: Vec<u64> = a
         .sizes
         .split(',')
-        .map(|s| s.trim().parse::<u64>().map_err(|_| format!("--sizes: '{s}' is not a number of bytes")))
+        .map(|s| {
+            s.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("--sizes: '{s}' is not a number of bytes"))
+        })
         .collect::<Result<_, _>>()?;
-    let (shard, shards) = a.shard.as_deref().map(parse_shard).transpose()?.unwrap_or((0, 1));
+    let (shard, shards) = a
+        .shard
+        .as_deref()
+        .map(parse_shard)
+        .transpose()?
+        .unwrap_or((0, 1));
     let limit = a.limit.limit(100_000)?;
-    let grid: Vec<(OpMix, u64)> = ops.iter().flat_map(|&o| sizes.iter().map(move |&s| (o, s))).collect();
-    let mine: Vec<(OpMix, u64)> = grid.iter().copied().enumerate().filter(|(i, _)| i % shards == shard).map(|(_, p)| p).collect();
+    let grid: Vec<(OpMix, u64)> = ops
+        .iter()
+        .flat_map(|&o| sizes.iter().map(move |&s| (o, s)))
+        .collect();
+    let mine: Vec<(OpMix, u64)> = grid
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(i, _)| i % shards == shard)
+        .map(|(_, p)| p)
+        .collect();
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut points = Vec::with_capacity(mine.len());
     for (k, &(op, size)) in mine.iter().enumerate() {
         if progress {
-            eprint!("\r[{}/{}] {} {} B … {:.1} s   ", k + 1, mine.len(), op.name(), size, started.elapsed().as_secs_f64());
+            eprint!(
+                "\r[{}/{}] {} {} B … {:.1} s   ",
+                k + 1,
+                mine.len(),
+                op.name(),
+                size,
+                started.elapsed().as_secs_f64()
+            );
         }
-        points.push(xdd_point(&config, op, size, a.threads, limit, a.model.seed)?);
+        points.push(xdd_point(
+            &config,
+            op,
+            size,
+            a.threads,
+            limit,
+            a.model.seed,
+        )?);
     }
     if progress {
-        eprintln!("\r{} points in {:.1} s{:20}", mine.len(), started.elapsed().as_secs_f64(), "");
+        eprintln!(
+            "\r{} points in {:.1} s{:20}",
+            mine.len(),
+            started.elapsed().as_secs_f64(),
+            ""
+        );
     }
     output::print_points(&points, a.model.format, true);
     if let Some(path) = &a.plot {
@@ -324,7 +381,13 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
     match a.model.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&doc).expect("json")),
         _ => {
-            println!("{} / {}  seed {}  aggregate {:.1} MB/s", config.name, config.host.stack.name(), a.model.seed, r.bandwidth_mb_per_s());
+            println!(
+                "{} / {}  seed {}  aggregate {:.1} MB/s",
+                config.name,
+                config.host.stack.name(),
+                a.model.seed,
+                r.bandwidth_mb_per_s()
+            );
             for g in &r.groups {
                 println!(
                     "  {:<6} {:>2} threads × {:>7} B: {:>9.1} MB/s  mean {:>9.1} µs",
@@ -343,7 +406,14 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
 fn sim_speed(a: SpeedArgs) -> Result<(), String> {
     let config = a.model.config()?;
     let op = parse_op(&a.op)?;
-    let w = Workload::xdd(op, a.size, a.threads, default_region_bytes(&config), RunLimit::Ops(a.ops), a.model.seed);
+    let w = Workload::xdd(
+        op,
+        a.size,
+        a.threads,
+        default_region_bytes(&config),
+        RunLimit::Ops(a.ops),
+        a.model.seed,
+    );
     let started = Instant::now();
     let r = run(&config, &w)?;
     let wall_s = started.elapsed().as_secs_f64();
@@ -368,5 +438,18 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
     Ok(())
 }
 
-#[allow(dead_code)]
-fn _assert_summary_is_used(_: PointSummary) {}
+fn calibrate(format: Format) -> Result<(), String> {
+    let checks = moneta_model::calibration::all();
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&checks).expect("json")),
+        _ => print!("{}", moneta_model::calibration::markdown(&checks)),
+    }
+    let missed = checks.iter().filter(|c| !c.within()).count();
+    eprintln!(
+        "{} checks, {} within tolerance, {} missed",
+        checks.len(),
+        checks.len() - missed,
+        missed
+    );
+    Ok(())
+}

@@ -62,12 +62,27 @@ pub fn print_points(points: &[PointSummary], format: Format, array: bool) {
         }
         Format::Table => {
             if let Some(first) = points.first() {
-                println!("preset {}  stack {}  seed {}", first.preset, first.stack, first.seed);
+                println!(
+                    "preset {}  stack {}  seed {}",
+                    first.preset, first.stack, first.seed
+                );
             }
-            let header = ["op", "size", "thr", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs", "power W", "cpu"];
+            let header = [
+                "op", "size", "thr", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs", "power W",
+                "cpu",
+            ];
             println!(
                 "{:<6} {:>8} {:>4} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>5}",
-                header[0], header[1], header[2], header[3], header[4], header[5], header[6], header[7], header[8], header[9]
+                header[0],
+                header[1],
+                header[2],
+                header[3],
+                header[4],
+                header[5],
+                header[6],
+                header[7],
+                header[8],
+                header[9]
             );
             for p in points {
                 let r = row(p);
@@ -86,7 +101,10 @@ fn series_by_op(points: &[PointSummary], value: impl Fn(&PointSummary) -> f64) -
         let s = match series.iter_mut().position(|s| s.name == p.op) {
             Some(i) => &mut series[i],
             None => {
-                series.push(Series { name: p.op.clone(), points: Vec::new() });
+                series.push(Series {
+                    name: p.op.clone(),
+                    points: Vec::new(),
+                });
                 series.last_mut().expect("just pushed")
             }
         };
@@ -97,7 +115,11 @@ fn series_by_op(points: &[PointSummary], value: impl Fn(&PointSummary) -> f64) -
 
 pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
     Chart {
-        title: format!("{}: bandwidth vs request size ({} stack)", config.name, config.host.stack.name()),
+        title: format!(
+            "{}: bandwidth vs request size ({} stack)",
+            config.name,
+            config.host.stack.name()
+        ),
         x_label: "request size (bytes)".into(),
         y_label: "bandwidth (MB/s)".into(),
         x_log2: true,

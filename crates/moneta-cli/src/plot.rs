@@ -10,7 +10,6 @@
 
 // Temporary: main.rs is still a placeholder, so nothing calls this yet.
 
-
 use std::fmt::Write as _;
 use std::path::Path;
 

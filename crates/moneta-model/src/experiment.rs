@@ -31,8 +31,14 @@ enum Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
     None,
-    Spin { detect_ns: Ns },
-    Sleep { interrupt_ns: Ns, lock: Option<usize>, wake_ns: Ns },
+    Spin {
+        detect_ns: Ns,
+    },
+    Sleep {
+        interrupt_ns: Ns,
+        lock: Option<usize>,
+        wake_ns: Ns,
+    },
 }
 
 struct Thread {
@@ -129,14 +135,21 @@ struct Simulation<'a> {
 
 impl<'a> Simulation<'a> {
     fn new(config: &'a Config, workload: &'a Workload, _needs_device: bool) -> Self {
-        let permissions =
-            (config.host.stack == Stack::Direct).then(|| PermissionModel::new(&config.direct, workload.seed));
+        let permissions = (config.host.stack == Stack::Direct)
+            .then(|| PermissionModel::new(&config.direct, workload.seed));
         let plans = workload
             .groups
             .iter()
             .map(|g| {
-                let hit = PermissionOutcome { soft_miss: false, hard_miss: false, tree_depth: 1 };
-                [plan(config, Op::Read, g.size_bytes, hit), plan(config, Op::Write, g.size_bytes, hit)]
+                let hit = PermissionOutcome {
+                    soft_miss: false,
+                    hard_miss: false,
+                    tree_depth: 1,
+                };
+                [
+                    plan(config, Op::Read, g.size_bytes, hit),
+                    plan(config, Op::Write, g.size_bytes, hit),
+                ]
             })
             .collect();
         let mut threads = Vec::new();
@@ -281,9 +294,14 @@ impl<'a> Simulation<'a> {
             None => self.plans[th.group][(op == Op::Write) as usize],
             Some(p) => {
                 let offset = addr - group.region_offset_bytes;
-                let extent = (offset as u128 * p.extents() as u128 / group.region_bytes as u128) as usize;
+                let extent =
+                    (offset as u128 * p.extents() as u128 / group.region_bytes as u128) as usize;
                 let (soft_miss, hard_miss) = p.access(extent);
-                let outcome = PermissionOutcome { soft_miss, hard_miss, tree_depth: p.tree_depth() };
+                let outcome = PermissionOutcome {
+                    soft_miss,
+                    hard_miss,
+                    tree_depth: p.tree_depth(),
+                };
                 plan(self.config, op, th.bytes, outcome)
             }
         };
@@ -299,7 +317,7 @@ impl<'a> Simulation<'a> {
             }
             let Some(step) = th.plan.get(th.step) else {
                 // Request finished (or the thread has not started one yet).
-                if th.plan.steps().len() > 0 {
+                if !th.plan.steps().is_empty() {
                     let g = &mut self.groups[th.group];
                     g.ops += 1;
                     g.bytes += th.bytes;
@@ -349,7 +367,9 @@ impl<'a> Simulation<'a> {
                     if self.config.host.stack == Stack::Ramdisk {
                         unreachable!("the ramdisk stack has no device");
                     }
-                    self.device.submit(now, tag, request).map_err(|e| format!("device refused a request: {e}"))?;
+                    self.device
+                        .submit(now, tag, request)
+                        .map_err(|e| format!("device refused a request: {e}"))?;
                     self.drain_device(now)?;
                 }
                 Step::Spin { detect_ns } => {
@@ -365,14 +385,22 @@ impl<'a> Simulation<'a> {
                     }
                     return Ok(());
                 }
-                Step::Sleep { interrupt_ns, lock, wake_ns } => {
+                Step::Sleep {
+                    interrupt_ns,
+                    lock,
+                    wake_ns,
+                } => {
                     let th = &mut self.threads[t as usize];
                     th.step += 1;
                     if th.completed_at.is_some() {
                         // Done before the thread slept: the check before sleeping sees it.
                         continue;
                     }
-                    th.wait = Wait::Sleep { interrupt_ns, lock: lock.map(|s| s.index()), wake_ns };
+                    th.wait = Wait::Sleep {
+                        interrupt_ns,
+                        lock: lock.map(|s| s.index()),
+                        wake_ns,
+                    };
                     self.release_core(now);
                     return Ok(());
                 }
@@ -396,7 +424,11 @@ impl<'a> Simulation<'a> {
                 // The thread spun on its core from the wait step until now.
                 self.queue.push(now + detect_ns, Event::Resume(t));
             }
-            Wait::Sleep { interrupt_ns, lock, wake_ns } => {
+            Wait::Sleep {
+                interrupt_ns,
+                lock,
+                wake_ns,
+            } => {
                 th.wait = Wait::None;
                 let irq = now + self.notify_ns;
                 let handled = match lock {

@@ -16,6 +16,7 @@
 //! - [`config`]: presets as data, overrides, validation.
 //! - [`experiment`]: runs one configured experiment and reports its results.
 
+pub mod calibration;
 pub mod config;
 pub mod device;
 pub mod experiment;

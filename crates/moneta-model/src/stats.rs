@@ -24,7 +24,12 @@ impl Default for LatencyHistogram {
 
 impl LatencyHistogram {
     pub fn new() -> Self {
-        Self { buckets: vec![0; SUB * 64], count: 0, sum_ns: 0, max_ns: 0 }
+        Self {
+            buckets: vec![0; SUB * 64],
+            count: 0,
+            sum_ns: 0,
+            max_ns: 0,
+        }
     }
 
     fn index(v: Ns) -> usize {

@@ -30,7 +30,14 @@ pub struct PointSummary {
 }
 
 impl PointSummary {
-    pub fn new(config: &Config, op: OpMix, size_bytes: u64, threads: u32, seed: u64, r: &RunResult) -> Self {
+    pub fn new(
+        config: &Config,
+        op: OpMix,
+        size_bytes: u64,
+        threads: u32,
+        seed: u64,
+        r: &RunResult,
+    ) -> Self {
         let power = crate::device::power_of_run(config, r);
         let cores_ns = config.host.cores as f64 * r.elapsed_ns as f64;
         PointSummary {
@@ -49,7 +56,11 @@ impl PointSummary {
             latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
             power_w: power.0,
             energy_nj_per_op: power.1,
-            cpu_utilization: if cores_ns > 0.0 { r.cpu_busy_ns as f64 / cores_ns } else { 0.0 },
+            cpu_utilization: if cores_ns > 0.0 {
+                r.cpu_busy_ns as f64 / cores_ns
+            } else {
+                0.0
+            },
             soft_misses: r.soft_misses,
             hard_misses: r.hard_misses,
             config: config.to_json(),
@@ -72,7 +83,14 @@ pub fn xdd_point(
     limit: RunLimit,
     seed: u64,
 ) -> Result<PointSummary, String> {
-    let w = Workload::xdd(op, size_bytes, threads, default_region_bytes(config), limit, seed);
+    let w = Workload::xdd(
+        op,
+        size_bytes,
+        threads,
+        default_region_bytes(config),
+        limit,
+        seed,
+    );
     let r = run(config, &w)?;
     Ok(PointSummary::new(config, op, size_bytes, threads, seed, &r))
 }

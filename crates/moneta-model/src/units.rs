@@ -14,15 +14,21 @@ pub type Ns = u64;
 pub const SECTOR_BYTES: u64 = 512;
 
 /// A byte address in the device's internal (storage) address space.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct DeviceAddr(pub u64);
 
 /// One of the device's physical tags (64 in flight device-wide, SPEC §1.4).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct PhysTag(pub u8);
 
 /// A channel: a virtual interface to the device (Moneta-D, SPEC §3.1).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct ChannelId(pub u16);
 
 /// Direction of a request.

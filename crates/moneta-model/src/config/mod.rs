@@ -35,7 +35,10 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 fn err(key: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError { key: key.to_string(), message: message.into() }
+    ConfigError {
+        key: key.to_string(),
+        message: message.into(),
+    }
 }
 
 /// How the device's request queues order work (SPEC §1.4).
@@ -402,7 +405,9 @@ impl Config {
         let mut tree = toml::Value::try_from(&*self).map_err(|e| err(key, e.to_string()))?;
         let slot = lookup_mut(&mut tree, key)?;
         *slot = coerce_like(slot, value).map_err(|m| err(key, m))?;
-        let updated: Config = tree.try_into().map_err(|e: toml::de::Error| err(key, clean_serde_message(&e.to_string())))?;
+        let updated: Config = tree
+            .try_into()
+            .map_err(|e: toml::de::Error| err(key, clean_serde_message(&e.to_string())))?;
         updated.validate()?;
         *self = updated;
         Ok(())
@@ -412,7 +417,13 @@ impl Config {
     pub fn set_technology(&mut self, name: &str) -> Result<(), ConfigError> {
         let tech = Technology::find(name).ok_or_else(|| {
             let names: Vec<_> = TECHNOLOGIES.iter().map(|t| t.name).collect();
-            err("memory.technology", format!("unknown technology '{name}' (expected one of {})", names.join(", ")))
+            err(
+                "memory.technology",
+                format!(
+                    "unknown technology '{name}' (expected one of {})",
+                    names.join(", ")
+                ),
+            )
         })?;
         self.memory.technology = tech.name.to_string();
         self.memory.latency_ns_read = tech.latency_ns_read;
@@ -439,7 +450,12 @@ impl Config {
         let d = &self.device;
         positive("device.capacity_bytes", d.capacity_bytes)?;
         range("device.tags", d.tags as u64, 1, 256)?;
-        range("device.transfer_buffers", d.transfer_buffers as u64, 1, 1024)?;
+        range(
+            "device.transfer_buffers",
+            d.transfer_buffers as u64,
+            1,
+            1024,
+        )?;
         range("device.buffer_bytes", d.buffer_bytes, 512, 1 << 20)?;
         power_of_two("device.buffer_bytes", d.buffer_bytes)?;
         let l = &self.link;
@@ -457,10 +473,19 @@ impl Config {
         positive_f("memory.ddr_bytes_per_s", m.ddr_bytes_per_s)?;
         range("memory.queue_bytes", m.queue_bytes, 512, 1 << 30)?;
         if m.latency_ns_read > 1_000_000_000 || m.latency_ns_write > 1_000_000_000 {
-            return Err(err("memory.latency_ns_read", "latencies above one second are not storage"));
+            return Err(err(
+                "memory.latency_ns_read",
+                "latencies above one second are not storage",
+            ));
         }
-        if !d.capacity_bytes.is_multiple_of(m.stripe_bytes * m.controllers as u64) {
-            return Err(err("device.capacity_bytes", "must be a multiple of memory.stripe_bytes × memory.controllers"));
+        if !d
+            .capacity_bytes
+            .is_multiple_of(m.stripe_bytes * m.controllers as u64)
+        {
+            return Err(err(
+                "device.capacity_bytes",
+                "must be a multiple of memory.stripe_bytes × memory.controllers",
+            ));
         }
         let s = &self.start_gap;
         if s.enabled {
@@ -469,7 +494,10 @@ impl Config {
             positive("start_gap.gap_interval_writes", s.gap_interval_writes)?;
             let per_controller = d.capacity_bytes / m.controllers as u64;
             if per_controller / s.line_bytes < 2 {
-                return Err(err("start_gap.line_bytes", "each controller needs at least two lines"));
+                return Err(err(
+                    "start_gap.line_bytes",
+                    "each controller needs at least two lines",
+                ));
             }
             if s.track_wear && per_controller / s.line_bytes > (1 << 26) {
                 return Err(err("start_gap.track_wear", "too many lines per controller to track wear (raise start_gap.line_bytes or lower device.capacity_bytes)"));
@@ -486,13 +514,21 @@ impl Config {
         let h = &self.host;
         range("host.cores", h.cores as u64, 1, 1024)?;
         let x = &self.direct;
-        range("direct.permission_records", x.permission_records as u64, 1, 1 << 24)?;
+        range(
+            "direct.permission_records",
+            x.permission_records as u64,
+            1,
+            1 << 24,
+        )?;
         positive("direct.file_extents", x.file_extents)?;
         if !(0.0..=1.0).contains(&x.adjacent_fraction) {
             return Err(err("direct.adjacent_fraction", "must be between 0 and 1"));
         }
         positive_f("ramdisk.copy_bytes_per_s", self.ramdisk.copy_bytes_per_s)?;
-        positive_f("ramdisk.memory_bytes_per_s", self.ramdisk.memory_bytes_per_s)?;
+        positive_f(
+            "ramdisk.memory_bytes_per_s",
+            self.ramdisk.memory_bytes_per_s,
+        )?;
         positive("ramdisk.access_bytes", self.ramdisk.access_bytes)?;
         Ok(())
     }
@@ -533,7 +569,9 @@ fn power_of_two(key: &str, v: u64) -> Result<(), ConfigError> {
 fn parse_value(raw: &str) -> toml::Value {
     let wrapped = format!("v = {raw}");
     match wrapped.parse::<toml::Table>() {
-        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.to_string())),
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_string())),
         Err(_) => toml::Value::String(raw.to_string()),
     }
 }
@@ -542,20 +580,35 @@ fn parse_value(raw: &str) -> toml::Value {
 fn coerce_like(old: &toml::Value, new: toml::Value) -> Result<toml::Value, String> {
     match (old, new) {
         (toml::Value::Float(_), toml::Value::Integer(i)) => Ok(toml::Value::Float(i as f64)),
-        (toml::Value::Integer(_), toml::Value::Float(f)) if f.fract() == 0.0 && f >= 0.0 => Ok(toml::Value::Integer(f as i64)),
+        (toml::Value::Integer(_), toml::Value::Float(f)) if f.fract() == 0.0 && f >= 0.0 => {
+            Ok(toml::Value::Integer(f as i64))
+        }
         (toml::Value::Table(_), _) => Err("is a section, not a value".to_string()),
         (old, new) if std::mem::discriminant(old) == std::mem::discriminant(&new) => Ok(new),
-        (old, new) => Err(format!("expected {}, got {} '{}'", old.type_str(), new.type_str(), new)),
+        (old, new) => Err(format!(
+            "expected {}, got {} '{}'",
+            old.type_str(),
+            new.type_str(),
+            new
+        )),
     }
 }
 
-fn lookup_mut<'a>(tree: &'a mut toml::Value, key: &str) -> Result<&'a mut toml::Value, ConfigError> {
+fn lookup_mut<'a>(
+    tree: &'a mut toml::Value,
+    key: &str,
+) -> Result<&'a mut toml::Value, ConfigError> {
     let mut node = tree;
     for part in key.split('.') {
         node = node
             .as_table_mut()
             .and_then(|t| t.get_mut(part))
-            .ok_or_else(|| err(key, "unknown key (see `moneta presets --verbose` for the keys)"))?;
+            .ok_or_else(|| {
+                err(
+                    key,
+                    "unknown key (see `moneta presets --verbose` for the keys)",
+                )
+            })?;
     }
     Ok(node)
 }

@@ -4,13 +4,19 @@ use super::{err, ConfigError};
 
 /// (name, TOML text) of every preset, in the order `moneta presets` lists them.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("moneta-micro10", include_str!("../../presets/moneta-micro10.toml")),
+    (
+        "moneta-micro10",
+        include_str!("../../presets/moneta-micro10.toml"),
+    ),
     ("moneta", include_str!("../../presets/moneta.toml")),
     ("moneta-d", include_str!("../../presets/moneta-d.toml")),
     ("haste", include_str!("../../presets/haste.toml")),
     ("onyx-late", include_str!("../../presets/onyx-late.toml")),
     ("onyx-early", include_str!("../../presets/onyx-early.toml")),
-    ("ddr-ramdisk", include_str!("../../presets/ddr-ramdisk.toml")),
+    (
+        "ddr-ramdisk",
+        include_str!("../../presets/ddr-ramdisk.toml"),
+    ),
 ];
 
 pub fn preset_names() -> impl Iterator<Item = &'static str> {
@@ -29,11 +35,20 @@ pub(super) fn preset_value(name: &str) -> Result<toml::Value, ConfigError> {
 
 fn preset_value_depth(name: &str, depth: usize) -> Result<toml::Value, ConfigError> {
     if depth > PRESETS.len() {
-        return Err(err("inherits", format!("preset '{name}' inherits in a cycle")));
+        return Err(err(
+            "inherits",
+            format!("preset '{name}' inherits in a cycle"),
+        ));
     }
     let text = preset_source(name).ok_or_else(|| {
         let names: Vec<_> = preset_names().collect();
-        err("", format!("unknown preset '{name}' (expected one of {})", names.join(", ")))
+        err(
+            "",
+            format!(
+                "unknown preset '{name}' (expected one of {})",
+                names.join(", ")
+            ),
+        )
     })?;
     let mut table: toml::Table = text
         .parse()
@@ -45,7 +60,10 @@ fn preset_value_depth(name: &str, depth: usize) -> Result<toml::Value, ConfigErr
             merge(&mut base, toml::Value::Table(table));
             Ok(base)
         }
-        Some(_) => Err(err("inherits", format!("preset '{name}': inherits must be a preset name"))),
+        Some(_) => Err(err(
+            "inherits",
+            format!("preset '{name}': inherits must be a preset name"),
+        )),
     }
 }
 

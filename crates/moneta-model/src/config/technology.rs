@@ -13,14 +13,54 @@ pub struct Technology {
 }
 
 pub const TECHNOLOGIES: &[Technology] = &[
-    Technology { name: "dram", latency_ns_read: 25, latency_ns_write: 25, source: "DDR3 25–50 ns, SC'10 Table I" },
-    Technology { name: "pcm", latency_ns_read: 48, latency_ns_write: 150, source: "PCM, Lee ISCA'09; Moneta default" },
-    Technology { name: "pcm-sc10", latency_ns_read: 68, latency_ns_write: 215, source: "PCM 67.5/215 ns, SC'10 Table I" },
-    Technology { name: "pcm-optimistic", latency_ns_read: 50, latency_ns_write: 150, source: "NVMM table" },
-    Technology { name: "pcm-expected", latency_ns_read: 125, latency_ns_write: 1000, source: "NVMM table" },
-    Technology { name: "stt-mram", latency_ns_read: 30, latency_ns_write: 95, source: "STT-MRAM 29.5/95 ns, SC'10 Table I" },
-    Technology { name: "slc-nand", latency_ns_read: 25_000, latency_ns_write: 200_000, source: "SLC NAND 25/200 µs" },
-    Technology { name: "mlc-nand", latency_ns_read: 50_000, latency_ns_write: 1_200_000, source: "MLC NAND 50 µs / 1.2 ms" },
+    Technology {
+        name: "dram",
+        latency_ns_read: 25,
+        latency_ns_write: 25,
+        source: "DDR3 25–50 ns, SC'10 Table I",
+    },
+    Technology {
+        name: "pcm",
+        latency_ns_read: 48,
+        latency_ns_write: 150,
+        source: "PCM, Lee ISCA'09; Moneta default",
+    },
+    Technology {
+        name: "pcm-sc10",
+        latency_ns_read: 68,
+        latency_ns_write: 215,
+        source: "PCM 67.5/215 ns, SC'10 Table I",
+    },
+    Technology {
+        name: "pcm-optimistic",
+        latency_ns_read: 50,
+        latency_ns_write: 150,
+        source: "NVMM table",
+    },
+    Technology {
+        name: "pcm-expected",
+        latency_ns_read: 125,
+        latency_ns_write: 1000,
+        source: "NVMM table",
+    },
+    Technology {
+        name: "stt-mram",
+        latency_ns_read: 30,
+        latency_ns_write: 95,
+        source: "STT-MRAM 29.5/95 ns, SC'10 Table I",
+    },
+    Technology {
+        name: "slc-nand",
+        latency_ns_read: 25_000,
+        latency_ns_write: 200_000,
+        source: "SLC NAND 25/200 µs",
+    },
+    Technology {
+        name: "mlc-nand",
+        latency_ns_read: 50_000,
+        latency_ns_write: 1_200_000,
+        source: "MLC NAND 50 µs / 1.2 ms",
+    },
 ];
 
 impl Technology {

@@ -36,8 +36,14 @@ impl Striping {
         let bytes = to_boundary.min(len_bytes - offset_bytes);
         let stripe = at / self.stripe_bytes;
         let controller = (stripe % self.controllers as u64) as u32;
-        let local_addr = (stripe / self.controllers as u64) * self.stripe_bytes + at % self.stripe_bytes;
-        Segment { offset_bytes, bytes, controller, local_addr }
+        let local_addr =
+            (stripe / self.controllers as u64) * self.stripe_bytes + at % self.stripe_bytes;
+        Segment {
+            offset_bytes,
+            bytes,
+            controller,
+            local_addr,
+        }
     }
 
     /// Number of segments of a request.
@@ -94,7 +100,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn moneta() -> Striping {
-        Striping { stripe_bytes: 8192, controllers: 8, segment_bytes: 8192 }
+        Striping {
+            stripe_bytes: 8192,
+            controllers: 8,
+            segment_bytes: 8192,
+        }
     }
 
     #[test]

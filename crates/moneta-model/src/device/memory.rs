@@ -50,7 +50,13 @@ pub trait MemoryTiming {
 
     /// A write's data streams into the controller from `first_byte_ns` to
     /// `last_byte_ns` (cut-through from the ring).
-    fn write(&mut self, first_byte_ns: Ns, last_byte_ns: Ns, local_addr: u64, bytes: u64) -> WriteTiming;
+    fn write(
+        &mut self,
+        first_byte_ns: Ns,
+        last_byte_ns: Ns,
+        local_addr: u64,
+        bytes: u64,
+    ) -> WriteTiming;
 
     /// Activity so far.
     fn activity(&self) -> ControllerActivity;

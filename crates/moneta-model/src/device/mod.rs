@@ -19,7 +19,10 @@ pub mod tags;
 
 /// Average device power (W) and energy per operation (nJ) of a run
 /// (SPEC §1.9). The DDR ramdisk has no Moneta device: NaN.
-pub fn power_of_run(config: &crate::config::Config, run: &crate::experiment::RunResult) -> (f64, f64) {
+pub fn power_of_run(
+    config: &crate::config::Config,
+    run: &crate::experiment::RunResult,
+) -> (f64, f64) {
     if config.host.stack == crate::config::Stack::Ramdisk {
         return (f64::NAN, f64::NAN);
     }
@@ -34,6 +37,11 @@ pub fn power_of_run(config: &crate::config::Config, run: &crate::experiment::Run
         transfer_buffers: config.device.transfer_buffers,
         controllers: c.controllers.clone(),
     };
-    let report = power::power_report(&config.power, config.device.capacity_bytes, &activity, run.ops);
+    let report = power::power_report(
+        &config.power,
+        config.device.capacity_bytes,
+        &activity,
+        run.ops,
+    );
     (report.total_w, report.energy_nj_per_op)
 }

@@ -35,10 +35,21 @@ pub struct MonetaController {
 }
 
 impl MonetaController {
-    pub fn new(memory: &MemoryConfig, start_gap: &StartGapConfig, controller_bytes: u64, seed: u64) -> Self {
+    pub fn new(
+        memory: &MemoryConfig,
+        start_gap: &StartGapConfig,
+        controller_bytes: u64,
+        seed: u64,
+    ) -> Self {
         let leveling = start_gap.enabled.then(|| {
             let lines = (controller_bytes / start_gap.line_bytes).next_power_of_two();
-            StartGap::new(lines, start_gap.gap_interval_writes, start_gap.randomize, seed, start_gap.track_wear)
+            StartGap::new(
+                lines,
+                start_gap.gap_interval_writes,
+                start_gap.randomize,
+                seed,
+                start_gap.track_wear,
+            )
         });
         Self {
             latency_ns_read: memory.latency_ns_read,
@@ -67,7 +78,8 @@ impl MonetaController {
         while at < end {
             let line = at / self.line_bytes;
             let in_line_end = ((line + 1) * self.line_bytes).min(end);
-            let physical = sg.translate(line % sg.logical_lines()) * self.line_bytes + at % self.line_bytes;
+            let physical =
+                sg.translate(line % sg.logical_lines()) * self.line_bytes + at % self.line_bytes;
             let physical_end = physical + (in_line_end - at) - 1;
             for row in physical / self.row_bytes..=physical_end / self.row_bytes {
                 if row != last_row {
@@ -82,7 +94,9 @@ impl MonetaController {
 
     /// Wear leveling: count the write per line and charge gap moves.
     fn level_wear(&mut self, local_addr: u64, bytes: u64) -> Ns {
-        let Some(sg) = self.start_gap.as_mut() else { return 0 };
+        let Some(sg) = self.start_gap.as_mut() else {
+            return 0;
+        };
         let mut extra_ns = 0;
         let first = local_addr / self.line_bytes;
         let last = (local_addr + bytes - 1) / self.line_bytes;
@@ -119,7 +133,12 @@ impl MemoryTiming for MonetaController {
     }
 
     fn write_accept_ns(&self, now_ns: Ns, bytes: u64) -> Ns {
-        let mut queued: u64 = self.in_queue.iter().filter(|(free, _)| *free > now_ns).map(|(_, b)| b).sum();
+        let mut queued: u64 = self
+            .in_queue
+            .iter()
+            .filter(|(free, _)| *free > now_ns)
+            .map(|(_, b)| b)
+            .sum();
         if queued + bytes <= self.queue_bytes {
             return now_ns;
         }
@@ -132,8 +151,18 @@ impl MemoryTiming for MonetaController {
         now_ns
     }
 
-    fn write(&mut self, first_byte_ns: Ns, last_byte_ns: Ns, local_addr: u64, bytes: u64) -> WriteTiming {
-        while self.in_queue.front().is_some_and(|(free, _)| *free <= first_byte_ns) {
+    fn write(
+        &mut self,
+        first_byte_ns: Ns,
+        last_byte_ns: Ns,
+        local_addr: u64,
+        bytes: u64,
+    ) -> WriteTiming {
+        while self
+            .in_queue
+            .front()
+            .is_some_and(|(free, _)| *free <= first_byte_ns)
+        {
             self.in_queue.pop_front();
         }
         let start = (first_byte_ns + self.controller_ns).max(self.bank_free_ns);
@@ -147,7 +176,11 @@ impl MemoryTiming for MonetaController {
         self.activity.array_bytes_written += bytes;
         self.activity.row_buffer_bytes_written += bytes;
         self.in_queue.push_back((ddr_end, bytes));
-        WriteTiming { queue_free_ns: ddr_end, durable_ns, ack_ns: durable_ns }
+        WriteTiming {
+            queue_free_ns: ddr_end,
+            durable_ns,
+            ack_ns: durable_ns,
+        }
     }
 
     fn activity(&self) -> ControllerActivity {

@@ -55,7 +55,11 @@ pub enum DeviceError {
     TagOutOfRange(u8),
     TagInFlight(u8),
     ZeroLength,
-    OutOfRange { addr: u64, len_bytes: u64, capacity_bytes: u64 },
+    OutOfRange {
+        addr: u64,
+        len_bytes: u64,
+        capacity_bytes: u64,
+    },
 }
 
 impl fmt::Display for DeviceError {
@@ -64,8 +68,15 @@ impl fmt::Display for DeviceError {
             DeviceError::TagOutOfRange(t) => write!(f, "tag {t} is out of range"),
             DeviceError::TagInFlight(t) => write!(f, "tag {t} is already in flight"),
             DeviceError::ZeroLength => write!(f, "zero-length request"),
-            DeviceError::OutOfRange { addr, len_bytes, capacity_bytes } => {
-                write!(f, "request [{addr}, +{len_bytes}) exceeds capacity {capacity_bytes}")
+            DeviceError::OutOfRange {
+                addr,
+                len_bytes,
+                capacity_bytes,
+            } => {
+                write!(
+                    f,
+                    "request [{addr}, +{len_bytes}) exceeds capacity {capacity_bytes}"
+                )
             }
         }
     }
@@ -151,18 +162,29 @@ impl Device {
             .map(|i| -> Box<dyn MemoryTiming> {
                 let controller_seed = seed ^ (0xC0_u64 << 32 | i as u64);
                 match m.controller {
-                    ControllerKind::Moneta => {
-                        Box::new(MonetaController::new(m, &config.start_gap, controller_bytes, controller_seed))
-                    }
-                    ControllerKind::OnyxPcm => {
-                        Box::new(OnyxController::new(&config.onyx, &config.start_gap, controller_bytes, controller_seed))
-                    }
+                    ControllerKind::Moneta => Box::new(MonetaController::new(
+                        m,
+                        &config.start_gap,
+                        controller_bytes,
+                        controller_seed,
+                    )),
+                    ControllerKind::OnyxPcm => Box::new(OnyxController::new(
+                        &config.onyx,
+                        &config.start_gap,
+                        controller_bytes,
+                        controller_seed,
+                    )),
                 }
             })
             .collect();
         let empty_segment = SegmentState {
             tag: PhysTag(0),
-            segment: Segment { offset_bytes: 0, bytes: 0, controller: 0, local_addr: 0 },
+            segment: Segment {
+                offset_bytes: 0,
+                bytes: 0,
+                controller: 0,
+                local_addr: 0,
+            },
         };
         Self {
             capacity_bytes: d.capacity_bytes,
@@ -195,7 +217,12 @@ impl Device {
     }
 
     /// Accept a command at `now_ns` with physical tag `tag`.
-    pub fn submit(&mut self, now_ns: Ns, tag: PhysTag, request: DeviceRequest) -> Result<(), DeviceError> {
+    pub fn submit(
+        &mut self,
+        now_ns: Ns,
+        tag: PhysTag,
+        request: DeviceRequest,
+    ) -> Result<(), DeviceError> {
         if tag.0 as u32 >= self.tags {
             return Err(DeviceError::TagOutOfRange(tag.0));
         }
@@ -220,11 +247,15 @@ impl Device {
             len_bytes: request.len_bytes,
             barrier: request.barrier,
             next_offset: 0,
-            segments_total: self.striping.segment_count(request.addr.0, request.len_bytes),
+            segments_total: self
+                .striping
+                .segment_count(request.addr.0, request.len_bytes),
             segments_done: 0,
         });
-        self.outbox
-            .push((now_ns + self.pipeline_ns + request.protection_ns, DeviceEvent::Enqueue(tag)));
+        self.outbox.push((
+            now_ns + self.pipeline_ns + request.protection_ns,
+            DeviceEvent::Enqueue(tag),
+        ));
         Ok(())
     }
 
@@ -240,7 +271,8 @@ impl Device {
             }
             DeviceEvent::WriteDmaDone(buffer) => {
                 let s = self.segments[buffer as usize].segment;
-                let accept = self.controllers[s.controller as usize].write_accept_ns(now_ns, s.bytes);
+                let accept =
+                    self.controllers[s.controller as usize].write_accept_ns(now_ns, s.bytes);
                 if accept > now_ns {
                     self.outbox.push((accept, DeviceEvent::WriteToRing(buffer)));
                 } else {
@@ -256,7 +288,8 @@ impl Device {
             DeviceEvent::ReadDataReady(buffer) => {
                 let bytes = self.segments[buffer as usize].segment.bytes;
                 let t = self.ring.transfer(now_ns, bytes);
-                self.outbox.push((t.last_byte_ns, DeviceEvent::ReadToHost(buffer)));
+                self.outbox
+                    .push((t.last_byte_ns, DeviceEvent::ReadToHost(buffer)));
             }
             DeviceEvent::ReadToHost(buffer) => {
                 let bytes = self.segments[buffer as usize].segment.bytes;
@@ -289,8 +322,12 @@ impl Device {
     fn schedule_segments(&mut self, now_ns: Ns) {
         while self.buffers.has_free() {
             let Some(tag) = self.queues.peek() else { break };
-            let req = self.requests[tag.0 as usize].as_mut().expect("queued tag has a request");
-            let segment = self.striping.segment(req.addr, req.len_bytes, req.next_offset);
+            let req = self.requests[tag.0 as usize]
+                .as_mut()
+                .expect("queued tag has a request");
+            let segment = self
+                .striping
+                .segment(req.addr, req.len_bytes, req.next_offset);
             req.next_offset += segment.bytes;
             let more = req.next_offset < req.len_bytes;
             let op = req.op;
@@ -304,9 +341,13 @@ impl Device {
                 }
                 Op::Read => {
                     let arrive = now_ns + self.ring.message_ns();
-                    let ready =
-                        self.controllers[segment.controller as usize].read(arrive, segment.local_addr, segment.bytes);
-                    self.outbox.push((ready, DeviceEvent::ReadDataReady(buffer)));
+                    let ready = self.controllers[segment.controller as usize].read(
+                        arrive,
+                        segment.local_addr,
+                        segment.bytes,
+                    );
+                    self.outbox
+                        .push((ready, DeviceEvent::ReadDataReady(buffer)));
                 }
             }
         }
@@ -321,18 +362,26 @@ impl Device {
             segment.local_addr,
             segment.bytes,
         );
-        self.outbox.push((t.last_byte_ns, DeviceEvent::BufferFree(buffer)));
-        self.outbox.push((w.ack_ns.max(t.last_byte_ns), DeviceEvent::SegmentDone(tag)));
+        self.outbox
+            .push((t.last_byte_ns, DeviceEvent::BufferFree(buffer)));
+        self.outbox
+            .push((w.ack_ns.max(t.last_byte_ns), DeviceEvent::SegmentDone(tag)));
     }
 
     fn segment_done(&mut self, now_ns: Ns, tag: PhysTag) {
-        let req = self.requests[tag.0 as usize].as_mut().expect("segment of a live request");
+        let req = self.requests[tag.0 as usize]
+            .as_mut()
+            .expect("segment of a live request");
         req.segments_done += 1;
         if req.segments_done < req.segments_total {
             return;
         }
         let req = self.requests[tag.0 as usize].take().expect("live request");
-        self.completions.push(Completion { token: req.token, tag, time_ns: now_ns });
+        self.completions.push(Completion {
+            token: req.token,
+            tag,
+            time_ns: now_ns,
+        });
         self.counters.requests_completed += 1;
         match req.op {
             Op::Read => self.counters.bytes_read += req.len_bytes,
@@ -393,21 +442,38 @@ mod tests {
     }
 
     fn request(token: u64, op: Op, addr: u64, len: u64) -> DeviceRequest {
-        DeviceRequest { token, op, addr: DeviceAddr(addr), len_bytes: len, barrier: false, protection_ns: 0 }
+        DeviceRequest {
+            token,
+            op,
+            addr: DeviceAddr(addr),
+            len_bytes: len,
+            barrier: false,
+            protection_ns: 0,
+        }
     }
 
     #[test]
     fn bad_requests_are_errors() {
         let c = Config::preset("moneta").unwrap();
         let mut d = Device::new(&c, 1);
-        assert_eq!(d.submit(0, PhysTag(64), request(0, Op::Read, 0, 512)), Err(DeviceError::TagOutOfRange(64)));
-        assert_eq!(d.submit(0, PhysTag(0), request(0, Op::Read, 0, 0)), Err(DeviceError::ZeroLength));
+        assert_eq!(
+            d.submit(0, PhysTag(64), request(0, Op::Read, 0, 512)),
+            Err(DeviceError::TagOutOfRange(64))
+        );
+        assert_eq!(
+            d.submit(0, PhysTag(0), request(0, Op::Read, 0, 0)),
+            Err(DeviceError::ZeroLength)
+        );
         assert!(matches!(
             d.submit(0, PhysTag(0), request(0, Op::Read, u64::MAX - 10, 512)),
             Err(DeviceError::OutOfRange { .. })
         ));
-        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 512)).unwrap();
-        assert_eq!(d.submit(0, PhysTag(0), request(1, Op::Read, 0, 512)), Err(DeviceError::TagInFlight(0)));
+        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 512))
+            .unwrap();
+        assert_eq!(
+            d.submit(0, PhysTag(0), request(1, Op::Read, 0, 512)),
+            Err(DeviceError::TagInFlight(0))
+        );
     }
 
     #[test]
@@ -415,13 +481,17 @@ mod tests {
         let c = Config::preset("moneta").unwrap();
         for (op, published_ns) in [(Op::Read, 8000.0), (Op::Write, 8200.0)] {
             let mut d = Device::new(&c, 1);
-            d.submit(0, PhysTag(0), request(7, op, 1 << 20, 4096)).unwrap();
+            d.submit(0, PhysTag(0), request(7, op, 1 << 20, 4096))
+                .unwrap();
             let done = run(&mut d, EventQueue::new());
             assert_eq!(done.len(), 1);
             assert_eq!(done[0].token, 7);
             let t = done[0].time_ns as f64;
             // The mechanisms give less than the measured 8.0/8.2 µs: see README calibration.
-            assert!(t > 0.5 * published_ns && t < 1.15 * published_ns, "{op:?}: {t} ns");
+            assert!(
+                t > 0.5 * published_ns && t < 1.15 * published_ns,
+                "{op:?}: {t} ns"
+            );
         }
     }
 
@@ -429,7 +499,8 @@ mod tests {
     fn a_large_request_streams_at_the_link_rate() {
         let c = Config::preset("moneta").unwrap();
         let mut d = Device::new(&c, 1);
-        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20)).unwrap();
+        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20))
+            .unwrap();
         let done = run(&mut d, EventQueue::new());
         let bandwidth = (1u64 << 20) as f64 / (done[0].time_ns as f64 * 1e-9);
         assert!(bandwidth > 1.6e9 && bandwidth < 1.75e9, "{bandwidth}");
@@ -439,18 +510,22 @@ mod tests {
     fn barrier_orders_completions() {
         let c = Config::preset("moneta").unwrap();
         let mut d = Device::new(&c, 1);
-        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20)).unwrap();
+        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20))
+            .unwrap();
         let mut b = request(1, Op::Write, 1 << 21, 512);
         b.barrier = true;
         d.submit(1, PhysTag(1), b).unwrap();
-        d.submit(2, PhysTag(2), request(2, Op::Read, 1 << 22, 512)).unwrap();
+        d.submit(2, PhysTag(2), request(2, Op::Read, 1 << 22, 512))
+            .unwrap();
         let done = run(&mut d, EventQueue::new());
         let order: Vec<u64> = done.iter().map(|c| c.token).collect();
         assert_eq!(order, vec![0, 1, 2]);
         // Without the barrier the small requests finish before the large read.
         let mut d = Device::new(&c, 1);
-        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20)).unwrap();
-        d.submit(1, PhysTag(1), request(1, Op::Write, 1 << 21, 512)).unwrap();
+        d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20))
+            .unwrap();
+        d.submit(1, PhysTag(1), request(1, Op::Write, 1 << 21, 512))
+            .unwrap();
         let done = run(&mut d, EventQueue::new());
         assert_eq!(done[0].token, 1);
     }

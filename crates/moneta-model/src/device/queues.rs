@@ -126,7 +126,10 @@ pub struct BarrierGate {
 
 impl BarrierGate {
     pub fn new(tags: u32) -> Self {
-        Self { held: VecDeque::with_capacity(tags as usize), state: GateState::Open }
+        Self {
+            held: VecDeque::with_capacity(tags as usize),
+            state: GateState::Open,
+        }
     }
 
     /// A request arrives; `outstanding` counts admitted, uncompleted requests.

@@ -22,7 +22,11 @@ impl TagPool {
         for t in 0..capacity {
             free[(t / 64) as usize] |= 1 << (t % 64);
         }
-        Self { free, capacity, in_flight: 0 }
+        Self {
+            free,
+            capacity,
+            in_flight: 0,
+        }
     }
 
     pub fn capacity(&self) -> u32 {
@@ -51,7 +55,11 @@ impl TagPool {
     }
 
     pub fn release(&mut self, tag: PhysTag) {
-        assert!(self.is_in_flight(tag), "released tag {} that is not in flight", tag.0);
+        assert!(
+            self.is_in_flight(tag),
+            "released tag {} that is not in flight",
+            tag.0
+        );
         let t = tag.0 as u32;
         self.free[(t / 64) as usize] |= 1 << (t % 64);
         self.in_flight -= 1;

@@ -58,7 +58,11 @@ pub enum Step {
     /// Spin on the core until the completion is seen, `detect_ns` after the device finished.
     Spin { detect_ns: Ns },
     /// Sleep; the interrupt handler (under `lock` if any) and the wake-up run after the device finishes.
-    Sleep { interrupt_ns: Ns, lock: Option<Server>, wake_ns: Ns },
+    Sleep {
+        interrupt_ns: Ns,
+        lock: Option<Server>,
+        wake_ns: Ns,
+    },
 }
 
 /// A request's program: at most `MAX_STEPS` steps, no allocation.
@@ -70,7 +74,10 @@ pub struct Plan {
 
 impl Default for Plan {
     fn default() -> Self {
-        Plan { steps: [Step::Cpu(0); Plan::MAX_STEPS], len: 0 }
+        Plan {
+            steps: [Step::Cpu(0); Plan::MAX_STEPS],
+            len: 0,
+        }
     }
 }
 
@@ -79,7 +86,10 @@ impl Plan {
 
     fn push(&mut self, step: Step) {
         // Merge consecutive CPU work; drop empty work.
-        match (step, self.len.checked_sub(1).map(|i| &mut self.steps[i as usize])) {
+        match (
+            step,
+            self.len.checked_sub(1).map(|i| &mut self.steps[i as usize]),
+        ) {
             (Step::Cpu(0), _) | (Step::Serial(_, 0), _) => {}
             (Step::Cpu(b), Some(Step::Cpu(a))) => *a += b,
             (s, _) => {
@@ -125,11 +135,24 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
     let c = &h.costs;
     let mut p = Plan::default();
     let entry = rw(op, c.syscall_entry_ns_read, c.syscall_entry_ns_write)
-        + if h.file_system { rw(op, c.file_system_ns_read, c.file_system_ns_write) } else { 0 };
-    let block = rw(op, c.block_layer_ns_read, c.block_layer_ns_write).saturating_sub(c.io_scheduler_switch_ns);
+        + if h.file_system {
+            rw(op, c.file_system_ns_read, c.file_system_ns_write)
+        } else {
+            0
+        };
+    let block = rw(op, c.block_layer_ns_read, c.block_layer_ns_write)
+        .saturating_sub(c.io_scheduler_switch_ns);
     let tag = rw(op, c.tag_ns_read, c.tag_ns_write);
-    let copy_in = if op == Op::Write { per_kb(c.copy_ns_per_kb_write, bytes) } else { 0 };
-    let copy_out = if op == Op::Read { per_kb(c.copy_ns_per_kb_read, bytes) } else { 0 };
+    let copy_in = if op == Op::Write {
+        per_kb(c.copy_ns_per_kb_write, bytes)
+    } else {
+        0
+    };
+    let copy_out = if op == Op::Read {
+        per_kb(c.copy_ns_per_kb_read, bytes)
+    } else {
+        0
+    };
     let pio = rw(op, c.pio_ns_read, c.pio_ns_write);
     // The atomic interface writes one of the baseline's three command words.
     let pio_word = pio / 3;
@@ -140,11 +163,18 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
     match h.stack {
         Stack::Base => {
             p.push(Step::Cpu(entry + block));
-            p.push(Step::Serial(Server::IoScheduler, c.io_scheduler_switch_ns + tag + copy_in));
+            p.push(Step::Serial(
+                Server::IoScheduler,
+                c.io_scheduler_switch_ns + tag + copy_in,
+            ));
             p.push(Step::Serial(Server::HardwareLock, pio));
             p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
             p.push(issue);
-            p.push(Step::Sleep { interrupt_ns, lock: Some(Server::HardwareLock), wake_ns });
+            p.push(Step::Sleep {
+                interrupt_ns,
+                lock: Some(Server::HardwareLock),
+                wake_ns,
+            });
             p.push(Step::Cpu(copy_out + ret));
         }
         Stack::NoSched => {
@@ -154,7 +184,11 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
             p.push(Step::Serial(Server::HardwareLock, pio));
             p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
             p.push(issue);
-            p.push(Step::Sleep { interrupt_ns, lock: Some(Server::HardwareLock), wake_ns });
+            p.push(Step::Sleep {
+                interrupt_ns,
+                lock: Some(Server::HardwareLock),
+                wake_ns,
+            });
             p.push(Step::Cpu(copy_out + ret));
         }
         Stack::Atomic | Stack::Spin | Stack::TwoQueue | Stack::Balance => {
@@ -163,28 +197,53 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
             p.push(issue);
             if h.stack != Stack::Atomic && bytes <= h.spin_max_bytes {
                 // The spinning thread reads the tag status register: one PIO word.
-                p.push(Step::Spin { detect_ns: pio_word });
+                p.push(Step::Spin {
+                    detect_ns: pio_word,
+                });
             } else {
-                p.push(Step::Sleep { interrupt_ns, lock: None, wake_ns });
+                p.push(Step::Sleep {
+                    interrupt_ns,
+                    lock: None,
+                    wake_ns,
+                });
             }
             p.push(Step::Cpu(copy_out + ret));
         }
         Stack::Direct => {
             let d = &config.direct;
             let many = d.file_extents > 1;
-            let lookup = if many { d.extent_lookup_ns_many } else { d.extent_lookup_ns_one };
+            let lookup = if many {
+                d.extent_lookup_ns_many
+            } else {
+                d.extent_lookup_ns_one
+            };
             let mut software = rw(op, d.library_ns_read, d.library_ns_write) + lookup;
             if permissions.soft_miss {
-                software += if many { d.soft_miss_ns_many } else { d.soft_miss_ns_one } + d.permission_update_ns;
+                software += if many {
+                    d.soft_miss_ns_many
+                } else {
+                    d.soft_miss_ns_one
+                } + d.permission_update_ns;
             }
             let protection_ns = permissions.tree_depth as u64 * d.tree_step_ns;
             if permissions.hard_miss {
                 // The device rejects the request after its check; the library
                 // notices the error, re-installs the record and retries.
-                software += config.device.pipeline_ns + protection_ns + d.hard_miss_detect_ns + d.permission_update_ns;
+                software += config.device.pipeline_ns
+                    + protection_ns
+                    + d.hard_miss_detect_ns
+                    + d.permission_update_ns;
             }
-            let copy_in = if op == Op::Write { per_kb(d.copy_ns_per_kb_write, bytes) } else { 0 };
-            let copy_out = if op == Op::Read { per_kb(d.copy_ns_per_kb_read, bytes) } else { 0 };
+            let copy_in = if op == Op::Write {
+                per_kb(d.copy_ns_per_kb_write, bytes)
+            } else {
+                0
+            };
+            let copy_out = if op == Op::Read {
+                per_kb(d.copy_ns_per_kb_read, bytes)
+            } else {
+                0
+            };
             p.push(Step::Cpu(software + copy_in));
             p.push(Step::Issue { protection_ns });
             match d.completion {
@@ -192,13 +251,25 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                     detect_ns: rw(op, d.completion_ns_read_dma, d.completion_ns_write_dma),
                 }),
                 Completion::Forwarding => p.push(Step::Spin {
-                    detect_ns: rw(op, d.completion_ns_read_forwarding, d.completion_ns_write_forwarding),
+                    detect_ns: rw(
+                        op,
+                        d.completion_ns_read_forwarding,
+                        d.completion_ns_write_forwarding,
+                    ),
                 }),
                 Completion::IssueSleep => {
                     let syscall = rw(op, d.syscall_ns_read, d.syscall_ns_write);
-                    let total = rw(op, d.completion_ns_read_issue_sleep, d.completion_ns_write_issue_sleep);
+                    let total = rw(
+                        op,
+                        d.completion_ns_read_issue_sleep,
+                        d.completion_ns_write_issue_sleep,
+                    );
                     p.push(Step::Cpu(syscall));
-                    p.push(Step::Sleep { interrupt_ns: 0, lock: None, wake_ns: total.saturating_sub(syscall) });
+                    p.push(Step::Sleep {
+                        interrupt_ns: 0,
+                        lock: None,
+                        wake_ns: total.saturating_sub(syscall),
+                    });
                 }
             }
             p.push(Step::Cpu(copy_out));
@@ -206,10 +277,20 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
         Stack::Ramdisk => {
             let r = &config.ramdisk;
             let granules = bytes.div_ceil(r.access_bytes);
-            let nvm = granules * rw(op, config.memory.latency_ns_read, config.memory.latency_ns_write);
+            let nvm = granules
+                * rw(
+                    op,
+                    config.memory.latency_ns_read,
+                    config.memory.latency_ns_write,
+                );
             p.push(Step::Cpu(entry + block));
-            p.push(Step::Serial(Server::MemoryBus, crate::units::transfer_ns(bytes, r.memory_bytes_per_s)));
-            p.push(Step::Cpu(crate::units::transfer_ns(bytes, r.copy_bytes_per_s) + nvm + ret));
+            p.push(Step::Serial(
+                Server::MemoryBus,
+                crate::units::transfer_ns(bytes, r.memory_bytes_per_s),
+            ));
+            p.push(Step::Cpu(
+                crate::units::transfer_ns(bytes, r.copy_bytes_per_s) + nvm + ret,
+            ));
         }
     }
     p
@@ -225,31 +306,61 @@ mod tests {
         let none = PermissionOutcome::default();
         c.set_stack(Stack::Base);
         let base = plan(&c, Op::Write, 4096, none);
-        assert!(base.steps().iter().any(|s| matches!(s, Step::Serial(Server::IoScheduler, _))));
+        assert!(base
+            .steps()
+            .iter()
+            .any(|s| matches!(s, Step::Serial(Server::IoScheduler, _))));
         c.set_stack(Stack::NoSched);
         let nosched = plan(&c, Op::Write, 4096, none);
-        assert!(!nosched.steps().iter().any(|s| matches!(s, Step::Serial(Server::IoScheduler, _))));
-        assert!(nosched.steps().iter().any(|s| matches!(s, Step::Serial(Server::HardwareLock, _))));
+        assert!(!nosched
+            .steps()
+            .iter()
+            .any(|s| matches!(s, Step::Serial(Server::IoScheduler, _))));
+        assert!(nosched
+            .steps()
+            .iter()
+            .any(|s| matches!(s, Step::Serial(Server::HardwareLock, _))));
         c.set_stack(Stack::Atomic);
         let atomic = plan(&c, Op::Write, 4096, none);
         assert!(!atomic.steps().iter().any(|s| matches!(s, Step::Serial(..))));
-        assert!(atomic.steps().iter().any(|s| matches!(s, Step::Sleep { .. })));
+        assert!(atomic
+            .steps()
+            .iter()
+            .any(|s| matches!(s, Step::Sleep { .. })));
         c.set_stack(Stack::Spin);
         let spin = plan(&c, Op::Write, 4096, none);
         assert!(spin.steps().iter().any(|s| matches!(s, Step::Spin { .. })));
         let spin_large = plan(&c, Op::Write, 8192, none);
-        assert!(spin_large.steps().iter().any(|s| matches!(s, Step::Sleep { .. })));
+        assert!(spin_large
+            .steps()
+            .iter()
+            .any(|s| matches!(s, Step::Sleep { .. })));
     }
 
     #[test]
     fn direct_misses_cost_table_4_2_time() {
         let mut c = Config::preset("moneta-d").unwrap();
-        let hit = PermissionOutcome { soft_miss: false, hard_miss: false, tree_depth: 1 };
-        let soft = PermissionOutcome { soft_miss: true, ..hit };
-        let cpu = |p: Plan| p.steps().iter().map(|s| if let Step::Cpu(n) = s { *n } else { 0 }).sum::<u64>();
+        let hit = PermissionOutcome {
+            soft_miss: false,
+            hard_miss: false,
+            tree_depth: 1,
+        };
+        let soft = PermissionOutcome {
+            soft_miss: true,
+            ..hit
+        };
+        let cpu = |p: Plan| {
+            p.steps()
+                .iter()
+                .map(|s| if let Step::Cpu(n) = s { *n } else { 0 })
+                .sum::<u64>()
+        };
         let extra = cpu(plan(&c, Op::Read, 512, soft)) - cpu(plan(&c, Op::Read, 512, hit));
         assert_eq!(extra, 7280); // Table 4.2: soft miss 7.28 µs with 1 extent
         c.direct.completion = Completion::IssueSleep;
-        assert!(plan(&c, Op::Read, 512, hit).steps().iter().any(|s| matches!(s, Step::Sleep { .. })));
+        assert!(plan(&c, Op::Read, 512, hit)
+            .steps()
+            .iter()
+            .any(|s| matches!(s, Step::Sleep { .. })));
     }
 }

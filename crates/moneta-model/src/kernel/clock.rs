@@ -31,7 +31,11 @@ impl Clock for VirtualClock {
 
     #[inline]
     fn advance_to(&mut self, t: Ns) {
-        debug_assert!(t >= self.now_ns, "time went backwards: {t} < {}", self.now_ns);
+        debug_assert!(
+            t >= self.now_ns,
+            "time went backwards: {t} < {}",
+            self.now_ns
+        );
         self.now_ns = t;
     }
 }

@@ -46,7 +46,10 @@ impl<E> Default for EventQueue<E> {
 
 impl<E> EventQueue<E> {
     pub fn new() -> Self {
-        Self { heap: BinaryHeap::with_capacity(1024), next_sequence: 0 }
+        Self {
+            heap: BinaryHeap::with_capacity(1024),
+            next_sequence: 0,
+        }
     }
 
     /// Schedule `event` at absolute time `time_ns`.
@@ -54,7 +57,11 @@ impl<E> EventQueue<E> {
     pub fn push(&mut self, time_ns: Ns, event: E) {
         let sequence = self.next_sequence;
         self.next_sequence += 1;
-        self.heap.push(Entry { time_ns, sequence, event });
+        self.heap.push(Entry {
+            time_ns,
+            sequence,
+            event,
+        });
     }
 
     /// Remove and return the earliest event.

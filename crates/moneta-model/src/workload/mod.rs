@@ -87,7 +87,14 @@ pub struct Workload {
 
 impl Workload {
     /// XDD: `threads` threads of one size and mix over the whole device.
-    pub fn xdd(op: OpMix, size_bytes: u64, threads: u32, region_bytes: u64, limit: RunLimit, seed: u64) -> Workload {
+    pub fn xdd(
+        op: OpMix,
+        size_bytes: u64,
+        threads: u32,
+        region_bytes: u64,
+        limit: RunLimit,
+        seed: u64,
+    ) -> Workload {
         Workload {
             groups: vec![ThreadGroup {
                 name: format!("{}-{}", op.name(), size_bytes),
@@ -125,7 +132,10 @@ impl Workload {
             region_bytes: half,
         };
         Workload {
-            groups: vec![group("small", small_threads, small_bytes, 0), group("large", large_threads, large_bytes, half)],
+            groups: vec![
+                group("small", small_threads, small_bytes, 0),
+                group("large", large_threads, large_bytes, half),
+            ],
             limit,
             seed,
         }
@@ -141,13 +151,19 @@ impl Workload {
         }
         for g in &self.groups {
             if g.size_bytes == 0 || g.size_bytes % 512 != 0 {
-                return Err(format!("{}: size {} must be a positive multiple of 512 B", g.name, g.size_bytes));
+                return Err(format!(
+                    "{}: size {} must be a positive multiple of 512 B",
+                    g.name, g.size_bytes
+                ));
             }
             if g.region_bytes < g.size_bytes {
                 return Err(format!("{}: region smaller than one request", g.name));
             }
             if g.region_offset_bytes.saturating_add(g.region_bytes) > capacity_bytes {
-                return Err(format!("{}: region exceeds the device capacity {capacity_bytes}", g.name));
+                return Err(format!(
+                    "{}: region exceeds the device capacity {capacity_bytes}",
+                    g.name
+                ));
             }
             if let OpMix::Mixed(p) = g.op {
                 if !(0.0..=1.0).contains(&p) {
@@ -156,7 +172,9 @@ impl Workload {
             }
         }
         match self.limit {
-            RunLimit::Ops(0) | RunLimit::DurationNs(0) => Err("the run limit must be positive".into()),
+            RunLimit::Ops(0) | RunLimit::DurationNs(0) => {
+                Err("the run limit must be positive".into())
+            }
             _ => Ok(()),
         }
     }
@@ -178,7 +196,14 @@ impl AddressStream {
         let mut rng = Rng::stream(seed, thread + 1);
         let slots = group.region_bytes / group.size_bytes;
         let next_slot = rng.below(slots);
-        Self { rng, random: group.random, base: group.region_offset_bytes, slots, size_bytes: group.size_bytes, next_slot }
+        Self {
+            rng,
+            random: group.random,
+            base: group.region_offset_bytes,
+            slots,
+            size_bytes: group.size_bytes,
+            next_slot,
+        }
     }
 
     /// Next request: size-aligned random (or sequential) offset, and the op.

@@ -1,0 +1,45 @@
+# Moneta in software. `make run` and `make test` work on a fresh machine.
+CARGO ?= cargo
+MONETA := target/release/moneta
+
+.PHONY: all setup build run test bench calibrate clean
+
+all: build
+
+# Toolchain pieces the tests use; idempotent.
+setup:
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
+	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+
+build:
+	$(CARGO) build --release
+
+# The main job: a simulated bandwidth-vs-request-size sweep of the default
+# preset, as a table, plus an SVG plot and an HTML report under out/.
+run: build
+	@mkdir -p out
+	$(MONETA) sim sweep --preset moneta --op read,write,mixed --plot out/sweep.svg --report out/sweep.html
+
+# Set-up plus every test: format, lints, unit/property/integration tests,
+# the calibration suite, and the benchmark in smoke mode.
+test: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	$(CARGO) test --workspace --release
+	$(CARGO) build --release
+	$(MONETA) sim speed --preset moneta --ops 200000
+
+# Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M).
+bench: build
+	$(MONETA) sim speed --preset moneta --ops 4000000
+	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
+	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
+
+# The calibration table of README.
+calibrate: build
+	$(MONETA) calibrate
+
+clean:
+	$(CARGO) clean
+	rm -rf out

@@ -1,0 +1,195 @@
+//! End-to-end tests of the `moneta` binary: output forms, determinism,
+//! errors for bad input, sharding and reports.
+
+use std::process::{Command, Output};
+
+fn moneta(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(args)
+        .output()
+        .expect("moneta runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn run_prints_the_documented_json_fields() {
+    let o = moneta(&[
+        "sim",
+        "run",
+        "--preset",
+        "moneta",
+        "--op",
+        "mixed",
+        "--size",
+        "4096",
+        "--threads",
+        "4",
+        "--ops",
+        "5000",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for key in [
+        "op",
+        "size_bytes",
+        "threads",
+        "seed",
+        "config",
+        "bandwidth_mb_per_s",
+        "iops",
+        "latency_us_mean",
+        "latency_us_p50",
+        "latency_us_p99",
+        "power_w",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(v["op"], "mixed");
+    assert_eq!(v["size_bytes"], 4096);
+    assert!(v["bandwidth_mb_per_s"].as_f64().unwrap() > 100.0);
+    assert!(v["power_w"].as_f64().unwrap() > 0.1);
+    assert_eq!(v["config"]["memory"]["controllers"], 8);
+}
+
+#[test]
+fn same_seed_same_output_different_seed_different_output() {
+    let args = [
+        "sim",
+        "run",
+        "--preset",
+        "moneta-micro10",
+        "--op",
+        "mixed",
+        "--size",
+        "2048",
+        "--ops",
+        "20000",
+        "--format",
+        "csv",
+    ];
+    let a = stdout(&moneta(&args));
+    let b = stdout(&moneta(&args));
+    assert_eq!(a, b);
+    let mut other = args.to_vec();
+    other.extend(["--seed", "99"]);
+    assert_ne!(a, stdout(&moneta(&other)));
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_crash() {
+    for (args, needle) in [
+        (
+            vec!["sim", "run", "--set", "memory.controlers=4"],
+            "memory.controlers",
+        ),
+        (
+            vec!["sim", "run", "--set", "memory.controllers=0"],
+            "memory.controllers",
+        ),
+        (
+            vec!["sim", "run", "--set", "device.queue_policy=lifo"],
+            "device.queue_policy",
+        ),
+        (vec!["sim", "run", "--preset", "nope"], "unknown preset"),
+        (vec!["sim", "run", "--stack", "turbo"], "unknown stack"),
+        (
+            vec!["sim", "run", "--tech", "unobtainium"],
+            "unknown technology",
+        ),
+        (vec!["sim", "run", "--size", "1000"], "multiple of 512"),
+        (vec!["sim", "run", "--op", "erase"], "unknown op"),
+        (vec!["sim", "sweep", "--shard", "3/2"], "--shard"),
+        (vec!["sim", "sweep", "--sizes", "4k"], "--sizes"),
+    ] {
+        let o = moneta(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn shards_partition_the_sweep() {
+    let base = [
+        "sim",
+        "sweep",
+        "--preset",
+        "moneta",
+        "--op",
+        "read,write",
+        "--sizes",
+        "512,4096,65536",
+        "--ops",
+        "3000",
+        "--format",
+        "json",
+    ];
+    let all: Vec<serde_json::Value> = serde_json::from_str(&stdout(&moneta(&base))).unwrap();
+    assert_eq!(all.len(), 6);
+    let mut parts = Vec::new();
+    for shard in ["0/2", "1/2"] {
+        let mut args = base.to_vec();
+        args.extend(["--shard", shard]);
+        let v: Vec<serde_json::Value> = serde_json::from_str(&stdout(&moneta(&args))).unwrap();
+        parts.extend(v);
+    }
+    assert_eq!(parts.len(), 6);
+    for p in &all {
+        assert!(parts.contains(p), "shards lost {p}");
+    }
+}
+
+#[test]
+fn sweep_writes_plot_and_report() {
+    let dir = std::env::temp_dir().join(format!("moneta-cli-test-{}", std::process::id()));
+    let svg = dir.join("bw.svg");
+    let html = dir.join("report.html");
+    let o = moneta(&[
+        "sim",
+        "sweep",
+        "--preset",
+        "onyx-late",
+        "--op",
+        "read,write",
+        "--sizes",
+        "4096,65536",
+        "--ops",
+        "400",
+        "--threads",
+        "4",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--report",
+        html.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg_text.starts_with("<svg") && svg_text.contains("read") && svg_text.contains("write")
+    );
+    let html_text = std::fs::read_to_string(&html).unwrap();
+    assert!(html_text.contains("<svg") && html_text.contains("onyx-late"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn presets_lists_every_preset() {
+    let out = stdout(&moneta(&["presets"]));
+    for p in [
+        "moneta-micro10",
+        "moneta",
+        "moneta-d",
+        "haste",
+        "onyx-late",
+        "onyx-early",
+        "ddr-ramdisk",
+        "stt-mram",
+    ] {
+        assert!(out.contains(p), "{p}");
+    }
+}

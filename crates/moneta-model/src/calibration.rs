@@ -1,0 +1,443 @@
+//! Calibration: the model's predictions beside the published numbers of
+//! SPEC §1.9, §2.2 and §2.3, each with the tolerance the project accepts.
+//!
+//! Nothing here feeds back into the model: the constants in the presets come
+//! from the papers' parameters (and name their source); these checks only
+//! measure how close the mechanisms land. Where they miss, the check is
+//! listed in [`KNOWN_DEVIATIONS`] with the reason, and the test asserts it
+//! still misses, so the README table can never silently go stale.
+
+use crate::config::{Config, Stack};
+use crate::experiment::{rate, run};
+use crate::summary::{default_region_bytes, xdd_point};
+use crate::workload::{OpMix, RunLimit, Workload};
+use serde::Serialize;
+
+/// One published number and what the model predicts for it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub source: &'static str,
+    pub published: f64,
+    pub simulated: f64,
+    /// Accepted relative error (0.15 = ±15%).
+    pub tolerance: f64,
+    pub unit: &'static str,
+}
+
+impl Check {
+    pub fn error(&self) -> f64 {
+        (self.simulated - self.published) / self.published
+    }
+
+    pub fn within(&self) -> bool {
+        self.error().abs() <= self.tolerance
+    }
+}
+
+/// Checks the mechanisms do not reach, with why (README "Calibration").
+pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
+    ("NoSched / Base 4 KB read bandwidth", BASE_SERIAL),
+    ("2Q / Spin peak mixed bandwidth", TWO_BUFFERS),
+    ("Balance: small-thread gain", BALANCE),
+    ("Balance: aggregate after / before", BALANCE),
+    ("8 controllers: 1 µs / 4 ns bandwidth", TWO_BUFFERS_LATENCY),
+    ("4 µs: 8 − 4 controllers", TWO_BUFFERS_LATENCY),
+    ("2011 read 512 B", CURVE_2011),
+    ("2011 write 512 B", CURVE_2011),
+    ("2011 mixed 512 B", CURVE_2011),
+    ("2011 read 1024 B", CURVE_2011),
+    ("2011 write 1024 B", CURVE_2011),
+    ("2011 mixed 1024 B", CURVE_2011),
+    ("2011 read 2048 B", CURVE_2011),
+    ("2011 write 2048 B", CURVE_2011),
+    ("2011 mixed 2048 B", CURVE_2011),
+    ("2011 read 4096 B", CURVE_2011),
+    ("2011 write 4096 B", CURVE_2011),
+    ("2011 mixed 4096 B", CURVE_2011),
+    ("2011 mixed 8192 B", CURVE_2011),
+];
+
+const BASE_SERIAL: &str = "Base's serialized work in the model (the no-op scheduler thread: 2 µs switch + tag + copy, then the PIO lock) allows ~400K 4 KB requests/s, so Base is link-bound like NoSched. A 4× gap needs ~9.5 µs of serialized work per request that Table 3.1 does not attribute to any component.";
+const TWO_BUFFERS: &str = "With the MICRO'10 two 8 KB transfer buffers, each held from allocation until its DMA/ring transfer ends (SPEC §1.4), mixed traffic is buffer-bound (~1.8 GB/s) under FIFO and 2Q alike; +75% (71% of 4 GB/s) needs more segments in flight than two buffers allow.";
+const BALANCE: &str = "Before Balance the model reproduces both published bandwidths (16 MB/s and 1.5 GB/s, within 15%); after it, round-robin serves the small threads better than published (21× vs 12×) and, with two buffers, interleaving 4 KB segments costs the large threads more aggregate bandwidth (−16%) than the paper's −190 MB/s.";
+const TWO_BUFFERS_LATENCY: &str = "Reads hold a transfer buffer through the memory access (SPEC §1.4), so with two buffers added latency lowers bandwidth regardless of the controller count; the published controller scaling needs more concurrency than the buffers give.";
+const CURVE_2011: &str = "From 4 KB up the model is link-bound (1730 MB/s, PCIe 1.1 ×8 with 128 B payloads), below 4 KB CPU-bound consistently with Table 3.4 (1.0M 512 B IOPS vs 1.16M published). The 2011 measurement is 30–90% lower at these sizes, which contradicts Table 3.4 for the same driver (1.16M 512 B reads = 592 MB/s vs 338 MB/s); no published mechanism accounts for it.";
+
+const SEED: u64 = 1;
+const OPS: u64 = 60_000;
+
+fn preset(name: &str, stack: Stack) -> Config {
+    let mut c = Config::preset(name).expect("shipped preset");
+    c.set_stack(stack);
+    c
+}
+
+fn bandwidth(c: &Config, op: OpMix, size: u64, threads: u32) -> f64 {
+    xdd_point(c, op, size, threads, RunLimit::Ops(OPS), SEED)
+        .expect("calibration point runs")
+        .bandwidth_mb_per_s
+}
+
+fn iops(c: &Config, op: OpMix, size: u64, threads: u32) -> f64 {
+    xdd_point(c, op, size, threads, RunLimit::Ops(OPS), SEED)
+        .expect("calibration point runs")
+        .iops
+}
+
+fn latency_us(c: &Config, op: OpMix, size: u64) -> f64 {
+    xdd_point(c, op, size, 1, RunLimit::Ops(5_000), SEED)
+        .expect("calibration point runs")
+        .latency_us_mean
+}
+
+fn check(
+    name: String,
+    source: &'static str,
+    published: f64,
+    simulated: f64,
+    tolerance: f64,
+    unit: &'static str,
+) -> Check {
+    Check {
+        name,
+        source,
+        published,
+        simulated,
+        tolerance,
+        unit,
+    }
+}
+
+/// Moneta (2011) random bandwidth, 16 XDD threads (SPEC §2.3 table).
+pub const MONETA_2011: [(u64, f64, f64, f64); 12] = [
+    (512, 338.2, 327.4, 316.8),
+    (1024, 720.6, 518.5, 526.5),
+    (2048, 1272.4, 974.4, 1135.8),
+    (4096, 1334.6, 1286.9, 1720.1),
+    (8192, 1504.6, 1596.0, 2317.4),
+    (16384, 1743.1, 1737.3, 3159.3),
+    (32768, 1742.9, 1739.3, 3152.2),
+    (65536, 1742.3, 1737.4, 3161.4),
+    (131072, 1743.4, 1737.4, 3093.4),
+    (262144, 1742.8, 1737.8, 3094.2),
+    (524288, 1740.1, 1737.5, 3039.3),
+    (1048576, 1742.8, 1741.3, 2916.5),
+];
+
+pub fn table_3_4() -> Vec<Check> {
+    let c = preset("moneta-micro10", Stack::Spin);
+    let src = "Table 3.4 (SPEC §2.3)";
+    vec![
+        check(
+            "Spin 4 KB read IOPS".into(),
+            src,
+            368_534.0,
+            iops(&c, OpMix::Read, 4096, 16),
+            0.15,
+            "IOPS",
+        ),
+        check(
+            "Spin 4 KB write IOPS".into(),
+            src,
+            389_859.0,
+            iops(&c, OpMix::Write, 4096, 16),
+            0.15,
+            "IOPS",
+        ),
+        check(
+            "Spin 512 B read IOPS".into(),
+            src,
+            1_156_779.0,
+            iops(&c, OpMix::Read, 512, 16),
+            0.15,
+            "IOPS",
+        ),
+        check(
+            "Spin 512 B write IOPS".into(),
+            src,
+            1_043_793.0,
+            iops(&c, OpMix::Write, 512, 16),
+            0.15,
+            "IOPS",
+        ),
+    ]
+}
+
+pub fn moneta_2011_curves() -> Vec<Check> {
+    let c = preset("moneta", Stack::TwoQueue);
+    let src = "Moneta 2011 table (SPEC §2.3)";
+    let mut out = Vec::new();
+    for (size, read, write, mixed) in MONETA_2011 {
+        for (op, published) in [
+            (OpMix::Read, read),
+            (OpMix::Write, write),
+            (OpMix::Mixed(0.5), mixed),
+        ] {
+            let name = format!("2011 {} {} B", op.name(), size);
+            out.push(check(
+                name,
+                src,
+                published,
+                bandwidth(&c, op, size, 16),
+                0.15,
+                "MB/s",
+            ));
+        }
+    }
+    out
+}
+
+pub fn software_steps() -> Vec<Check> {
+    let base = preset("moneta-micro10", Stack::Base);
+    let nosched = preset("moneta-micro10", Stack::NoSched);
+    let spin = preset("moneta-micro10", Stack::Spin);
+    let two_q = preset("moneta-micro10", Stack::TwoQueue);
+    let src = "MICRO'10 §IV, Table 3.1 (SPEC §2.1–2.2)";
+    let base_r = latency_us(&base, OpMix::Read, 4096);
+    let base_w = latency_us(&base, OpMix::Write, 4096);
+    let spin_r = latency_us(&spin, OpMix::Read, 4096);
+    let spin_w = latency_us(&spin, OpMix::Write, 4096);
+    let peak_mixed = |c: &Config| {
+        MONETA_2011
+            .iter()
+            .map(|&(size, ..)| bandwidth(c, OpMix::Mixed(0.5), size, 16))
+            .fold(0.0, f64::max)
+    };
+    vec![
+        check(
+            "Base 4 KB read latency".into(),
+            src,
+            21.0,
+            base_r,
+            0.15,
+            "µs",
+        ),
+        check(
+            "Base 4 KB write latency".into(),
+            src,
+            21.0,
+            base_w,
+            0.15,
+            "µs",
+        ),
+        check(
+            "Base → Spin 4 KB latency saving".into(),
+            src,
+            9.0,
+            (base_r + base_w - spin_r - spin_w) / 2.0,
+            0.15,
+            "µs",
+        ),
+        check(
+            "NoSched / Base 4 KB read bandwidth".into(),
+            src,
+            4.0,
+            bandwidth(&nosched, OpMix::Read, 4096, 16) / bandwidth(&base, OpMix::Read, 4096, 16),
+            0.15,
+            "×",
+        ),
+        check(
+            "2Q / Spin peak mixed bandwidth".into(),
+            src,
+            1.75,
+            peak_mixed(&two_q) / peak_mixed(&spin),
+            0.15,
+            "×",
+        ),
+    ]
+}
+
+/// SPEC §2.2: 4 threads of 4 KB reads beside 4 threads of 512 KB reads.
+pub fn balance() -> Vec<Check> {
+    let src = "MICRO'10 §V.B (SPEC §2.2)";
+    let fair = |stack| {
+        let c = preset("moneta-micro10", stack);
+        let w = Workload::fairness(
+            4,
+            4096,
+            4,
+            512 << 10,
+            default_region_bytes(&c),
+            RunLimit::Ops(40_000),
+            SEED,
+        );
+        let r = run(&c, &w).expect("fairness runs");
+        let small = rate(r.groups[0].bytes, r.elapsed_ns) / 1e6;
+        let large = rate(r.groups[1].bytes, r.elapsed_ns) / 1e6;
+        (small, large, r.bandwidth_mb_per_s())
+    };
+    let (small_before, large_before, total_before) = fair(Stack::TwoQueue);
+    let (small_after, _large_after, total_after) = fair(Stack::Balance);
+    vec![
+        check(
+            "4 KB threads beside 512 KB threads, before".into(),
+            src,
+            16.0,
+            small_before,
+            0.15,
+            "MB/s",
+        ),
+        check(
+            "512 KB threads beside 4 KB threads, before".into(),
+            src,
+            1500.0,
+            large_before,
+            0.15,
+            "MB/s",
+        ),
+        check(
+            "Balance: small-thread gain".into(),
+            src,
+            12.0,
+            small_after / small_before,
+            0.15,
+            "×",
+        ),
+        check(
+            "Balance: aggregate after / before".into(),
+            src,
+            1.0,
+            total_after / total_before,
+            0.15,
+            "×",
+        ),
+    ]
+}
+
+/// SPEC §2.2 latency tolerance: Moneta+Balance, 4 KB reads and writes.
+pub fn latency_tolerance() -> Vec<Check> {
+    let src = "MICRO'10 Fig. 4 text (SPEC §2.2)";
+    let bw = |controllers: u32, latency_ns: u64| {
+        let mut c = preset("moneta-micro10", Stack::Balance);
+        c.set(&format!("memory.controllers={controllers}"))
+            .expect("valid");
+        c.memory.latency_ns_read = latency_ns;
+        c.memory.latency_ns_write = latency_ns;
+        (bandwidth(&c, OpMix::Read, 4096, 16) + bandwidth(&c, OpMix::Write, 4096, 16)) / 2.0
+    };
+    let fast8 = bw(8, 4);
+    let us1_8 = bw(8, 1000);
+    let us4_8 = bw(8, 4000);
+    let us4_4 = bw(4, 4000);
+    vec![
+        check(
+            "8 controllers: 1 µs / 4 ns bandwidth".into(),
+            src,
+            1.0,
+            us1_8 / fast8,
+            0.05,
+            "×",
+        ),
+        check(
+            "8 controllers: 4 µs / 4 ns bandwidth".into(),
+            src,
+            0.8,
+            us4_8 / fast8,
+            0.15,
+            "×",
+        ),
+        check(
+            "4 µs: 8 − 4 controllers".into(),
+            src,
+            400.0,
+            us4_8 - us4_4,
+            0.15,
+            "MB/s",
+        ),
+    ]
+}
+
+/// SPEC §1.9 power consequences that a whole simulated run can show.
+pub fn power() -> Vec<Check> {
+    let src = "MICRO'10 Table I text (SPEC §1.9)";
+    let c = preset("moneta-micro10", Stack::Spin);
+    let w8 = xdd_point(&c, OpMix::Write, 8192, 16, RunLimit::Ops(OPS), SEED).expect("runs");
+    vec![check(
+        "random 8 KB writes, total power".into(),
+        src,
+        3.47,
+        w8.power_w,
+        0.10,
+        "W",
+    )]
+}
+
+/// Every check, in README order.
+pub fn all() -> Vec<Check> {
+    let mut v = table_3_4();
+    v.extend(software_steps());
+    v.extend(balance());
+    v.extend(latency_tolerance());
+    v.extend(power());
+    v.extend(moneta_2011_curves());
+    v
+}
+
+/// A markdown table of checks.
+pub fn markdown(checks: &[Check]) -> String {
+    let mut s = String::from("| check | source | published | simulated | error | tolerance | |\n|---|---|---|---|---|---|---|\n");
+    for c in checks {
+        let mark = if c.within() { "ok" } else { "**miss**" };
+        s.push_str(&format!(
+            "| {} | {} | {} {} | {} {} | {:+.1}% | ±{:.0}% | {} |\n",
+            c.name,
+            c.source,
+            fmt(c.published),
+            c.unit,
+            fmt(c.simulated),
+            c.unit,
+            100.0 * c.error(),
+            100.0 * c.tolerance,
+            mark
+        ));
+    }
+    s
+}
+
+fn fmt(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calibration suite: every check within its tolerance except the
+    /// documented deviations, which must still miss (so README stays true).
+    #[test]
+    fn calibration_against_published_numbers() {
+        let checks = all();
+        eprintln!("{}", markdown(&checks));
+        let known = |name: &str| KNOWN_DEVIATIONS.iter().any(|(n, _)| *n == name);
+        for (name, _) in KNOWN_DEVIATIONS {
+            assert!(
+                checks.iter().any(|c| c.name == *name),
+                "deviation '{name}' names no check"
+            );
+        }
+        let mut problems = Vec::new();
+        for c in &checks {
+            match (c.within(), known(&c.name)) {
+                (true, true) => problems.push(format!(
+                    "'{}' now within tolerance: remove it from KNOWN_DEVIATIONS",
+                    c.name
+                )),
+                (false, false) => problems.push(format!(
+                    "'{}' off by {:+.1}% (±{:.0}%)",
+                    c.name,
+                    100.0 * c.error(),
+                    100.0 * c.tolerance
+                )),
+                _ => {}
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+}
