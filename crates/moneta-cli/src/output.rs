@@ -37,7 +37,11 @@ fn row(p: &PointSummary) -> [String; 11] {
         format!("{:.2}", p.latency_us_mean),
         format!("{:.2}", p.latency_us_p50),
         format!("{:.2}", p.latency_us_p99),
-        format!("{:.3}", p.power_w),
+        if p.power_w.is_finite() {
+            format!("{:.3}", p.power_w)
+        } else {
+            "-".to_string()
+        },
         format!("{:.2}", p.cpu_utilization),
         p.seed.to_string(),
     ]

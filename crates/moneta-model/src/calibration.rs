@@ -248,6 +248,30 @@ pub fn software_steps() -> Vec<Check> {
     ]
 }
 
+/// Single-thread latencies of the other published systems.
+pub fn other_systems() -> Vec<Check> {
+    let direct = preset("moneta-d", Stack::Direct);
+    let haste = Config::preset("haste").expect("shipped preset");
+    vec![
+        check(
+            "Moneta-D 512 B read latency".into(),
+            "ASPLOS'12 / dissertation ch. 4 (SPEC §3.5)",
+            4.1,
+            latency_us(&direct, OpMix::Read, 512),
+            0.15,
+            "µs",
+        ),
+        check(
+            "HASTE 4 KB read latency".into(),
+            "SC'10 (SPEC §6)",
+            16.0,
+            latency_us(&haste, OpMix::Read, 4096),
+            0.15,
+            "µs",
+        ),
+    ]
+}
+
 /// SPEC §2.2: 4 threads of 4 KB reads beside 4 threads of 512 KB reads.
 pub fn balance() -> Vec<Check> {
     let src = "MICRO'10 §V.B (SPEC §2.2)";
@@ -367,6 +391,7 @@ pub fn power() -> Vec<Check> {
 pub fn all() -> Vec<Check> {
     let mut v = table_3_4();
     v.extend(software_steps());
+    v.extend(other_systems());
     v.extend(balance());
     v.extend(latency_tolerance());
     v.extend(power());
