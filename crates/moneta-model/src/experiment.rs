@@ -106,9 +106,8 @@ pub fn rate(count: u64, elapsed_ns: Ns) -> f64 {
 /// Run `workload` on the configured host stack and device in virtual time.
 pub fn run(config: &Config, workload: &Workload) -> Result<RunResult, String> {
     config.validate().map_err(|e| e.to_string())?;
-    let needs_device = config.host.stack != Stack::Ramdisk;
     workload.validate(config.device.capacity_bytes)?;
-    Simulation::new(config, workload, needs_device).run(VirtualClock::new())
+    Simulation::new(config, workload).run(VirtualClock::new())
 }
 
 struct Simulation<'a> {
@@ -134,7 +133,7 @@ struct Simulation<'a> {
 }
 
 impl<'a> Simulation<'a> {
-    fn new(config: &'a Config, workload: &'a Workload, _needs_device: bool) -> Self {
+    fn new(config: &'a Config, workload: &'a Workload) -> Self {
         let permissions = (config.host.stack == Stack::Direct)
             .then(|| PermissionModel::new(&config.direct, workload.seed));
         let plans = workload
@@ -364,9 +363,6 @@ impl<'a> Simulation<'a> {
                         barrier: false,
                         protection_ns,
                     };
-                    if self.config.host.stack == Stack::Ramdisk {
-                        unreachable!("the ramdisk stack has no device");
-                    }
                     self.device
                         .submit(now, tag, request)
                         .map_err(|e| format!("device refused a request: {e}"))?;

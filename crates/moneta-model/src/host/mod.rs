@@ -161,26 +161,19 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
     let ret = rw(op, c.return_ns_read, c.return_ns_write);
     let issue = Step::Issue { protection_ns: 0 };
     match h.stack {
-        Stack::Base => {
+        Stack::Base | Stack::NoSched => {
             p.push(Step::Cpu(entry + block));
-            p.push(Step::Serial(
-                Server::IoScheduler,
-                c.io_scheduler_switch_ns + tag + copy_in,
-            ));
-            p.push(Step::Serial(Server::HardwareLock, pio));
-            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
-            p.push(issue);
-            p.push(Step::Sleep {
-                interrupt_ns,
-                lock: Some(Server::HardwareLock),
-                wake_ns,
-            });
-            p.push(Step::Cpu(copy_out + ret));
-        }
-        Stack::NoSched => {
-            p.push(Step::Cpu(entry + block));
-            p.push(Step::Serial(Server::DataLock, tag));
-            p.push(Step::Cpu(copy_in));
+            if h.stack == Stack::Base {
+                // The single no-op scheduler thread dispatches the request.
+                p.push(Step::Serial(
+                    Server::IoScheduler,
+                    c.io_scheduler_switch_ns + tag + copy_in,
+                ));
+            } else {
+                // NoSched: the calling thread dispatches; the tag pool is under a lock.
+                p.push(Step::Serial(Server::DataLock, tag));
+                p.push(Step::Cpu(copy_in));
+            }
             p.push(Step::Serial(Server::HardwareLock, pio));
             p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
             p.push(issue);
