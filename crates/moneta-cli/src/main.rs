@@ -12,7 +12,7 @@ mod plot;
 use clap::{Args, Parser, Subcommand};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};
 use moneta_model::experiment::{rate, run};
-use moneta_model::summary::{default_region_bytes, xdd_point};
+use moneta_model::summary::{default_region_bytes, workload_point};
 use moneta_model::workload::{OpMix, RunLimit, Workload};
 use output::Format;
 use std::io::IsTerminal;
@@ -123,12 +123,58 @@ impl LimitArgs {
     }
 }
 
+#[derive(Copy, Clone, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Pattern {
+    Random,
+    Sequential,
+}
+
+/// How each XDD thread chooses its requests.
+#[derive(Args, Clone)]
+struct PatternArgs {
+    /// Fraction of reads when --op mixed.
+    #[arg(long, default_value_t = 0.5)]
+    read_fraction: f64,
+    /// Random (size-aligned) or sequential offsets.
+    #[arg(long, value_enum, default_value_t = Pattern::Random)]
+    pattern: Pattern,
+    /// Bytes of the device the threads touch [default: the whole device, at most 16 GiB].
+    #[arg(long)]
+    region_bytes: Option<u64>,
+}
+
+impl PatternArgs {
+    fn workload(
+        &self,
+        config: &Config,
+        op: &str,
+        size: u64,
+        threads: u32,
+        limit: RunLimit,
+        seed: u64,
+    ) -> Result<Workload, String> {
+        let mix = match parse_op(op)? {
+            OpMix::Mixed(_) => OpMix::Mixed(self.read_fraction),
+            other => other,
+        };
+        let region = self
+            .region_bytes
+            .unwrap_or_else(|| default_region_bytes(config));
+        let mut w = Workload::xdd(mix, size, threads, region, limit, seed);
+        w.groups[0].random = self.pattern == Pattern::Random;
+        w.validate(config.device.capacity_bytes)?;
+        Ok(w)
+    }
+}
+
 #[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
     model: ModelArgs,
     #[command(flatten)]
     limit: LimitArgs,
+    #[command(flatten)]
+    pattern: PatternArgs,
     /// read, write or mixed (50/50).
     #[arg(long, default_value = "read")]
     op: String,
@@ -146,6 +192,8 @@ struct SweepArgs {
     model: ModelArgs,
     #[command(flatten)]
     limit: LimitArgs,
+    #[command(flatten)]
+    pattern: PatternArgs,
     /// Comma-separated operations.
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
@@ -256,9 +304,11 @@ fn parse_op(s: &str) -> Result<OpMix, String> {
 
 fn sim_run(a: RunArgs) -> Result<(), String> {
     let config = a.model.config()?;
-    let op = parse_op(&a.op)?;
     let limit = a.limit.limit(200_000)?;
-    let point = xdd_point(&config, op, a.size, a.threads, limit, a.model.seed)?;
+    let w = a
+        .pattern
+        .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
+    let point = workload_point(&config, &w)?;
     output::print_points(&[point], a.model.format, false);
     Ok(())
 }
@@ -277,7 +327,7 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 
 fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     let config = a.model.config()?;
-    let ops: Vec<OpMix> = a.op.split(',').map(parse_op).collect::<Result<_, _>>()?;
+    let ops: Vec<&str> = a.op.split(',').map(str::trim).collect();
     let sizes: Vec<u64> = a
         .sizes
         .split(',')
@@ -294,21 +344,27 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         .transpose()?
         .unwrap_or((0, 1));
     let limit = a.limit.limit(100_000)?;
-    let grid: Vec<(OpMix, u64)> = ops
-        .iter()
-        .flat_map(|&o| sizes.iter().map(move |&s| (o, s)))
-        .collect();
-    let mine: Vec<(OpMix, u64)> = grid
-        .iter()
-        .copied()
+    // Build (and so validate) every workload before running any.
+    let mut grid = Vec::with_capacity(ops.len() * sizes.len());
+    for op in &ops {
+        for &size in &sizes {
+            grid.push(
+                a.pattern
+                    .workload(&config, op, size, a.threads, limit, a.model.seed)?,
+            );
+        }
+    }
+    let mine: Vec<Workload> = grid
+        .into_iter()
         .enumerate()
         .filter(|(i, _)| i % shards == shard)
-        .map(|(_, p)| p)
+        .map(|(_, w)| w)
         .collect();
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut points = Vec::with_capacity(mine.len());
-    for (k, &(op, size)) in mine.iter().enumerate() {
+    for (k, w) in mine.iter().enumerate() {
+        let (op, size) = (w.groups[0].op, w.groups[0].size_bytes);
         if progress {
             eprint!(
                 "\r[{}/{}] {} {} B … {:.1} s   ",
@@ -319,14 +375,7 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
                 started.elapsed().as_secs_f64()
             );
         }
-        points.push(xdd_point(
-            &config,
-            op,
-            size,
-            a.threads,
-            limit,
-            a.model.seed,
-        )?);
+        points.push(workload_point(&config, w)?);
     }
     if progress {
         eprintln!(

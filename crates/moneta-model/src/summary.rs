@@ -11,7 +11,11 @@ pub struct PointSummary {
     pub preset: String,
     pub stack: String,
     pub op: String,
+    /// Fraction of reads (1 for read, 0 for write).
+    pub read_fraction: f64,
     pub size_bytes: u64,
+    pub pattern: String,
+    pub region_bytes: u64,
     pub threads: u32,
     pub seed: u64,
     pub ops: u64,
@@ -23,30 +27,41 @@ pub struct PointSummary {
     pub latency_us_p99: f64,
     pub power_w: f64,
     pub energy_nj_per_op: f64,
+    /// Average power of each device component (SPEC §1.9).
+    pub power_components: Vec<ComponentWatts>,
     pub cpu_utilization: f64,
     pub soft_misses: u64,
     pub hard_misses: u64,
     pub config: serde_json::Value,
 }
 
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentWatts {
+    pub name: &'static str,
+    pub average_w: f64,
+}
+
 impl PointSummary {
-    pub fn new(
-        config: &Config,
-        op: OpMix,
-        size_bytes: u64,
-        threads: u32,
-        seed: u64,
-        r: &RunResult,
-    ) -> Self {
+    /// Summarize a run of a single-group workload.
+    pub fn new(config: &Config, workload: &Workload, r: &RunResult) -> Self {
+        let g = &workload.groups[0];
+        let op = g.op;
         let power = crate::device::power_of_run(config, r);
         let cores_ns = config.host.cores as f64 * r.elapsed_ns as f64;
         PointSummary {
             preset: config.name.clone(),
             stack: config.host.stack.name().to_string(),
             op: op.name().to_string(),
-            size_bytes,
-            threads,
-            seed,
+            read_fraction: match op {
+                OpMix::Read => 1.0,
+                OpMix::Write => 0.0,
+                OpMix::Mixed(p) => p,
+            },
+            size_bytes: g.size_bytes,
+            pattern: if g.random { "random" } else { "sequential" }.to_string(),
+            region_bytes: g.region_bytes,
+            threads: workload.threads(),
+            seed: workload.seed,
             ops: r.ops,
             elapsed_ns: r.elapsed_ns,
             bandwidth_mb_per_s: r.bandwidth_mb_per_s(),
@@ -54,8 +69,20 @@ impl PointSummary {
             latency_us_mean: r.latency.mean_ns() / 1e3,
             latency_us_p50: r.latency.percentile_ns(0.5) / 1e3,
             latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
-            power_w: power.0,
-            energy_nj_per_op: power.1,
+            power_w: power.as_ref().map_or(f64::NAN, |p| p.total_w),
+            energy_nj_per_op: power.as_ref().map_or(f64::NAN, |p| p.energy_nj_per_op),
+            power_components: power
+                .as_ref()
+                .map(|p| {
+                    p.components
+                        .iter()
+                        .map(|c| ComponentWatts {
+                            name: c.name,
+                            average_w: c.average_w,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
             cpu_utilization: if cores_ns > 0.0 {
                 r.cpu_busy_ns as f64 / cores_ns
             } else {
@@ -91,6 +118,14 @@ pub fn xdd_point(
         limit,
         seed,
     );
-    let r = run(config, &w)?;
-    Ok(PointSummary::new(config, op, size_bytes, threads, seed, &r))
+    workload_point(config, &w)
+}
+
+/// Run a single-group workload and summarize it.
+pub fn workload_point(config: &Config, workload: &Workload) -> Result<PointSummary, String> {
+    if workload.groups.len() != 1 {
+        return Err("a point summary needs a workload of one thread group".into());
+    }
+    let r = run(config, workload)?;
+    Ok(PointSummary::new(config, workload, &r))
 }

@@ -17,14 +17,14 @@ pub mod ring;
 pub mod start_gap;
 pub mod tags;
 
-/// Average device power (W) and energy per operation (nJ) of a run
-/// (SPEC §1.9). The DDR ramdisk has no Moneta device: NaN.
+/// The device power report of a run (SPEC §1.9); `None` for the DDR
+/// ramdisk, which has no Moneta device.
 pub fn power_of_run(
     config: &crate::config::Config,
     run: &crate::experiment::RunResult,
-) -> (f64, f64) {
+) -> Option<power::PowerReport> {
     if config.host.stack == crate::config::Stack::Ramdisk {
-        return (f64::NAN, f64::NAN);
+        return None;
     }
     let c = &run.device;
     let activity = power::DeviceActivity {
@@ -37,11 +37,10 @@ pub fn power_of_run(
         transfer_buffers: config.device.transfer_buffers,
         controllers: c.controllers.clone(),
     };
-    let report = power::power_report(
+    Some(power::power_report(
         &config.power,
         config.device.capacity_bytes,
         &activity,
         run.ops,
-    );
-    (report.total_w, report.energy_nj_per_op)
+    ))
 }
