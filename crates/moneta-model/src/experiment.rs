@@ -8,8 +8,9 @@
 //! (locks, the single scheduler thread, the memory bus) are FIFO servers.
 //! Everything is a function of the configuration, the workload and the seed.
 
-use crate::config::{Config, Stack};
-use crate::device::pipeline::{Device, DeviceCounters, DeviceEvent, DeviceRequest};
+use crate::config::{Completion, Config, Stack};
+use crate::device::command::{self, Command};
+use crate::device::pipeline::{CommandWords, Device, DeviceCounters, DeviceEvent};
 use crate::device::tags::TagPool;
 use crate::host::permissions::PermissionModel;
 use crate::host::{plan, PermissionOutcome, Plan, Step, SERVERS};
@@ -355,16 +356,9 @@ impl<'a> Simulation<'a> {
                     let th = &mut self.threads[t as usize];
                     th.tag = Some(tag);
                     th.step += 1;
-                    let request = DeviceRequest {
-                        token: t as u64,
-                        op: th.op,
-                        addr: DeviceAddr(th.addr),
-                        len_bytes: th.bytes,
-                        barrier: false,
-                        protection_ns,
-                    };
+                    let words = encode_command(self.config, tag, th.op, th.addr, th.bytes)?;
                     self.device
-                        .submit(now, tag, request)
+                        .submit_command(now, words, t as u64, protection_ns)
                         .map_err(|e| format!("device refused a request: {e}"))?;
                     self.drain_device(now)?;
                 }
@@ -442,6 +436,39 @@ impl<'a> Simulation<'a> {
         }
     }
 }
+
+/// The command words the host stack writes: the baseline three-word
+/// format for Base and NoSched, the atomic word from Moneta+Atomic on
+/// (SPEC §1.2, §2.2). Baseline commands carry a per-tag DMA buffer address.
+fn encode_command(
+    config: &Config,
+    tag: PhysTag,
+    op: Op,
+    addr: u64,
+    bytes: u64,
+) -> Result<CommandWords, String> {
+    let baseline = matches!(config.host.stack, Stack::Base | Stack::NoSched);
+    let command = Command {
+        tag: tag.0,
+        op,
+        addr: DeviceAddr(addr),
+        len_bytes: bytes,
+        host_dma_addr: baseline.then_some(DMA_BUFFER_BASE + tag.0 as u64 * DMA_BUFFER_STRIDE),
+        barrier: false,
+        dma_completion: config.host.stack == Stack::Direct
+            && config.direct.completion == Completion::Dma,
+    };
+    let words = if baseline {
+        command::encode_baseline(&command).map(CommandWords::Baseline)
+    } else {
+        command::encode_atomic(&command).map(CommandWords::Atomic)
+    };
+    words.map_err(|e| format!("the host cannot express this request as a command: {e}"))
+}
+
+/// Where the simulated driver's per-tag DMA buffers would live in host memory.
+const DMA_BUFFER_BASE: u64 = 0x1_0000_0000;
+const DMA_BUFFER_STRIDE: u64 = 1 << 24;
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,7 @@
 //! simulator's event loop, the emulator's polling thread) delivers them.
 
 use super::buffers::{BufferPool, Segment, Striping};
+use super::command::{self, CommandError, CommandFormat, CommandLimits};
 use super::dma::Dma;
 use super::memory::{ControllerActivity, MemoryTiming};
 use super::moneta_controller::MonetaController;
@@ -49,9 +50,20 @@ pub struct Completion {
     pub time_ns: Ns,
 }
 
+/// The words a host wrote to the command registers (SPEC §1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandWords {
+    /// Three PIO words: sector address, host DMA address, length/tag/command.
+    Baseline([u64; 3]),
+    /// One 64-bit word (Moneta+Atomic, Moneta-D).
+    Atomic(u64),
+}
+
 /// Why the device refused a request. The device never panics on bad input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeviceError {
+    /// The command words do not decode (SPEC §1.2).
+    Command(CommandError),
     TagOutOfRange(u8),
     TagInFlight(u8),
     ZeroLength,
@@ -65,6 +77,7 @@ pub enum DeviceError {
 impl fmt::Display for DeviceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            DeviceError::Command(e) => write!(f, "bad command: {e}"),
             DeviceError::TagOutOfRange(t) => write!(f, "tag {t} is out of range"),
             DeviceError::TagInFlight(t) => write!(f, "tag {t} is already in flight"),
             DeviceError::ZeroLength => write!(f, "zero-length request"),
@@ -216,7 +229,48 @@ impl Device {
         self.capacity_bytes
     }
 
-    /// Accept a command at `now_ns` with physical tag `tag`.
+    /// Decode the command words the host wrote at `now_ns` and accept the
+    /// request under the tag they carry.
+    pub fn submit_command(
+        &mut self,
+        now_ns: Ns,
+        words: CommandWords,
+        token: u64,
+        protection_ns: Ns,
+    ) -> Result<PhysTag, DeviceError> {
+        let command = match words {
+            CommandWords::Baseline(w) => {
+                let limits = CommandLimits::for_format(
+                    CommandFormat::Baseline,
+                    self.capacity_bytes,
+                    self.tags,
+                );
+                command::decode_baseline(w, &limits)
+            }
+            CommandWords::Atomic(w) => {
+                let limits = CommandLimits::for_format(
+                    CommandFormat::Atomic,
+                    self.capacity_bytes,
+                    self.tags,
+                );
+                command::decode_atomic(w, &limits)
+            }
+        }
+        .map_err(DeviceError::Command)?;
+        let tag = PhysTag(command.tag);
+        let request = DeviceRequest {
+            token,
+            op: command.op,
+            addr: command.addr,
+            len_bytes: command.len_bytes,
+            barrier: command.barrier,
+            protection_ns,
+        };
+        self.submit(now_ns, tag, request)?;
+        Ok(tag)
+    }
+
+    /// Accept a decoded request at `now_ns` with physical tag `tag`.
     pub fn submit(
         &mut self,
         now_ns: Ns,
@@ -473,6 +527,44 @@ mod tests {
         assert_eq!(
             d.submit(0, PhysTag(0), request(1, Op::Read, 0, 512)),
             Err(DeviceError::TagInFlight(0))
+        );
+    }
+
+    #[test]
+    fn command_words_are_decoded_and_bad_words_rejected() {
+        let c = Config::preset("moneta").unwrap();
+        let mut d = Device::new(&c, 1);
+        let cmd = command::Command {
+            tag: 5,
+            op: Op::Write,
+            addr: DeviceAddr(1 << 20),
+            len_bytes: 4096,
+            host_dma_addr: None,
+            barrier: false,
+            dma_completion: true,
+        };
+        let word = command::encode_atomic(&cmd).unwrap();
+        assert_eq!(
+            d.submit_command(0, CommandWords::Atomic(word), 9, 0),
+            Ok(PhysTag(5))
+        );
+        let done = run(&mut d, EventQueue::new());
+        assert_eq!(done[0].token, 9);
+        // Garbage never panics: it is an error value, and the device stays usable.
+        for word in [0u64, u64::MAX, 0xDEAD_BEEF_DEAD_BEEF] {
+            assert!(matches!(
+                d.submit_command(0, CommandWords::Atomic(word), 0, 0),
+                Err(DeviceError::Command(_))
+            ));
+        }
+        let baseline = command::encode_baseline(&command::Command {
+            host_dma_addr: Some(0x1000),
+            ..cmd
+        })
+        .unwrap();
+        assert_eq!(
+            d.submit_command(0, CommandWords::Baseline(baseline), 1, 0),
+            Ok(PhysTag(5))
         );
     }
 
