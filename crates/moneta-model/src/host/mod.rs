@@ -10,7 +10,7 @@
 //!
 //! | stack | block layer | scheduler thread | locks | command | completion |
 //! |---|---|---|---|---|---|
-//! | base | yes | single, +2 µs switch | hardware + data | 3 PIO words | sleep |
+//! | base | yes, all of it in one thread | single (+2 µs switch), also completes | (subsumed) | 3 PIO words | sleep |
 //! | nosched | yes | none | hardware + data | 3 PIO words | sleep |
 //! | atomic | yes | none | none | 1 atomic word | sleep |
 //! | spin, 2q, balance | yes | none | none | 1 atomic word | spin ≤ 4 KB, else sleep |
@@ -161,19 +161,33 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
     let ret = rw(op, c.return_ns_read, c.return_ns_write);
     let issue = Step::Issue { protection_ns: 0 };
     match h.stack {
-        Stack::Base | Stack::NoSched => {
+        Stack::Base => {
+            // "The no-op scheduler is single-threaded so it removes any
+            // parallelism in request handling" (SPEC §2.2): the whole block
+            // queue, the dispatch (tag, copy, PIO) and the completion run in
+            // the one scheduler context, one request at a time.
+            let full_block = rw(op, c.block_layer_ns_read, c.block_layer_ns_write);
+            p.push(Step::Cpu(entry));
+            p.push(Step::Serial(
+                Server::IoScheduler,
+                full_block + tag + copy_in + pio,
+            ));
+            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
+            p.push(issue);
+            p.push(Step::Sleep {
+                interrupt_ns,
+                lock: Some(Server::IoScheduler),
+                wake_ns,
+            });
+            p.push(Step::Cpu(copy_out + ret));
+        }
+        Stack::NoSched => {
+            // The calling thread issues: block layer without the scheduler
+            // switch, the tag pool under the data lock, the multi-word PIO and
+            // the tag status under the hardware lock.
             p.push(Step::Cpu(entry + block));
-            if h.stack == Stack::Base {
-                // The single no-op scheduler thread dispatches the request.
-                p.push(Step::Serial(
-                    Server::IoScheduler,
-                    c.io_scheduler_switch_ns + tag + copy_in,
-                ));
-            } else {
-                // NoSched: the calling thread dispatches; the tag pool is under a lock.
-                p.push(Step::Serial(Server::DataLock, tag));
-                p.push(Step::Cpu(copy_in));
-            }
+            p.push(Step::Serial(Server::DataLock, tag));
+            p.push(Step::Cpu(copy_in));
             p.push(Step::Serial(Server::HardwareLock, pio));
             p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
             p.push(issue);
