@@ -129,6 +129,15 @@ fn per_kb(ns_per_kb: u64, bytes: u64) -> Ns {
     (ns_per_kb * bytes).div_ceil(1024)
 }
 
+/// (copy into the DMA buffer before issue, copy out of it after completion):
+/// writes copy in, reads copy out.
+fn copies(op: Op, bytes: u64, read_ns_per_kb: u64, write_ns_per_kb: u64) -> (Ns, Ns) {
+    match op {
+        Op::Write => (per_kb(write_ns_per_kb, bytes), 0),
+        Op::Read => (0, per_kb(read_ns_per_kb, bytes)),
+    }
+}
+
 /// Build the program of one request.
 pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome) -> Plan {
     let h = &config.host;
@@ -143,16 +152,7 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
     let block = rw(op, c.block_layer_ns_read, c.block_layer_ns_write)
         .saturating_sub(c.io_scheduler_switch_ns);
     let tag = rw(op, c.tag_ns_read, c.tag_ns_write);
-    let copy_in = if op == Op::Write {
-        per_kb(c.copy_ns_per_kb_write, bytes)
-    } else {
-        0
-    };
-    let copy_out = if op == Op::Read {
-        per_kb(c.copy_ns_per_kb_read, bytes)
-    } else {
-        0
-    };
+    let (copy_in, copy_out) = copies(op, bytes, c.copy_ns_per_kb_read, c.copy_ns_per_kb_write);
     let pio = rw(op, c.pio_ns_read, c.pio_ns_write);
     // The atomic interface writes one of the baseline's three command words.
     let pio_word = pio / 3;
@@ -241,16 +241,8 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                     + d.hard_miss_detect_ns
                     + d.permission_update_ns;
             }
-            let copy_in = if op == Op::Write {
-                per_kb(d.copy_ns_per_kb_write, bytes)
-            } else {
-                0
-            };
-            let copy_out = if op == Op::Read {
-                per_kb(d.copy_ns_per_kb_read, bytes)
-            } else {
-                0
-            };
+            let (copy_in, copy_out) =
+                copies(op, bytes, d.copy_ns_per_kb_read, d.copy_ns_per_kb_write);
             p.push(Step::Cpu(software + copy_in));
             p.push(Step::Issue { protection_ns });
             match d.completion {
