@@ -569,7 +569,7 @@ mod tests {
     }
 
     #[test]
-    fn lone_4kb_requests_take_table_3_1_hardware_time() {
+    fn lone_4kb_requests_take_less_than_table_3_1_hardware_time() {
         let c = Config::preset("moneta").unwrap();
         for (op, published_ns) in [(Op::Read, 8000.0), (Op::Write, 8200.0)] {
             let mut d = Device::new(&c, 1);
@@ -579,7 +579,11 @@ mod tests {
             assert_eq!(done.len(), 1);
             assert_eq!(done[0].token, 7);
             let t = done[0].time_ns as f64;
-            // The mechanisms give less than the measured 8.0/8.2 µs: see README calibration.
+            eprintln!("lone 4 KB {op:?}: {t} ns (Table 3.1 hardware total {published_ns} ns)");
+            // The mechanisms (PCM 48/150 ns per row, 4 GB/s DDR, ring, DMA) give
+            // about 4.8/5.0 µs, less than Table 3.1's measured 8.0/8.2 µs, whose
+            // "4 KB PCM access" of 4.39/5.18 µs no published mechanism explains
+            // (README, Calibration). Guard the range so a change is noticed.
             assert!(
                 t > 0.5 * published_ns && t < 1.15 * published_ns,
                 "{op:?}: {t} ns"
