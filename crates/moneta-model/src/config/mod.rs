@@ -184,6 +184,8 @@ pub struct LinkConfig {
     pub latency_ns_host_to_device: u64,
     /// Device-to-host DMA: time until the first posted write is in host memory.
     pub latency_ns_device_to_host: u64,
+    /// Transfers from the host the DMA engine can track at once.
+    pub max_outstanding_host_to_device: u32,
 }
 
 /// Token ring between the scheduler and the memory controllers (SPEC §1.5).
@@ -461,6 +463,12 @@ impl Config {
         let l = &self.link;
         positive_f("link.bandwidth_bytes_per_s", l.bandwidth_bytes_per_s)?;
         range("link.max_payload_bytes", l.max_payload_bytes, 16, 4096)?;
+        range(
+            "link.max_outstanding_host_to_device",
+            l.max_outstanding_host_to_device as u64,
+            1,
+            1024,
+        )?;
         let r = &self.ring;
         positive_f("ring.bandwidth_bytes_per_s", r.bandwidth_bytes_per_s)?;
         positive("ring.packet_bytes", r.packet_bytes)?;

@@ -6,8 +6,11 @@
 //! the payload rate is `bandwidth × payload / (payload + overhead)`. Latency
 //! (the host memory answering read requests, the posted writes landing) is
 //! pipelined: it delays a transfer's first byte but does not occupy the link,
-//! so back-to-back transfers hide it. Left out: flow-control credits and
-//! DLLP traffic beyond the per-TLP overhead.
+//! so back-to-back transfers hide it. The engine tracks at most
+//! `max_outstanding_host_to_device` transfers from the host (8, SPEC §1.1);
+//! a further one starts when the oldest has finished. Transfers to the host
+//! are unlimited. Left out: flow-control credits and DLLP traffic beyond the
+//! per-TLP overhead.
 
 use crate::config::LinkConfig;
 use crate::units::{transfer_ns, Ns};
@@ -22,10 +25,13 @@ pub struct LinkDirection {
     busy_until_ns: Ns,
     busy_ns_total: u64,
     payload_bytes_total: u64,
+    /// End times of the transfers in flight, oldest first (bounded).
+    in_flight_end_ns: std::collections::VecDeque<Ns>,
+    max_outstanding: usize,
 }
 
 impl LinkDirection {
-    fn new(link: &LinkConfig, latency_ns: Ns) -> Self {
+    fn new(link: &LinkConfig, latency_ns: Ns, max_outstanding: usize) -> Self {
         Self {
             latency_ns,
             bandwidth_bytes_per_s: link.bandwidth_bytes_per_s,
@@ -34,6 +40,8 @@ impl LinkDirection {
             busy_until_ns: 0,
             busy_ns_total: 0,
             payload_bytes_total: 0,
+            in_flight_end_ns: std::collections::VecDeque::with_capacity(max_outstanding.min(64)),
+            max_outstanding,
         }
     }
 
@@ -52,11 +60,30 @@ impl LinkDirection {
     /// Move `bytes` starting no earlier than `now_ns`; returns when the last
     /// byte has arrived. Must be called in time order.
     pub fn transfer(&mut self, now_ns: Ns, bytes: u64) -> Ns {
-        let start = (now_ns + self.latency_ns).max(self.busy_until_ns);
+        while self
+            .in_flight_end_ns
+            .front()
+            .is_some_and(|&end| end <= now_ns)
+        {
+            self.in_flight_end_ns.pop_front();
+        }
+        // With every tracking slot busy, issue when the oldest transfer ends.
+        let issue_ns = if self.in_flight_end_ns.len() >= self.max_outstanding {
+            self.in_flight_end_ns
+                .pop_front()
+                .expect("non-empty")
+                .max(now_ns)
+        } else {
+            now_ns
+        };
+        let start = (issue_ns + self.latency_ns).max(self.busy_until_ns);
         let wire_ns = transfer_ns(self.wire_bytes(bytes), self.bandwidth_bytes_per_s);
         self.busy_until_ns = start + wire_ns;
         self.busy_ns_total += wire_ns;
         self.payload_bytes_total += bytes;
+        if self.max_outstanding != usize::MAX {
+            self.in_flight_end_ns.push_back(self.busy_until_ns);
+        }
         self.busy_until_ns
     }
 
@@ -79,8 +106,12 @@ pub struct Dma {
 impl Dma {
     pub fn new(link: &LinkConfig) -> Self {
         Self {
-            host_to_device: LinkDirection::new(link, link.latency_ns_host_to_device),
-            device_to_host: LinkDirection::new(link, link.latency_ns_device_to_host),
+            host_to_device: LinkDirection::new(
+                link,
+                link.latency_ns_host_to_device,
+                link.max_outstanding_host_to_device as usize,
+            ),
+            device_to_host: LinkDirection::new(link, link.latency_ns_device_to_host, usize::MAX),
         }
     }
 }
@@ -89,6 +120,23 @@ impl Dma {
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    #[test]
+    fn at_most_eight_transfers_from_the_host_at_once() {
+        let mut c = Config::preset("moneta").unwrap();
+        c.link.max_outstanding_host_to_device = 2;
+        let mut d = Dma::new(&c.link);
+        let first = d.host_to_device.transfer(0, 512);
+        let _second = d.host_to_device.transfer(0, 512);
+        // The third waits for the first to finish, then pays the latency again.
+        let third = d.host_to_device.transfer(0, 512);
+        assert_eq!(
+            third,
+            first
+                + c.link.latency_ns_host_to_device
+                + transfer_ns(d.host_to_device.wire_bytes(512), 2e9)
+        );
+    }
 
     #[test]
     fn payload_rate_reflects_tlp_overhead() {
