@@ -32,8 +32,10 @@ enum Event {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
     None,
+    /// Spinning on the core since `since_ns`.
     Spin {
         detect_ns: Ns,
+        since_ns: Ns,
     },
     Sleep {
         interrupt_ns: Ns,
@@ -216,7 +218,7 @@ impl<'a> Simulation<'a> {
             match event {
                 Event::Device(e) => {
                     self.device.handle(now, e);
-                    self.drain_device(now)?;
+                    self.drain_device(now);
                 }
                 Event::Resume(t) => self.advance(now, t)?,
                 Event::Wake(t) => self.want_core(now, t),
@@ -241,7 +243,7 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    fn drain_device(&mut self, now: Ns) -> Result<(), String> {
+    fn drain_device(&mut self, now: Ns) {
         for i in 0..self.device.outbox.len() {
             let (t, e) = self.device.outbox[i];
             self.queue.push(t, Event::Device(e));
@@ -252,7 +254,6 @@ impl<'a> Simulation<'a> {
             self.completed(now, c.token as u32, c.tag);
         }
         self.device.completions.clear();
-        Ok(())
     }
 
     /// A thread becomes runnable: take a core or queue for one.
@@ -360,7 +361,7 @@ impl<'a> Simulation<'a> {
                     self.device
                         .submit_command(now, words, t as u64, protection_ns)
                         .map_err(|e| format!("device refused a request: {e}"))?;
-                    self.drain_device(now)?;
+                    self.drain_device(now);
                 }
                 Step::Spin { detect_ns } => {
                     let th = &mut self.threads[t as usize];
@@ -371,7 +372,12 @@ impl<'a> Simulation<'a> {
                             self.cpu_busy_ns += resume - now;
                             self.queue.push(resume, Event::Resume(t));
                         }
-                        None => th.wait = Wait::Spin { detect_ns },
+                        None => {
+                            th.wait = Wait::Spin {
+                                detect_ns,
+                                since_ns: now,
+                            }
+                        }
                     }
                     return Ok(());
                 }
@@ -409,9 +415,14 @@ impl<'a> Simulation<'a> {
         th.tag = None;
         match th.wait {
             Wait::None => th.completed_at = Some(now),
-            Wait::Spin { detect_ns } => {
+            Wait::Spin {
+                detect_ns,
+                since_ns,
+            } => {
                 th.wait = Wait::None;
-                // The thread spun on its core from the wait step until now.
+                // The thread spins on its core from the wait step until it
+                // notices the completion.
+                self.cpu_busy_ns += now + detect_ns - since_ns;
                 self.queue.push(now + detect_ns, Event::Resume(t));
             }
             Wait::Sleep {
@@ -491,6 +502,19 @@ mod tests {
         let mut w2 = w.clone();
         w2.seed = 8;
         assert_ne!(run(&c, &w2).unwrap().elapsed_ns, a.elapsed_ns);
+    }
+
+    #[test]
+    fn spinning_keeps_a_core_busy_sleeping_frees_it() {
+        let mut c = Config::preset("moneta").unwrap();
+        c.set_stack(Stack::Spin);
+        let spin = run(&c, &xdd(OpMix::Read, 4096, 1, 2000)).unwrap();
+        let busy = spin.cpu_busy_ns as f64 / spin.elapsed_ns as f64;
+        assert!(busy > 0.97 && busy <= 1.0, "one spinning thread keeps one core busy: {busy}");
+        c.set_stack(Stack::Atomic);
+        let sleep = run(&c, &xdd(OpMix::Read, 4096, 1, 2000)).unwrap();
+        let busy = sleep.cpu_busy_ns as f64 / sleep.elapsed_ns as f64;
+        assert!(busy < 0.8, "a sleeping thread frees its core during the hardware time: {busy}");
     }
 
     #[test]

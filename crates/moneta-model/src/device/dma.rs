@@ -24,7 +24,6 @@ pub struct LinkDirection {
     tlp_overhead_bytes: u64,
     busy_until_ns: Ns,
     busy_ns_total: u64,
-    payload_bytes_total: u64,
     /// End times of the transfers in flight, oldest first (bounded).
     in_flight_end_ns: std::collections::VecDeque<Ns>,
     max_outstanding: usize,
@@ -39,7 +38,6 @@ impl LinkDirection {
             tlp_overhead_bytes: link.tlp_overhead_bytes,
             busy_until_ns: 0,
             busy_ns_total: 0,
-            payload_bytes_total: 0,
             in_flight_end_ns: std::collections::VecDeque::with_capacity(max_outstanding.min(64)),
             max_outstanding,
         }
@@ -80,7 +78,6 @@ impl LinkDirection {
         let wire_ns = transfer_ns(self.wire_bytes(bytes), self.bandwidth_bytes_per_s);
         self.busy_until_ns = start + wire_ns;
         self.busy_ns_total += wire_ns;
-        self.payload_bytes_total += bytes;
         if self.max_outstanding != usize::MAX {
             self.in_flight_end_ns.push_back(self.busy_until_ns);
         }
@@ -89,10 +86,6 @@ impl LinkDirection {
 
     pub fn busy_ns(&self) -> u64 {
         self.busy_ns_total
-    }
-
-    pub fn payload_bytes(&self) -> u64 {
-        self.payload_bytes_total
     }
 }
 

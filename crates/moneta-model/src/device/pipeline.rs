@@ -467,11 +467,6 @@ impl Device {
         c.controllers = self.controllers.iter().map(|m| m.activity()).collect();
         c
     }
-
-    /// Requests accepted and not yet completed (including those behind barriers).
-    pub fn in_flight(&self) -> usize {
-        self.requests.iter().filter(|r| r.is_some()).count()
-    }
 }
 
 #[cfg(test)]
