@@ -510,11 +510,17 @@ mod tests {
         c.set_stack(Stack::Spin);
         let spin = run(&c, &xdd(OpMix::Read, 4096, 1, 2000)).unwrap();
         let busy = spin.cpu_busy_ns as f64 / spin.elapsed_ns as f64;
-        assert!(busy > 0.97 && busy <= 1.0, "one spinning thread keeps one core busy: {busy}");
+        assert!(
+            busy > 0.97 && busy <= 1.0,
+            "one spinning thread keeps one core busy: {busy}"
+        );
         c.set_stack(Stack::Atomic);
         let sleep = run(&c, &xdd(OpMix::Read, 4096, 1, 2000)).unwrap();
         let busy = sleep.cpu_busy_ns as f64 / sleep.elapsed_ns as f64;
-        assert!(busy < 0.8, "a sleeping thread frees its core during the hardware time: {busy}");
+        assert!(
+            busy < 0.8,
+            "a sleeping thread frees its core during the hardware time: {busy}"
+        );
     }
 
     #[test]
