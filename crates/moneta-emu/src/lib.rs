@@ -1,5 +1,26 @@
 //! The emulator (DESIGN "One model, two clocks", SPEC §1.2–1.4 and §3): the
 //! same device components as the simulator, driven by the wall clock and
 //! holding real bytes, reached through Moneta-D channels in shared memory.
+//!
+//! Along the data path:
+//!
+//! - [`channel`]: a channel's shared pages (command slots, tag status, DMA buffer).
+//! - [`engine`]: the device thread (retag → protection → the model's
+//!   pipeline → medium) and the kernel role that forwards interrupts.
+//! - [`retag`], [`protection`]: the Moneta-D pipeline stages in front of the model.
+//! - [`medium`]: anonymous memory or a memory-mapped image file.
+//! - [`control`], [`daemon`]: the trusted control plane and `monetad`.
+//! - [`wall_clock`]: the clock that makes it an emulator.
 
+pub mod channel;
+pub mod control;
+pub mod daemon;
+pub mod engine;
+pub mod error;
+pub mod medium;
 pub mod protection;
+pub mod retag;
+pub mod sys;
+pub mod wall_clock;
+
+pub use error::{EmuError, ErrorKind};

@@ -79,10 +79,14 @@ pub enum Stack {
     Direct,
     /// DDR-attached NVM ramdisk: the CPU copies, no device (SPEC §6).
     Ramdisk,
+    /// No host software at all: a request reaches the device when issued and
+    /// is seen the moment the device completes it. The device's own time,
+    /// for comparison with the emulator, whose software is real.
+    Raw,
 }
 
 impl Stack {
-    pub const ALL: [Stack; 8] = [
+    pub const ALL: [Stack; 9] = [
         Stack::Base,
         Stack::NoSched,
         Stack::Atomic,
@@ -91,6 +95,7 @@ impl Stack {
         Stack::Balance,
         Stack::Direct,
         Stack::Ramdisk,
+        Stack::Raw,
     ];
 
     pub fn name(self) -> &'static str {
@@ -103,6 +108,7 @@ impl Stack {
             Stack::Balance => "balance",
             Stack::Direct => "direct",
             Stack::Ramdisk => "ramdisk",
+            Stack::Raw => "raw",
         }
     }
 
@@ -111,7 +117,7 @@ impl Stack {
             .iter()
             .copied()
             .find(|st| st.name() == s)
-            .ok_or_else(|| err("host.stack", format!("unknown stack '{s}' (expected one of base, nosched, atomic, spin, 2q, balance, direct, ramdisk)")))
+            .ok_or_else(|| err("host.stack", format!("unknown stack '{s}' (expected one of base, nosched, atomic, spin, 2q, balance, direct, ramdisk, raw)")))
     }
 
     /// The queue policy a kernel-stack step implies for the device, if any:

@@ -17,6 +17,7 @@ pub const PRESETS: &[(&str, &str)] = &[
         "ddr-ramdisk",
         include_str!("../../presets/ddr-ramdisk.toml"),
     ),
+    ("null", include_str!("../../presets/null.toml")),
 ];
 
 pub fn preset_names() -> impl Iterator<Item = &'static str> {

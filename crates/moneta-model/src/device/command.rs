@@ -27,7 +27,22 @@
 //!   There is no DMA address: the tag selects a buffer pre-registered by the
 //!   driver (SPEC §1.2), so [`Command::host_dma_addr`] is `None`.
 //!
-//! The command byte is shared by both formats:
+//! - **Channel** (Moneta-D, Appendix A's 16-byte command: LENGTH/INTADDR and
+//!   CMD/TAG/DMA): what a user-space channel writes into the command slot of
+//!   a tag. Byte-granular, because Moneta-D supports "arbitrarily sized and
+//!   aligned reads and writes" (SPEC §3.1). The control word is written last
+//!   with one atomic store, which is what submits the command; a zero control
+//!   word is an empty slot.
+//!
+//!   | word | bits    | field |
+//!   |------|---------|-------|
+//!   | 0    | 63..0   | internal address in bytes |
+//!   | 1    | 63..48  | sequence number, echoed in the completion status |
+//!   | 1    | 47..40  | tag (the channel's virtual tag) |
+//!   | 1    | 39..32  | command byte (below) |
+//!   | 1    | 31..0   | length in bytes |
+//!
+//! The command byte is shared by all formats:
 //!
 //! | bits | field |
 //! |------|-------|
@@ -56,6 +71,8 @@ pub enum CommandFormat {
     Baseline,
     /// One PIO word (Moneta+Atomic, Moneta-D).
     Atomic,
+    /// A channel's two-word, byte-granular command slot (Moneta-D).
+    Channel,
 }
 
 impl CommandFormat {
@@ -63,6 +80,7 @@ impl CommandFormat {
         match self {
             CommandFormat::Baseline => "baseline",
             CommandFormat::Atomic => "atomic",
+            CommandFormat::Channel => "channel",
         }
     }
 
@@ -72,6 +90,7 @@ impl CommandFormat {
             // 32-bit byte length, rounded down to whole sectors.
             CommandFormat::Baseline => u64::from(u32::MAX) / SECTOR_BYTES * SECTOR_BYTES,
             CommandFormat::Atomic => ATOMIC_LEN_SECTORS_MAX * SECTOR_BYTES,
+            CommandFormat::Channel => u64::from(u32::MAX),
         }
     }
 }
@@ -207,6 +226,11 @@ const ATOMIC_COMMAND_SHIFT: u32 = 48;
 const ATOMIC_LEN_SHIFT: u32 = 32;
 const ATOMIC_LEN_SECTORS_MAX: u64 = 0xffff;
 const ATOMIC_ADDR_SECTORS_MAX: u64 = 0xffff_ffff;
+
+// Channel control word.
+const CHANNEL_SEQUENCE_SHIFT: u32 = 48;
+const CHANNEL_TAG_SHIFT: u32 = 40;
+const CHANNEL_COMMAND_SHIFT: u32 = 32;
 
 /// The fields of a command byte, before the other fields are checked.
 struct CommandByte {
@@ -373,6 +397,68 @@ pub fn decode_atomic(word: u64, limits: &CommandLimits) -> Result<Command, Comma
         barrier: byte.barrier,
         dma_completion: byte.dma_completion,
     })
+}
+
+/// Decode a channel's command slot (address word, control word). Returns the
+/// command and the sequence number the completion must echo.
+pub fn decode_channel(
+    words: [u64; 2],
+    limits: &CommandLimits,
+) -> Result<(Command, u16), CommandError> {
+    let format = CommandFormat::Channel;
+    let [addr_bytes, control] = words;
+    let tag = (control >> CHANNEL_TAG_SHIFT) as u8;
+    let error = |kind, value, limit| CommandError {
+        kind,
+        format,
+        tag,
+        value,
+        limit,
+    };
+    let byte = decode_command_byte((control >> CHANNEL_COMMAND_SHIFT) as u8, error)?;
+    let len_bytes = control & u64::from(u32::MAX);
+    check_limits(format, tag, addr_bytes, len_bytes, limits)?;
+    let command = Command {
+        tag,
+        op: byte.op,
+        addr: DeviceAddr(addr_bytes),
+        len_bytes,
+        host_dma_addr: None,
+        barrier: byte.barrier,
+        dma_completion: byte.dma_completion,
+    };
+    Ok((command, (control >> CHANNEL_SEQUENCE_SHIFT) as u16))
+}
+
+/// Encode `command` for a channel's command slot, with the sequence number
+/// the completion will echo. Any byte address and length up to 4 GiB − 1.
+pub fn encode_channel(command: &Command, sequence: u16) -> Result<[u64; 2], CommandError> {
+    let format = CommandFormat::Channel;
+    let error = |kind, value, limit| CommandError {
+        kind,
+        format,
+        tag: command.tag,
+        value,
+        limit,
+    };
+    if command.len_bytes == 0 {
+        return Err(error(CommandErrorKind::ZeroLength, 0, 0));
+    }
+    if command.len_bytes > format.max_len_bytes() {
+        return Err(error(
+            CommandErrorKind::TooLong,
+            command.len_bytes,
+            format.max_len_bytes(),
+        ));
+    }
+    if command.host_dma_addr.is_some() {
+        return Err(error(CommandErrorKind::HostDmaAddress, 0, 0));
+    }
+    let control = (u64::from(sequence) << CHANNEL_SEQUENCE_SHIFT)
+        | (u64::from(command.tag) << CHANNEL_TAG_SHIFT)
+        | (u64::from(encode_command_byte(command)) << CHANNEL_COMMAND_SHIFT)
+        | command.len_bytes;
+    Ok([command.addr.0, control])
 }
 
 /// Checks that `command`'s address and length can be written in sectors and
@@ -790,7 +876,7 @@ mod tests {
                     len_bytes: len_sectors * 512,
                     host_dma_addr: match format {
                         CommandFormat::Baseline => Some(host_dma_addr),
-                        CommandFormat::Atomic => None,
+                        CommandFormat::Atomic | CommandFormat::Channel => None,
                     },
                     barrier,
                     dma_completion,
@@ -828,6 +914,25 @@ mod tests {
         fn baseline_encode_then_decode_is_identity(command in arb_command(CommandFormat::Baseline)) {
             let words = encode_baseline(&command).unwrap();
             prop_assert_eq!(decode_baseline(words, &limits(CommandFormat::Baseline)), Ok(command));
+        }
+
+        #[test]
+        fn decode_channel_never_panics(words in any::<[u64; 2]>(), capacity in any::<u64>(), tags in any::<u32>(), max_len in any::<u64>()) {
+            let limits = CommandLimits { capacity_bytes: capacity, tags, max_len_bytes: max_len };
+            if let Ok((c, sequence)) = decode_channel(words, &limits) {
+                prop_assert!(c.addr.0.checked_add(c.len_bytes).is_some_and(|end| end <= capacity));
+                prop_assert!(c.len_bytes > 0 && c.len_bytes <= max_len);
+                prop_assert!(u32::from(c.tag) < tags);
+                prop_assert_eq!(encode_channel(&c, sequence), Ok(words));
+            }
+        }
+
+        #[test]
+        fn channel_encode_then_decode_is_identity(command in arb_command(CommandFormat::Channel), sequence in any::<u16>(), skew in 0u64..512) {
+            // Byte-granular: shift the address and trim the length off sector boundaries.
+            let command = Command { addr: DeviceAddr(command.addr.0 + skew.min(command.len_bytes - 1)), len_bytes: command.len_bytes - skew.min(command.len_bytes - 1), ..command };
+            let words = encode_channel(&command, sequence).unwrap();
+            prop_assert_eq!(decode_channel(words, &limits(CommandFormat::Channel)), Ok((command, sequence)));
         }
 
         #[test]

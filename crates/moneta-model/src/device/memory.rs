@@ -38,7 +38,7 @@ pub struct ControllerActivity {
 }
 
 /// Timing model of one memory controller and the memory behind it.
-pub trait MemoryTiming {
+pub trait MemoryTiming: Send {
     /// A read of `bytes` at controller-local byte address `local_addr`
     /// reaches the controller at `now_ns`. Returns when the data is in the
     /// controller's out-queue, ready to go onto the ring.

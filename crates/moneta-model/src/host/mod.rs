@@ -16,6 +16,7 @@
 //! | spin, 2q, balance | yes | none | none | 1 atomic word | spin ≤ 4 KB, else sleep |
 //! | direct | no (library) | none | none | 1 word, channel | DMA / forwarding / issue-sleep |
 //! | ramdisk | yes | none | none | CPU copies | synchronous |
+//! | raw | no software at all (the device alone, to compare with the emulator) | | | 1 atomic word | seen at once |
 
 pub mod permissions;
 
@@ -272,6 +273,10 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                 }
             }
             p.push(Step::Cpu(copy_out));
+        }
+        Stack::Raw => {
+            p.push(issue);
+            p.push(Step::Spin { detect_ns: 0 });
         }
         Stack::Ramdisk => {
             let r = &config.ramdisk;

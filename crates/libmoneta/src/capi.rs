@@ -1,0 +1,275 @@
+//! The C ABI over [`Moneta`] (`include/moneta.h`). Calls return 0 (or a
+//! valid pointer) on success and -1 (or NULL) on failure, with the reason in
+//! `moneta_last_error()` (per thread). No call panics across the boundary:
+//! a panic inside becomes an error return.
+
+use crate::client::{CompletionMode, Io, Moneta};
+use moneta_emu::engine::EngineOptions;
+use moneta_emu::medium::Medium;
+use moneta_model::config::Config;
+use moneta_model::units::Op;
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(message: impl Into<String>) {
+    let text = message.into().replace('\0', " ");
+    LAST_ERROR.with(|e| *e.borrow_mut() = CString::new(text).expect("NULs replaced"));
+}
+
+/// Run `f`, turning errors and panics into `fail` plus a message.
+fn guard<T>(fail: T, f: impl FnOnce() -> Result<T, String>) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            set_error(e);
+            fail
+        }
+        Err(_) => {
+            set_error("internal error (panic) in libmoneta");
+            fail
+        }
+    }
+}
+
+/// # Safety
+/// `s` must be NULL or a NUL-terminated string.
+unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, String> {
+    if s.is_null() {
+        return Err(format!("{what} is NULL"));
+    }
+    // SAFETY: the caller's promise.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|_| format!("{what} is not UTF-8"))
+}
+
+fn handle<'a>(m: *mut Moneta) -> Result<&'a Moneta, String> {
+    // SAFETY: a non-NULL handle came from moneta_connect/moneta_embedded and
+    // is live until moneta_close (the header's contract).
+    unsafe { m.as_ref() }.ok_or_else(|| "moneta handle is NULL".to_string())
+}
+
+fn io_handle<'a>(io: *mut Io) -> Result<&'a mut Io, String> {
+    // SAFETY: a non-NULL io came from moneta_prepare and is live until
+    // moneta_release; the caller does not share it between threads at once.
+    unsafe { io.as_mut() }.ok_or_else(|| "moneta_io handle is NULL".to_string())
+}
+
+fn mode(completion: c_int) -> Result<CompletionMode, String> {
+    match completion {
+        0 => Ok(CompletionMode::Dma),
+        1 => Ok(CompletionMode::Forwarding),
+        2 => Ok(CompletionMode::IssueSleep),
+        c => Err(format!("unknown completion mode {c}")),
+    }
+}
+
+fn op(op: c_int) -> Result<Op, String> {
+    match op {
+        0 => Ok(Op::Read),
+        1 => Ok(Op::Write),
+        o => Err(format!("unknown operation {o}")),
+    }
+}
+
+/// The last error on this thread (never NULL; empty if none).
+#[no_mangle]
+pub extern "C" fn moneta_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// # Safety
+/// `socket_path` must be a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_connect(socket_path: *const c_char) -> *mut Moneta {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller's promise.
+        let path = unsafe { text(socket_path, "socket_path") }?;
+        let m = Moneta::connect(Path::new(path)).map_err(|e| e.to_string())?;
+        Ok(Box::into_raw(Box::new(m)))
+    })
+}
+
+/// Start a device of preset `preset` in this process, on anonymous memory,
+/// and open a channel on it with the whole device granted read-write.
+///
+/// # Safety
+/// `preset` must be a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_embedded(preset: *const c_char) -> *mut Moneta {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: the caller's promise.
+        let name = unsafe { text(preset, "preset") }?;
+        let config = Config::preset(name).map_err(|e| e.to_string())?;
+        let medium = Medium::anonymous(config.device.capacity_bytes).map_err(|e| e.to_string())?;
+        let m = Moneta::embedded(config, medium, EngineOptions::default())
+            .map_err(|e| e.to_string())?;
+        m.grant_raw(0, m.capacity_bytes(), true)
+            .map_err(|e| e.to_string())?;
+        Ok(Box::into_raw(Box::new(m)))
+    })
+}
+
+/// # Safety
+/// `m` must be NULL or a live handle, not used again afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_close(m: *mut Moneta) {
+    if !m.is_null() {
+        // SAFETY: the caller's promise: the handle came from Box::into_raw.
+        drop(unsafe { Box::from_raw(m) });
+    }
+}
+
+/// # Safety
+/// `m` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_capacity(m: *mut Moneta) -> u64 {
+    guard(0, || Ok(handle(m)?.capacity_bytes()))
+}
+
+/// # Safety
+/// `m` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_grant_raw(
+    m: *mut Moneta,
+    start: u64,
+    len: u64,
+    write: c_int,
+) -> c_int {
+    guard(-1, || {
+        handle(m)?
+            .grant_raw(start, len, write != 0)
+            .map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `m` must be a live handle and `buf` valid for `len` bytes of writes.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_read(
+    m: *mut Moneta,
+    addr: u64,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    guard(-1, || {
+        if buf.is_null() && len > 0 {
+            return Err("buf is NULL".into());
+        }
+        // SAFETY: the caller's promise (and len 0 never dereferences).
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+        handle(m)?.read(addr, b).map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// # Safety
+/// `m` must be a live handle and `buf` valid for `len` bytes of reads.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_write(
+    m: *mut Moneta,
+    addr: u64,
+    buf: *const c_void,
+    len: usize,
+) -> c_int {
+    guard(-1, || {
+        if buf.is_null() && len > 0 {
+            return Err("buf is NULL".into());
+        }
+        // SAFETY: the caller's promise.
+        let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+        handle(m)?.write(addr, b).map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// Reserve tags for an asynchronous request (waits while all tags are busy).
+///
+/// # Safety
+/// `m` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_prepare(
+    m: *mut Moneta,
+    operation: c_int,
+    addr: u64,
+    len: usize,
+    completion: c_int,
+) -> *mut Io {
+    guard(std::ptr::null_mut(), || {
+        let io = handle(m)?
+            .prepare(op(operation)?, addr, len as u64, mode(completion)?)
+            .map_err(|e| e.to_string())?;
+        Ok(Box::into_raw(Box::new(io)))
+    })
+}
+
+/// The request's DMA slice: fill it before submitting a write, read it after
+/// a read completes. Valid until moneta_release.
+///
+/// # Safety
+/// `m` and `io` must be live handles.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_io_buffer(m: *mut Moneta, io: *mut Io) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        Ok(handle(m)?.buffer_mut(io_handle(io)?).as_mut_ptr().cast())
+    })
+}
+
+/// # Safety
+/// `m` and `io` must be live handles.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_submit(m: *mut Moneta, io: *mut Io) -> c_int {
+    guard(-1, || {
+        handle(m)?
+            .submit(io_handle(io)?)
+            .map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// 1 if the request finished successfully, 0 if still in flight, -1 on error.
+///
+/// # Safety
+/// `m` and `io` must be live handles, `io` submitted.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_poll(m: *mut Moneta, io: *mut Io) -> c_int {
+    guard(-1, || match handle(m)?.try_complete(io_handle(io)?) {
+        None => Ok(0),
+        Some(Ok(())) => Ok(1),
+        Some(Err(e)) => Err(e.to_string()),
+    })
+}
+
+/// # Safety
+/// `m` and `io` must be live handles, `io` submitted.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_wait(m: *mut Moneta, io: *mut Io) -> c_int {
+    guard(-1, || {
+        handle(m)?.wait(io_handle(io)?).map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// Give the request's tags back and free `io`.
+///
+/// # Safety
+/// `m` must be a live handle; `io` NULL or a live request not used again.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_release(m: *mut Moneta, io: *mut Io) {
+    if io.is_null() {
+        return;
+    }
+    // SAFETY: the caller's promise: io came from Box::into_raw in moneta_prepare.
+    let io = unsafe { Box::from_raw(io) };
+    guard((), || {
+        handle(m)?.release(*io);
+        Ok(())
+    })
+}

@@ -1,0 +1,684 @@
+//! The user-space side of a channel (SPEC §3.2, §3.5): an untrusted library
+//! that owns a channel's tags, builds commands, waits for completions in the
+//! three ways Moneta-D offers, and recovers from permission misses.
+//!
+//! - Tags: a lock-free bitmap per channel; a request larger than one 16 KiB
+//!   DMA slice takes a run of consecutive tags so its data fits without
+//!   overlapping another request's slices (SPEC §3.1).
+//! - Submission: the address word, then the control word with one release
+//!   store (the format is `command::encode_channel`).
+//! - Completion: DMA completion spins on the tag's TAGSTATUSTABLE word;
+//!   forwarding spins on COMPLETIONCOUNT and, when it changes, reads and
+//!   clears TAGSTATUSREGISTER and fills in the status words of every tag it
+//!   found (for whichever thread owns them); issue-sleep does the same but
+//!   sleeps on a futex between interrupts.
+//! - Misses: before issuing, the library checks its own map of granted
+//!   extents (no extent: a *soft miss*, ask the control plane); the device
+//!   may still answer "no record" because its table evicted it (a *hard
+//!   miss*): ask the control plane to re-install, then retry.
+
+use moneta_emu::channel::{
+    self, ChannelMemory, ResultCode, CHANNEL_TAGS, SLICE_BYTES, STATUS_DONE,
+};
+use moneta_emu::control::{
+    self, ChannelInfo, ControlPlane, Extent, FrameReader, Request, Response, Session,
+};
+use moneta_emu::engine::{Engine, EngineOptions, EngineStats};
+use moneta_emu::medium::Medium;
+use moneta_emu::sys;
+use moneta_emu::{EmuError, ErrorKind};
+use moneta_model::config::Config;
+use moneta_model::device::command::{self, Command};
+use moneta_model::units::{DeviceAddr, Op};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// How a request's completion is noticed (SPEC §3.5), chosen per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CompletionMode {
+    /// The device writes the tag's status word; the thread spins on it.
+    Dma,
+    /// The kernel role forwards the interrupt into COMPLETIONCOUNT; threads spin on it.
+    Forwarding,
+    /// Issue, then sleep until the interrupt is forwarded.
+    IssueSleep,
+}
+
+impl CompletionMode {
+    pub fn parse(s: &str) -> Option<CompletionMode> {
+        match s {
+            "dma" => Some(CompletionMode::Dma),
+            "forwarding" => Some(CompletionMode::Forwarding),
+            "issue-sleep" => Some(CompletionMode::IssueSleep),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CompletionMode::Dma => "dma",
+            CompletionMode::Forwarding => "forwarding",
+            CompletionMode::IssueSleep => "issue-sleep",
+        }
+    }
+}
+
+/// Hard-miss retries before a request is reported as failed.
+const MISS_RETRIES: u32 = 4;
+
+/// The control connection: a daemon over a socket, or a device in this process.
+enum Control {
+    Socket {
+        stream: UnixStream,
+        reader: FrameReader,
+    },
+    Embedded {
+        plane: Arc<ControlPlane>,
+        session: Session,
+    },
+}
+
+impl Control {
+    fn call(&mut self, request: Request) -> Result<Response, EmuError> {
+        let response = match self {
+            Control::Socket { stream, reader } => {
+                sys::send_with_fds(stream.as_raw_fd(), &control::encode(&request), &[])
+                    .map_err(|e| EmuError::io("writing to monetad", e))?;
+                let (body, _fds) = reader.next(stream.as_raw_fd())?.ok_or_else(|| {
+                    EmuError::new(ErrorKind::Stopped, "monetad closed the connection")
+                })?;
+                control::decode::<Response>(&body)?
+            }
+            Control::Embedded { plane, session } => plane.handle(session, request).0,
+        };
+        match response {
+            Response::Error { kind, message } => Err(EmuError::new(kind, message)),
+            r => Ok(r),
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        if let Control::Embedded { plane, session } = self {
+            plane.end(session);
+        }
+    }
+}
+
+struct Inner {
+    memory: ChannelMemory,
+    info: ChannelInfo,
+    /// Free virtual tags (bit set = free).
+    free_tags: AtomicU64,
+    /// Sequence number of the request each tag carries now.
+    sequences: [AtomicU16; CHANNEL_TAGS],
+    /// The library's map of granted extents (SPEC §3.2's translation map).
+    extents: RwLock<Vec<Extent>>,
+    control: Mutex<Control>,
+    soft_misses: AtomicU64,
+    hard_misses: AtomicU64,
+    /// COMPLETIONCOUNT as last seen by a forwarding thread.
+    seen_count: AtomicU32,
+    /// Keeps an in-process device alive as long as the channel (embedded mode).
+    _engine: Option<Arc<Engine>>,
+}
+
+/// A channel to an emulated Moneta. Cheap to clone; thread-safe.
+#[derive(Clone)]
+pub struct Moneta {
+    inner: Arc<Inner>,
+}
+
+/// An IO in preparation or in flight: it holds its tags until released.
+#[derive(Debug)]
+pub struct Io {
+    tag: u8,
+    tags: u8,
+    op: Op,
+    addr: u64,
+    len: u64,
+    mode: CompletionMode,
+    sequence: u16,
+    submitted: bool,
+}
+
+impl Io {
+    pub fn op(&self) -> Op {
+        self.op
+    }
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn tag(&self) -> u8 {
+        self.tag
+    }
+}
+
+impl Moneta {
+    /// Open a channel on the daemon listening at `socket`.
+    pub fn connect(socket: &Path) -> Result<Moneta, EmuError> {
+        let stream = UnixStream::connect(socket).map_err(|e| {
+            EmuError::io(&format!("connecting to monetad at {}", socket.display()), e)
+        })?;
+        let fd = stream.as_raw_fd();
+        sys::send_with_fds(
+            fd,
+            &control::encode(&Request::Hello {
+                version: control::PROTOCOL_VERSION,
+            }),
+            &[],
+        )
+        .map_err(|e| EmuError::io("writing to monetad", e))?;
+        let mut reader = FrameReader::new();
+        let (body, mut fds) = reader
+            .next(fd)?
+            .ok_or_else(|| EmuError::new(ErrorKind::Stopped, "monetad closed the connection"))?;
+        let info = match control::decode::<Response>(&body)? {
+            Response::Channel(info) => info,
+            Response::Error { kind, message } => return Err(EmuError::new(kind, message)),
+            other => {
+                return Err(EmuError::new(
+                    ErrorKind::Protocol,
+                    format!("unexpected reply {other:?}"),
+                ))
+            }
+        };
+        if fds.len() != 1 {
+            return Err(EmuError::new(
+                ErrorKind::Protocol,
+                "monetad sent no channel memory",
+            ));
+        }
+        let memory = ChannelMemory::map(fds.remove(0))
+            .map_err(|e| EmuError::io("mapping the channel", e))?;
+        Self::with(memory, info, Control::Socket { stream, reader }, None)
+    }
+
+    /// Start a device in this process (the embedded mode) on `medium` and
+    /// open a channel on it; this process owns the device.
+    pub fn embedded(
+        config: Config,
+        medium: Medium,
+        options: EngineOptions,
+    ) -> Result<Moneta, EmuError> {
+        let engine = Arc::new(Engine::start(config, medium, options)?);
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        let plane = Arc::new(ControlPlane::new(engine.clone(), uid));
+        Self::attach(&plane, Some(engine))
+    }
+
+    /// Open another channel on an in-process control plane (embedded mode).
+    pub fn attach(
+        plane: &Arc<ControlPlane>,
+        engine: Option<Arc<Engine>>,
+    ) -> Result<Moneta, EmuError> {
+        // SAFETY: as above.
+        let uid = unsafe { libc::geteuid() };
+        let mut session = Session {
+            peer: sys::PeerCredentials {
+                pid: std::process::id() as i32,
+                uid,
+                gid: 0,
+            },
+            channel: None,
+        };
+        let (response, memory) = plane.handle(
+            &mut session,
+            Request::Hello {
+                version: control::PROTOCOL_VERSION,
+            },
+        );
+        let control = Control::Embedded {
+            plane: plane.clone(),
+            session,
+        };
+        let info = match response {
+            Response::Channel(info) => info,
+            Response::Error { kind, message } => return Err(EmuError::new(kind, message)),
+            other => {
+                return Err(EmuError::new(
+                    ErrorKind::Protocol,
+                    format!("unexpected reply {other:?}"),
+                ))
+            }
+        };
+        let fd = memory
+            .expect("hello returns memory")
+            .fd()
+            .try_clone()
+            .map_err(|e| EmuError::io("sharing the channel", e))?;
+        let memory = ChannelMemory::map(fd).map_err(|e| EmuError::io("mapping the channel", e))?;
+        Self::with(memory, info, control, engine)
+    }
+
+    fn with(
+        memory: ChannelMemory,
+        info: ChannelInfo,
+        control: Control,
+        engine: Option<Arc<Engine>>,
+    ) -> Result<Moneta, EmuError> {
+        if info.tags as usize != CHANNEL_TAGS || info.slice_bytes as usize != SLICE_BYTES {
+            return Err(EmuError::new(
+                ErrorKind::Protocol,
+                "the daemon's channel layout differs from this library's",
+            ));
+        }
+        let seen = memory.completion_count().load(Ordering::Acquire);
+        Ok(Moneta {
+            inner: Arc::new(Inner {
+                memory,
+                info,
+                free_tags: AtomicU64::new(u64::MAX),
+                sequences: std::array::from_fn(|_| AtomicU16::new(0)),
+                extents: RwLock::new(Vec::new()),
+                control: Mutex::new(control),
+                soft_misses: AtomicU64::new(0),
+                hard_misses: AtomicU64::new(0),
+                seen_count: AtomicU32::new(seen),
+                _engine: engine,
+            }),
+        })
+    }
+
+    pub fn info(&self) -> &ChannelInfo {
+        &self.inner.info
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.inner.info.capacity_bytes
+    }
+
+    /// Longest single request: the whole DMA buffer.
+    pub fn max_request_bytes(&self) -> u64 {
+        self.inner.info.dma_buffer_bytes
+    }
+
+    /// (soft misses, hard misses) this channel has met.
+    pub fn misses(&self) -> (u64, u64) {
+        (
+            self.inner.soft_misses.load(Ordering::Relaxed),
+            self.inner.hard_misses.load(Ordering::Relaxed),
+        )
+    }
+
+    fn call(&self, request: Request) -> Result<Response, EmuError> {
+        self.inner.control.lock().expect("control").call(request)
+    }
+
+    /// Ask for a raw range of the device (the daemon's owner only).
+    pub fn grant_raw(&self, start: u64, len: u64, write: bool) -> Result<(), EmuError> {
+        match self.call(Request::GrantRaw { start, len, write })? {
+            Response::Granted(e) => {
+                self.inner.extents.write().expect("extents").push(e);
+                Ok(())
+            }
+            other => Err(EmuError::new(
+                ErrorKind::Protocol,
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
+    /// Have the control plane (re)install the record for a range.
+    fn resolve(&self, addr: u64, len: u64, write: bool) -> Result<(), EmuError> {
+        match self.call(Request::Resolve { addr, len, write })? {
+            Response::Granted(e) => {
+                let mut extents = self.inner.extents.write().expect("extents");
+                if !extents.contains(&e) {
+                    extents.push(e);
+                }
+                Ok(())
+            }
+            other => Err(EmuError::new(
+                ErrorKind::Protocol,
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
+    pub fn stats(&self) -> Result<EngineStats, EmuError> {
+        match self.call(Request::Stats {})? {
+            Response::Stats(s) => Ok(*s),
+            other => Err(EmuError::new(
+                ErrorKind::Protocol,
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
+    /// Reserve tags for a request of `len` bytes at `addr`, waiting for free
+    /// tags if all are busy. Fill the DMA slice with [`Moneta::buffer_mut`]
+    /// (writes), then [`Moneta::submit`].
+    pub fn prepare(
+        &self,
+        op: Op,
+        addr: u64,
+        len: u64,
+        mode: CompletionMode,
+    ) -> Result<Io, EmuError> {
+        loop {
+            if let Some(io) = self.try_prepare(op, addr, len, mode)? {
+                return Ok(io);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// As [`Moneta::prepare`], but Ok(None) instead of waiting for tags.
+    pub fn try_prepare(
+        &self,
+        op: Op,
+        addr: u64,
+        len: u64,
+        mode: CompletionMode,
+    ) -> Result<Option<Io>, EmuError> {
+        if len == 0 || len > self.max_request_bytes() {
+            return Err(EmuError::new(
+                ErrorKind::Request,
+                format!(
+                    "request length {len} is not in 1..={}",
+                    self.max_request_bytes()
+                ),
+            ));
+        }
+        let tags = len.div_ceil(SLICE_BYTES as u64) as u32;
+        let Some(tag) = self.take_tags(tags) else {
+            return Ok(None);
+        };
+        Ok(Some(Io {
+            tag,
+            tags: tags as u8,
+            op,
+            addr,
+            len,
+            mode,
+            sequence: 0,
+            submitted: false,
+        }))
+    }
+
+    /// Take `count` consecutive free tags (lock-free).
+    fn take_tags(&self, count: u32) -> Option<u8> {
+        let run = if count >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << count) - 1
+        };
+        let free = &self.inner.free_tags;
+        let mut current = free.load(Ordering::Acquire);
+        loop {
+            let mut start = None;
+            let mut at = 0;
+            while at + count <= 64 {
+                let mask = run << at;
+                if current & mask == mask {
+                    start = Some(at);
+                    break;
+                }
+                at += 1;
+            }
+            let at = start?;
+            match free.compare_exchange_weak(
+                current,
+                current & !(run << at),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(at as u8),
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// The request's DMA slice(s): data to write, or data read once complete.
+    pub fn buffer_mut<'a>(&'a self, io: &'a mut Io) -> &'a mut [u8] {
+        let ptr = self
+            .inner
+            .memory
+            .dma_ptr(io.tag as usize * SLICE_BYTES, io.len as usize)
+            .expect("prepare kept the request inside the DMA buffer");
+        // SAFETY: the tags (hence these slices) belong to `io`, borrowed
+        // mutably, so no other request of this library uses them; the device
+        // touches them only while the request is in flight, and `io` cannot
+        // be in flight while borrowed here (wait() ends the flight).
+        unsafe { std::slice::from_raw_parts_mut(ptr, io.len as usize) }
+    }
+
+    pub fn buffer<'a>(&'a self, io: &'a Io) -> &'a [u8] {
+        let ptr = self
+            .inner
+            .memory
+            .dma_ptr(io.tag as usize * SLICE_BYTES, io.len as usize)
+            .expect("prepare kept the request inside the DMA buffer");
+        // SAFETY: as buffer_mut; shared borrow.
+        unsafe { std::slice::from_raw_parts(ptr, io.len as usize) }
+    }
+
+    fn covered(&self, addr: u64, len: u64, write: bool) -> bool {
+        self.inner
+            .extents
+            .read()
+            .expect("extents")
+            .iter()
+            .any(|e| e.covers(addr, len, write))
+    }
+
+    /// Issue the request: one atomic store of the control word. A soft miss
+    /// (no extent in the library's map) asks the control plane first.
+    pub fn submit(&self, io: &mut Io) -> Result<(), EmuError> {
+        let write = io.op == Op::Write;
+        if !self.covered(io.addr, io.len, write) {
+            self.inner.soft_misses.fetch_add(1, Ordering::Relaxed);
+            self.resolve(io.addr, io.len, write)?;
+        }
+        self.issue(io)
+    }
+
+    fn issue(&self, io: &mut Io) -> Result<(), EmuError> {
+        let sequence = self.inner.sequences[io.tag as usize]
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1);
+        io.sequence = sequence;
+        let command = Command {
+            tag: io.tag,
+            op: io.op,
+            addr: DeviceAddr(io.addr),
+            len_bytes: io.len,
+            host_dma_addr: None,
+            barrier: false,
+            dma_completion: io.mode == CompletionMode::Dma,
+        };
+        let [addr_word, control_word] = command::encode_channel(&command, sequence)
+            .map_err(|e| EmuError::new(ErrorKind::Request, e.to_string()))?;
+        let m = &self.inner.memory;
+        m.slot_addr(io.tag as usize)
+            .store(addr_word, Ordering::Relaxed);
+        m.slot_control(io.tag as usize)
+            .store(control_word, Ordering::Release);
+        io.submitted = true;
+        Ok(())
+    }
+
+    /// The request's result if it has finished (never blocks).
+    pub fn poll(&self, io: &Io) -> Option<ResultCode> {
+        assert!(io.submitted, "poll of an IO that was not submitted");
+        if io.mode != CompletionMode::Dma {
+            self.forward();
+        }
+        let status = self
+            .inner
+            .memory
+            .tag_status(io.tag as usize)
+            .load(Ordering::Acquire);
+        let want = STATUS_DONE | (u64::from(io.sequence) << 32);
+        (status & !0xffff_ffff == want).then(|| ResultCode::from_u32(status as u32))
+    }
+
+    /// Forwarding (SPEC §3.5): if COMPLETIONCOUNT moved, read and clear
+    /// TAGSTATUSREGISTER and write the status words of the tags it names.
+    fn forward(&self) {
+        let m = &self.inner.memory;
+        let count = m.completion_count().load(Ordering::Acquire);
+        if count == self.inner.seen_count.load(Ordering::Relaxed) {
+            return;
+        }
+        self.inner.seen_count.store(count, Ordering::Relaxed);
+        let mut bits = m.tag_status_register().swap(0, Ordering::AcqRel);
+        if bits == 0 {
+            return;
+        }
+        while bits != 0 {
+            let tag = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            let code = ResultCode::from_u32(m.forwarded_error(tag).swap(0, Ordering::AcqRel));
+            let sequence = self.inner.sequences[tag].load(Ordering::Relaxed);
+            m.tag_status(tag)
+                .store(channel::status_word(sequence, code), Ordering::Release);
+        }
+        // Statuses changed: wake any thread of ours sleeping for one.
+        m.wake_word().fetch_add(1, Ordering::Release);
+        if m.sleepers().load(Ordering::Acquire) > 0 {
+            sys::futex_wake_all(m.wake_word());
+        }
+    }
+
+    /// Wait for the request to finish, the way its mode says; a hard miss
+    /// re-installs the record and retries. The tags stay with `io`.
+    pub fn wait(&self, io: &mut Io) -> Result<(), EmuError> {
+        let mut retries = 0;
+        loop {
+            let code = self.wait_once(io);
+            match code {
+                ResultCode::Ok => return Ok(()),
+                ResultCode::MissingRecord if retries < MISS_RETRIES => {
+                    retries += 1;
+                    self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
+                    self.resolve(io.addr, io.len, io.op == Op::Write)?;
+                    self.issue(io)?;
+                }
+                code => return Err(request_error(io, code)),
+            }
+        }
+    }
+
+    /// Non-blocking completion with miss recovery: Some(result) once the
+    /// request finished; None while in flight (or just re-issued after a
+    /// hard miss).
+    pub fn try_complete(&self, io: &mut Io) -> Option<Result<(), EmuError>> {
+        match self.poll(io)? {
+            ResultCode::Ok => Some(Ok(())),
+            ResultCode::MissingRecord => {
+                self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
+                match self
+                    .resolve(io.addr, io.len, io.op == Op::Write)
+                    .and_then(|_| self.issue(io))
+                {
+                    Ok(()) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            code => Some(Err(request_error(io, code))),
+        }
+    }
+
+    fn wait_once(&self, io: &Io) -> ResultCode {
+        loop {
+            if let Some(code) = self.poll(io) {
+                return code;
+            }
+            if io.mode == CompletionMode::IssueSleep {
+                let m = &self.inner.memory;
+                let word = m.wake_word().load(Ordering::Acquire);
+                m.sleepers().fetch_add(1, Ordering::AcqRel);
+                if self.poll(io).is_none() {
+                    // Bounded sleep: a lost wake-up costs a millisecond, not a hang.
+                    sys::futex_wait(m.wake_word(), word, Some(1_000_000));
+                }
+                m.sleepers().fetch_sub(1, Ordering::AcqRel);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Give the request's tags back.
+    pub fn release(&self, io: Io) {
+        let run = if io.tags >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << io.tags) - 1
+        };
+        let prev = self
+            .inner
+            .free_tags
+            .fetch_or(run << io.tag, Ordering::AcqRel);
+        debug_assert_eq!(prev & (run << io.tag), 0, "released free tags");
+    }
+
+    /// Read `buf.len()` bytes at `addr` (split into requests of at most the DMA buffer).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), EmuError> {
+        self.read_with(addr, buf, CompletionMode::Dma)
+    }
+
+    pub fn read_with(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        mode: CompletionMode,
+    ) -> Result<(), EmuError> {
+        let step = self.max_request_bytes() as usize;
+        for (i, chunk) in buf.chunks_mut(step).enumerate() {
+            let at = addr + (i * step) as u64;
+            let mut io = self.prepare(Op::Read, at, chunk.len() as u64, mode)?;
+            let result = self.submit(&mut io).and_then(|_| self.wait(&mut io));
+            if result.is_ok() {
+                chunk.copy_from_slice(self.buffer(&io));
+            }
+            self.release(io);
+            result?;
+        }
+        Ok(())
+    }
+
+    /// Write `buf` at `addr`.
+    pub fn write(&self, addr: u64, buf: &[u8]) -> Result<(), EmuError> {
+        self.write_with(addr, buf, CompletionMode::Dma)
+    }
+
+    pub fn write_with(&self, addr: u64, buf: &[u8], mode: CompletionMode) -> Result<(), EmuError> {
+        let step = self.max_request_bytes() as usize;
+        for (i, chunk) in buf.chunks(step).enumerate() {
+            let at = addr + (i * step) as u64;
+            let mut io = self.prepare(Op::Write, at, chunk.len() as u64, mode)?;
+            self.buffer_mut(&mut io).copy_from_slice(chunk);
+            let result = self.submit(&mut io).and_then(|_| self.wait(&mut io));
+            self.release(io);
+            result?;
+        }
+        Ok(())
+    }
+}
+
+fn request_error(io: &Io, code: ResultCode) -> EmuError {
+    EmuError::new(
+        ErrorKind::Request,
+        format!(
+            "{} of {} B at {}: {}",
+            io.op.as_str(),
+            io.len,
+            io.addr,
+            code.as_str()
+        ),
+    )
+}

@@ -1,0 +1,392 @@
+//! The control plane (DESIGN "Processes in emulation", SPEC §3.1–3.3): the
+//! trusted side that creates channels, hands their shared memory to clients
+//! and installs the permissions that policy grants. It decides nothing about
+//! policy itself: in this issue the only grants are raw address ranges for
+//! the daemon's owner (benchmarks); file grants from the kernel come later.
+//!
+//! The protocol, on a Unix stream socket, is a sequence of frames: a 4-byte
+//! little-endian length, then that many bytes of one JSON object. A request
+//! is `{"op": ...}`, a reply `{"reply": ...}`. The reply to `hello` carries
+//! the channel's memory descriptor (SCM_RIGHTS). The daemon keeps the
+//! channel as long as the connection is open: a client that exits or is
+//! killed closes it, and its channel, tags and records are freed.
+//!
+//! Every message is untrusted: a frame longer than [`MAX_FRAME_BYTES`], bad
+//! JSON, an unknown operation or field, a request before `hello`, or one the
+//! peer may not make gets an `error` reply and changes nothing.
+
+use crate::channel::{ChannelMemory, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES};
+use crate::engine::{raw_record, Engine, EngineStats};
+use crate::error::{EmuError, ErrorKind};
+use crate::protection::{READ, WRITE};
+use crate::sys::{self, PeerCredentials};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest frame either side accepts.
+pub const MAX_FRAME_BYTES: usize = 64 << 10;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// Open a channel for this connection (first message).
+    Hello {
+        version: u32,
+    },
+    /// Grant a raw device range to this channel (daemon owner only).
+    GrantRaw {
+        start: u64,
+        len: u64,
+        write: bool,
+    },
+    /// A soft or hard miss (SPEC §3.2): (re)install the record covering
+    /// `[addr, addr + len)` if this channel was granted it.
+    Resolve {
+        addr: u64,
+        len: u64,
+        write: bool,
+    },
+    Stats {},
+}
+
+/// What a client learns about its channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChannelInfo {
+    pub channel: u16,
+    pub capacity_bytes: u64,
+    pub tags: u32,
+    pub slice_bytes: u64,
+    pub dma_buffer_bytes: u64,
+    pub preset: String,
+}
+
+/// A range this channel may access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub start: u64,
+    pub len: u64,
+    pub write: bool,
+}
+
+impl Extent {
+    pub fn covers(&self, addr: u64, len: u64, write: bool) -> bool {
+        (!write || self.write)
+            && addr >= self.start
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.start + self.len)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Response {
+    Channel(ChannelInfo),
+    Granted(Extent),
+    Stats(Box<EngineStats>),
+    Error { kind: ErrorKind, message: String },
+}
+
+impl Response {
+    pub fn error(e: EmuError) -> Response {
+        Response::Error {
+            kind: e.kind,
+            message: e.message,
+        }
+    }
+}
+
+/// Encode one message as a frame.
+pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    let body = serde_json::to_vec(message).expect("control messages serialize");
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Decode a frame body.
+pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, EmuError> {
+    serde_json::from_slice(body).map_err(|e| {
+        EmuError::new(
+            ErrorKind::Protocol,
+            format!("malformed control message: {e}"),
+        )
+    })
+}
+
+/// A frame body and the descriptors that arrived with it.
+pub type Frame = (Vec<u8>, Vec<OwnedFd>);
+
+/// Reads frames (and the descriptors sent with them) from a stream socket.
+pub struct FrameReader {
+    buf: Vec<u8>,
+    fds: Vec<OwnedFd>,
+}
+
+impl Default for FrameReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FrameReader {
+    pub fn new() -> Self {
+        FrameReader {
+            buf: Vec::new(),
+            fds: Vec::new(),
+        }
+    }
+
+    /// The next frame body and any descriptors received with it; Ok(None)
+    /// when the peer closed the connection between frames.
+    pub fn next(&mut self, socket: RawFd) -> Result<Option<Frame>, EmuError> {
+        loop {
+            if self.buf.len() >= 4 {
+                let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
+                if len > MAX_FRAME_BYTES {
+                    return Err(EmuError::new(
+                        ErrorKind::Protocol,
+                        format!("frame of {len} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"),
+                    ));
+                }
+                if self.buf.len() >= 4 + len {
+                    let body = self.buf[4..4 + len].to_vec();
+                    self.buf.drain(..4 + len);
+                    return Ok(Some((body, std::mem::take(&mut self.fds))));
+                }
+            }
+            let mut chunk = [0u8; 8192];
+            let (n, fds) = sys::recv_with_fds(socket, &mut chunk)
+                .map_err(|e| EmuError::io("reading the control socket", e))?;
+            self.fds.extend(fds);
+            if self.fds.len() > sys::MAX_FDS_PER_MESSAGE {
+                return Err(EmuError::new(ErrorKind::Protocol, "too many descriptors"));
+            }
+            if n == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(EmuError::new(
+                        ErrorKind::Protocol,
+                        "connection closed mid-frame",
+                    ))
+                };
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// One client connection's state on the trusted side.
+pub struct Session {
+    pub peer: PeerCredentials,
+    pub channel: Option<u16>,
+}
+
+/// The trusted side: a device, who owns it, and what each channel was granted.
+pub struct ControlPlane {
+    engine: Arc<Engine>,
+    owner_uid: u32,
+    /// The OS's copy of each channel's grants (SPEC §3.3: the OS maintains
+    /// the records; the device's table may evict them).
+    grants: Mutex<HashMap<u16, Vec<Extent>>>,
+}
+
+impl ControlPlane {
+    pub fn new(engine: Arc<Engine>, owner_uid: u32) -> Self {
+        ControlPlane {
+            engine,
+            owner_uid,
+            grants: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Answer one request. A `hello` also returns the memory to send along.
+    pub fn handle(
+        &self,
+        session: &mut Session,
+        request: Request,
+    ) -> (Response, Option<Arc<ChannelMemory>>) {
+        match self.try_handle(session, request) {
+            Ok(r) => r,
+            Err(e) => (Response::error(e), None),
+        }
+    }
+
+    fn try_handle(
+        &self,
+        session: &mut Session,
+        request: Request,
+    ) -> Result<(Response, Option<Arc<ChannelMemory>>), EmuError> {
+        if let Request::Hello { version } = request {
+            if version != PROTOCOL_VERSION {
+                return Err(EmuError::new(
+                    ErrorKind::Protocol,
+                    format!("protocol version {version} is not supported (this daemon speaks {PROTOCOL_VERSION})"),
+                ));
+            }
+            if session.channel.is_some() {
+                return Err(EmuError::new(
+                    ErrorKind::Protocol,
+                    "this connection already has a channel",
+                ));
+            }
+            let (channel, memory) = self.engine.create_channel()?;
+            session.channel = Some(channel);
+            let c = self.engine.config();
+            let info = ChannelInfo {
+                channel,
+                capacity_bytes: c.device.capacity_bytes,
+                tags: CHANNEL_TAGS as u32,
+                slice_bytes: SLICE_BYTES as u64,
+                dma_buffer_bytes: DMA_BUFFER_BYTES as u64,
+                preset: c.name.clone(),
+            };
+            return Ok((Response::Channel(info), Some(memory)));
+        }
+        let channel = session
+            .channel
+            .ok_or_else(|| EmuError::new(ErrorKind::Protocol, "send hello first"))?;
+        match request {
+            Request::Hello { .. } => unreachable!("handled above"),
+            Request::GrantRaw { start, len, write } => {
+                if session.peer.uid != self.owner_uid && session.peer.uid != 0 {
+                    return Err(EmuError::new(
+                        ErrorKind::Unauthorized,
+                        format!(
+                            "raw grants are for the daemon's owner (uid {}), not uid {}",
+                            self.owner_uid, session.peer.uid
+                        ),
+                    ));
+                }
+                let capacity = self.engine.config().device.capacity_bytes;
+                if len == 0 || start.checked_add(len).is_none_or(|end| end > capacity) {
+                    return Err(EmuError::new(
+                        ErrorKind::Protocol,
+                        format!(
+                            "range [{start}, +{len}) is not inside the device's {capacity} bytes"
+                        ),
+                    ));
+                }
+                let extent = Extent { start, len, write };
+                self.install(channel, extent)?;
+                self.grants
+                    .lock()
+                    .expect("grants")
+                    .entry(channel)
+                    .or_default()
+                    .push(extent);
+                Ok((Response::Granted(extent), None))
+            }
+            Request::Resolve { addr, len, write } => {
+                let extent = self
+                    .grants
+                    .lock()
+                    .expect("grants")
+                    .get(&channel)
+                    .and_then(|g| g.iter().rev().find(|e| e.covers(addr, len, write)).copied())
+                    .ok_or_else(|| {
+                        EmuError::new(
+                            ErrorKind::Unauthorized,
+                            format!(
+                                "channel {channel} has no {} grant covering [{addr}, +{len})",
+                                if write { "write" } else { "read" }
+                            ),
+                        )
+                    })?;
+                self.install(channel, extent)?;
+                Ok((Response::Granted(extent), None))
+            }
+            Request::Stats {} => Ok((Response::Stats(Box::new(self.engine.stats()?)), None)),
+        }
+    }
+
+    fn install(&self, channel: u16, e: Extent) -> Result<(), EmuError> {
+        let perms = if e.write { READ | WRITE } else { READ };
+        self.engine
+            .update_permissions(vec![raw_record(channel, e.start, e.len, perms)])
+    }
+
+    /// The connection ended (or the client died): free its channel.
+    pub fn end(&self, session: &mut Session) {
+        if let Some(channel) = session.channel.take() {
+            self.grants.lock().expect("grants").remove(&channel);
+            let _ = self.engine.close_channel(channel);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn requests_round_trip_and_strangers_are_refused() {
+        let r = Request::GrantRaw {
+            start: 4096,
+            len: 1 << 20,
+            write: true,
+        };
+        let frame = encode(&r);
+        assert_eq!(
+            u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize,
+            frame.len() - 4
+        );
+        assert_eq!(decode::<Request>(&frame[4..]).unwrap(), r);
+        for bad in [
+            &br#"{"op":"grant-raw","start":1}"#[..],
+            br#"{"op":"format-disk"}"#,
+            br#"{"op":"stats","extra":1}"#,
+            br#"{"op":"grant-raw","start":-1,"len":1,"write":true}"#,
+            b"\xff\xfe",
+            b"",
+        ] {
+            let e = decode::<Request>(bad).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Protocol, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn extents_cover_only_inside_and_with_the_right_access() {
+        let e = Extent {
+            start: 100,
+            len: 50,
+            write: false,
+        };
+        assert!(e.covers(100, 50, false));
+        assert!(!e.covers(99, 2, false));
+        assert!(!e.covers(140, 11, false));
+        assert!(!e.covers(100, 1, true));
+        assert!(!e.covers(120, u64::MAX, false));
+    }
+
+    proptest! {
+        /// The control protocol's decoder never panics on arbitrary bytes,
+        /// and anything it accepts re-encodes to something it accepts again.
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Ok(r) = decode::<Request>(&body) {
+                let again = encode(&r);
+                prop_assert_eq!(decode::<Request>(&again[4..]).unwrap(), r);
+            }
+            let _ = decode::<Response>(&body);
+        }
+
+        #[test]
+        fn decoding_mutated_requests_never_panics(start in any::<u64>(), len in any::<u64>(), write in any::<bool>(), flip in 0usize..64, byte in any::<u8>()) {
+            let mut frame = encode(&Request::Resolve { addr: start, len, write });
+            let i = 4 + flip % (frame.len() - 4);
+            frame[i] = byte;
+            let _ = decode::<Request>(&frame[4..]);
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The medium: the bytes the emulated array stores (DESIGN "Processes in
+//! emulation"). Anonymous memory by default (lost when the device stops), or
+//! a memory-mapped image file whose contents survive restarts. Both are
+//! mapped with MAP_NORESERVE, so a capacity larger than RAM works as long as
+//! the workload does not touch all of it at once (an image file is sparse
+//! until written; the kernel pages it in and out).
+//!
+//! The medium is only ever touched by the device thread; copies go between it
+//! and a channel's DMA buffer, whose contents an untrusted client may change
+//! at any moment, so copies take raw pointers and never form references to
+//! shared memory.
+
+use crate::sys::Mapping;
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug)]
+pub enum MediumError {
+    Io {
+        path: Option<PathBuf>,
+        source: io::Error,
+    },
+    /// An existing image whose size is not the configured capacity.
+    SizeMismatch {
+        path: PathBuf,
+        image_bytes: u64,
+        capacity_bytes: u64,
+    },
+    CapacityTooLarge(u64),
+}
+
+impl fmt::Display for MediumError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MediumError::Io {
+                path: Some(p),
+                source,
+            } => write!(f, "{}: {source}", p.display()),
+            MediumError::Io { path: None, source } => write!(f, "anonymous medium: {source}"),
+            MediumError::SizeMismatch {
+                path,
+                image_bytes,
+                capacity_bytes,
+            } => write!(
+                f,
+                "{} holds {image_bytes} bytes but the device capacity is {capacity_bytes} bytes \
+                 (use --set device.capacity_bytes={image_bytes}, or another image)",
+                path.display()
+            ),
+            MediumError::CapacityTooLarge(c) => write!(f, "capacity {c} bytes cannot be mapped"),
+        }
+    }
+}
+
+impl std::error::Error for MediumError {}
+
+/// Where the bytes live.
+pub struct Medium {
+    map: Mapping,
+    image: Option<PathBuf>,
+}
+
+impl Medium {
+    /// Anonymous memory of `capacity_bytes`, zero-filled, allocated on touch.
+    pub fn anonymous(capacity_bytes: u64) -> Result<Medium, MediumError> {
+        let len = usize::try_from(capacity_bytes)
+            .map_err(|_| MediumError::CapacityTooLarge(capacity_bytes))?;
+        let map = Mapping::new(None, len, true)
+            .map_err(|source| MediumError::Io { path: None, source })?;
+        Ok(Medium { map, image: None })
+    }
+
+    /// The image file at `path`: created (sparse, zero-filled) if missing;
+    /// if it exists it must be exactly `capacity_bytes` long, so an image is
+    /// never silently truncated or extended.
+    pub fn image(path: &Path, capacity_bytes: u64) -> Result<Medium, MediumError> {
+        let io_err = |source| MediumError::Io {
+            path: Some(path.to_path_buf()),
+            source,
+        };
+        let len = usize::try_from(capacity_bytes)
+            .map_err(|_| MediumError::CapacityTooLarge(capacity_bytes))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io_err)?;
+        let image_bytes = file.metadata().map_err(io_err)?.len();
+        if image_bytes == 0 {
+            file.set_len(capacity_bytes).map_err(io_err)?;
+        } else if image_bytes != capacity_bytes {
+            return Err(MediumError::SizeMismatch {
+                path: path.to_path_buf(),
+                image_bytes,
+                capacity_bytes,
+            });
+        }
+        let map = Mapping::new(Some(file.as_raw_fd()), len, true).map_err(io_err)?;
+        Ok(Medium {
+            map,
+            image: Some(path.to_path_buf()),
+        })
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    pub fn image_path(&self) -> Option<&Path> {
+        self.image.as_deref()
+    }
+
+    fn check(&self, addr: u64, len: usize) -> io::Result<usize> {
+        match addr.checked_add(len as u64) {
+            Some(end) if end <= self.capacity_bytes() => Ok(addr as usize),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("[{addr}, +{len}) is outside the medium"),
+            )),
+        }
+    }
+
+    /// Copy `len` bytes at `addr` into `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes and must not overlap the
+    /// medium. It may be shared memory that another process writes
+    /// concurrently (the bytes then are whatever they are).
+    pub unsafe fn read_into(&self, addr: u64, dst: *mut u8, len: usize) -> io::Result<()> {
+        let offset = self.check(addr, len)?;
+        // SAFETY: the range is inside our mapping (checked); dst is the
+        // caller's promise.
+        unsafe { std::ptr::copy_nonoverlapping(self.map.as_ptr().add(offset), dst, len) };
+        Ok(())
+    }
+
+    /// Copy `len` bytes from `src` to `addr`.
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` bytes of reads and must not overlap the
+    /// medium; as for `read_into`, it may be concurrently written shared memory.
+    pub unsafe fn write_from(&self, addr: u64, src: *const u8, len: usize) -> io::Result<()> {
+        let offset = self.check(addr, len)?;
+        // SAFETY: as read_into.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.map.as_ptr().add(offset), len) };
+        Ok(())
+    }
+
+    /// Safe copies for the trusted side (tests, the control plane).
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        // SAFETY: buf is an exclusive Rust slice of buf.len() bytes.
+        unsafe { self.read_into(addr, buf.as_mut_ptr(), buf.len()) }
+    }
+
+    pub fn write(&self, addr: u64, buf: &[u8]) -> io::Result<()> {
+        // SAFETY: buf is a Rust slice of buf.len() bytes.
+        unsafe { self.write_from(addr, buf.as_ptr(), buf.len()) }
+    }
+
+    /// Make an image durable (msync); nothing to do for anonymous memory.
+    pub fn flush(&self) -> io::Result<()> {
+        if self.image.is_some() {
+            self.map.sync()
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("moneta-medium-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        dir
+    }
+
+    #[test]
+    fn anonymous_reads_back_and_checks_bounds() {
+        let m = Medium::anonymous(1 << 20).unwrap();
+        m.write(4096, b"moneta").unwrap();
+        let mut b = [0u8; 6];
+        m.read(4096, &mut b).unwrap();
+        assert_eq!(&b, b"moneta");
+        assert!(m.write((1 << 20) - 3, b"moneta").is_err());
+        assert!(m.read(u64::MAX - 2, &mut b).is_err());
+    }
+
+    #[test]
+    fn image_survives_reopening_and_rejects_a_wrong_size() {
+        let path = temp("image");
+        {
+            let m = Medium::image(&path, 1 << 20).unwrap();
+            m.write(12345, b"persistent").unwrap();
+            m.flush().unwrap();
+        }
+        let m = Medium::image(&path, 1 << 20).unwrap();
+        let mut b = [0u8; 10];
+        m.read(12345, &mut b).unwrap();
+        assert_eq!(&b, b"persistent");
+        drop(m);
+        let e = Medium::image(&path, 2 << 20).err().unwrap();
+        assert!(e.to_string().contains("capacity"), "{e}");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            1 << 20,
+            "untouched"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn image_larger_than_ram_maps_sparsely() {
+        // 1 TiB: far more than this machine's RAM; only touched pages exist.
+        let path = temp("huge");
+        let m = Medium::image(&path, 1 << 40).unwrap();
+        m.write((1 << 40) - 8, b"the end!").unwrap();
+        let mut b = [0u8; 8];
+        m.read((1 << 40) - 8, &mut b).unwrap();
+        assert_eq!(&b, b"the end!");
+        drop(m);
+        std::fs::remove_file(&path).unwrap();
+    }
+}

@@ -1,0 +1,285 @@
+//! The few system calls the emulator needs, each wrapped once with its
+//! SAFETY argument: shared mappings (memfd, files), futexes across processes,
+//! and descriptor passing over Unix sockets (SCM_RIGHTS) with the peer's
+//! credentials (SO_PEERCRED).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+
+/// A shared, read-write memory mapping, unmapped on drop.
+pub struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; all concurrent access to it goes
+// through atomics or raw-pointer copies whose callers document their races.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map `len` bytes of `fd` (MAP_SHARED), or anonymous shared memory if
+    /// `fd` is None. `noreserve` asks the kernel not to reserve swap, so a
+    /// mapping larger than RAM works as long as it is not all touched.
+    pub fn new(fd: Option<RawFd>, len: usize, noreserve: bool) -> io::Result<Mapping> {
+        if len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty mapping"));
+        }
+        let mut flags = libc::MAP_SHARED;
+        if fd.is_none() {
+            flags |= libc::MAP_ANONYMOUS;
+        }
+        if noreserve {
+            flags |= libc::MAP_NORESERVE;
+        }
+        // SAFETY: a fresh mapping chosen by the kernel (addr = NULL) aliases
+        // no Rust object; the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd.unwrap_or(-1),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: NonNull::new(ptr.cast()).expect("mmap returned NULL"),
+            len,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Write dirty pages back to the file (no-op for anonymous memory).
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: the range is exactly our own live mapping.
+        let r = unsafe { libc::msync(self.ptr.as_ptr().cast(), self.len, libc::MS_SYNC) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping; nothing borrows it past our lifetime.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// An anonymous in-memory file of `len` bytes (for a channel's shared pages).
+pub fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
+    let cname = std::ffi::CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: cname is a valid NUL-terminated string for the call's duration.
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = libc::off_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: plain syscall on our own descriptor.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Size of the file behind `fd`.
+pub fn file_len(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: fstat writes into the zeroed struct we pass.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.st_size as u64)
+}
+
+/// Sleep while `*word == expected` (or until woken, or `timeout_ns`).
+/// Shared (not FUTEX_PRIVATE) so that it works across processes mapping the
+/// same pages.
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a live, aligned 32-bit atomic; the kernel only reads
+    // it. EAGAIN/EINTR/ETIMEDOUT are all "go and look again" for callers.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            ts_ptr,
+        )
+    };
+}
+
+/// Wake every thread sleeping on `word`, in any process.
+pub fn futex_wake_all(word: &AtomicU32) {
+    // SAFETY: as futex_wait; waking has no memory effects.
+    unsafe { libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX) };
+}
+
+/// The credentials of the process at the other end of a Unix socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCredentials {
+    pub pid: i32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub fn peer_credentials(socket: RawFd) -> io::Result<PeerCredentials> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let r = unsafe {
+        libc::getsockopt(
+            socket,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(PeerCredentials {
+        pid: cred.pid,
+        uid: cred.uid,
+        gid: cred.gid,
+    })
+}
+
+/// The most descriptors one message carries.
+pub const MAX_FDS_PER_MESSAGE: usize = 4;
+
+/// Send `data` with `fds` attached (SCM_RIGHTS). Sends all of `data`.
+pub fn send_with_fds(socket: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
+    assert!(fds.len() <= MAX_FDS_PER_MESSAGE);
+    let mut sent = 0;
+    while sent < data.len() {
+        let mut iov = libc::iovec {
+            iov_base: data[sent..].as_ptr() as *mut libc::c_void,
+            iov_len: data.len() - sent,
+        };
+        let mut control = [0u64; 8]; // aligned space for one cmsg of 4 fds
+                                     // SAFETY: msghdr is plain data; zeroed is a valid "no name, no control".
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if sent == 0 && !fds.is_empty() {
+            let fd_bytes = std::mem::size_of_val(fds) as u32;
+            // SAFETY: CMSG_SPACE is a pure size computation.
+            let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            // SAFETY: `control` holds `space` bytes (≤ 64), so the first cmsg
+            // header and its data fit; CMSG_* only compute offsets in it.
+            unsafe {
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes) as usize;
+                std::ptr::copy_nonoverlapping(
+                    fds.as_ptr(),
+                    libc::CMSG_DATA(cmsg).cast::<RawFd>(),
+                    fds.len(),
+                );
+            }
+        }
+        // SAFETY: msg points at live buffers for the duration of the call.
+        let n = unsafe { libc::sendmsg(socket, &msg, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        sent += n as usize;
+    }
+    Ok(())
+}
+
+/// Receive up to `buf.len()` bytes and any descriptors attached to them.
+/// Returns (bytes read, descriptors); 0 bytes means the peer closed.
+pub fn recv_with_fds(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    loop {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let mut control = [0u64; 8];
+        // SAFETY: as in send_with_fds.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: msg points at live buffers; MSG_CMSG_CLOEXEC keeps received
+        // descriptors from leaking into children.
+        let n = unsafe { libc::recvmsg(socket, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let mut fds = Vec::new();
+        // SAFETY: the kernel filled msg_control; CMSG_FIRSTHDR/NXTHDR walk it
+        // within msg_controllen, and each SCM_RIGHTS payload holds whole fds,
+        // which become ours (the kernel installed them in our table).
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(cmsg);
+                    let payload = (*cmsg).cmsg_len - (data as usize - cmsg as usize);
+                    let count = payload / std::mem::size_of::<RawFd>();
+                    for i in 0..count {
+                        let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                        fds.push(OwnedFd::from_raw_fd(fd));
+                    }
+                }
+                cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+            }
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "too many descriptors attached to one message",
+            ));
+        }
+        return Ok((n as usize, fds));
+    }
+}

@@ -1,0 +1,63 @@
+/* libmoneta: user-space access to an emulated Moneta-D array (C ABI).
+ *
+ * A handle is one channel: to a monetad (`moneta serve --socket PATH`) or to a
+ * device embedded in this process. Calls return 0 (or a non-NULL pointer) on
+ * success and -1 (or NULL) on failure; moneta_last_error() tells why (per
+ * thread). A handle may be used from several threads at once; an individual
+ * moneta_io_t belongs to one thread at a time.
+ *
+ * Link with -lmoneta (target/release/libmoneta.so).
+ */
+#ifndef MONETA_H
+#define MONETA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct Moneta moneta_t;
+typedef struct Io moneta_io_t;
+
+enum moneta_op { MONETA_READ = 0, MONETA_WRITE = 1 };
+
+/* How a request's completion is noticed (SPEC §3.5). */
+enum moneta_completion {
+    MONETA_DMA = 0,         /* spin on the tag's status word */
+    MONETA_FORWARDING = 1,  /* the kernel role forwards the interrupt; spin */
+    MONETA_ISSUE_SLEEP = 2  /* sleep until the forwarded interrupt */
+};
+
+const char *moneta_last_error(void);
+
+moneta_t *moneta_connect(const char *socket_path);
+/* A device of the named preset ("null", "onyx-late", ...) in this process,
+ * on anonymous memory, the whole device granted read-write. */
+moneta_t *moneta_embedded(const char *preset);
+void moneta_close(moneta_t *m);
+
+uint64_t moneta_capacity(moneta_t *m);
+/* Ask for a raw device range (the daemon's owner only). */
+int moneta_grant_raw(moneta_t *m, uint64_t start, uint64_t len, int write);
+
+/* Synchronous IO of any size and alignment (DMA completion). */
+int moneta_read(moneta_t *m, uint64_t addr, void *buf, size_t len);
+int moneta_write(moneta_t *m, uint64_t addr, const void *buf, size_t len);
+
+/* Asynchronous IO: prepare (reserves tags), fill/read the zero-copy buffer,
+ * submit, poll or wait, release. len ≤ 1 MiB. */
+moneta_io_t *moneta_prepare(moneta_t *m, int op, uint64_t addr, size_t len, int completion);
+void *moneta_io_buffer(moneta_t *m, moneta_io_t *io);
+int moneta_submit(moneta_t *m, moneta_io_t *io);
+/* 1 done, 0 in flight, -1 failed. */
+int moneta_poll(moneta_t *m, moneta_io_t *io);
+int moneta_wait(moneta_t *m, moneta_io_t *io);
+void moneta_release(moneta_t *m, moneta_io_t *io);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MONETA_H */
