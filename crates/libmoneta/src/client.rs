@@ -486,9 +486,10 @@ impl Moneta {
     }
 
     fn issue(&self, io: &mut Io) -> Result<(), EmuError> {
-        let sequence = self.inner.sequences[io.tag as usize]
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_add(1);
+        // The tag belongs to `io`, so no other thread updates its sequence.
+        let slot = &self.inner.sequences[io.tag as usize];
+        let sequence = slot.load(Ordering::Relaxed).wrapping_add(1);
+        slot.store(sequence, Ordering::Relaxed);
         io.sequence = sequence;
         let command = Command {
             tag: io.tag,

@@ -8,6 +8,7 @@
 //! access to a request's DMA slice ([`Moneta::buffer_mut`]). The C ABI
 //! (`include/moneta.h`, `libmoneta.so`) wraps the same calls ([`capi`]).
 
+pub mod bench;
 pub mod capi;
 mod client;
 

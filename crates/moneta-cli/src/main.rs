@@ -5,7 +5,9 @@
 //!   operations × request sizes, with sharding, progress, and SVG/HTML plots.
 //! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
 //! - `moneta sim speed` measures simulated requests per wall-clock second.
+//! - `moneta serve` runs monetad; `moneta bench` runs XDD on the emulator.
 
+mod emu;
 mod output;
 mod plot;
 
@@ -24,7 +26,7 @@ use std::time::Instant;
 #[command(
     name = "moneta",
     version,
-    about = "Moneta in software: simulate the Moneta storage array family"
+    about = "Moneta in software: simulate and emulate the Moneta storage array family"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -42,6 +44,10 @@ enum Command {
     /// Simulate in virtual time.
     #[command(subcommand)]
     Sim(Box<Sim>),
+    /// Run monetad: the emulated device behind a Unix socket.
+    Serve(Box<emu::ServeArgs>),
+    /// XDD on the emulator (real time, real bytes) through libmoneta.
+    Bench(Box<emu::BenchArgs>),
     /// Compare the model with the published numbers (SPEC §1.9, §2).
     Calibrate {
         #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -62,10 +68,10 @@ enum Sim {
 }
 
 #[derive(Args, Clone)]
-struct ModelArgs {
-    /// Preset (see `moneta presets`).
-    #[arg(long, default_value = "moneta")]
-    preset: String,
+pub(crate) struct ModelArgs {
+    /// Preset (see `moneta presets`) [default: moneta].
+    #[arg(long)]
+    preset: Option<String>,
     /// Host stack: base, nosched, atomic, spin, 2q, balance, direct, ramdisk.
     #[arg(long)]
     stack: Option<String>,
@@ -77,15 +83,21 @@ struct ModelArgs {
     set: Vec<String>,
     /// Random seed: the same seed gives the same numbers.
     #[arg(long, default_value_t = 1)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
-    format: Format,
+    pub(crate) format: Format,
 }
 
 impl ModelArgs {
-    fn config(&self) -> Result<Config, String> {
-        let mut c = Config::preset(&self.preset).map_err(|e| e.to_string())?;
+    /// Whether any option describing the device was given.
+    pub(crate) fn preset_given(&self) -> bool {
+        self.preset.is_some() || self.stack.is_some() || self.tech.is_some() || !self.set.is_empty()
+    }
+
+    pub(crate) fn config(&self) -> Result<Config, String> {
+        let name = self.preset.as_deref().unwrap_or("moneta");
+        let mut c = Config::preset(name).map_err(|e| e.to_string())?;
         if let Some(t) = &self.tech {
             c.set_technology(t).map_err(|e| e.to_string())?;
         }
@@ -100,7 +112,7 @@ impl ModelArgs {
 }
 
 #[derive(Args, Clone)]
-struct LimitArgs {
+pub(crate) struct LimitArgs {
     /// Requests to simulate (all threads together).
     #[arg(long, conflicts_with = "duration_ms")]
     ops: Option<u64>,
@@ -110,7 +122,7 @@ struct LimitArgs {
 }
 
 impl LimitArgs {
-    fn limit(&self, default_ops: u64) -> Result<RunLimit, String> {
+    pub(crate) fn limit(&self, default_ops: u64) -> Result<RunLimit, String> {
         match (self.ops, self.duration_ms) {
             (Some(0), _) => Err("--ops must be positive".into()),
             (Some(n), _) => Ok(RunLimit::Ops(n)),
@@ -266,6 +278,8 @@ fn dispatch(cli: Cli) -> Result<(), String> {
             Sim::Fairness(a) => sim_fairness(a),
             Sim::Speed(a) => sim_speed(a),
         },
+        Command::Serve(a) => emu::serve(*a),
+        Command::Bench(a) => emu::run_bench(*a),
         Command::Calibrate { format } => calibrate(format),
     }
 }
@@ -298,7 +312,7 @@ fn presets(verbose: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn parse_op(s: &str) -> Result<OpMix, String> {
+pub(crate) fn parse_op(s: &str) -> Result<OpMix, String> {
     OpMix::parse(s.trim())
 }
 

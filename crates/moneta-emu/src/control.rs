@@ -61,6 +61,8 @@ pub struct ChannelInfo {
     pub slice_bytes: u64,
     pub dma_buffer_bytes: u64,
     pub preset: String,
+    /// The device's whole configuration (a `Config` as JSON).
+    pub config: serde_json::Value,
 }
 
 /// A range this channel may access.
@@ -249,6 +251,7 @@ impl ControlPlane {
                 slice_bytes: SLICE_BYTES as u64,
                 dma_buffer_bytes: DMA_BUFFER_BYTES as u64,
                 preset: c.name.clone(),
+                config: c.to_json(),
             };
             return Ok((Response::Channel(info), Some(memory)));
         }

@@ -1,0 +1,259 @@
+//! XDD on the emulator (`moneta bench`): closed-loop threads sharing one
+//! channel, each keeping `queue_depth` requests in flight, with the same
+//! address streams (`workload::AddressStream`) the simulator's XDD uses, so a
+//! benchmark and its simulation ask for the same requests. Latency is
+//! measured in the client from just before the submitting store to the
+//! moment the completion is seen, so it includes the whole software path.
+
+use crate::client::{CompletionMode, Io, Moneta};
+use moneta_emu::engine::EngineStats;
+use moneta_emu::{EmuError, ErrorKind};
+use moneta_model::stats::LatencyHistogram;
+use moneta_model::summary::PointSummary;
+use moneta_model::workload::{AddressStream, OpMix, ThreadGroup};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    /// Threads, op mix, size, pattern and region (as the simulator's XDD).
+    pub group: ThreadGroup,
+    pub queue_depth: u32,
+    /// Stop after this many requests (all threads), or after `duration_ns`.
+    pub ops: Option<u64>,
+    pub duration_ns: u64,
+    pub mode: CompletionMode,
+    pub seed: u64,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone)]
+pub struct BenchResult {
+    pub ops: u64,
+    pub bytes: u64,
+    pub elapsed_ns: u64,
+    pub latency: LatencyHistogram,
+}
+
+impl BenchResult {
+    pub fn iops(&self) -> f64 {
+        self.ops as f64 * 1e9 / self.elapsed_ns.max(1) as f64
+    }
+
+    pub fn bandwidth_mb_per_s(&self) -> f64 {
+        self.bytes as f64 * 1e3 / self.elapsed_ns.max(1) as f64
+    }
+}
+
+/// Run the benchmark on `m` (which must already hold grants for the region).
+pub fn run(m: &Moneta, spec: &BenchSpec) -> Result<BenchResult, EmuError> {
+    let g = &spec.group;
+    if g.threads == 0 || spec.queue_depth == 0 || g.size_bytes == 0 {
+        return Err(EmuError::new(
+            ErrorKind::Config,
+            "threads, queue depth and size must be positive",
+        ));
+    }
+    if g.size_bytes > m.max_request_bytes() {
+        return Err(EmuError::new(
+            ErrorKind::Config,
+            format!(
+                "size {} exceeds the largest request, {} bytes",
+                g.size_bytes,
+                m.max_request_bytes()
+            ),
+        ));
+    }
+    if g.region_bytes < g.size_bytes || g.region_offset_bytes + g.region_bytes > m.capacity_bytes()
+    {
+        return Err(EmuError::new(
+            ErrorKind::Config,
+            "the region must hold a request and fit the device",
+        ));
+    }
+    if u64::from(g.threads) * u64::from(spec.queue_depth) * g.size_bytes.div_ceil(16 << 10) > 64 {
+        return Err(EmuError::new(
+            ErrorKind::Config,
+            "threads × queue depth × 16 KiB slices per request exceed the channel's 64 tags",
+        ));
+    }
+    let issued = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let results: Vec<Result<(u64, LatencyHistogram), EmuError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..g.threads)
+            .map(|t| {
+                let (issued, stop) = (&issued, &stop);
+                s.spawn(move || {
+                    let r = thread(m, spec, t as u64, issued, stop, start);
+                    if r.is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("bench thread"))
+            .collect()
+    });
+    let elapsed_ns = start.elapsed().as_nanos() as u64;
+    let mut latency = LatencyHistogram::new();
+    let mut ops = 0;
+    for r in results {
+        let (n, h) = r?;
+        ops += n;
+        latency.merge(&h);
+    }
+    Ok(BenchResult {
+        ops,
+        bytes: ops * g.size_bytes,
+        elapsed_ns,
+        latency,
+    })
+}
+
+fn thread(
+    m: &Moneta,
+    spec: &BenchSpec,
+    thread: u64,
+    issued: &AtomicU64,
+    stop: &AtomicBool,
+    start: Instant,
+) -> Result<(u64, LatencyHistogram), EmuError> {
+    let g = &spec.group;
+    let mut addresses = AddressStream::new(g, spec.seed, thread);
+    let mut latency = LatencyHistogram::new();
+    let mut in_flight: Vec<(Io, Instant)> = Vec::with_capacity(spec.queue_depth as usize);
+    let mut done = 0u64;
+    let mut turns = 0u32;
+    loop {
+        // Keep the queue full until the run's end.
+        while in_flight.len() < spec.queue_depth as usize && !stop.load(Ordering::Relaxed) {
+            if spec
+                .ops
+                .is_some_and(|limit| issued.fetch_add(1, Ordering::Relaxed) >= limit)
+            {
+                stop.store(true, Ordering::Relaxed);
+                break;
+            }
+            let (op, addr) = addresses.next(g.op);
+            let mut io = m.prepare(op, addr, g.size_bytes, spec.mode)?;
+            let t0 = Instant::now();
+            m.submit(&mut io)?;
+            in_flight.push((io, t0));
+        }
+        if in_flight.is_empty() {
+            return Ok((done, latency));
+        }
+        if spec.mode == CompletionMode::IssueSleep {
+            // Sleep on the oldest; collect the others as they come.
+            let (io, t0) = &mut in_flight[0];
+            m.wait(io)?;
+            latency.record(t0.elapsed().as_nanos() as u64);
+            let (io, _) = in_flight.swap_remove(0);
+            m.release(io);
+            done += 1;
+        }
+        let mut i = 0;
+        while i < in_flight.len() {
+            match m.try_complete(&mut in_flight[i].0) {
+                None => i += 1,
+                Some(r) => {
+                    r?;
+                    latency.record(in_flight[i].1.elapsed().as_nanos() as u64);
+                    let (io, _) = in_flight.swap_remove(i);
+                    m.release(io);
+                    done += 1;
+                }
+            }
+        }
+        turns = turns.wrapping_add(1);
+        if spec.ops.is_none()
+            && turns % 64 == 0
+            && start.elapsed().as_nanos() as u64 >= spec.duration_ns
+        {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `moneta bench`'s report: the fields of `moneta sim run`'s JSON that apply
+/// to a measurement, plus the emulator's own.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchSummary {
+    pub preset: String,
+    /// "emulator": the real software path, measured.
+    pub stack: String,
+    /// "embedded" or the daemon's socket.
+    pub target: String,
+    pub op: String,
+    pub read_fraction: f64,
+    pub size_bytes: u64,
+    pub pattern: String,
+    pub region_bytes: u64,
+    pub threads: u32,
+    pub queue_depth: u32,
+    pub completion: String,
+    pub seed: u64,
+    pub ops: u64,
+    pub elapsed_ns: u64,
+    pub bandwidth_mb_per_s: f64,
+    pub iops: f64,
+    pub latency_us_mean: f64,
+    pub latency_us_p50: f64,
+    pub latency_us_p99: f64,
+    pub soft_misses: u64,
+    pub hard_misses: u64,
+    /// The device thread's own counters (timing precision, protection).
+    pub device: EngineStats,
+    /// The simulator on the same configuration (`--compare-sim`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sim: Option<PointSummary>,
+}
+
+impl BenchSummary {
+    pub fn new(
+        preset: &str,
+        target: &str,
+        spec: &BenchSpec,
+        r: &BenchResult,
+        m: &Moneta,
+        device: EngineStats,
+    ) -> Self {
+        let g = &spec.group;
+        let (soft_misses, hard_misses) = m.misses();
+        BenchSummary {
+            preset: preset.to_string(),
+            stack: "emulator".into(),
+            target: target.to_string(),
+            op: g.op.name().to_string(),
+            read_fraction: match g.op {
+                OpMix::Read => 1.0,
+                OpMix::Write => 0.0,
+                OpMix::Mixed(p) => p,
+            },
+            size_bytes: g.size_bytes,
+            pattern: if g.random { "random" } else { "sequential" }.into(),
+            region_bytes: g.region_bytes,
+            threads: g.threads,
+            queue_depth: spec.queue_depth,
+            completion: spec.mode.name().into(),
+            seed: spec.seed,
+            ops: r.ops,
+            elapsed_ns: r.elapsed_ns,
+            bandwidth_mb_per_s: r.bandwidth_mb_per_s(),
+            iops: r.iops(),
+            latency_us_mean: r.latency.mean_ns() / 1e3,
+            latency_us_p50: r.latency.percentile_ns(0.5) / 1e3,
+            latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
+            soft_misses,
+            hard_misses,
+            device,
+            sim: None,
+        }
+    }
+}

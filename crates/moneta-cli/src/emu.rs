@@ -1,0 +1,283 @@
+//! The emulator's commands: `moneta serve` (monetad) and `moneta bench`
+//! (XDD through libmoneta, on an embedded device or a running daemon).
+
+use crate::output::Format;
+use crate::{parse_op, LimitArgs, ModelArgs};
+use clap::Args;
+use moneta::bench::{self, BenchSpec, BenchSummary};
+use moneta::{CompletionMode, Moneta};
+use moneta_emu::control::ControlPlane;
+use moneta_emu::daemon::Daemon;
+use moneta_emu::engine::{Engine, EngineOptions};
+use moneta_emu::medium::Medium;
+use moneta_model::config::{Config, Stack};
+use moneta_model::summary::workload_point;
+use moneta_model::workload::{OpMix, RunLimit, Workload};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// The socket `moneta serve` and `moneta bench --daemon` use unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/tmp/monetad.sock";
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Unix socket to listen on.
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// Keep the medium in this image file (created if missing; contents
+    /// survive restarts). Default: anonymous memory.
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// Spin this long without work before the device thread starts napping.
+    #[arg(long, default_value_t = 2000)]
+    idle_spin_us: u64,
+    /// Fault in this many bytes of the medium at start (benchmarks then do
+    /// not measure first-touch page faults).
+    #[arg(long, default_value_t = 0)]
+    populate_bytes: u64,
+}
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    limit: LimitArgs,
+    /// read, write or mixed.
+    #[arg(long, default_value = "read")]
+    op: String,
+    /// Fraction of reads when --op mixed.
+    #[arg(long, default_value_t = 0.5)]
+    read_fraction: f64,
+    /// Request size in bytes (1 B … 1 MiB, any value).
+    #[arg(long, default_value_t = 4096)]
+    size: u64,
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
+    /// Requests each thread keeps in flight.
+    #[arg(long, default_value_t = 1)]
+    qd: u32,
+    /// Sequential instead of random offsets.
+    #[arg(long)]
+    sequential: bool,
+    /// Bytes of the device the threads touch [default: 1 GiB or the whole device if smaller].
+    #[arg(long)]
+    region_bytes: Option<u64>,
+    /// dma, forwarding or issue-sleep (SPEC §3.5).
+    #[arg(long, default_value = "dma")]
+    completion: String,
+    /// Use the monetad listening on this socket instead of an embedded device.
+    #[arg(long)]
+    daemon: Option<PathBuf>,
+    /// Embedded device: keep the medium in this image file.
+    #[arg(long, conflicts_with = "daemon")]
+    image: Option<PathBuf>,
+    /// Also simulate the same configuration (host stack `raw`: the device
+    /// alone, threads × qd closed-loop requesters) and report it as `sim`.
+    #[arg(long)]
+    compare_sim: bool,
+}
+
+fn medium_for(config: &Config, image: Option<&Path>) -> Result<Medium, String> {
+    match image {
+        Some(p) => Medium::image(p, config.device.capacity_bytes),
+        None => Medium::anonymous(config.device.capacity_bytes),
+    }
+    .map_err(|e| e.to_string())
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Release);
+}
+
+pub fn serve(a: ServeArgs) -> Result<(), String> {
+    let config = a.model.config()?;
+    let medium = medium_for(&config, a.image.as_deref())?;
+    let options = EngineOptions {
+        seed: a.model.seed,
+        idle_spin_ns: a.idle_spin_us.saturating_mul(1000),
+        populate_bytes: a.populate_bytes,
+    };
+    let (name, capacity) = (config.name.clone(), config.device.capacity_bytes);
+    let engine = Arc::new(Engine::start(config, medium, options).map_err(|e| e.to_string())?);
+    // SAFETY: geteuid has no preconditions.
+    let owner = unsafe { libc::geteuid() };
+    let plane = Arc::new(ControlPlane::new(engine, owner));
+    let daemon = Daemon::bind(&a.socket, plane).map_err(|e| e.to_string())?;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    eprintln!(
+        "monetad: preset {name}, {capacity} bytes on {}, serving {} (uid {owner} may take raw grants); Ctrl-C stops",
+        a.image
+            .as_deref()
+            .map_or("anonymous memory".to_string(), |p| p.display().to_string()),
+        daemon.path().display()
+    );
+    daemon.run(&STOP).map_err(|e| e.to_string())?;
+    eprintln!("monetad: stopping");
+    Ok(())
+}
+
+pub fn run_bench(a: BenchArgs) -> Result<(), String> {
+    let mode = CompletionMode::parse(&a.completion).ok_or_else(|| {
+        format!(
+            "--completion {}: expected dma, forwarding or issue-sleep",
+            a.completion
+        )
+    })?;
+    let region = |capacity: u64| a.region_bytes.unwrap_or_else(|| capacity.min(1 << 30));
+    let (m, config, target) = match &a.daemon {
+        Some(socket) => {
+            if a.model.preset_given() {
+                return Err("--preset, --stack, --tech and --set describe an embedded device; a daemon has its own (moneta serve --preset …)".into());
+            }
+            let m = Moneta::connect(socket).map_err(|e| e.to_string())?;
+            let config: Config = serde_json::from_value(m.info().config.clone())
+                .map_err(|e| format!("the daemon's configuration: {e}"))?;
+            (m, config, socket.display().to_string())
+        }
+        None => {
+            let config = a.model.config()?;
+            let medium = medium_for(&config, a.image.as_deref())?;
+            let options = EngineOptions {
+                seed: a.model.seed,
+                populate_bytes: region(config.device.capacity_bytes),
+                ..EngineOptions::default()
+            };
+            let m = Moneta::embedded(config.clone(), medium, options).map_err(|e| e.to_string())?;
+            (m, config, "embedded".to_string())
+        }
+    };
+    let mix = match parse_op(&a.op)? {
+        OpMix::Mixed(_) => OpMix::Mixed(a.read_fraction),
+        other => other,
+    };
+    let region = region(m.capacity_bytes());
+    // The limit is in real time here (or a request count).
+    let (ops, duration_ns) = match a.limit.limit(0)? {
+        RunLimit::Ops(0) => (None, 2_000_000_000),
+        RunLimit::Ops(n) => (Some(n), u64::MAX),
+        RunLimit::DurationNs(ns) => (None, ns),
+    };
+    let mut workload = Workload::xdd(
+        mix,
+        a.size,
+        a.threads,
+        region,
+        RunLimit::Ops(1),
+        a.model.seed,
+    );
+    workload.groups[0].random = !a.sequential;
+    let spec = BenchSpec {
+        group: workload.groups[0].clone(),
+        queue_depth: a.qd,
+        ops,
+        duration_ns,
+        mode,
+        seed: a.model.seed,
+    };
+    m.grant_raw(0, region, mix != OpMix::Read)
+        .map_err(|e| format!("{e} (raw grants need the daemon's owner)"))?;
+    let result = bench::run(&m, &spec).map_err(|e| e.to_string())?;
+    let device = m.stats().map_err(|e| e.to_string())?;
+    let mut summary = BenchSummary::new(&config.name, &target, &spec, &result, &m, device);
+    if a.compare_sim {
+        let mut sim_config = config.clone();
+        sim_config.set_stack(Stack::Raw);
+        let mut w = workload.clone();
+        w.groups[0].threads = a.threads * a.qd;
+        w.limit = RunLimit::Ops(result.ops.max(1));
+        summary.sim = Some(workload_point(&sim_config, &w)?);
+    }
+    print_bench(&summary, a.model.format);
+    Ok(())
+}
+
+fn print_bench(s: &BenchSummary, format: Format) {
+    match format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(s).expect("summary serializes")
+        ),
+        Format::Csv => {
+            println!("preset,target,op,size,threads,qd,completion,ops,mb_per_s,iops,mean_us,p50_us,p99_us,sim_mean_us,sim_mb_per_s");
+            let (sim_mean, sim_bw) = s.sim.as_ref().map_or((String::new(), String::new()), |p| {
+                (
+                    format!("{:.3}", p.latency_us_mean),
+                    format!("{:.1}", p.bandwidth_mb_per_s),
+                )
+            });
+            println!(
+                "{},{},{},{},{},{},{},{},{:.1},{:.0},{:.3},{:.3},{:.3},{sim_mean},{sim_bw}",
+                s.preset,
+                s.target,
+                s.op,
+                s.size_bytes,
+                s.threads,
+                s.queue_depth,
+                s.completion,
+                s.ops,
+                s.bandwidth_mb_per_s,
+                s.iops,
+                s.latency_us_mean,
+                s.latency_us_p50,
+                s.latency_us_p99
+            );
+        }
+        Format::Table => {
+            println!(
+                "emulator: preset {}  {}  {} {} B  threads {}  qd {}  completion {}  seed {}",
+                s.preset,
+                s.target,
+                s.op,
+                s.size_bytes,
+                s.threads,
+                s.queue_depth,
+                s.completion,
+                s.seed
+            );
+            println!(
+                "{:<10} {:>10} {:>11} {:>9} {:>9} {:>9}",
+                "", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs"
+            );
+            println!(
+                "{:<10} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>9.3}",
+                "measured",
+                s.bandwidth_mb_per_s,
+                s.iops,
+                s.latency_us_mean,
+                s.latency_us_p50,
+                s.latency_us_p99
+            );
+            if let Some(p) = &s.sim {
+                println!(
+                    "{:<10} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>9.3}",
+                    "simulated",
+                    p.bandwidth_mb_per_s,
+                    p.iops,
+                    p.latency_us_mean,
+                    p.latency_us_p50,
+                    p.latency_us_p99
+                );
+            }
+            let d = &s.device;
+            println!(
+                "{} requests in {:.2} s; completions posted {:.0} ns after their model time on average (p99 {:.0} ns); protection lookups {:.1} steps = {:.0} ns",
+                s.ops,
+                s.elapsed_ns as f64 / 1e9,
+                d.lateness_ns_mean,
+                d.lateness_ns_p99,
+                d.lookup_steps_mean,
+                d.lookup_ns_mean
+            );
+        }
+    }
+}
