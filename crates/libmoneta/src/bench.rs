@@ -173,7 +173,7 @@ fn thread(
         }
         turns = turns.wrapping_add(1);
         if spec.ops.is_none()
-            && turns % 64 == 0
+            && turns.is_multiple_of(64)
             && start.elapsed().as_nanos() as u64 >= spec.duration_ns
         {
             stop.store(true, Ordering::Relaxed);
