@@ -166,3 +166,26 @@ fn threads_share_a_channel() {
         }
     });
 }
+
+#[test]
+fn an_image_file_keeps_its_contents_across_restarts() {
+    let path = std::env::temp_dir().join(format!("moneta-image-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut c = Config::preset("moneta").unwrap();
+    c.device.capacity_bytes = 64 << 20;
+    let data = pattern(77, 12345);
+    {
+        let medium = Medium::image(&path, c.device.capacity_bytes).unwrap();
+        let m = Moneta::embedded(c.clone(), medium, EngineOptions::default()).unwrap();
+        m.grant_raw(0, m.capacity_bytes(), true).unwrap();
+        m.write(999_999, &data).unwrap();
+    }
+    let medium = Medium::image(&path, c.device.capacity_bytes).unwrap();
+    let m = Moneta::embedded(c, medium, EngineOptions::default()).unwrap();
+    m.grant_raw(0, m.capacity_bytes(), false).unwrap();
+    let mut back = vec![0u8; data.len()];
+    m.read(999_999, &mut back).unwrap();
+    drop(m);
+    std::fs::remove_file(&path).unwrap();
+    assert!(back == data, "the image lost the data");
+}

@@ -1,0 +1,188 @@
+//! End-to-end tests of `moneta serve` and `moneta bench`: the real binary,
+//! a real daemon process, clients as the owner and as another user.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn moneta() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_moneta"))
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("moneta runs")
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("JSON on stdout")
+}
+
+/// `moneta serve` in the background; stopped (SIGTERM, then SIGKILL) on drop.
+struct Serve {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Serve {
+    fn start(name: &str, extra: &[&str]) -> Serve {
+        let socket =
+            std::env::temp_dir().join(format!("moneta-cli-{}-{name}.sock", std::process::id()));
+        let child = moneta()
+            .args(["serve", "--socket"])
+            .arg(&socket)
+            .args(extra)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moneta serve starts");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "monetad did not create {}",
+                socket.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Serve { child, socket }
+    }
+
+    fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+#[test]
+fn embedded_bench_prints_the_sim_run_fields_and_the_simulation_beside_them() {
+    let v = json(&run(moneta().args([
+        "bench",
+        "--preset",
+        "onyx-late",
+        "--size",
+        "4096",
+        "--duration-ms",
+        "300",
+        "--compare-sim",
+        "--format",
+        "json",
+    ])));
+    for key in [
+        "preset",
+        "op",
+        "size_bytes",
+        "threads",
+        "queue_depth",
+        "ops",
+        "bandwidth_mb_per_s",
+        "iops",
+        "latency_us_mean",
+        "latency_us_p50",
+        "latency_us_p99",
+        "device",
+        "sim",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(v["stack"], "emulator");
+    assert_eq!(v["target"], "embedded");
+    assert!(v["ops"].as_u64().unwrap() > 100);
+    assert_eq!(v["sim"]["stack"], "raw");
+    assert!(v["sim"]["latency_us_mean"].as_f64().unwrap() > 20.0);
+}
+
+#[test]
+fn bench_against_a_daemon_and_its_errors() {
+    let serve = Serve::start(
+        "daemon",
+        &[
+            "--preset",
+            "null",
+            "--set",
+            "device.capacity_bytes=268435456",
+        ],
+    );
+    let o = run(moneta()
+        .args(["bench", "--daemon"])
+        .arg(serve.socket())
+        .args([
+            "--op", "mixed", "--size", "512", "--qd", "8", "--ops", "20000", "--format", "json",
+        ]));
+    let v = json(&o);
+    assert_eq!(v["ops"], 20000);
+    assert_eq!(v["preset"], "null");
+    assert_eq!(v["target"], serve.socket().display().to_string());
+    assert_eq!(
+        v["region_bytes"], 268435456,
+        "the default region is the whole (smaller) device"
+    );
+
+    // The daemon has its own configuration.
+    let o = run(moneta()
+        .args(["bench", "--preset", "moneta", "--daemon"])
+        .arg(serve.socket()));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("a daemon has its own"));
+
+    // Another user may open a channel but not take raw grants.
+    let o = run(moneta()
+        .args(["bench", "--daemon"])
+        .arg(serve.socket())
+        .args(["--ops", "10"])
+        .uid(65534)
+        .gid(65534));
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("daemon's owner") && err.contains("uid 65534"),
+        "{err}"
+    );
+
+    // Still serving the owner afterwards.
+    let v = json(&run(moneta()
+        .args(["bench", "--daemon"])
+        .arg(serve.socket())
+        .args(["--ops", "1000", "--format", "json"])));
+    assert_eq!(v["ops"], 1000);
+}
+
+#[test]
+fn a_second_daemon_on_the_same_socket_is_refused_and_bad_flags_are_errors() {
+    let serve = Serve::start("twice", &["--preset", "null"]);
+    let o = run(moneta()
+        .args(["serve", "--preset", "null", "--socket"])
+        .arg(serve.socket()));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already serving"));
+    for args in [
+        &["bench", "--completion", "carrier-pigeon"][..],
+        &["bench", "--preset", "null", "--qd", "65"],
+        &["bench", "--preset", "null", "--size", "2097152"],
+        &["bench", "--preset", "nonesuch"],
+        &["serve", "--preset", "null", "--set", "device.tags=0"],
+    ] {
+        let o = run(moneta().args(args));
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(!o.stderr.is_empty(), "{args:?} says why");
+    }
+    let o = run(moneta().args(["bench", "--daemon", "/nonexistent/monetad.sock"]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/monetad.sock"));
+}
