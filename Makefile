@@ -16,10 +16,14 @@ build:
 	$(CARGO) build --release
 
 # The main job: a simulated bandwidth-vs-request-size sweep of the default
-# preset, as a table, plus an SVG plot and an HTML report under out/.
+# preset, as a table, plus an SVG plot and an HTML report under out/; then
+# short real-time benchmarks on the embedded emulator (real bytes, wall
+# clock), the first beside its simulation.
 run: build
 	@mkdir -p out
 	$(MONETA) sim sweep --preset moneta --op read,write,mixed --plot out/sweep.svg --report out/sweep.html
+	$(MONETA) bench --preset onyx-late --op read --size 4096 --duration-ms 1000 --compare-sim
+	$(MONETA) bench --preset null --op read --size 512 --qd 32 --duration-ms 1000
 
 # Set-up plus every test: format, lints, unit/property/integration tests,
 # the calibration suite, and the benchmark in smoke mode.
@@ -29,12 +33,16 @@ test: setup
 	$(CARGO) test --workspace --release
 	$(CARGO) build --release
 	$(MONETA) sim speed --preset moneta --ops 200000
+	$(CARGO) bench -p libmoneta --bench overhead -- --smoke
 
-# Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M).
+# Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
+# emulator software overhead against pread(2) on tmpfs (out/overhead.json).
 bench: build
+	@mkdir -p out
 	$(MONETA) sim speed --preset moneta --ops 4000000
 	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
 	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
+	$(CARGO) bench -p libmoneta --bench overhead -- --json out/overhead.json
 
 # The calibration table of README.
 calibrate: build

@@ -30,12 +30,16 @@ enum moneta_completion {
     MONETA_ISSUE_SLEEP = 2  /* sleep until the forwarded interrupt */
 };
 
+/* Why the last failing call on this thread failed. The text stays valid
+ * until the next failing call on the same thread; copy it to keep it. */
 const char *moneta_last_error(void);
 
 moneta_t *moneta_connect(const char *socket_path);
 /* A device of the named preset ("null", "onyx-late", ...) in this process,
  * on anonymous memory, the whole device granted read-write. */
 moneta_t *moneta_embedded(const char *preset);
+/* Wait for (and release) every request first: requests still in flight when
+ * the handle closes are abandoned, their moneta_io_t leaked. */
 void moneta_close(moneta_t *m);
 
 uint64_t moneta_capacity(moneta_t *m);
@@ -47,13 +51,19 @@ int moneta_read(moneta_t *m, uint64_t addr, void *buf, size_t len);
 int moneta_write(moneta_t *m, uint64_t addr, const void *buf, size_t len);
 
 /* Asynchronous IO: prepare (reserves tags), fill/read the zero-copy buffer,
- * submit, poll or wait, release. len ≤ 1 MiB. */
+ * submit, poll or wait, release. len ≤ 1 MiB; a request takes one tag per
+ * 16 KiB of length, of the channel's 64. moneta_prepare never waits: it
+ * returns NULL ("all tags are busy") when no run of free tags is left;
+ * complete and release a request, then retry. */
 moneta_io_t *moneta_prepare(moneta_t *m, int op, uint64_t addr, size_t len, int completion);
 void *moneta_io_buffer(moneta_t *m, moneta_io_t *io);
 int moneta_submit(moneta_t *m, moneta_io_t *io);
 /* 1 done, 0 in flight, -1 failed. */
 int moneta_poll(moneta_t *m, moneta_io_t *io);
 int moneta_wait(moneta_t *m, moneta_io_t *io);
+/* Only after the request finished (poll returned 1 or -1, or wait returned):
+ * releasing a request in flight hands its buffer back while the device may
+ * still be using it. */
 void moneta_release(moneta_t *m, moneta_io_t *io);
 
 #ifdef __cplusplus

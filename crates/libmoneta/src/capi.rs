@@ -30,8 +30,13 @@ fn guard<T>(fail: T, f: impl FnOnce() -> Result<T, String>) -> T {
             set_error(e);
             fail
         }
-        Err(_) => {
-            set_error("internal error (panic) in libmoneta");
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            set_error(format!("internal error in libmoneta: {why}"));
             fail
         }
     }
@@ -59,6 +64,15 @@ fn io_handle<'a>(io: *mut Io) -> Result<&'a mut Io, String> {
     // SAFETY: a non-NULL io came from moneta_prepare and is live until
     // moneta_release; the caller does not share it between threads at once.
     unsafe { io.as_mut() }.ok_or_else(|| "moneta_io handle is NULL".to_string())
+}
+
+fn submitted_io<'a>(io: *mut Io) -> Result<&'a mut Io, String> {
+    let io = io_handle(io)?;
+    if io.is_submitted() {
+        Ok(io)
+    } else {
+        Err("moneta_io was not submitted".into())
+    }
 }
 
 fn mode(completion: c_int) -> Result<CompletionMode, String> {
@@ -190,7 +204,9 @@ pub unsafe extern "C" fn moneta_write(
     })
 }
 
-/// Reserve tags for an asynchronous request (waits while all tags are busy).
+/// Reserve tags for an asynchronous request. Never waits: NULL with "all
+/// tags are busy" when the channel has no free run of tags for it (finish
+/// and release a request, then retry).
 ///
 /// # Safety
 /// `m` must be a live handle.
@@ -204,8 +220,9 @@ pub unsafe extern "C" fn moneta_prepare(
 ) -> *mut Io {
     guard(std::ptr::null_mut(), || {
         let io = handle(m)?
-            .prepare(op(operation)?, addr, len as u64, mode(completion)?)
-            .map_err(|e| e.to_string())?;
+            .try_prepare(op(operation)?, addr, len as u64, mode(completion)?)
+            .map_err(|e| e.to_string())?
+            .ok_or("all tags are busy: wait for and release a request, then retry")?;
         Ok(Box::into_raw(Box::new(io)))
     })
 }
@@ -240,7 +257,7 @@ pub unsafe extern "C" fn moneta_submit(m: *mut Moneta, io: *mut Io) -> c_int {
 /// `m` and `io` must be live handles, `io` submitted.
 #[no_mangle]
 pub unsafe extern "C" fn moneta_poll(m: *mut Moneta, io: *mut Io) -> c_int {
-    guard(-1, || match handle(m)?.try_complete(io_handle(io)?) {
+    guard(-1, || match handle(m)?.try_complete(submitted_io(io)?) {
         None => Ok(0),
         Some(Ok(())) => Ok(1),
         Some(Err(e)) => Err(e.to_string()),
@@ -252,7 +269,9 @@ pub unsafe extern "C" fn moneta_poll(m: *mut Moneta, io: *mut Io) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn moneta_wait(m: *mut Moneta, io: *mut Io) -> c_int {
     guard(-1, || {
-        handle(m)?.wait(io_handle(io)?).map_err(|e| e.to_string())?;
+        handle(m)?
+            .wait(submitted_io(io)?)
+            .map_err(|e| e.to_string())?;
         Ok(0)
     })
 }

@@ -162,6 +162,10 @@ impl Io {
     pub fn tag(&self) -> u8 {
         self.tag
     }
+    /// Whether the request has been issued (poll and wait need that).
+    pub fn is_submitted(&self) -> bool {
+        self.submitted
+    }
 }
 
 impl Moneta {
