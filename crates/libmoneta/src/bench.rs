@@ -172,6 +172,9 @@ fn thread(
             }
         }
         turns = turns.wrapping_add(1);
+        if turns.is_multiple_of(1 << 16) {
+            m.check_device()?;
+        }
         if spec.ops.is_none()
             && turns.is_multiple_of(64)
             && start.elapsed().as_nanos() as u64 >= spec.duration_ns

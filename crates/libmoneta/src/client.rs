@@ -598,9 +598,16 @@ impl Moneta {
     }
 
     fn wait_once(&self, io: &Io) -> ResultCode {
+        let mut turns = 0u32;
         loop {
             if let Some(code) = self.poll(io) {
                 return code;
+            }
+            // Every few milliseconds of waiting, make sure there is still a
+            // device to wait for (a daemon that died never completes).
+            turns = turns.wrapping_add(1);
+            if turns.is_multiple_of(1 << 16) && self.device_gone() {
+                return ResultCode::DeviceFailure;
             }
             if io.mode == CompletionMode::IssueSleep {
                 let m = &self.inner.memory;
@@ -614,6 +621,36 @@ impl Moneta {
             } else {
                 std::hint::spin_loop();
             }
+        }
+    }
+
+    /// An error if the daemon behind this channel is gone: callers that
+    /// poll in a loop check this now and then, as `wait` does.
+    pub fn check_device(&self) -> Result<(), EmuError> {
+        if self.device_gone() {
+            Err(EmuError::new(ErrorKind::Stopped, "monetad went away"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the daemon hung up (never for an embedded device).
+    fn device_gone(&self) -> bool {
+        let Ok(control) = self.inner.control.try_lock() else {
+            return false;
+        };
+        match &*control {
+            Control::Socket { stream, .. } => {
+                let mut pfd = libc::pollfd {
+                    fd: stream.as_raw_fd(),
+                    events: 0,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; a zero timeout never blocks.
+                let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+                ready > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR) != 0
+            }
+            Control::Embedded { .. } => false,
         }
     }
 
