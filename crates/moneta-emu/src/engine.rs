@@ -61,9 +61,12 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Entries the hardware error queue holds (SPEC §3.5); beyond this the
-/// device drops the error detail and reports a device failure for the tag.
-const ERROR_QUEUE_ENTRIES: usize = 1024;
+/// Errors of one channel that may wait in the hardware error queue (SPEC
+/// §3.5) for the kernel role. A channel at this limit is not polled until
+/// they are forwarded, so a client flooding the device with bad commands
+/// stalls only itself, and the queue (at most this × 1024 entries, allocated
+/// once) never drops an entry.
+const ERRORS_PER_CHANNEL: u32 = 64;
 /// How long control operations wait for the device thread to act on them.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -99,6 +102,9 @@ pub struct EngineStats {
     pub errors: BTreeMap<String, u64>,
     /// Polls that left commands waiting because no physical tag was free.
     pub retag_stalls: u64,
+    /// Polls that skipped a channel whose errors the kernel role has not yet
+    /// forwarded (a client flooding the device with bad commands).
+    pub error_queue_stalls: u64,
     pub interrupts: u64,
     pub permission_records_in_use: u32,
     pub permission_installs: u64,
@@ -160,6 +166,8 @@ struct Shared {
     /// CHANNELSTATUS: a bit per channel with completions or errors (read and clear).
     channel_status: Vec<AtomicU64>,
     error_queue: Mutex<VecDeque<ErrorEntry>>,
+    /// Entries of each channel in `error_queue`.
+    errors_queued: Vec<AtomicU32>,
     /// Interrupt line: bumped by the device, the kernel role sleeps on it.
     interrupt_word: AtomicU32,
     kernel_sleeping: AtomicBool,
@@ -205,7 +213,10 @@ impl Engine {
             allocated: Mutex::new(allocated),
             channels: RwLock::new((0..CHANNELS).map(|_| None).collect()),
             channel_status: (0..CHANNELS / 64).map(|_| AtomicU64::new(0)).collect(),
-            error_queue: Mutex::new(VecDeque::with_capacity(ERROR_QUEUE_ENTRIES)),
+            error_queue: Mutex::new(VecDeque::with_capacity(
+                CHANNELS * ERRORS_PER_CHANNEL as usize,
+            )),
+            errors_queued: (0..CHANNELS).map(|_| AtomicU32::new(0)).collect(),
             interrupt_word: AtomicU32::new(0),
             kernel_sleeping: AtomicBool::new(false),
         });
@@ -574,15 +585,15 @@ impl DeviceThread {
                 .tag_status_register()
                 .fetch_or(1 << tag, Ordering::Release);
         } else {
-            let mut queue = self.shared.error_queue.lock().expect("error queue");
-            // A full queue loses the detail, not the completion.
-            let code = if queue.len() < ERROR_QUEUE_ENTRIES {
-                code
-            } else {
-                queue.pop_front();
-                ResultCode::DeviceFailure
-            };
-            queue.push_back(ErrorEntry { channel, tag, code });
+            // Room is guaranteed: errors only arise when a command is taken,
+            // and poll_channels takes none from a channel that already has
+            // ERRORS_PER_CHANNEL errors queued.
+            self.shared.errors_queued[channel as usize].fetch_add(1, Ordering::AcqRel);
+            self.shared
+                .error_queue
+                .lock()
+                .expect("error queue")
+                .push_back(ErrorEntry { channel, tag, code });
         }
         self.shared.channel_status[channel as usize / 64]
             .fetch_or(1 << (channel % 64), Ordering::Release);
@@ -603,6 +614,11 @@ impl DeviceThread {
                 break;
             }
             let id = self.active[(self.next_channel + i) % n];
+            if self.shared.errors_queued[id as usize].load(Ordering::Acquire) >= ERRORS_PER_CHANNEL
+            {
+                self.stats.error_queue_stalls += 1;
+                continue;
+            }
             let channel = self.channels[id as usize].as_ref().expect("active");
             let mut submitted = 0u64;
             for tag in 0..CHANNEL_TAGS {
@@ -619,6 +635,12 @@ impl DeviceThread {
                 submitted &= submitted - 1;
                 if !self.retag.has_free() {
                     self.stats.retag_stalls += 1;
+                    break;
+                }
+                if self.shared.errors_queued[id as usize].load(Ordering::Acquire)
+                    >= ERRORS_PER_CHANNEL
+                {
+                    self.stats.error_queue_stalls += 1;
                     break;
                 }
                 let control = memory.slot_control(tag).swap(0, Ordering::Acquire);
@@ -752,6 +774,7 @@ fn forward_interrupts(shared: &Shared) {
         .drain(..)
         .collect();
     for e in errors {
+        shared.errors_queued[e.channel as usize].fetch_sub(1, Ordering::AcqRel);
         if let Some(m) = &channels[e.channel as usize] {
             m.forwarded_error(e.tag as usize)
                 .store(e.code as u32, Ordering::Relaxed);
