@@ -95,6 +95,9 @@ impl Default for EngineOptions {
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EngineStats {
     pub channels_open: u32,
+    /// Turns of the device thread's polling loop (turns / time = how often
+    /// it looks at the channels and the clock).
+    pub polls: u64,
     pub requests_completed: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
@@ -408,6 +411,7 @@ impl DeviceThread {
                 self.apply_control();
             }
             let now = self.clock.now();
+            self.stats.polls += 1;
             // Take commands first, so that work the model finishes at once
             // (the null device) completes in the same turn.
             let mut worked = self.poll_channels(now);
