@@ -48,6 +48,12 @@ enum Command {
     Serve(Box<emu::ServeArgs>),
     /// XDD on the emulator (real time, real bytes) through libmoneta.
     Bench(Box<emu::BenchArgs>),
+    /// A running monetad's device counters (channels, requests, errors,
+    /// protection lookups, timing precision) as JSON.
+    Stats {
+        #[arg(long, default_value = emu::DEFAULT_SOCKET)]
+        daemon: PathBuf,
+    },
     /// Compare the model with the published numbers (SPEC §1.9, §2).
     Calibrate {
         #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -280,6 +286,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         },
         Command::Serve(a) => emu::serve(*a),
         Command::Bench(a) => emu::run_bench(*a),
+        Command::Stats { daemon } => emu::stats(&daemon),
         Command::Calibrate { format } => calibrate(format),
     }
 }
