@@ -10,7 +10,7 @@ use moneta_emu::engine::EngineStats;
 use moneta_emu::{EmuError, ErrorKind};
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::summary::PointSummary;
-use moneta_model::workload::{AddressStream, OpMix, ThreadGroup};
+use moneta_model::workload::{AddressStream, ThreadGroup};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -234,11 +234,7 @@ impl BenchSummary {
             stack: "emulator".into(),
             target: target.to_string(),
             op: g.op.name().to_string(),
-            read_fraction: match g.op {
-                OpMix::Read => 1.0,
-                OpMix::Write => 0.0,
-                OpMix::Mixed(p) => p,
-            },
+            read_fraction: g.op.read_fraction(),
             size_bytes: g.size_bytes,
             pattern: if g.random { "random" } else { "sequential" }.into(),
             region_bytes: g.region_bytes,

@@ -235,7 +235,13 @@ pub unsafe extern "C" fn moneta_prepare(
 #[no_mangle]
 pub unsafe extern "C" fn moneta_io_buffer(m: *mut Moneta, io: *mut Io) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
-        Ok(handle(m)?.buffer_mut(io_handle(io)?).as_mut_ptr().cast())
+        let io = io_handle(io)?;
+        if io.is_in_flight() {
+            return Err(
+                "the buffer of a request in flight belongs to the device: wait for it first".into(),
+            );
+        }
+        Ok(handle(m)?.buffer_mut(io).as_mut_ptr().cast())
     })
 }
 

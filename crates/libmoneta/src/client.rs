@@ -144,6 +144,8 @@ pub struct Io {
     mode: CompletionMode,
     sequence: u16,
     submitted: bool,
+    /// Issued and its completion not yet seen by `wait` / `try_complete`.
+    in_flight: bool,
 }
 
 impl Io {
@@ -165,6 +167,10 @@ impl Io {
     /// Whether the request has been issued (poll and wait need that).
     pub fn is_submitted(&self) -> bool {
         self.submitted
+    }
+    /// Issued, and `wait` / `try_complete` have not yet seen it finish.
+    pub fn is_in_flight(&self) -> bool {
+        self.in_flight
     }
 }
 
@@ -409,6 +415,7 @@ impl Moneta {
             mode,
             sequence: 0,
             submitted: false,
+            in_flight: false,
         }))
     }
 
@@ -445,26 +452,31 @@ impl Moneta {
         }
     }
 
-    /// The request's DMA slice(s): data to write, or data read once complete.
-    pub fn buffer_mut<'a>(&'a self, io: &'a mut Io) -> &'a mut [u8] {
-        let ptr = self
-            .inner
+    /// Where the request's DMA slice(s) start in the shared buffer.
+    fn slice_ptr(&self, io: &Io) -> *mut u8 {
+        assert!(
+            !io.in_flight,
+            "the DMA buffer of a request in flight belongs to the device"
+        );
+        self.inner
             .memory
             .dma_ptr(io.tag as usize * SLICE_BYTES, io.len as usize)
-            .expect("prepare kept the request inside the DMA buffer");
+            .expect("prepare kept the request inside the DMA buffer")
+    }
+
+    /// The request's DMA slice(s): data to write, or data read once complete.
+    /// Not while the request is in flight (panics).
+    pub fn buffer_mut<'a>(&'a self, io: &'a mut Io) -> &'a mut [u8] {
+        let ptr = self.slice_ptr(io);
         // SAFETY: the tags (hence these slices) belong to `io`, borrowed
         // mutably, so no other request of this library uses them; the device
-        // touches them only while the request is in flight, and `io` cannot
-        // be in flight while borrowed here (wait() ends the flight).
+        // touches them only while the request is in flight, which it is not
+        // (slice_ptr checked).
         unsafe { std::slice::from_raw_parts_mut(ptr, io.len as usize) }
     }
 
     pub fn buffer<'a>(&'a self, io: &'a Io) -> &'a [u8] {
-        let ptr = self
-            .inner
-            .memory
-            .dma_ptr(io.tag as usize * SLICE_BYTES, io.len as usize)
-            .expect("prepare kept the request inside the DMA buffer");
+        let ptr = self.slice_ptr(io);
         // SAFETY: as buffer_mut; shared borrow.
         unsafe { std::slice::from_raw_parts(ptr, io.len as usize) }
     }
@@ -512,6 +524,7 @@ impl Moneta {
         m.slot_control(io.tag as usize)
             .store(control_word, Ordering::Release);
         io.submitted = true;
+        io.in_flight = true;
         Ok(())
     }
 
@@ -564,6 +577,7 @@ impl Moneta {
         let mut retries = 0;
         loop {
             let code = self.wait_once(io);
+            io.in_flight = false;
             match code {
                 ResultCode::Ok => return Ok(()),
                 ResultCode::MissingRecord if retries < MISS_RETRIES => {
@@ -581,7 +595,9 @@ impl Moneta {
     /// request finished; None while in flight (or just re-issued after a
     /// hard miss).
     pub fn try_complete(&self, io: &mut Io) -> Option<Result<(), EmuError>> {
-        match self.poll(io)? {
+        let code = self.poll(io)?;
+        io.in_flight = false;
+        match code {
             ResultCode::Ok => Some(Ok(())),
             ResultCode::MissingRecord => {
                 self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);

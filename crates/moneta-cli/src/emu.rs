@@ -248,24 +248,32 @@ fn print_bench(s: &BenchSummary, format: Format) {
                 "{:<10} {:>10} {:>11} {:>9} {:>9} {:>9}",
                 "", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs"
             );
-            println!(
-                "{:<10} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>9.3}",
+            let row = |label: &str, numbers: [f64; 5]| {
+                let [bandwidth, iops, mean, p50, p99] = numbers;
+                println!(
+                    "{label:<10} {bandwidth:>10.1} {iops:>11.0} {mean:>9.3} {p50:>9.3} {p99:>9.3}"
+                );
+            };
+            row(
                 "measured",
-                s.bandwidth_mb_per_s,
-                s.iops,
-                s.latency_us_mean,
-                s.latency_us_p50,
-                s.latency_us_p99
+                [
+                    s.bandwidth_mb_per_s,
+                    s.iops,
+                    s.latency_us_mean,
+                    s.latency_us_p50,
+                    s.latency_us_p99,
+                ],
             );
             if let Some(p) = &s.sim {
-                println!(
-                    "{:<10} {:>10.1} {:>11.0} {:>9.3} {:>9.3} {:>9.3}",
+                row(
                     "simulated",
-                    p.bandwidth_mb_per_s,
-                    p.iops,
-                    p.latency_us_mean,
-                    p.latency_us_p50,
-                    p.latency_us_p99
+                    [
+                        p.bandwidth_mb_per_s,
+                        p.iops,
+                        p.latency_us_mean,
+                        p.latency_us_p50,
+                        p.latency_us_p99,
+                    ],
                 );
             }
             let d = &s.device;

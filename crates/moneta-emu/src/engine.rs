@@ -662,8 +662,7 @@ impl DeviceThread {
     /// Validate one command from `tag`'s slot and start it, or report why not.
     fn accept(&mut self, now: Ns, channel: u16, memory: &ChannelMemory, tag: u8, words: [u64; 2]) {
         // Until the words decode, report with what the control word claims.
-        let sequence = (words[1] >> 48) as u16;
-        let claimed_dma = words[1] & (1 << 35) != 0;
+        let (sequence, claimed_dma) = command::channel_reply_fields(words[1]);
         let fail = |me: &mut Self, code| me.post(channel, memory, tag, sequence, claimed_dma, code);
         let (cmd, sequence) = match command::decode_channel(words, &self.limits) {
             Ok(c) => c,

@@ -52,11 +52,7 @@ impl PointSummary {
             preset: config.name.clone(),
             stack: config.host.stack.name().to_string(),
             op: op.name().to_string(),
-            read_fraction: match op {
-                OpMix::Read => 1.0,
-                OpMix::Write => 0.0,
-                OpMix::Mixed(p) => p,
-            },
+            read_fraction: op.read_fraction(),
             size_bytes: g.size_bytes,
             pattern: if g.random { "random" } else { "sequential" }.to_string(),
             region_bytes: g.region_bytes,

@@ -430,6 +430,16 @@ pub fn decode_channel(
     Ok((command, (control >> CHANNEL_SEQUENCE_SHIFT) as u16))
 }
 
+/// The fields a device needs to report on a channel command that may not
+/// decode: (sequence number, whether DMA completion was asked for).
+pub fn channel_reply_fields(control: u64) -> (u16, bool) {
+    let byte = (control >> CHANNEL_COMMAND_SHIFT) as u8;
+    (
+        (control >> CHANNEL_SEQUENCE_SHIFT) as u16,
+        byte & DMA_COMPLETION_BIT != 0,
+    )
+}
+
 /// Encode `command` for a channel's command slot, with the sequence number
 /// the completion will echo. Any byte address and length up to 4 GiB − 1.
 pub fn encode_channel(command: &Command, sequence: u16) -> Result<[u64; 2], CommandError> {

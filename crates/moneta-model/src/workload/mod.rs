@@ -22,6 +22,15 @@ pub enum OpMix {
 }
 
 impl OpMix {
+    /// Fraction of requests that are reads.
+    pub fn read_fraction(self) -> f64 {
+        match self {
+            OpMix::Read => 1.0,
+            OpMix::Write => 0.0,
+            OpMix::Mixed(p) => p,
+        }
+    }
+
     pub fn parse(s: &str) -> Result<OpMix, String> {
         match s {
             "read" => Ok(OpMix::Read),
