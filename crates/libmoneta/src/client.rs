@@ -30,7 +30,7 @@ use moneta_emu::{EmuError, ErrorKind};
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, Command};
 use moneta_model::units::{DeviceAddr, Op};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
@@ -82,17 +82,26 @@ enum Control {
 }
 
 impl Control {
-    fn call(&mut self, request: Request) -> Result<Response, EmuError> {
+    /// Send a request (with `fd` attached, if any) and wait for the reply.
+    fn call(&mut self, request: Request, fd: Option<RawFd>) -> Result<Response, EmuError> {
         let response = match self {
             Control::Socket { stream, reader } => {
-                sys::send_with_fds(stream.as_raw_fd(), &control::encode(&request), &[])
+                let fds: Vec<RawFd> = fd.into_iter().collect();
+                sys::send_with_fds(stream.as_raw_fd(), &control::encode(&request), &fds)
                     .map_err(|e| EmuError::io("writing to monetad", e))?;
                 let (body, _fds) = reader.next(stream.as_raw_fd())?.ok_or_else(|| {
                     EmuError::new(ErrorKind::Stopped, "monetad closed the connection")
                 })?;
                 control::decode::<Response>(&body)?
             }
-            Control::Embedded { plane, session } => plane.handle(session, request).0,
+            Control::Embedded { plane, session } => {
+                // As SCM_RIGHTS would: the control plane gets its own descriptor.
+                let fd = fd
+                    .map(sys::dup)
+                    .transpose()
+                    .map_err(|e| EmuError::io("duplicating the descriptor", e))?;
+                plane.handle_with_fd(session, request, fd).0
+            }
         };
         match response {
             Response::Error { kind, message } => Err(EmuError::new(kind, message)),
@@ -235,14 +244,11 @@ impl Moneta {
     ) -> Result<Moneta, EmuError> {
         // SAFETY: as above.
         let uid = unsafe { libc::geteuid() };
-        let mut session = Session {
-            peer: sys::PeerCredentials {
-                pid: std::process::id() as i32,
-                uid,
-                gid: 0,
-            },
-            channel: None,
-        };
+        let mut session = Session::new(sys::PeerCredentials {
+            pid: std::process::id() as i32,
+            uid,
+            gid: 0,
+        });
         let (response, memory) = plane.handle(
             &mut session,
             Request::Hello {
@@ -323,7 +329,25 @@ impl Moneta {
     }
 
     fn call(&self, request: Request) -> Result<Response, EmuError> {
-        self.inner.control.lock().expect("control").call(request)
+        self.call_with_fd(request, None)
+    }
+
+    /// A control request with a descriptor attached (`open-file`).
+    pub(crate) fn call_with_fd(
+        &self,
+        request: Request,
+        fd: Option<RawFd>,
+    ) -> Result<Response, EmuError> {
+        self.inner
+            .control
+            .lock()
+            .expect("control")
+            .call(request, fd)
+    }
+
+    /// Count a soft miss met by a file's own extent map (SPEC §3.2).
+    pub(crate) fn count_soft_miss(&self) {
+        self.inner.soft_misses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Ask for a raw range of the device (the daemon's owner only).
@@ -695,11 +719,30 @@ impl Moneta {
         buf: &mut [u8],
         mode: CompletionMode,
     ) -> Result<(), EmuError> {
+        self.read_checked(addr, buf, mode, true)
+    }
+
+    /// Read a range a file's extent map says was granted: the map already
+    /// took the soft miss, so skip the library-wide one (hard misses still
+    /// re-install through `resolve`).
+    pub(crate) fn read_mapped(&self, addr: u64, buf: &mut [u8]) -> Result<(), EmuError> {
+        self.read_checked(addr, buf, CompletionMode::Dma, false)
+    }
+
+    fn read_checked(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        mode: CompletionMode,
+        soft_check: bool,
+    ) -> Result<(), EmuError> {
         let step = self.max_request_bytes() as usize;
         for (i, chunk) in buf.chunks_mut(step).enumerate() {
             let at = addr + (i * step) as u64;
             let mut io = self.prepare(Op::Read, at, chunk.len() as u64, mode)?;
-            let result = self.submit(&mut io).and_then(|_| self.wait(&mut io));
+            let result = self
+                .start(&mut io, soft_check)
+                .and_then(|_| self.wait(&mut io));
             if result.is_ok() {
                 chunk.copy_from_slice(self.buffer(&io));
             }
@@ -715,16 +758,41 @@ impl Moneta {
     }
 
     pub fn write_with(&self, addr: u64, buf: &[u8], mode: CompletionMode) -> Result<(), EmuError> {
+        self.write_checked(addr, buf, mode, true)
+    }
+
+    /// Write a range a file's extent map says was granted (as `read_mapped`).
+    pub(crate) fn write_mapped(&self, addr: u64, buf: &[u8]) -> Result<(), EmuError> {
+        self.write_checked(addr, buf, CompletionMode::Dma, false)
+    }
+
+    fn write_checked(
+        &self,
+        addr: u64,
+        buf: &[u8],
+        mode: CompletionMode,
+        soft_check: bool,
+    ) -> Result<(), EmuError> {
         let step = self.max_request_bytes() as usize;
         for (i, chunk) in buf.chunks(step).enumerate() {
             let at = addr + (i * step) as u64;
             let mut io = self.prepare(Op::Write, at, chunk.len() as u64, mode)?;
             self.buffer_mut(&mut io).copy_from_slice(chunk);
-            let result = self.submit(&mut io).and_then(|_| self.wait(&mut io));
+            let result = self
+                .start(&mut io, soft_check)
+                .and_then(|_| self.wait(&mut io));
             self.release(io);
             result?;
         }
         Ok(())
+    }
+
+    fn start(&self, io: &mut Io, soft_check: bool) -> Result<(), EmuError> {
+        if soft_check {
+            self.submit(io)
+        } else {
+            self.issue(io)
+        }
     }
 }
 

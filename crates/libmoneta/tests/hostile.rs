@@ -224,14 +224,11 @@ const REGISTER_BYTES: usize = CHANNEL_BYTES - DMA_BUFFER_BYTES;
 
 impl RawChannel {
     fn open(plane: &Arc<ControlPlane>) -> RawChannel {
-        let mut session = Session {
-            peer: PeerCredentials {
-                pid: std::process::id() as i32,
-                uid: uid(),
-                gid: 0,
-            },
-            channel: None,
-        };
+        let mut session = Session::new(PeerCredentials {
+            pid: std::process::id() as i32,
+            uid: uid(),
+            gid: 0,
+        });
         let (response, memory) = plane.handle(
             &mut session,
             Request::Hello {

@@ -1,15 +1,19 @@
-//! The control plane (DESIGN "Processes in emulation", SPEC §3.1–3.3): the
+//! The control plane (DESIGN "Processes in emulation", SPEC §3.1–3.4): the
 //! trusted side that creates channels, hands their shared memory to clients
 //! and installs the permissions that policy grants. It decides nothing about
-//! policy itself: in this issue the only grants are raw address ranges for
-//! the daemon's owner (benchmarks); file grants from the kernel come later.
+//! policy itself. Two kinds of grant exist: raw address ranges for the
+//! daemon's owner (benchmarks), and files, whose policy is the kernel's: a
+//! client opens a file on the file system on this device and passes the
+//! descriptor with `open-file`; `map-file` (the soft miss) grants the
+//! extents FIEMAP reports; `close-file` revokes them ([`crate::files`]).
 //!
 //! The protocol, on a Unix stream socket, is a sequence of frames: a 4-byte
 //! little-endian length, then that many bytes of one JSON object. A request
 //! is `{"op": ...}`, a reply `{"reply": ...}`. The reply to `hello` carries
-//! the channel's memory descriptor (SCM_RIGHTS). The daemon keeps the
-//! channel as long as the connection is open: a client that exits or is
-//! killed closes it, and its channel, tags and records are freed.
+//! the channel's memory descriptor (SCM_RIGHTS); an `open-file` request
+//! carries the file's. The daemon keeps the channel as long as the
+//! connection is open: a client that exits or is killed closes it, and its
+//! channel, tags, records and files are freed.
 //!
 //! Every message is untrusted: a frame longer than [`MAX_FRAME_BYTES`], bad
 //! JSON, an unknown operation or field, a request before `hello`, or one the
@@ -18,10 +22,11 @@
 use crate::channel::{ChannelMemory, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES};
 use crate::engine::{raw_record, Engine, EngineStats};
 use crate::error::{EmuError, ErrorKind};
+use crate::files::{GrantedFile, MAX_OPEN_FILES};
 use crate::protection::{READ, WRITE};
 use crate::sys::{self, PeerCredentials};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 
@@ -50,6 +55,20 @@ pub enum Request {
         write: bool,
     },
     Stats {},
+    /// Grant the file whose descriptor is attached (SCM_RIGHTS) to this
+    /// channel (SPEC §3.4); the descriptor's access mode decides the bits.
+    OpenFile {},
+    /// A soft miss on an open file (SPEC §3.2): its extents over
+    /// `[offset, offset + len)`, installing records for the written ones.
+    MapFile {
+        file_id: u32,
+        offset: u64,
+        len: u64,
+    },
+    /// Revoke an open file: its records go, the daemon drops its descriptor.
+    CloseFile {
+        file_id: u32,
+    },
 }
 
 /// What a client learns about its channel.
@@ -83,13 +102,91 @@ impl Extent {
     }
 }
 
+/// What the device lets a channel do to an extent of a file directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DirectAccess {
+    /// No record: use the kernel (pread/pwrite) for this range.
+    None,
+    Read,
+    Write,
+    ReadWrite,
+}
+
+impl DirectAccess {
+    pub fn from_perms(perms: u8) -> DirectAccess {
+        match (perms & READ != 0, perms & WRITE != 0) {
+            (false, false) => DirectAccess::None,
+            (true, false) => DirectAccess::Read,
+            (false, true) => DirectAccess::Write,
+            (true, true) => DirectAccess::ReadWrite,
+        }
+    }
+
+    /// The permission bits of its records.
+    pub fn perms(self) -> u8 {
+        match self {
+            DirectAccess::None => 0,
+            DirectAccess::Read => READ,
+            DirectAccess::Write => WRITE,
+            DirectAccess::ReadWrite => READ | WRITE,
+        }
+    }
+
+    pub fn can_write(self) -> bool {
+        self.perms() & WRITE != 0
+    }
+}
+
+/// One extent of a file (a `map-file` answer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileExtent {
+    /// Byte offset in the file.
+    pub logical: u64,
+    /// Device address of byte `logical`.
+    pub physical: u64,
+    pub len: u64,
+    /// Allocated but never written: reads as zeros, and the file system
+    /// would not see data written here directly, so a writer allocates
+    /// through the kernel first (SPEC §3.4).
+    pub unwritten: bool,
+    /// What the installed record allows: `none` for unwritten extents and
+    /// for data the device cannot serve (not on the medium, not yet
+    /// allocated, inline, encoded or encrypted); `read` for a writable
+    /// file's extents shared with another file (writes go through the
+    /// kernel, which copies on write).
+    pub direct: DirectAccess,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Response {
     Channel(ChannelInfo),
     Granted(Extent),
     Stats(Box<EngineStats>),
-    Error { kind: ErrorKind, message: String },
+    FileOpened {
+        file_id: u32,
+        size_bytes: u64,
+        block_bytes: u64,
+        /// What the descriptor's access mode allows.
+        access: DirectAccess,
+    },
+    /// The extents overlapping `[offset, end)` of the request, in logical
+    /// order (they may extend past it); ranges without one are holes. `end`
+    /// is short of the requested end when the answer was cut at
+    /// [`sys::FIEMAP_BATCH`] extents: ask again from `end`.
+    FileExtents {
+        end: u64,
+        extents: Vec<FileExtent>,
+    },
+    FileClosed {
+        file_id: u32,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 impl Response {
@@ -187,6 +284,20 @@ impl FrameReader {
 pub struct Session {
     pub peer: PeerCredentials,
     pub channel: Option<u16>,
+    /// Files granted to the channel, by file id.
+    files: BTreeMap<u32, GrantedFile>,
+    last_file_id: u32,
+}
+
+impl Session {
+    pub fn new(peer: PeerCredentials) -> Session {
+        Session {
+            peer,
+            channel: None,
+            files: BTreeMap::new(),
+            last_file_id: 0,
+        }
+    }
 }
 
 /// The trusted side: a device, who owns it, and what each channel was granted.
@@ -217,7 +328,18 @@ impl ControlPlane {
         session: &mut Session,
         request: Request,
     ) -> (Response, Option<Arc<ChannelMemory>>) {
-        match self.try_handle(session, request) {
+        self.handle_with_fd(session, request, None)
+    }
+
+    /// Answer one request that arrived with a descriptor (`open-file`
+    /// needs one; the others ignore it, and it is closed).
+    pub fn handle_with_fd(
+        &self,
+        session: &mut Session,
+        request: Request,
+        fd: Option<OwnedFd>,
+    ) -> (Response, Option<Arc<ChannelMemory>>) {
+        match self.try_handle(session, request, fd) {
             Ok(r) => r,
             Err(e) => (Response::error(e), None),
         }
@@ -227,6 +349,7 @@ impl ControlPlane {
         &self,
         session: &mut Session,
         request: Request,
+        fd: Option<OwnedFd>,
     ) -> Result<(Response, Option<Arc<ChannelMemory>>), EmuError> {
         if let Request::Hello { version } = request {
             if version != PROTOCOL_VERSION {
@@ -290,12 +413,20 @@ impl ControlPlane {
                 Ok((Response::Granted(extent), None))
             }
             Request::Resolve { addr, len, write } => {
-                let extent = self
+                let raw = self
                     .grants
                     .lock()
                     .expect("grants")
                     .get(&channel)
-                    .and_then(|g| g.iter().rev().find(|e| e.covers(addr, len, write)).copied())
+                    .and_then(|g| g.iter().rev().find(|e| e.covers(addr, len, write)).copied());
+                if let Some(extent) = raw {
+                    self.install(channel, extent)?;
+                    return Ok((Response::Granted(extent), None));
+                }
+                let (extent, updates) = session
+                    .files
+                    .values()
+                    .find_map(|f| f.resolve(channel, addr, len, write))
                     .ok_or_else(|| {
                         EmuError::new(
                             ErrorKind::Unauthorized,
@@ -305,10 +436,58 @@ impl ControlPlane {
                             ),
                         )
                     })?;
-                self.install(channel, extent)?;
+                self.engine.update_permissions(updates)?;
                 Ok((Response::Granted(extent), None))
             }
             Request::Stats {} => Ok((Response::Stats(Box::new(self.engine.stats()?)), None)),
+            Request::OpenFile {} => {
+                let fd = fd.ok_or_else(|| {
+                    EmuError::new(
+                        ErrorKind::Protocol,
+                        "open-file needs the file's descriptor attached (SCM_RIGHTS)",
+                    )
+                })?;
+                if session.files.len() >= MAX_OPEN_FILES {
+                    return Err(EmuError::new(
+                        ErrorKind::Protocol,
+                        format!("this channel already has {MAX_OPEN_FILES} files open"),
+                    ));
+                }
+                let file_id = session.last_file_id.checked_add(1).ok_or_else(|| {
+                    EmuError::new(ErrorKind::Protocol, "this channel ran out of file ids")
+                })?;
+                let key = (u64::from(channel) << 32) | u64::from(file_id);
+                let image = self.engine.medium().image_identity();
+                let (file, opened) = GrantedFile::open(fd, key, image)?;
+                session.last_file_id = file_id;
+                session.files.insert(file_id, file);
+                Ok((
+                    Response::FileOpened {
+                        file_id,
+                        size_bytes: opened.size_bytes,
+                        block_bytes: opened.block_bytes,
+                        access: opened.access,
+                    },
+                    None,
+                ))
+            }
+            Request::MapFile {
+                file_id,
+                offset,
+                len,
+            } => {
+                let capacity = self.engine.config().device.capacity_bytes;
+                let (extents, end, updates) =
+                    open_file(session, file_id)?.map(channel, offset, len, capacity)?;
+                self.engine.update_permissions(updates)?;
+                Ok((Response::FileExtents { end, extents }, None))
+            }
+            Request::CloseFile { file_id } => {
+                let remove = open_file(session, file_id)?.remove(channel);
+                self.engine.update_permissions(vec![remove])?;
+                session.files.remove(&file_id);
+                Ok((Response::FileClosed { file_id }, None))
+            }
         }
     }
 
@@ -318,13 +497,24 @@ impl ControlPlane {
             .update_permissions(vec![raw_record(channel, e.start, e.len, perms)])
     }
 
-    /// The connection ended (or the client died): free its channel.
+    /// The connection ended (or the client died): free its channel (and
+    /// with it every record) and drop its files' descriptors.
     pub fn end(&self, session: &mut Session) {
         if let Some(channel) = session.channel.take() {
             self.grants.lock().expect("grants").remove(&channel);
             let _ = self.engine.close_channel(channel);
         }
+        session.files.clear();
     }
+}
+
+fn open_file(session: &mut Session, file_id: u32) -> Result<&mut GrantedFile, EmuError> {
+    session.files.get_mut(&file_id).ok_or_else(|| {
+        EmuError::new(
+            ErrorKind::Protocol,
+            format!("file {file_id} is not open on this channel"),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -345,10 +535,37 @@ mod tests {
             frame.len() - 4
         );
         assert_eq!(decode::<Request>(&frame[4..]).unwrap(), r);
+        for r in [
+            Request::OpenFile {},
+            Request::MapFile {
+                file_id: 3,
+                offset: 1 << 40,
+                len: 4096,
+            },
+            Request::CloseFile { file_id: 3 },
+        ] {
+            assert_eq!(decode::<Request>(&encode(&r)[4..]).unwrap(), r);
+        }
+        let extents = Response::FileExtents {
+            end: 8192,
+            extents: vec![FileExtent {
+                logical: 0,
+                physical: 1 << 20,
+                len: 4096,
+                unwritten: false,
+                direct: DirectAccess::ReadWrite,
+            }],
+        };
+        let body = serde_json::to_string(&extents).unwrap();
+        assert!(body.contains(r#""reply":"file-extents""#), "{body}");
+        assert!(body.contains(r#""direct":"read-write""#), "{body}");
+        assert_eq!(decode::<Response>(body.as_bytes()).unwrap(), extents);
         for bad in [
             &br#"{"op":"grant-raw","start":1}"#[..],
             br#"{"op":"format-disk"}"#,
             br#"{"op":"stats","extra":1}"#,
+            br#"{"op":"map-file","file_id":1,"offset":0}"#,
+            br#"{"op":"close-file","file_id":-1}"#,
             br#"{"op":"grant-raw","start":-1,"len":1,"write":true}"#,
             b"\xff\xfe",
             b"",

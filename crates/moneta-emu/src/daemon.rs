@@ -109,10 +109,7 @@ fn serve_connection(plane: &ControlPlane, stream: UnixStream) {
             return;
         }
     };
-    let mut session = Session {
-        peer,
-        channel: None,
-    };
+    let mut session = Session::new(peer);
     let mut reader = FrameReader::new();
     loop {
         let (body, fds) = match reader.next(fd) {
@@ -124,11 +121,11 @@ fn serve_connection(plane: &ControlPlane, stream: UnixStream) {
                 break;
             }
         };
-        // Clients send no descriptors in this protocol version; any that
-        // arrive are closed when `fds` drops.
-        drop(fds);
+        // Only open-file carries a descriptor (the first); any others are
+        // closed when they drop.
+        let fd = fds.into_iter().next();
         let (response, memory) = match control::decode::<Request>(&body) {
-            Ok(request) => plane.handle(&mut session, request),
+            Ok(request) => plane.handle_with_fd(&mut session, request, fd),
             Err(e) => (Response::error(e), None),
         };
         let attach: Vec<i32> = memory.iter().map(|m| m.fd().as_raw_fd()).collect();

@@ -10,6 +10,7 @@
 //! - [`retag`], [`protection`]: the Moneta-D pipeline stages in front of the model.
 //! - [`medium`]: anonymous memory or a memory-mapped image file.
 //! - [`control`], [`daemon`]: the trusted control plane and `monetad`.
+//! - [`files`]: file grants from the kernel (descriptor checks, FIEMAP).
 //! - [`wall_clock`]: the clock that makes it an emulator.
 
 pub mod channel;
@@ -17,6 +18,7 @@ pub mod control;
 pub mod daemon;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod medium;
 pub mod protection;
 pub mod retag;

@@ -15,6 +15,7 @@ use std::fmt;
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug)]
@@ -61,6 +62,9 @@ impl std::error::Error for MediumError {}
 pub struct Medium {
     map: Mapping,
     image: Option<PathBuf>,
+    /// (st_dev, st_ino) of the mapped image: the file a loop device must be
+    /// backed by for file grants (SPEC §3.4) to name this medium's bytes.
+    image_identity: Option<(u64, u64)>,
 }
 
 impl Medium {
@@ -70,7 +74,11 @@ impl Medium {
             .map_err(|_| MediumError::CapacityTooLarge(capacity_bytes))?;
         let map = Mapping::new(None, len, true)
             .map_err(|source| MediumError::Io { path: None, source })?;
-        Ok(Medium { map, image: None })
+        Ok(Medium {
+            map,
+            image: None,
+            image_identity: None,
+        })
     }
 
     /// The image file at `path`: created (sparse, zero-filled) if missing;
@@ -90,7 +98,8 @@ impl Medium {
             .truncate(false)
             .open(path)
             .map_err(io_err)?;
-        let image_bytes = file.metadata().map_err(io_err)?.len();
+        let meta = file.metadata().map_err(io_err)?;
+        let image_bytes = meta.len();
         if image_bytes == 0 {
             file.set_len(capacity_bytes).map_err(io_err)?;
         } else if image_bytes != capacity_bytes {
@@ -104,6 +113,7 @@ impl Medium {
         Ok(Medium {
             map,
             image: Some(path.to_path_buf()),
+            image_identity: Some((meta.dev(), meta.ino())),
         })
     }
 
@@ -113,6 +123,11 @@ impl Medium {
 
     pub fn image_path(&self) -> Option<&Path> {
         self.image.as_deref()
+    }
+
+    /// (device, inode) of the image file, if the medium is one.
+    pub fn image_identity(&self) -> Option<(u64, u64)> {
+        self.image_identity
     }
 
     fn check(&self, addr: u64, len: usize) -> io::Result<usize> {

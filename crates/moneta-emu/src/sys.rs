@@ -1,7 +1,8 @@
 //! The few system calls the emulator needs, each wrapped once with its
 //! SAFETY argument: shared mappings (memfd, files), futexes across processes,
-//! and descriptor passing over Unix sockets (SCM_RIGHTS) with the peer's
-//! credentials (SO_PEERCRED).
+//! descriptor passing over Unix sockets (SCM_RIGHTS) with the peer's
+//! credentials (SO_PEERCRED), and the file calls of file grants (SPEC §3.4):
+//! fstat, fcntl, fdatasync, positioned I/O, page-cache advice and FIEMAP.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -113,12 +114,7 @@ pub fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
 
 /// Size of the file behind `fd`.
 pub fn file_len(fd: RawFd) -> io::Result<u64> {
-    // SAFETY: fstat writes into the zeroed struct we pass.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(st.st_size as u64)
+    Ok(fstat(fd)?.st_size as u64)
 }
 
 /// Sleep while `*word == expected` (or until woken, or `timeout_ns`).
@@ -289,4 +285,185 @@ pub fn recv_with_fds(socket: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<Ow
         }
         return Ok((n as usize, fds));
     }
+}
+
+/// A descriptor's `fstat`.
+pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: fstat writes into the zeroed struct we pass; an invalid fd is EBADF.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// A new descriptor (close-on-exec) for the open file description behind `fd`.
+pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC only reads the descriptor table; an invalid fd is EBADF.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new` is a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// The file status flags (`fcntl(F_GETFL)`): access mode, O_APPEND, O_PATH, …
+pub fn status_flags(fd: RawFd) -> io::Result<i32> {
+    // SAFETY: F_GETFL has no memory effects.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(flags)
+}
+
+/// Write the file's dirty data (and the metadata needed to read it) to its device.
+pub fn fdatasync(fd: RawFd) -> io::Result<()> {
+    loop {
+        // SAFETY: plain syscall on a descriptor; no memory effects.
+        if unsafe { libc::fdatasync(fd) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Drop the kernel's clean cached pages of `[offset, offset + len)` of the
+/// file (len 0: to the end of the file).
+pub fn drop_cached_pages(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    let offset = libc::off_t::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let len = libc::off_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: advice only; no memory effects. Returns the error number.
+    match unsafe { libc::posix_fadvise(fd, offset, len, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
+/// Set the file's length.
+pub fn ftruncate(fd: RawFd, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: plain syscall on a descriptor; no memory effects.
+    if unsafe { libc::ftruncate(fd, len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Read from `offset` until `buf` is full or the file ends; returns the
+/// bytes read.
+pub fn pread_full(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let at =
+            libc::off_t::try_from(offset + done as u64).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: the kernel writes at most `buf.len() - done` bytes into
+        // our exclusively borrowed buffer.
+        let n = unsafe { libc::pread(fd, buf[done..].as_mut_ptr().cast(), buf.len() - done, at) };
+        match n {
+            0 => break,
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// Write all of `buf` at `offset`.
+pub fn pwrite_all(fd: RawFd, buf: &[u8], offset: u64) -> io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        let at =
+            libc::off_t::try_from(offset + done as u64).map_err(|_| io::ErrorKind::InvalidInput)?;
+        // SAFETY: the kernel reads at most `buf.len() - done` bytes of our buffer.
+        let n = unsafe { libc::pwrite(fd, buf[done..].as_ptr().cast(), buf.len() - done, at) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        } else {
+            done += n as usize;
+        }
+    }
+    Ok(())
+}
+
+/// Extents one FIEMAP call reports at most.
+pub const FIEMAP_BATCH: usize = 128;
+
+// FIEMAP (linux/fiemap.h): request flag and extent flags.
+pub const FIEMAP_FLAG_SYNC: u32 = 0x1;
+pub const FIEMAP_EXTENT_LAST: u32 = 0x1;
+pub const FIEMAP_EXTENT_UNKNOWN: u32 = 0x2;
+pub const FIEMAP_EXTENT_DELALLOC: u32 = 0x4;
+pub const FIEMAP_EXTENT_ENCODED: u32 = 0x8;
+pub const FIEMAP_EXTENT_DATA_ENCRYPTED: u32 = 0x80;
+pub const FIEMAP_EXTENT_NOT_ALIGNED: u32 = 0x100;
+pub const FIEMAP_EXTENT_DATA_INLINE: u32 = 0x200;
+pub const FIEMAP_EXTENT_DATA_TAIL: u32 = 0x400;
+pub const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x800;
+pub const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
+
+/// `struct fiemap_extent`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FiemapExtent {
+    /// Byte offset in the file.
+    pub logical: u64,
+    /// Byte offset on the file system's block device.
+    pub physical: u64,
+    pub length: u64,
+    reserved64: [u64; 2],
+    /// FIEMAP_EXTENT_*.
+    pub flags: u32,
+    reserved: [u32; 3],
+}
+
+/// `struct fiemap` with room for [`FIEMAP_BATCH`] extents.
+#[repr(C)]
+struct Fiemap {
+    start: u64,
+    length: u64,
+    flags: u32,
+    mapped_extents: u32,
+    extent_count: u32,
+    reserved: u32,
+    extents: [FiemapExtent; FIEMAP_BATCH],
+}
+
+/// FS_IOC_FIEMAP = _IOWR('f', 11, struct fiemap) (the header is 32 bytes).
+const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+
+/// The extents of the file behind `fd` that overlap `[start, start + len)`,
+/// in logical order, at most [`FIEMAP_BATCH`] (ask again from the end of
+/// the last one for more). FIEMAP_FLAG_SYNC: the kernel writes the file's
+/// dirty data first, so delayed allocations get real blocks.
+pub fn fiemap(fd: RawFd, start: u64, len: u64) -> io::Result<Vec<FiemapExtent>> {
+    let mut request = Box::new(Fiemap {
+        start,
+        length: len,
+        flags: FIEMAP_FLAG_SYNC,
+        mapped_extents: 0,
+        extent_count: FIEMAP_BATCH as u32,
+        reserved: 0,
+        extents: [FiemapExtent::default(); FIEMAP_BATCH],
+    });
+    // SAFETY: `request` is a live `struct fiemap` whose extent array holds
+    // `extent_count` entries, which bounds what the kernel writes.
+    let r = unsafe { libc::ioctl(fd, FS_IOC_FIEMAP as _, &mut *request as *mut Fiemap) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = (request.mapped_extents as usize).min(FIEMAP_BATCH);
+    Ok(request.extents[..n].to_vec())
 }

@@ -199,14 +199,11 @@ fn only_the_owner_takes_raw_grants() {
     // here the control plane is asked directly with a stranger's credentials.
     let d = Running::start("owner", 4242);
     let plane = ControlPlane::new(d.engine.clone(), 4242);
-    let mut stranger = control::Session {
-        peer: sys::PeerCredentials {
-            pid: 1,
-            uid: 65534,
-            gid: 65534,
-        },
-        channel: None,
-    };
+    let mut stranger = control::Session::new(sys::PeerCredentials {
+        pid: 1,
+        uid: 65534,
+        gid: 65534,
+    });
     let (r, memory) = plane.handle(
         &mut stranger,
         Request::Hello {
@@ -230,14 +227,11 @@ fn only_the_owner_takes_raw_grants() {
         "{r:?}"
     );
     assert_eq!(d.engine.stats().unwrap().permission_records_in_use, 0);
-    let mut owner = control::Session {
-        peer: sys::PeerCredentials {
-            pid: 1,
-            uid: 4242,
-            gid: 0,
-        },
-        channel: None,
-    };
+    let mut owner = control::Session::new(sys::PeerCredentials {
+        pid: 1,
+        uid: 4242,
+        gid: 0,
+    });
     plane.handle(
         &mut owner,
         Request::Hello {
@@ -293,4 +287,59 @@ fn random_byte_streams_do_not_hurt_the_daemon() {
     assert!(matches!(r, Response::Granted(_)), "{r:?}");
     drop(s);
     d.wait_channels(0);
+}
+
+#[test]
+fn open_file_takes_the_attached_descriptor_and_checks_it() {
+    let d = Running::start("open-file", 0);
+    let mut s = d.connect();
+    let (r, _) = call(
+        &mut s,
+        &Request::Hello {
+            version: PROTOCOL_VERSION,
+        },
+    );
+    assert!(matches!(r, Response::Channel(_)), "{r:?}");
+    let (r, _) = call(&mut s, &Request::OpenFile {});
+    assert!(
+        matches!(&r, Response::Error { kind: ErrorKind::Protocol, message } if message.contains("descriptor")),
+        "{r:?}"
+    );
+    // The descriptor arrives (SCM_RIGHTS) and is checked: this device's
+    // medium is anonymous memory, so no file can be on it.
+    let file = std::fs::File::open("/proc/self/exe").unwrap();
+    sys::send_with_fds(
+        s.as_raw_fd(),
+        &control::encode(&Request::OpenFile {}),
+        &[file.as_raw_fd()],
+    )
+    .unwrap();
+    let (r, _) = reply(&s);
+    assert!(
+        matches!(&r, Response::Error { kind: ErrorKind::Unauthorized, message } if message.contains("anonymous")),
+        "{r:?}"
+    );
+    // Descriptors sent with other requests are ignored.
+    sys::send_with_fds(
+        s.as_raw_fd(),
+        &control::encode(&Request::Stats {}),
+        &[file.as_raw_fd()],
+    )
+    .unwrap();
+    assert!(matches!(reply(&s).0, Response::Stats(_)));
+    for bad in [
+        Request::MapFile {
+            file_id: 1,
+            offset: 0,
+            len: 4096,
+        },
+        Request::CloseFile { file_id: 1 },
+    ] {
+        assert_eq!(
+            error_kind(&call(&mut s, &bad).0),
+            ErrorKind::Protocol,
+            "{bad:?}"
+        );
+    }
+    assert_eq!(d.engine.stats().unwrap().permission_records_in_use, 0);
 }
