@@ -5,8 +5,8 @@
 //! with open(2) on the file system that lives on this device (a real XFS or
 //! ext4 on a loop device over the daemon's image), so the kernel checks its
 //! rights, and passes the descriptor. The descriptor must name a regular
-//! file on such a loop device (or a partition of it), or that block device
-//! itself; its access mode decides the permission bits. The file's extents
+//! file on such a loop device, or that block device itself; its access mode
+//! decides the permission bits. The file's extents
 //! come from FIEMAP (SPEC §3.4's "function that extracts a file's
 //! extents"): each written extent becomes a permission record of the
 //! channel, keyed per (channel, file) so the table merges physically
@@ -456,7 +456,8 @@ fn block_device_bytes(dev: libc::dev_t) -> Result<u64, EmuError> {
 }
 
 /// Where byte 0 of block device `dev` lies on the medium, if `dev` is a
-/// loop device (or a partition of one) whose backing file is the image.
+/// loop device whose backing file is the image (partitions of one are not
+/// recognized).
 fn device_base(dev: libc::dev_t, image: (u64, u64)) -> Result<u64, EmuError> {
     let name = format!("{}:{}", libc::major(dev), libc::minor(dev));
     let not_ours = |why: String| {
@@ -466,16 +467,7 @@ fn device_base(dev: libc::dev_t, image: (u64, u64)) -> Result<u64, EmuError> {
         ))
     };
     let dir = sysfs_block(dev);
-    let (loop_dir, partition_start) = if dir.join("partition").exists() {
-        // A partition's sysfs directory sits inside its disk's.
-        let real = std::fs::canonicalize(&dir)
-            .map_err(|e| EmuError::io(&format!("resolving {}", dir.display()), e))?;
-        let disk = real.parent().map(Path::to_path_buf).unwrap_or(real);
-        (disk, read_sysfs_u64(&dir.join("start"))? * 512)
-    } else {
-        (dir, 0)
-    };
-    let backing = std::fs::read_to_string(loop_dir.join("loop/backing_file"))
+    let backing = std::fs::read_to_string(dir.join("loop/backing_file"))
         .map_err(|_| not_ours("which is not a loop device".into()))?;
     let backing = backing.trim_end_matches('\n');
     let meta = std::fs::metadata(backing)
@@ -485,7 +477,7 @@ fn device_base(dev: libc::dev_t, image: (u64, u64)) -> Result<u64, EmuError> {
             "a loop device over {backing}, which is not the image"
         )));
     }
-    Ok(read_sysfs_u64(&loop_dir.join("loop/offset"))? + partition_start)
+    read_sysfs_u64(&dir.join("loop/offset"))
 }
 
 #[cfg(test)]
