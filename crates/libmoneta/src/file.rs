@@ -227,9 +227,7 @@ impl MonetaFile {
         // the permission (and refuses). The kernel takes what is shared
         // with another file (it copies on write), data the device does not
         // serve, and a range another writer punched meanwhile.
-        let direct = |s: &Segment| {
-            matches!(s.kind, Kind::Direct(a) if a.can_write() || !self.access.can_write())
-        };
+        let direct = |s: &Segment| matches!(s.kind, Kind::Direct(a) if a.can_write() || !self.access.can_write());
         let shared = self.kernel_writes.read().expect("kernel writes");
         let segments = self.segments(m, offset, end)?;
         if segments.iter().all(direct) {
@@ -282,6 +280,17 @@ impl MonetaFile {
             // A fresh map of the cut range replaces the daemon's grants there.
             self.fetch(m, kept, old)?;
         }
+        Ok(())
+    }
+
+    /// The kernel changed the file behind the library's back (an O_APPEND
+    /// write, fallocate): its data must reach the device, and the map is
+    /// forgotten, to be asked again on the next access.
+    pub fn refresh(&self, m: &Moneta) -> Result<(), EmuError> {
+        self.check_channel(m)?;
+        let _alone = self.kernel_writes.write().expect("kernel writes");
+        self.flush()?;
+        self.invalidate(0, u64::MAX);
         Ok(())
     }
 

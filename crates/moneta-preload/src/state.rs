@@ -1,0 +1,137 @@
+//! The shim's process state (SPEC §3.2): the channel to monetad, opened on
+//! the first file the program opens on the Moneta mount, and the table of
+//! descriptors the shim handles. Descriptors that `dup` made share one
+//! [`OpenFile`] (one file position, as an open file description does).
+//!
+//! Fork: the child shares the parent's channel pages and control socket, and
+//! must not use them (their tags belong to the parent). A pthread_atfork
+//! child handler forgets them; the child opens its own channel on its next
+//! access and re-registers each inherited descriptor with it.
+
+use moneta::file::MonetaFile;
+use moneta::Moneta;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// Environment: the daemon's socket and the mount it serves.
+pub const SOCKET_ENV: &str = "MONETA_SOCKET";
+pub const MOUNT_ENV: &str = "MONETA_MOUNT";
+
+/// A file the shim handles: the library's handle and the file position.
+pub struct OpenFile {
+    /// The library's file, for the channel of generation `generation`.
+    pub file: Mutex<(u64, Option<MonetaFile>)>,
+    /// The position read/write/lseek use (shared by dup'ed descriptors).
+    pub offset: Mutex<u64>,
+    /// O_APPEND: writes go through the kernel, which makes them atomic.
+    pub append: AtomicBool,
+    /// Some descriptor that refers to this file (to re-register it).
+    pub fd: RawFd,
+}
+
+pub struct Shim {
+    /// st_dev of the Moneta mount (files on it are ours).
+    pub mount_dev: Option<u64>,
+    socket: Option<String>,
+    moneta: Mutex<Option<Moneta>>,
+    /// Bumped in a forked child: handles from older generations are stale.
+    generation: AtomicU64,
+    files: RwLock<Vec<Option<Arc<OpenFile>>>>,
+    /// Fast path: nothing to look up until the first file is ours.
+    any: AtomicBool,
+}
+
+static SHIM: OnceLock<Shim> = OnceLock::new();
+
+pub fn shim() -> &'static Shim {
+    SHIM.get_or_init(|| {
+        let mount_dev = std::env::var_os(MOUNT_ENV).and_then(|m| {
+            let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(m.as_os_str()))
+                .ok()?;
+            // SAFETY: stat into a zeroed struct with a NUL-terminated path.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            (unsafe { libc::stat(c.as_ptr(), &mut st) } == 0).then_some(st.st_dev)
+        });
+        Shim {
+            mount_dev,
+            socket: std::env::var(SOCKET_ENV).ok(),
+            moneta: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            files: RwLock::new(Vec::new()),
+            any: AtomicBool::new(false),
+        }
+    })
+}
+
+impl Shim {
+    /// The channel (connecting on first use).
+    pub fn moneta(&self) -> Option<Moneta> {
+        let mut m = self.moneta.lock().ok()?;
+        if m.is_none() {
+            let socket = self.socket.as_ref()?;
+            match Moneta::connect(std::path::Path::new(socket)) {
+                Ok(c) => *m = Some(c),
+                Err(e) => {
+                    warn(&format!(
+                        "cannot reach monetad at {socket}: {e}; using the kernel"
+                    ));
+                    return None;
+                }
+            }
+        }
+        m.clone()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub fn get(&self, fd: RawFd) -> Option<Arc<OpenFile>> {
+        if fd < 0 || !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        self.files.read().ok()?.get(fd as usize)?.clone()
+    }
+
+    pub fn insert(&self, fd: RawFd, file: Arc<OpenFile>) {
+        let Ok(mut files) = self.files.write() else {
+            return;
+        };
+        let i = fd as usize;
+        if files.len() <= i {
+            files.resize(i + 1, None);
+        }
+        files[i] = Some(file);
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Forget `fd`; returns its file if no other descriptor refers to it.
+    pub fn remove(&self, fd: RawFd) -> Option<Arc<OpenFile>> {
+        if fd < 0 || !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut files = self.files.write().ok()?;
+        let f = files.get_mut(fd as usize)?.take()?;
+        let shared = files.iter().flatten().any(|g| Arc::ptr_eq(g, &f));
+        (!shared).then_some(f)
+    }
+
+    /// In a forked child: drop the parent's channel without touching it.
+    pub fn after_fork_in_child(&self) {
+        if let Ok(mut m) = self.moneta.lock() {
+            // Forget, not drop: nothing of the parent's may be sent or unmapped
+            // in a way that could disturb it (dropping only closes our copies,
+            // but forgetting is the simplest thing that is certainly safe).
+            std::mem::forget(m.take());
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A message on stderr (the shim never fails a call just to say something).
+pub fn warn(message: &str) {
+    let text = format!("libmoneta_preload: {message}\n");
+    // SAFETY: write(2) of a valid buffer to stderr.
+    unsafe { (crate::real::real().write)(2, text.as_ptr().cast(), text.len()) };
+}
