@@ -6,11 +6,18 @@ MONETA := target/release/moneta
 
 all: build
 
-# Toolchain pieces the tests use; idempotent.
+# Toolchain pieces and system packages the tests use (xfsprogs for moneta up;
+# fio, sqlite3 and Berkeley DB for the workloads on its file system);
+# idempotent.
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+	@command -v mkfs.xfs >/dev/null || (apt-get update && apt-get install -y xfsprogs)
+	@command -v fio >/dev/null || (apt-get update && apt-get install -y fio)
+	@command -v sqlite3 >/dev/null || (apt-get update && apt-get install -y sqlite3)
+	@dpkg -s libdb5.3-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y libdb5.3-dev)
+	@command -v db5.3_stat >/dev/null || (apt-get update && apt-get install -y db5.3-util)
 
 build:
 	$(CARGO) build --release

@@ -6,8 +6,11 @@
 //! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
 //! - `moneta sim speed` measures simulated requests per wall-clock second.
 //! - `moneta serve` runs monetad; `moneta bench` runs XDD on the emulator.
+//! - `moneta up`, `down`, `status`: the Moneta file system (an image, XFS or
+//!   ext4 on a loop device, monetad on the same image).
 
 mod emu;
+mod mount;
 mod output;
 mod plot;
 
@@ -48,6 +51,13 @@ enum Command {
     Serve(Box<emu::ServeArgs>),
     /// XDD on the emulator (real time, real bytes) through libmoneta.
     Bench(Box<emu::BenchArgs>),
+    /// Bring up the Moneta file system: a device image, XFS or ext4 on a
+    /// loop device over it, mounted, and monetad serving the same image.
+    Up(Box<mount::UpArgs>),
+    /// Stop what `up` started (the image and its files are kept).
+    Down(mount::DownArgs),
+    /// Every instance under /run/moneta and whether each piece is alive.
+    Status(mount::StatusArgs),
     /// A running monetad's device counters (channels, requests, errors,
     /// protection lookups, timing precision) as JSON.
     Stats {
@@ -287,6 +297,9 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Serve(a) => emu::serve(*a),
         Command::Bench(a) => emu::run_bench(*a),
         Command::Stats { daemon } => emu::stats(&daemon),
+        Command::Up(a) => mount::up(*a),
+        Command::Down(a) => mount::down(a),
+        Command::Status(a) => mount::status(a),
         Command::Calibrate { format } => calibrate(format),
     }
 }

@@ -1,0 +1,1522 @@
+//! `moneta up`, `moneta down`, `moneta status`: the Moneta file system of
+//! DESIGN "Processes in emulation" (a real XFS or ext4 on a loop device over
+//! the device image, with monetad serving the same image) brought up, torn
+//! down and inspected as one unit. README "File system" describes the use.
+//!
+//! An instance is named after its mount point and keeps everything in
+//! `/run/moneta/<name>/`:
+//! - `device.img`: the medium, a sparse file. The loop device under the file
+//!   system and the daemon's memory map both use it; the loop device is
+//!   buffered (not direct I/O) so both see one page cache. `down` keeps it,
+//!   so files survive `down` + `up`.
+//! - `image.json`: what the image holds (file system, size) and the preset
+//!   and overrides it was last served with. It lives as long as the image:
+//!   it is how `up` knows never to make a new file system on it.
+//! - `state.json`: the running instance (loop device, daemon pid, socket).
+//!   `up` writes it last, `down` removes it.
+//! - `monetad.sock`, `monetad.log`.
+//!
+//! A lock file `/run/moneta/.lock-<name>` (as long as the state directory
+//! exists) serializes `up` and `down` of one mount point. `up` registers the undo of every step in a rollback guard,
+//! so an error, a panic or Ctrl-C leaves nothing behind. `down`, and `up`
+//! when it repairs a half-dead instance, find the pieces from the image and
+//! socket paths (mount table, /sys/block/loop*/loop/backing_file, /proc), not
+//! from state.json alone, so they also clean up after a crash that skipped
+//! the rollback.
+
+use clap::{Args, ValueEnum};
+use moneta_model::config::Config;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+const RUN_DIR: &str = "/run/moneta";
+const DEFAULT_MOUNT: &str = "/mnt/moneta";
+const DEFAULT_PRESET: &str = "moneta-d";
+const DEFAULT_SIZE: u64 = 4 << 30;
+/// mkfs.xfs refuses anything smaller.
+const XFS_MIN_BYTES: u64 = 300 << 20;
+const SOCKET_WAIT: Duration = Duration::from_secs(10);
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// Longest instance name: keeps `<run dir>/<name>/monetad.sock` within the
+/// 108 bytes of a Unix socket address.
+const MAX_NAME: usize = 77;
+/// Test hook: `fail@STEP`, `panic@STEP` or `stall@STEP` (wait for a signal)
+/// after STEP (image, mkfs, loop, mount, daemon, state) of `moneta up`, so
+/// the rollback can be tested at every step.
+const FAULT_ENV: &str = "MONETA_UP_FAULT";
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fs {
+    Xfs,
+    Ext4,
+}
+
+impl Fs {
+    fn name(self) -> &'static str {
+        match self {
+            Fs::Xfs => "xfs",
+            Fs::Ext4 => "ext4",
+        }
+    }
+
+    fn mkfs(self, image: &Path) -> Command {
+        // -f/-F: the image is a fresh file of ours; no questions.
+        let (program, force) = match self {
+            Fs::Xfs => ("mkfs.xfs", "-f"),
+            Fs::Ext4 => ("mkfs.ext4", "-F"),
+        };
+        let mut c = Command::new(program);
+        c.args(["-q", force]).arg(image);
+        c
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// File system of a new image [default: xfs; an existing image keeps its own].
+    #[arg(long, value_enum)]
+    fs: Option<Fs>,
+    /// Device size: bytes, or with a K, M, G or T suffix (powers of 1024);
+    /// a multiple of memory.stripe_bytes × memory.controllers
+    /// [default: 4G; an existing image keeps its own].
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Mount point (created if missing).
+    #[arg(long, default_value = DEFAULT_MOUNT)]
+    mount: PathBuf,
+    /// Preset of the emulated device [default: the last `up`'s, else moneta-d].
+    #[arg(long)]
+    preset: Option<String>,
+    /// Override a key of the device's configuration (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Make a new image and file system even if one exists (its files are lost).
+    #[arg(long)]
+    fresh: bool,
+}
+
+#[derive(Args)]
+pub struct DownArgs {
+    #[arg(long, default_value = DEFAULT_MOUNT)]
+    mount: PathBuf,
+    /// Also delete the image (and so its files) and the state directory.
+    #[arg(long)]
+    purge: bool,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[arg(long, value_enum, default_value_t = StatusFormat::Table)]
+    format: StatusFormat,
+}
+
+/// `--size`: bytes, or K/M/G/T (optionally KiB, MiB, …) as powers of 1024.
+/// "GB" is refused rather than guessed.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits);
+    let bad = || format!("'{s}': expected bytes, or a number with K, M, G or T (powers of 1024)");
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let shift = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1 << shift)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
+}
+
+fn human(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Instances and their records
+
+/// The paths of one instance.
+struct Instance {
+    mount: PathBuf,
+    dir: PathBuf,
+    lock: PathBuf,
+    image: PathBuf,
+    record: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Instance {
+    fn for_mount(mount: &Path) -> Result<Instance, String> {
+        let mount = canonical(mount)?;
+        let name = instance_name(&mount);
+        Ok(Instance::at(run_dir().join(name), mount))
+    }
+
+    fn at(dir: PathBuf, mount: PathBuf) -> Instance {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        Instance {
+            mount,
+            lock: run_dir().join(format!(".lock-{name}")),
+            image: dir.join("device.img"),
+            record: dir.join("image.json"),
+            state: dir.join("state.json"),
+            socket: dir.join("monetad.sock"),
+            log: dir.join("monetad.log"),
+            dir,
+        }
+    }
+}
+
+/// `/run/moneta` with any symlink resolved, so the image path compares
+/// equal to what the kernel reports as a loop device's backing file.
+fn run_dir() -> PathBuf {
+    fs::canonicalize(RUN_DIR).unwrap_or_else(|_| PathBuf::from(RUN_DIR))
+}
+
+/// The mount point as the kernel will name it: absolute, symlinks resolved
+/// as far as the path exists, `.` and `..` removed from the rest.
+fn canonical(path: &Path) -> Result<PathBuf, String> {
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| format!("the current directory: {e}"))?
+            .join(path)
+    };
+    let mut base = abs.as_path();
+    let mut rest = Vec::new();
+    let mut out = loop {
+        if let Ok(p) = fs::canonicalize(base) {
+            break p;
+        }
+        match (base.components().next_back(), base.parent()) {
+            (Some(last), Some(parent)) => {
+                rest.push(last.as_os_str().to_os_string());
+                base = parent;
+            }
+            _ => break PathBuf::from("/"),
+        }
+    };
+    for c in rest.iter().rev() {
+        match c.as_bytes() {
+            b".." => {
+                out.pop();
+            }
+            b"." => {}
+            _ => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+/// `/mnt/moneta` → `_mnt_moneta`: '/' becomes '_', and '_' and '%' are
+/// percent-escaped so two mount points never share a name. A long path is
+/// cut and given a hash of the whole path.
+fn instance_name(mount: &Path) -> String {
+    let mut name = String::new();
+    for &b in mount.as_os_str().as_bytes() {
+        match b {
+            b'/' => name.push('_'),
+            b'_' | b'%' => name.push_str(&format!("%{b:02X}")),
+            b if b.is_ascii_graphic() || b == b' ' => name.push(b as char),
+            b => name.push_str(&format!("%{b:02X}")),
+        }
+    }
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    // FNV-1a: collisions need 2^32 long paths, and no dependency.
+    let hash = mount
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    let keep = MAX_NAME - 17;
+    format!("{}-{hash:016x}", &name[..keep])
+}
+
+/// The running instance; written last by `up`.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct State {
+    mount: PathBuf,
+    fs: Fs,
+    size_bytes: u64,
+    preset: String,
+    image: PathBuf,
+    loop_device: PathBuf,
+    socket: PathBuf,
+    daemon_pid: u32,
+    sets: Vec<String>,
+}
+
+/// What `device.img` holds, and how it was last served.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct ImageRecord {
+    mount: PathBuf,
+    fs: Fs,
+    size_bytes: u64,
+    preset: String,
+    sets: Vec<String>,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, String> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// A state.json that cannot be read counts as absent: the pieces are found
+/// without it.
+fn read_state(inst: &Instance) -> Option<State> {
+    read_json(&inst.state).unwrap_or_else(|e| {
+        eprintln!("moneta: ignoring {e}");
+        None
+    })
+}
+
+/// Write through a temporary file and rename, so a reader never sees half.
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string_pretty(value).expect("records serialize");
+    fs::write(&tmp, text + "\n")
+        .and_then(|()| fs::rename(&tmp, path))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Serializes `up` and `down` of one mount point. The lock file lives as
+/// long as the state directory: whoever holds the lock when the directory
+/// is gone deletes the file, and a waiter then finds that the file it
+/// locked is no longer the one at the path, and locks afresh. The
+/// descriptor is close-on-exec (as all of std's), so the daemon does not
+/// inherit the lock.
+struct Lock {
+    _file: fs::File,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+impl Lock {
+    fn take(inst: &Instance) -> Result<Lock, String> {
+        let mut told = false;
+        loop {
+            let f = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&inst.lock)
+                .map_err(|e| format!("{}: {e}", inst.lock.display()))?;
+            // SAFETY: flock(2) on a descriptor we own.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                if !told {
+                    eprintln!(
+                        "moneta: waiting for another moneta up/down on {}",
+                        inst.mount.display()
+                    );
+                    told = true;
+                }
+                // SAFETY: as above.
+                if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                    return Err(format!(
+                        "locking {}: {}",
+                        inst.lock.display(),
+                        io::Error::last_os_error()
+                    ));
+                }
+            }
+            let same = match (f.metadata(), fs::metadata(&inst.lock)) {
+                (Ok(held), Ok(now)) => held.dev() == now.dev() && held.ino() == now.ino(),
+                _ => false,
+            };
+            if same {
+                return Ok(Lock {
+                    _file: f,
+                    path: inst.lock.clone(),
+                    dir: inst.dir.clone(),
+                });
+            }
+        }
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if !self.dir.exists() {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The system: commands, mount table, loop devices, processes
+
+/// Run a command; on failure the error names it and carries its stderr.
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let shown = format!(
+        "{} {}",
+        cmd.get_program().to_string_lossy(),
+        cmd.get_args()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let out = cmd.output().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            format!(
+                "{}: not found (install xfsprogs, e2fsprogs and util-linux)",
+                cmd.get_program().to_string_lossy()
+            )
+        } else {
+            format!("{shown}: {e}")
+        }
+    })?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    // Ctrl-C reaches the command too; say why it failed.
+    interrupted()?;
+    // mkfs.xfs follows its one-line complaint with a page of usage.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(4)
+        .collect();
+    Err(format!(
+        "{shown} failed ({}): {}",
+        out.status,
+        said.join("; ")
+    ))
+}
+
+struct MountEntry {
+    point: PathBuf,
+    fstype: String,
+    source: PathBuf,
+}
+
+/// /proc/self/mountinfo, whose fields escape space, tab, newline and
+/// backslash as octal.
+fn mounts() -> Vec<MountEntry> {
+    fn unescape(s: &str) -> PathBuf {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+                let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+                out.push(v);
+                i += 4;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        PathBuf::from(OsString::from_vec(out))
+    }
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let (before, after) = line.split_once(" - ")?;
+            let point = before.split(' ').nth(4)?;
+            let mut after = after.split(' ');
+            let fstype = after.next()?;
+            let source = after.next()?;
+            Some(MountEntry {
+                point: unescape(point),
+                fstype: fstype.to_string(),
+                source: unescape(source),
+            })
+        })
+        .collect()
+}
+
+/// What is visible at `dir` (the last mount there hides the others).
+fn mounted_at(dir: &Path) -> Option<MountEntry> {
+    mounts().into_iter().rev().find(|m| m.point == dir)
+}
+
+/// Loop devices whose backing file is `image` (also once it was deleted).
+fn loops_for(image: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut devs: Vec<PathBuf> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("loop") {
+                return None;
+            }
+            let backing = fs::read(e.path().join("loop/backing_file")).ok()?;
+            let backing = backing.strip_suffix(b"\n").unwrap_or(&backing);
+            let backing = backing.strip_suffix(b" (deleted)").unwrap_or(backing);
+            (backing == image.as_os_str().as_bytes()).then(|| Path::new("/dev").join(name))
+        })
+        .collect();
+    devs.sort();
+    devs
+}
+
+/// The command line of `pid`, if it runs (zombies do not).
+fn cmdline(pid: i32) -> Option<Vec<OsString>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The state follows the parenthesized command name, which may contain
+    // anything, so look after the last ')'.
+    let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+    if matches!(state, 'Z' | 'X') {
+        return None;
+    }
+    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| OsString::from_vec(a.to_vec()))
+            .collect(),
+    )
+}
+
+/// Whether `pid` is a live `moneta serve … --socket SOCKET`: a pid from a
+/// state file may have been reused by anything since.
+fn is_our_daemon(pid: i32, socket: &Path) -> bool {
+    let Some(args) = cmdline(pid) else {
+        return false;
+    };
+    args.iter().any(|a| a == "serve")
+        && args
+            .windows(2)
+            .any(|w| w[0] == "--socket" && Path::new(&w[1]) == socket)
+}
+
+fn daemon_pids(socket: &Path) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|&pid| is_our_daemon(pid, socket))
+        .collect();
+    pids.sort();
+    pids
+}
+
+/// Collect `pid`'s exit status if it is our child that exited.
+fn reap(pid: i32) -> Option<i32> {
+    let mut status = 0;
+    // SAFETY: waitpid with WNOHANG on one pid; not our child gives ECHILD.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    (r == pid).then_some(status)
+}
+
+/// SIGTERM, up to STOP_GRACE for the daemon to remove its socket and go,
+/// then SIGKILL. Returns whether there was a daemon to stop.
+fn stop_daemon(pid: i32, socket: &Path) -> Result<bool, String> {
+    reap(pid);
+    if !is_our_daemon(pid, socket) {
+        return Ok(false);
+    }
+    let wait_gone = |limit: Duration| {
+        let deadline = Instant::now() + limit;
+        loop {
+            reap(pid);
+            if !is_our_daemon(pid, socket) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // SAFETY: kill(2) of a pid just checked to be our daemon.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    if wait_gone(STOP_GRACE) {
+        return Ok(true);
+    }
+    eprintln!(
+        "moneta: monetad (pid {pid}) ignored SIGTERM for {} s; killing it",
+        STOP_GRACE.as_secs()
+    );
+    // SAFETY: as above; checked again just now by wait_gone.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    if wait_gone(Duration::from_secs(2)) {
+        Ok(true)
+    } else {
+        Err(format!("monetad (pid {pid}) survived SIGKILL"))
+    }
+}
+
+/// Unmount; a busy file system gets a few chances, then the error says how
+/// to find who holds it.
+fn unmount(dir: &Path) -> Result<(), String> {
+    let mut attempt = 0;
+    loop {
+        match run(Command::new("umount").arg(dir)) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.contains("busy") && attempt < 5 => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) if e.contains("busy") => {
+                return Err(format!(
+                    "{e}\nsomething still uses {0}: `fuser -vm {0}` lists it; stop it and run moneta down again",
+                    dir.display()
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Detach a loop device and wait until it is gone. Right after an unmount
+/// the kernel may still hold the device for a moment; `losetup -d` then
+/// only marks it to detach when released, so success means little until
+/// the backing file disappears from sysfs.
+fn detach(dev: &Path) -> Result<(), String> {
+    let mut attempt = 0;
+    while let Err(e) = run(Command::new("losetup").arg("-d").arg(dev)) {
+        if attempt == 5 {
+            return Err(e);
+        }
+        attempt += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let name = dev.file_name().unwrap_or_default();
+    let backing = Path::new("/sys/block").join(name).join("loop/backing_file");
+    let deadline = Instant::now() + STOP_GRACE;
+    while backing.exists() {
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{} is still attached {} s after losetup -d: something holds it open",
+                dev.display(),
+                STOP_GRACE.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// Stop the daemon, unmount and detach whatever of `inst` is still there;
+/// the image stays. Returns what it did.
+fn teardown(inst: &Instance) -> Result<Vec<String>, String> {
+    let mut done = Vec::new();
+    for pid in daemon_pids(&inst.socket) {
+        if stop_daemon(pid, &inst.socket)? {
+            done.push(format!("stopped monetad (pid {pid})"));
+        }
+    }
+    // SAFETY: sync(2) has no preconditions.
+    unsafe { libc::sync() };
+    let loops = loops_for(&inst.image);
+    // Innermost first: mounts stacked on the mount point come later in the table.
+    for m in mounts()
+        .into_iter()
+        .rev()
+        .filter(|m| loops.contains(&m.source))
+    {
+        unmount(&m.point)?;
+        done.push(format!("unmounted {}", m.point.display()));
+    }
+    for dev in loops_for(&inst.image) {
+        detach(&dev)?;
+        done.push(format!("detached {}", dev.display()));
+    }
+    match fs::remove_file(&inst.socket) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(format!("removing {}: {e}", inst.socket.display()))
+        }
+        _ => {}
+    }
+    Ok(done)
+}
+
+/// Which pieces of an instance run.
+#[derive(Serialize)]
+struct Alive {
+    mounted: bool,
+    loop_device: bool,
+    daemon: bool,
+    socket: bool,
+}
+
+impl Alive {
+    fn probe(inst: &Instance, state: Option<&State>) -> Alive {
+        let loops = loops_for(&inst.image);
+        let mounted = mounted_at(&inst.mount).is_some_and(|m| loops.contains(&m.source));
+        let (loop_device, daemon) = match state {
+            Some(s) => (
+                loops.contains(&s.loop_device),
+                is_our_daemon(s.daemon_pid as i32, &inst.socket),
+            ),
+            None => (!loops.is_empty(), !daemon_pids(&inst.socket).is_empty()),
+        };
+        Alive {
+            mounted,
+            loop_device,
+            daemon,
+            socket: UnixStream::connect(&inst.socket).is_ok(),
+        }
+    }
+
+    fn all(&self) -> bool {
+        self.mounted && self.loop_device && self.daemon && self.socket
+    }
+
+    fn any(&self) -> bool {
+        self.mounted || self.loop_device || self.daemon || self.socket
+    }
+
+    /// The pieces that do not run, and state.json when pieces run without
+    /// it (an `up` killed before it could finish or roll back).
+    fn missing(&self, state: bool) -> Vec<&'static str> {
+        let record = (!state && self.any()).then_some("state.json");
+        [
+            (self.mounted, "mount"),
+            (self.loop_device, "loop device"),
+            (self.daemon, "daemon"),
+            (self.socket, "socket"),
+        ]
+        .into_iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, what)| what)
+        .chain(record)
+        .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Interrupts, fault injection and rollback
+
+/// The signal that asked `up` to stop (0: none).
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    INTERRUPTED.store(sig, Ordering::Release);
+}
+
+/// Ctrl-C, SIGTERM or a closed terminal during `up` ends it between steps,
+/// through the rollback, instead of killing it halfway.
+fn catch_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+}
+
+fn interrupted() -> Result<(), String> {
+    match INTERRUPTED.load(Ordering::Acquire) {
+        0 => Ok(()),
+        sig => {
+            let name = match sig {
+                libc::SIGINT => "SIGINT",
+                libc::SIGTERM => "SIGTERM",
+                libc::SIGHUP => "SIGHUP",
+                _ => "a signal",
+            };
+            Err(format!(
+                "interrupted by {name}; undid everything up had done"
+            ))
+        }
+    }
+}
+
+/// Between steps: stop if interrupted, and the test hook of FAULT_ENV.
+fn checkpoint(step: &str) -> Result<(), String> {
+    interrupted()?;
+    let Ok(fault) = std::env::var(FAULT_ENV) else {
+        return Ok(());
+    };
+    match fault.split_once('@') {
+        Some(("fail", s)) if s == step => Err(format!("{FAULT_ENV}: failing after step {step}")),
+        Some(("panic", s)) if s == step => panic!("{FAULT_ENV}: panicking after step {step}"),
+        Some(("stall", s)) if s == step => {
+            eprintln!("moneta: {FAULT_ENV}: stalled after step {step} until a signal");
+            loop {
+                interrupted()?;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+type Undo = Box<dyn FnOnce() -> Result<(), String>>;
+
+/// The undo of every step taken so far, run newest first when dropped
+/// before `commit` (an error return, a panic, an interrupt).
+#[derive(Default)]
+struct Rollback {
+    undo: Vec<(String, Undo)>,
+}
+
+impl Rollback {
+    fn push(
+        &mut self,
+        what: impl Into<String>,
+        undo: impl FnOnce() -> Result<(), String> + 'static,
+    ) {
+        self.undo.push((what.into(), Box::new(undo)));
+    }
+
+    fn commit(mut self) {
+        self.undo.clear();
+    }
+}
+
+impl Drop for Rollback {
+    fn drop(&mut self) {
+        while let Some((what, undo)) = self.undo.pop() {
+            match undo() {
+                Ok(()) => eprintln!("moneta: rolled back: {what}"),
+                Err(e) => eprintln!("moneta: rolling back ({what}) failed: {e}"),
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// up
+
+/// The instance `up` is to bring up, every default resolved.
+struct Wanted {
+    fs: Fs,
+    size: u64,
+    preset: String,
+    sets: Vec<String>,
+}
+
+impl Wanted {
+    /// Resolve the arguments against the image's record (when the image is
+    /// reused: its file system and size are facts) and check the device
+    /// configuration, all before anything is touched.
+    fn resolve(
+        a: &UpArgs,
+        inst: &Instance,
+        record: Option<&ImageRecord>,
+    ) -> Result<Wanted, String> {
+        let explicit = a.preset.is_some() || !a.set.is_empty();
+        let (preset, sets) = match record {
+            Some(r) if !explicit => (r.preset.clone(), r.sets.clone()),
+            _ => (
+                a.preset
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_PRESET.to_string()),
+                a.set.clone(),
+            ),
+        };
+        let mut config = Config::preset(&preset).map_err(|e| e.to_string())?;
+        for kv in &sets {
+            if kv.split('=').next().map(str::trim) == Some("device.capacity_bytes") {
+                return Err(format!(
+                    "--set {kv}: the capacity is the image's size; use --size"
+                ));
+            }
+            config.set(kv).map_err(|e| format!("--set {kv}: {e}"))?;
+        }
+        let granule = config.memory.stripe_bytes * config.memory.controllers as u64;
+        let (fs, size) = match record {
+            Some(r) => {
+                let image = inst.image.display();
+                if let Some(fs) = a.fs.filter(|&f| f != r.fs) {
+                    return Err(format!(
+                        "{image} holds {}, not {}; --fresh makes a new image (its files are lost)",
+                        r.fs.name(),
+                        fs.name()
+                    ));
+                }
+                if let Some(size) = a.size.filter(|&s| s != r.size_bytes) {
+                    return Err(format!("{image} is {} bytes ({}), not {size}; --fresh makes a new image (its files are lost)", r.size_bytes, human(r.size_bytes)));
+                }
+                (r.fs, r.size_bytes)
+            }
+            None => (
+                a.fs.unwrap_or(Fs::Xfs),
+                a.size.unwrap_or(DEFAULT_SIZE.div_ceil(granule) * granule),
+            ),
+        };
+        if !size.is_multiple_of(granule) {
+            let below = size / granule * granule;
+            let above = below + granule;
+            let near = if below > 0 {
+                format!("{below} or {above}")
+            } else {
+                above.to_string()
+            };
+            return Err(format!(
+                "--size {size}: the device's capacity must be a multiple of memory.stripe_bytes × memory.controllers = {} × {} = {granule} bytes (preset {preset}); {near} would do",
+                config.memory.stripe_bytes, config.memory.controllers
+            ));
+        }
+        config
+            .set(&format!("device.capacity_bytes={size}"))
+            .map_err(|e| format!("--size {size}: {e}"))?;
+        if fs == Fs::Xfs && size < XFS_MIN_BYTES {
+            return Err(format!(
+                "--size {size}: XFS needs at least {} ({XFS_MIN_BYTES} bytes); use --fs ext4 for a smaller device",
+                human(XFS_MIN_BYTES)
+            ));
+        }
+        Ok(Wanted {
+            fs,
+            size,
+            preset,
+            sets,
+        })
+    }
+
+    fn record(&self, inst: &Instance) -> ImageRecord {
+        ImageRecord {
+            mount: inst.mount.clone(),
+            fs: self.fs,
+            size_bytes: self.size,
+            preset: self.preset.clone(),
+            sets: self.sets.clone(),
+        }
+    }
+}
+
+/// How the options given differ from a running instance (options not given
+/// accept whatever runs).
+fn differences(a: &UpArgs, s: &State) -> Vec<String> {
+    let mut d = Vec::new();
+    if let Some(fs) = a.fs.filter(|&f| f != s.fs) {
+        d.push(format!("file system {} (asked {})", s.fs.name(), fs.name()));
+    }
+    if let Some(size) = a.size.filter(|&n| n != s.size_bytes) {
+        d.push(format!("size {} bytes (asked {size})", s.size_bytes));
+    }
+    if a.preset.is_some() || !a.set.is_empty() {
+        let preset = a.preset.as_deref().unwrap_or(DEFAULT_PRESET);
+        if preset != s.preset {
+            d.push(format!("preset {} (asked {preset})", s.preset));
+        }
+        if a.set != s.sets {
+            d.push(format!("overrides {:?} (asked {:?})", s.sets, a.set));
+        }
+    }
+    d
+}
+
+/// Loop devices and mounts are root's; say so up front rather than fail
+/// halfway with EPERM.
+fn need_root(what: &str) -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "moneta {what} needs root (it attaches loop devices and mounts)"
+        ));
+    }
+    Ok(())
+}
+
+pub fn up(a: UpArgs) -> Result<(), String> {
+    need_root("up")?;
+    fs::create_dir_all(RUN_DIR).map_err(|e| format!("creating {RUN_DIR}: {e}"))?;
+    let inst = Instance::for_mount(&a.mount)?;
+    let mount = inst.mount.display().to_string();
+    let _lock = Lock::take(&inst)?;
+
+    let state = read_state(&inst);
+    let mut missing = Vec::new();
+    if let Some(s) = &state {
+        let alive = Alive::probe(&inst, Some(s));
+        missing = alive.missing(true);
+        if alive.all() {
+            if a.fresh {
+                return Err(format!("{mount} is up: --fresh would replace the file system under it; moneta down --mount {mount} first"));
+            }
+            let diffs = differences(&a, s);
+            if !diffs.is_empty() {
+                return Err(format!(
+                    "{mount} is already up with {}; moneta down --mount {mount} first",
+                    diffs.join(", ")
+                ));
+            }
+            println!(
+                "{mount} is already up: {} {} on {}, monetad pid {} ({}) on {}",
+                s.fs.name(),
+                human(s.size_bytes),
+                s.loop_device.display(),
+                s.daemon_pid,
+                s.preset,
+                s.socket.display()
+            );
+            return Ok(());
+        }
+    }
+
+    // An image is reused unless --fresh: never a new file system over files.
+    let image_exists = inst.image.exists();
+    let record = if a.fresh || !image_exists {
+        None
+    } else {
+        Some(read_json::<ImageRecord>(&inst.record)?.ok_or_else(|| {
+            format!(
+                "{} exists but {} is missing, so what it holds is unknown (an up that died while making it?); --fresh makes a new image",
+                inst.image.display(),
+                inst.record.display()
+            )
+        })?)
+    };
+    let want = Wanted::resolve(&a, &inst, record.as_ref())?;
+
+    // Half up (a crash, a reboot, a killed daemon) or leftovers of an `up`
+    // killed before it could roll back: clear them, keeping the image.
+    let cleaned = teardown(&inst)?;
+    if state.is_some() || !cleaned.is_empty() {
+        let gone = if missing.is_empty() {
+            "left over from an up that did not finish".to_string()
+        } else {
+            format!("not running: {}", missing.join(", "))
+        };
+        let undone = if cleaned.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", cleaned.join(", "))
+        };
+        eprintln!("moneta: {mount} was half up ({gone}); starting it over{undone}");
+    }
+    let _ = fs::remove_file(&inst.state);
+    if let Some(m) = mounted_at(&inst.mount) {
+        return Err(format!(
+            "{mount} is already a mount point ({} from {}); choose another --mount",
+            m.fstype,
+            m.source.display()
+        ));
+    }
+
+    catch_signals();
+    let mut rb = Rollback::default();
+    if !inst.dir.exists() {
+        fs::create_dir(&inst.dir).map_err(|e| format!("creating {}: {e}", inst.dir.display()))?;
+        let dir = inst.dir.clone();
+        rb.push(format!("removed {}", dir.display()), move || {
+            fs::remove_dir_all(&dir).map_err(|e| e.to_string())
+        });
+    }
+
+    let image_note = if record.is_none() {
+        if image_exists {
+            fs::remove_file(&inst.image)
+                .map_err(|e| format!("removing the old {}: {e}", inst.image.display()))?;
+            let _ = fs::remove_file(&inst.record);
+            eprintln!("moneta: --fresh: removed the old image");
+        }
+        // Sparse: the medium costs only what is written.
+        fs::File::create_new(&inst.image)
+            .and_then(|f| f.set_len(want.size))
+            .map_err(|e| format!("creating {}: {e}", inst.image.display()))?;
+        let (image, record) = (inst.image.clone(), inst.record.clone());
+        rb.push(format!("removed {}", image.display()), move || {
+            let _ = fs::remove_file(&record);
+            fs::remove_file(&image).map_err(|e| e.to_string())
+        });
+        checkpoint("image")?;
+        run(&mut want.fs.mkfs(&inst.image))?;
+        write_json(&inst.record, &want.record(&inst))?;
+        checkpoint("mkfs")?;
+        "new"
+    } else {
+        "reused"
+    };
+
+    // Buffered (no --direct-io): the daemon maps the same file, and only
+    // the page cache makes the two views one.
+    let dev = PathBuf::from(
+        run(Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&inst.image))?
+        .trim(),
+    );
+    {
+        let dev = dev.clone();
+        rb.push(format!("detached {}", dev.display()), move || detach(&dev));
+    }
+    checkpoint("loop")?;
+
+    for dir in make_dirs(&inst.mount)?.into_iter() {
+        rb.push(format!("removed {}", dir.display()), move || {
+            fs::remove_dir(&dir).map_err(|e| e.to_string())
+        });
+    }
+    run(Command::new("mount")
+        .args(["-t", want.fs.name()])
+        .arg(&dev)
+        .arg(&inst.mount))?;
+    {
+        let dir = inst.mount.clone();
+        // A rollback must not leave a mount behind: lazily if need be.
+        rb.push(format!("unmounted {}", dir.display()), move || {
+            unmount(&dir).or_else(|e| {
+                run(Command::new("umount").arg("-l").arg(&dir))
+                    .map(drop)
+                    .map_err(|l| format!("{e}; lazily: {l}"))
+            })
+        });
+    }
+    checkpoint("mount")?;
+
+    let pid = start_daemon(&inst, &want, &mut rb)?;
+    checkpoint("daemon")?;
+
+    let state = State {
+        mount: inst.mount.clone(),
+        fs: want.fs,
+        size_bytes: want.size,
+        preset: want.preset.clone(),
+        image: inst.image.clone(),
+        loop_device: dev.clone(),
+        socket: inst.socket.clone(),
+        daemon_pid: pid,
+        sets: want.sets.clone(),
+    };
+    write_json(&inst.state, &state)?;
+    {
+        let path = inst.state.clone();
+        rb.push(format!("removed {}", path.display()), move || {
+            fs::remove_file(&path).map_err(|e| e.to_string())
+        });
+    }
+    checkpoint("state")?;
+    // The preset and overrides the next plain `moneta up` will use.
+    write_json(&inst.record, &want.record(&inst))?;
+    rb.commit();
+
+    println!(
+        "{mount}: {} {} up ({} image {})\n  loop device {}\n  monetad pid {} ({}{}) on {}, log {}",
+        want.fs.name(),
+        human(want.size),
+        image_note,
+        inst.image.display(),
+        dev.display(),
+        pid,
+        want.preset,
+        want.sets
+            .iter()
+            .map(|s| format!(" --set {s}"))
+            .collect::<String>(),
+        inst.socket.display(),
+        inst.log.display()
+    );
+    Ok(())
+}
+
+/// `mkdir -p` returning the directories it made, outermost first.
+fn make_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut missing = Vec::new();
+    let mut p = dir;
+    loop {
+        match fs::metadata(p) {
+            Ok(m) if m.is_dir() => break,
+            Ok(_) => return Err(format!("{}: exists and is not a directory", p.display())),
+            Err(_) => {
+                missing.push(p.to_path_buf());
+                match p.parent() {
+                    Some(parent) => p = parent,
+                    None => break,
+                }
+            }
+        }
+    }
+    missing.reverse();
+    for (i, d) in missing.iter().enumerate() {
+        if let Err(e) = fs::create_dir(d) {
+            // Undo our part before reporting: the caller registers nothing.
+            for made in missing[..i].iter().rev() {
+                let _ = fs::remove_dir(made);
+            }
+            return Err(format!("creating {}: {e}", d.display()));
+        }
+    }
+    Ok(missing)
+}
+
+/// `moneta serve` on the image, detached: its own session (no terminal
+/// signals, survives the shell), cwd `/` (never keeps a mount busy), output
+/// to the log. Returns once it accepts connections.
+fn start_daemon(inst: &Instance, want: &Wanted, rb: &mut Rollback) -> Result<u32, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&inst.log)
+        .map_err(|e| format!("{}: {e}", inst.log.display()))?;
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut cmd = Command::new(&exe);
+    cmd.arg("serve").args(["--preset", &want.preset]);
+    for kv in &want.sets {
+        cmd.arg("--set").arg(kv);
+    }
+    // The capacity last, after the overrides, as Wanted::resolve checked it.
+    cmd.arg("--set")
+        .arg(format!("device.capacity_bytes={}", want.size))
+        .arg("--image")
+        .arg(&inst.image)
+        .arg("--socket")
+        .arg(&inst.socket);
+    let _ = writeln!(
+        log,
+        "---- moneta up {}: {} {}",
+        inst.mount.display(),
+        exe.display(),
+        cmd.get_args()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let err_log = log
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", inst.log.display()))?;
+    cmd.current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log);
+    // SAFETY: setsid(2) is async-signal-safe, and the closure touches
+    // nothing else between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("starting {} serve: {e}", exe.display()))?;
+    let pid = child.id();
+    // The process is managed by pid from here (the handle would neither
+    // kill nor reap it on drop).
+    drop(child);
+    {
+        let socket = inst.socket.clone();
+        rb.push(format!("stopped monetad (pid {pid})"), move || {
+            stop_daemon(pid as i32, &socket).map(drop)
+        });
+    }
+    let started = Instant::now();
+    loop {
+        if let Some(status) = reap(pid as i32) {
+            let how = if libc::WIFEXITED(status) {
+                format!("exit code {}", libc::WEXITSTATUS(status))
+            } else {
+                format!("signal {}", libc::WTERMSIG(status))
+            };
+            return Err(format!(
+                "monetad exited ({how}) before listening on {}; {}",
+                inst.socket.display(),
+                log_tail(&inst.log, log_start)
+            ));
+        }
+        if UnixStream::connect(&inst.socket).is_ok() {
+            return Ok(pid);
+        }
+        if started.elapsed() > SOCKET_WAIT {
+            return Err(format!(
+                "monetad (pid {pid}) did not listen on {} within {} s; {}",
+                inst.socket.display(),
+                SOCKET_WAIT.as_secs(),
+                log_tail(&inst.log, log_start)
+            ));
+        }
+        interrupted()?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The last lines the daemon wrote since `from`.
+fn log_tail(path: &Path, from: u64) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = fs::File::open(path) {
+        let _ = f.seek(SeekFrom::Start(from));
+        let _ = f.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(15)..];
+    format!("its log {} ends:\n{}", path.display(), tail.join("\n"))
+}
+
+// ---------------------------------------------------------------------------
+// down
+
+pub fn down(a: DownArgs) -> Result<(), String> {
+    need_root("down")?;
+    let inst = Instance::for_mount(&a.mount)?;
+    let mount = inst.mount.display().to_string();
+    // Without a state directory there is nothing of ours to lock; leftovers
+    // (a state directory deleted by hand) are still found by path.
+    let _lock = if inst.dir.exists() {
+        Some(Lock::take(&inst)?)
+    } else {
+        None
+    };
+    let was_up = inst.state.exists();
+    let done = teardown(&inst)?;
+    match fs::remove_file(&inst.state) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            return Err(format!("removing {}: {e}", inst.state.display()))
+        }
+        _ => {}
+    }
+    let what = if done.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", done.join(", "))
+    };
+    if !was_up && done.is_empty() && !a.purge {
+        println!("{mount} is not up; nothing to do");
+        return Ok(());
+    }
+    if a.purge {
+        if inst.dir.exists() {
+            fs::remove_dir_all(&inst.dir)
+                .map_err(|e| format!("removing {}: {e}", inst.dir.display()))?;
+            println!("{mount} down{what}; purged {}", inst.dir.display());
+        } else {
+            println!("{mount} down{what}; nothing to purge");
+        }
+    } else if inst.image.exists() {
+        println!(
+            "{mount} down{what}; kept {} (moneta up --mount {mount} brings its files back; --purge deletes it)",
+            inst.image.display()
+        );
+    } else {
+        println!("{mount} down{what}");
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// status
+
+pub fn status(a: StatusArgs) -> Result<(), String> {
+    let root = run_dir();
+    let mut dirs: Vec<PathBuf> = match fs::read_dir(&root) {
+        Ok(entries) => entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(format!("{}: {e}", root.display())),
+    };
+    dirs.sort();
+    let rows: Vec<serde_json::Value> = dirs.into_iter().map(status_row).collect();
+    match a.format {
+        StatusFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("status serializes")
+        ),
+        StatusFormat::Table => print_status(&rows, &root),
+    }
+    Ok(())
+}
+
+fn status_row(dir: PathBuf) -> serde_json::Value {
+    let probe_state = read_json::<State>(&dir.join("state.json"));
+    let record = read_json::<ImageRecord>(&dir.join("image.json"))
+        .ok()
+        .flatten();
+    let state = probe_state.as_ref().ok().and_then(Option::as_ref);
+    let mount = state
+        .map(|s| s.mount.clone())
+        .or_else(|| record.as_ref().map(|r| r.mount.clone()));
+    let inst = Instance::at(dir, mount.clone().unwrap_or_default());
+    let alive = Alive::probe(&inst, state);
+    let word = match (state.is_some(), alive.all(), alive.any()) {
+        (true, true, _) => "up",
+        (false, _, false) => "down",
+        _ => "broken",
+    };
+    let missing = if word == "broken" {
+        alive.missing(state.is_some())
+    } else {
+        Vec::new()
+    };
+    let (fs, size, preset, sets) = match (state, &record) {
+        (Some(s), _) => (
+            Some(s.fs),
+            Some(s.size_bytes),
+            Some(&s.preset),
+            Some(&s.sets),
+        ),
+        (None, Some(r)) => (
+            Some(r.fs),
+            Some(r.size_bytes),
+            Some(&r.preset),
+            Some(&r.sets),
+        ),
+        _ => (None, None, None, None),
+    };
+    serde_json::json!({
+        "mount": mount,
+        "state": word,
+        "fs": fs.map(Fs::name),
+        "size_bytes": size,
+        "preset": preset,
+        "sets": sets,
+        "state_dir": inst.dir,
+        "image": inst.image,
+        "image_exists": inst.image.exists(),
+        "loop_device": state.map(|s| &s.loop_device),
+        "socket": inst.socket,
+        "daemon_pid": state.map(|s| s.daemon_pid),
+        "log": inst.log,
+        "missing": missing,
+        "alive": alive,
+        "error": probe_state.err(),
+    })
+}
+
+fn print_status(rows: &[serde_json::Value], root: &Path) {
+    if rows.is_empty() {
+        println!("nothing under {}", root.display());
+        return;
+    }
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_string(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut table = vec![[
+        "MOUNT", "STATE", "FS", "SIZE", "PRESET", "LOOP", "PID", "SOCKET",
+    ]
+    .map(String::from)];
+    let mut notes = Vec::new();
+    for r in rows {
+        table.push([
+            text(&r["mount"]),
+            text(&r["state"]),
+            text(&r["fs"]),
+            r["size_bytes"].as_u64().map_or("-".into(), human),
+            text(&r["preset"]),
+            text(&r["loop_device"]),
+            text(&r["daemon_pid"]),
+            if r["state"] == "down" {
+                "-".into()
+            } else {
+                text(&r["socket"])
+            },
+        ]);
+        let mount = text(&r["mount"]);
+        match r["state"].as_str() {
+            Some("broken") => notes.push(format!(
+                "{mount}: broken, missing: {} (moneta up repairs, moneta down clears)",
+                r["missing"]
+                    .as_array()
+                    .map(|m| m.iter().map(text).collect::<Vec<_>>().join(", "))
+                    .unwrap_or_default()
+            )),
+            Some("down") if r["image_exists"] == true => {
+                notes.push(format!("{mount}: down, image kept: {}", text(&r["image"])))
+            }
+            _ => {}
+        }
+    }
+    let widths: Vec<usize> = (0..8)
+        .map(|c| {
+            table
+                .iter()
+                .map(|row| row[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in &table {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    for n in notes {
+        println!("{n}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_powers_of_1024() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4g"), Ok(4 << 30));
+        assert!(parse_size("4GB").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999T").is_err());
+    }
+
+    #[test]
+    fn names_are_distinct_and_short() {
+        assert_eq!(instance_name(Path::new("/mnt/moneta")), "_mnt_moneta");
+        assert_ne!(
+            instance_name(Path::new("/a_b/c")),
+            instance_name(Path::new("/a/b_c"))
+        );
+        assert_ne!(
+            instance_name(Path::new("/a_/b")),
+            instance_name(Path::new("/a/_b"))
+        );
+        let long = format!("/{}", "x".repeat(300));
+        let other = format!("/{}y", "x".repeat(299));
+        let (a, b) = (
+            instance_name(Path::new(&long)),
+            instance_name(Path::new(&other)),
+        );
+        assert!(a.len() <= MAX_NAME && b.len() <= MAX_NAME);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn mount_points_are_made_absolute_and_clean() {
+        let missing = canonical(Path::new("/nonexistent-moneta/x/../y/./z")).unwrap();
+        assert_eq!(missing, Path::new("/nonexistent-moneta/y/z"));
+        assert_eq!(canonical(Path::new("/")).unwrap(), Path::new("/"));
+    }
+}
