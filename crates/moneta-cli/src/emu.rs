@@ -299,3 +299,39 @@ pub fn stats(socket: &Path) -> Result<(), String> {
     );
     Ok(())
 }
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The Moneta mount (from `moneta up`).
+    #[arg(long, default_value = "/mnt/moneta")]
+    mount: PathBuf,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `moneta run -- CMD ARGS`: exec CMD with the shim preloaded and pointed at
+/// the mount's daemon. The shim sits next to this binary.
+pub fn run_program(a: RunArgs) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    let (socket, mount) = crate::mount::running(&a.mount)?;
+    let exe = std::env::current_exe().map_err(|e| format!("locating moneta: {e}"))?;
+    let shim = exe.with_file_name("libmoneta_preload.so");
+    if !shim.exists() {
+        return Err(format!(
+            "{} is missing (cargo build --release builds it)",
+            shim.display()
+        ));
+    }
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(other) if !other.is_empty() => format!("{}:{other}", shim.display()),
+        _ => shim.display().to_string(),
+    };
+    let err = std::process::Command::new(&a.command[0])
+        .args(&a.command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("MONETA_SOCKET", &socket)
+        .env("MONETA_MOUNT", &mount)
+        .exec();
+    Err(format!("running {}: {err}", a.command[0]))
+}

@@ -58,6 +58,9 @@ enum Command {
     Down(mount::DownArgs),
     /// Every instance under /run/moneta and whether each piece is alive.
     Status(mount::StatusArgs),
+    /// Run a program with its files on the Moneta mount going straight to
+    /// the device (LD_PRELOAD libmoneta_preload.so).
+    Run(emu::RunArgs),
     /// A running monetad's device counters (channels, requests, errors,
     /// protection lookups, timing precision) as JSON.
     Stats {
@@ -300,6 +303,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Up(a) => mount::up(*a),
         Command::Down(a) => mount::down(a),
         Command::Status(a) => mount::status(a),
+        Command::Run(a) => emu::run_program(a),
         Command::Calibrate { format } => calibrate(format),
     }
 }

@@ -303,6 +303,27 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, S
     }
 }
 
+/// The socket and mount point of the instance mounted at `mount`, for
+/// `moneta run`; an error if it is not up.
+pub fn running(mount: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let inst = Instance::for_mount(mount)?;
+    let state = read_state(&inst).ok_or_else(|| {
+        format!(
+            "nothing is up at {} (moneta up --mount {})",
+            inst.mount.display(),
+            inst.mount.display()
+        )
+    })?;
+    if UnixStream::connect(&state.socket).is_err() {
+        return Err(format!(
+            "the daemon of {} is not answering on {} (moneta status; moneta up repairs it)",
+            inst.mount.display(),
+            state.socket.display()
+        ));
+    }
+    Ok((state.socket, inst.mount))
+}
+
 /// A state.json that cannot be read counts as absent: the pieces are found
 /// without it.
 fn read_state(inst: &Instance) -> Option<State> {

@@ -42,6 +42,9 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// The shim's own descriptors are numbered from here up.
+const OWN_FD_MIN: usize = 512;
+
 thread_local! {
     /// Set while this thread runs shim code: its own calls pass through.
     static INSIDE: Cell<bool> = const { Cell::new(false) };
@@ -103,17 +106,33 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
             return;
         }
         let Some(m) = s.moneta() else { return };
-        match m.open_file(fd) {
+        // The library keeps a descriptor of its own for the open file
+        // description: the program may dup2 and close the one it got (dd
+        // does), and the shim's must outlive every alias. High and
+        // close-on-exec, so the program's numbering and children see nothing.
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor we just checked.
+        let own = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, OWN_FD_MIN) };
+        if own < 0 {
+            warn(&format!(
+                "descriptor {fd} stays with the kernel: no descriptor left"
+            ));
+            return;
+        }
+        match m.open_file(own) {
             Ok(file) => s.insert(
                 fd,
                 Arc::new(OpenFile {
                     file: std::sync::Mutex::new((s.generation(), Some(file))),
                     offset: std::sync::Mutex::new(0),
                     append: AtomicBool::new(flags & libc::O_APPEND != 0),
-                    fd,
+                    fd: own,
                 }),
             ),
-            Err(e) => warn(&format!("descriptor {fd} stays with the kernel: {e}")),
+            Err(e) => {
+                // SAFETY: our own descriptor.
+                unsafe { (real().close)(own) };
+                warn(&format!("descriptor {fd} stays with the kernel: {e}"));
+            }
         }
     });
     fd
@@ -315,6 +334,8 @@ fn forget(fd: c_int) {
                     std::mem::forget(slot.1.take());
                 }
             }
+            // SAFETY: the shim's own descriptor; no alias refers to it.
+            unsafe { (real().close)(of.fd) };
         }
     });
 }

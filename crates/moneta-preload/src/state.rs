@@ -26,7 +26,8 @@ pub struct OpenFile {
     pub offset: Mutex<u64>,
     /// O_APPEND: writes go through the kernel, which makes them atomic.
     pub append: AtomicBool,
-    /// Some descriptor that refers to this file (to re-register it).
+    /// The shim's own descriptor of this open file description (the
+    /// library's handle uses it; closed with the last alias).
     pub fd: RawFd,
 }
 
