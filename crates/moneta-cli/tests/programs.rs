@@ -196,7 +196,7 @@ fn sqlite_through_the_shim_is_intact_and_identical_to_the_kernel_run() {
         m.device_requests() - before > 100,
         "sqlite3 bypassed the shim"
     );
-    let out = sqlite(&mut Command::new("sqlite3").arg(&kernel_db), &script);
+    let out = sqlite(Command::new("sqlite3").arg(&kernel_db), &script);
     assert_eq!(out.trim(), "ok", "integrity check through the kernel");
     let dump = |db: &Path| {
         ok(
