@@ -109,6 +109,10 @@ impl Segment {
     }
 }
 
+/// How much of a file one soft miss maps (the answer may come in pieces of
+/// at most 128 extents).
+const MAP_WINDOW_BYTES: u64 = 64 << 20;
+
 /// A file granted to a channel. The caller keeps its descriptor open for as
 /// long as it uses this; [`MonetaFile::close`] revokes the grant.
 /// Thread-safe: threads may read and write disjoint or overlapping ranges
@@ -399,7 +403,16 @@ impl MonetaFile {
         loop {
             match self.lookup(from, to) {
                 Ok(segments) => return Ok(segments),
-                Err((a, b)) => self.fetch(m, a, b)?,
+                Err((a, b)) => {
+                    // A soft miss maps a window from the gap on (up to the
+                    // end of the file), not just this request: random
+                    // accesses would otherwise ask the kernel every time.
+                    // The window starts at the gap, so an answer cut short
+                    // (128 extents) is continued, never asked again.
+                    let size = self.len()?.div_ceil(self.block_bytes) * self.block_bytes;
+                    let end = b.max(a.saturating_add(MAP_WINDOW_BYTES).min(size));
+                    self.fetch(m, a, end)?
+                }
             }
         }
     }
