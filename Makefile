@@ -37,8 +37,8 @@ run: build
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
-	$(CARGO) test --workspace --release
 	$(CARGO) build --release
+	$(CARGO) test --workspace --release
 	$(MONETA) sim speed --preset moneta --ops 200000
 	$(CARGO) bench -p libmoneta --bench overhead -- --smoke
 
