@@ -273,3 +273,44 @@ fn berkeley_db_btree_and_hash_through_the_shim_match_the_kernel() {
     }
     let _ = std::fs::remove_file(&program);
 }
+
+#[test]
+fn posix_calls_through_the_shim_give_the_kernels_transcript() {
+    let m = Mounted::up("posix", "xfs", "512M");
+    let program = std::env::temp_dir().join(format!("posix_transcript-{}", std::process::id()));
+    let source =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shim/posix_transcript.c");
+    ok(
+        Command::new("gcc")
+            .args(["-O2", "-Wall", "-Wextra", "-Werror", "-pthread", "-o"])
+            .arg(&program)
+            .arg(&source)
+            .output()
+            .unwrap(),
+        "building posix_transcript",
+    );
+    let (direct, kernel) = (m.path("direct"), m.path("kernel"));
+    std::fs::create_dir_all(&direct).unwrap();
+    std::fs::create_dir_all(&kernel).unwrap();
+    let before = m.device_requests();
+    let a = ok(
+        m.run(program.to_str().unwrap(), &[direct.to_str().unwrap()])
+            .output()
+            .unwrap(),
+        "transcript through the shim",
+    );
+    assert!(
+        m.device_requests() - before > 100,
+        "the transcript bypassed the shim"
+    );
+    let b = ok(
+        Command::new(&program).arg(&kernel).output().unwrap(),
+        "transcript through the kernel",
+    );
+    let _ = std::fs::remove_file(&program);
+    assert!(b.lines().count() > 50, "{b}");
+    for (x, y) in a.lines().zip(b.lines()) {
+        assert_eq!(x, y, "the shim and the kernel disagree");
+    }
+    assert_eq!(a.lines().count(), b.lines().count());
+}

@@ -181,7 +181,25 @@ fn read_at(of: &OpenFile, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
 }
 
 fn write_at(of: &OpenFile, buf: &[u8], offset: u64) -> Result<usize, c_int> {
-    with_file(of, |m, f| f.write_at(m, buf, offset).map_err(io_error))
+    with_file(of, |m, f| {
+        if !f.access().can_write() {
+            if !of.append.load(Ordering::Acquire) {
+                // As the kernel: writing a descriptor opened read-only is EBADF.
+                return Err(libc::EBADF);
+            }
+            // pwrite on an O_APPEND descriptor appends (Linux): the kernel's job.
+            // SAFETY: the caller's buffer on the shim's own descriptor.
+            let n =
+                unsafe { (real().pwrite64)(of.fd, buf.as_ptr().cast(), buf.len(), offset as i64) };
+            if n < 0 {
+                // SAFETY: reading this thread's errno.
+                return Err(unsafe { *libc::__errno_location() });
+            }
+            f.refresh(m).map_err(io_error)?;
+            return Ok(n as usize);
+        }
+        f.write_at(m, buf, offset).map_err(io_error)
+    })
 }
 
 /// A write to an O_APPEND file: through the kernel (atomic append), then
