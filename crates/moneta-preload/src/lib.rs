@@ -122,7 +122,7 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
             Ok(file) => s.insert(
                 fd,
                 Arc::new(OpenFile {
-                    file: std::sync::Mutex::new((s.generation(), Some(file))),
+                    file: std::sync::Mutex::new((s.generation(), Some(Arc::new(file)))),
                     offset: std::sync::Mutex::new(0),
                     append: AtomicBool::new(flags & libc::O_APPEND != 0),
                     fd: own,
@@ -146,17 +146,22 @@ fn with_file<T>(
 ) -> Result<T, c_int> {
     let s = shim();
     let m = s.moneta().ok_or(libc::EIO)?;
-    let mut slot = of.file.lock().map_err(|_| libc::EIO)?;
-    if slot.0 != s.generation() || slot.1.is_none() {
-        // The parent's handle: forget it (closing would name the parent's file).
-        std::mem::forget(slot.1.take());
-        let file = m.open_file(of.fd).map_err(|e| {
-            warn(&format!("re-registering descriptor {}: {e}", of.fd));
-            libc::EIO
-        })?;
-        *slot = (s.generation(), Some(file));
-    }
-    f(&m, slot.1.as_ref().expect("just registered"))
+    let file = {
+        let mut slot = of.file.lock().map_err(|_| libc::EIO)?;
+        if slot.0 != s.generation() || slot.1.is_none() {
+            // The parent's handle: forget it (closing would name the parent's file).
+            std::mem::forget(slot.1.take());
+            let file = m.open_file(of.fd).map_err(|e| {
+                warn(&format!("re-registering descriptor {}: {e}", of.fd));
+                libc::EIO
+            })?;
+            *slot = (s.generation(), Some(Arc::new(file)));
+        }
+        slot.1.clone().expect("just registered")
+    };
+    // The lock is not held during the IO: threads sharing a descriptor
+    // (MonetaFile is thread-safe) run in parallel.
+    f(&m, &file)
 }
 
 fn io_error(e: moneta::EmuError) -> c_int {
@@ -344,8 +349,13 @@ fn forget(fd: c_int) {
             if let Ok(mut slot) = of.file.lock() {
                 if slot.0 == shim().generation() {
                     if let (Some(m), Some(f)) = (shim().moneta(), slot.1.take()) {
-                        if let Err(e) = f.close(&m) {
-                            warn(&e.to_string());
+                        // Another thread still in an IO on this file (closing
+                        // under it is the program's race): its grant then
+                        // lasts until the channel closes.
+                        if let Ok(f) = Arc::try_unwrap(f) {
+                            if let Err(e) = f.close(&m) {
+                                warn(&e.to_string());
+                            }
                         }
                     }
                 } else {

@@ -21,7 +21,7 @@ pub const MOUNT_ENV: &str = "MONETA_MOUNT";
 /// A file the shim handles: the library's handle and the file position.
 pub struct OpenFile {
     /// The library's file, for the channel of generation `generation`.
-    pub file: Mutex<(u64, Option<MonetaFile>)>,
+    pub file: Mutex<(u64, Option<Arc<MonetaFile>>)>,
     /// The position read/write/lseek use (shared by dup'ed descriptors).
     pub offset: Mutex<u64>,
     /// O_APPEND: writes go through the kernel, which makes them atomic.
