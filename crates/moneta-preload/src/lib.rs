@@ -131,7 +131,11 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
             Err(e) => {
                 // SAFETY: our own descriptor.
                 unsafe { (real().close)(own) };
-                warn(&format!("descriptor {fd} stays with the kernel: {e}"));
+                // A policy refusal (e.g. O_WRONLY|O_APPEND, whose writes must
+                // all go through the kernel) is normal and silent.
+                if e.kind != moneta::ErrorKind::Unauthorized {
+                    warn(&format!("descriptor {fd} stays with the kernel: {e}"));
+                }
             }
         }
     });
