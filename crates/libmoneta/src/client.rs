@@ -104,7 +104,11 @@ impl Control {
             }
         };
         match response {
-            Response::Error { kind, message } => Err(EmuError::new(kind, message)),
+            Response::Error {
+                kind,
+                message,
+                errno,
+            } => Err(EmuError::new(kind, message).with_errno(errno)),
             r => Ok(r),
         }
     }
@@ -204,7 +208,11 @@ impl Moneta {
             .ok_or_else(|| EmuError::new(ErrorKind::Stopped, "monetad closed the connection"))?;
         let info = match control::decode::<Response>(&body)? {
             Response::Channel(info) => info,
-            Response::Error { kind, message } => return Err(EmuError::new(kind, message)),
+            Response::Error {
+                kind,
+                message,
+                errno,
+            } => return Err(EmuError::new(kind, message).with_errno(errno)),
             other => {
                 return Err(EmuError::new(
                     ErrorKind::Protocol,
@@ -261,7 +269,11 @@ impl Moneta {
         };
         let info = match response {
             Response::Channel(info) => info,
-            Response::Error { kind, message } => return Err(EmuError::new(kind, message)),
+            Response::Error {
+                kind,
+                message,
+                errno,
+            } => return Err(EmuError::new(kind, message).with_errno(errno)),
             other => {
                 return Err(EmuError::new(
                     ErrorKind::Protocol,
@@ -305,6 +317,13 @@ impl Moneta {
                 _engine: engine,
             }),
         })
+    }
+
+    /// The channel's LAYOUT EPOCH (bumped by the control plane when a file
+    /// this channel holds changed layout): cached file maps older than it
+    /// are stale.
+    pub fn layout_epoch(&self) -> u64 {
+        self.inner.memory.layout_epoch().load(Ordering::Acquire)
     }
 
     pub fn info(&self) -> &ChannelInfo {

@@ -11,28 +11,57 @@
 //! device does not serve (shared with another file, inline, encoded) go
 //! through the kernel.
 //!
-//! File system cooperation (SPEC §3.4): a write touching a hole, an
-//! unwritten extent or the end of the file first allocates through the
-//! kernel, writing zeros in 1 MiB-aligned chunks over the unallocated parts
-//! only and never past the write's end, then flushes the file (so the file
-//! system's zeros cannot land on direct data later) and forgets the mapping
-//! there. The kernel's page cache is not coherent with direct writes: before
-//! the kernel writes part of the file, its cached pages there are dropped
-//! (it re-reads them from the device), and [`MonetaFile::sync`] drops them
-//! all so that a later read(2) sees the direct data.
+//! File system cooperation (SPEC §3.4, issue 8):
+//!
+//! - **Growth goes through the kernel.** A write that touches a hole, an
+//!   unwritten extent or the end of the file is written whole through the
+//!   kernel (its page cache allocates, as for any program), and the pages it
+//!   touched become this handle's *kernel pages*: this handle reads and
+//!   rewrites them through the kernel from then on, so the page cache stays
+//!   the one copy of them and nothing of it can be written back over direct
+//!   data. Others reach the data directly once it is flushed (a soft miss's
+//!   FIEMAP flushes the file first). A file that is only ever grown (a log,
+//!   a journal, `tar` output) never costs a control-plane round trip.
+//! - **Registration is lazy** for [`Moneta::open_file_lazy`] (the shim): the
+//!   descriptor is passed to the control plane on the first access of data
+//!   the device might serve; until then, and if the daemon refuses it, the
+//!   kernel serves the file.
+//! - **Layout changes are announced**: [`MonetaFile::set_len`] (and the
+//!   shim's fallocate, truncate and O_TRUNC) ask the control plane to
+//!   revoke every channel's records of the file before the kernel changes
+//!   it. Records revoked under this handle (by another process's change,
+//!   or the kernel's report of one) show up as a failed hard miss: the map
+//!   is forgotten and asked again; the channel's LAYOUT EPOCH tells the
+//!   library to forget its maps before that happens.
+//! - The kernel's page cache is not coherent with direct writes: before the
+//!   kernel writes part of the file, its clean cached pages there are
+//!   dropped (it re-reads them from the device), and [`MonetaFile::sync`]
+//!   drops them all so that a later read(2) sees the direct data.
+//!
+//! A descriptor opened with O_DIRECT gets a second, buffered descriptor of
+//! the same file for the kernel's part (O_DIRECT would refuse unaligned
+//! growth).
 
 use crate::client::Moneta;
 use moneta_emu::control::{DirectAccess, FileExtent, Request, Response};
 use moneta_emu::sys;
 use moneta_emu::{EmuError, ErrorKind};
-use std::os::fd::RawFd;
-use std::sync::RwLock;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
-/// Allocation granularity of writes to unallocated ranges (SPEC §3.4).
-const CHUNK: u64 = 1 << 20;
 /// Page granularity of the kernel's cache.
 const PAGE: u64 = 4096;
-static ZEROS: [u8; CHUNK as usize] = [0; CHUNK as usize];
+/// The largest folio the page cache may hold (a PMD, 2 MiB on x86-64):
+/// dropping cached data drops whole folios only, so every drop is widened
+/// to this alignment (a large folio left behind would keep stale blocks).
+const FOLIO_MAX: u64 = 2 << 20;
+/// A request whose records keep being revoked under it is retried this
+/// often, then served by the kernel.
+const REVOKED_RETRIES: u32 = 8;
+/// Kernel-page ranges a handle remembers; past this it flushes the file and
+/// forgets them (the data is then on the device for everyone).
+const MAX_KERNEL_RANGES: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -99,6 +128,15 @@ impl Segment {
         }
     }
 
+    fn kernel(from: u64, to: u64) -> Segment {
+        Segment {
+            logical: from,
+            len: to - from,
+            physical: 0,
+            kind: Kind::Kernel,
+        }
+    }
+
     fn hole(from: u64, to: u64) -> Segment {
         Segment {
             logical: from,
@@ -113,29 +151,58 @@ impl Segment {
 /// at most 128 extents).
 const MAP_WINDOW_BYTES: u64 = 64 << 20;
 
+/// Where a handle stands with the control plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Registration {
+    /// Not passed to the daemon yet (lazy handles).
+    Pending,
+    /// Granted on the channel as this file id.
+    Granted(u32),
+    /// The daemon will not serve it (policy): the kernel serves the file.
+    Refused,
+}
+
 /// A file granted to a channel. The caller keeps its descriptor open for as
 /// long as it uses this; [`MonetaFile::close`] revokes the grant.
 /// Thread-safe: threads may read and write disjoint or overlapping ranges
 /// concurrently (overlapping writes land in an unspecified order, as with
 /// pwrite).
 pub struct MonetaFile {
-    file_id: u32,
     channel: u16,
     /// The caller's descriptor (not owned).
     fd: RawFd,
+    /// A buffered descriptor of the same file when `fd` is O_DIRECT.
+    kernel_fd: Option<OwnedFd>,
     /// What the descriptor's access mode allows.
     access: DirectAccess,
     /// Size of the block device when the descriptor is the device itself
     /// (whose fstat size is 0).
     device_bytes: Option<u64>,
     block_bytes: u64,
+    registration: Mutex<Registration>,
     /// The translation map: sorted, non-overlapping, gaps unknown.
     map: RwLock<Vec<Segment>>,
-    /// Direct writes share it; the kernel's writes (allocation, copy on
-    /// write, truncation) take it alone: the kernel rewrites whole pages,
-    /// and must not rewrite one a direct write is changing, nor zero a
-    /// range another writer just allocated.
+    /// The channel's LAYOUT EPOCH the map was built under.
+    epoch: AtomicU64,
+    /// Page-aligned ranges this handle wrote through the kernel (sorted,
+    /// disjoint): read and written through the kernel by this handle.
+    kernel_pages: Mutex<Vec<(u64, u64)>>,
+    /// Direct writes share it; the kernel's writes take it alone: the
+    /// kernel rewrites whole pages, and must not rewrite one a direct
+    /// write is changing.
     kernel_writes: RwLock<()>,
+}
+
+/// The access a descriptor's status flags allow (the daemon applies the
+/// same rule; it decides, this only predicts).
+fn access_of(flags: i32) -> DirectAccess {
+    match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => DirectAccess::Read,
+        libc::O_WRONLY if flags & libc::O_APPEND == 0 => DirectAccess::Write,
+        libc::O_WRONLY => DirectAccess::None,
+        _ if flags & libc::O_APPEND != 0 => DirectAccess::Read,
+        _ => DirectAccess::ReadWrite,
+    }
 }
 
 impl Moneta {
@@ -146,35 +213,108 @@ impl Moneta {
     /// appends go through the file system). The caller keeps `fd` open
     /// while it uses the file.
     pub fn open_file(&self, fd: RawFd) -> Result<MonetaFile, EmuError> {
+        let f = self.open_file_lazy(fd)?;
+        f.register(self, true)?;
+        Ok(f)
+    }
+
+    /// As [`Moneta::open_file`], but the descriptor reaches the control
+    /// plane only when the device is first needed, and a refusal then
+    /// means "the kernel serves this file" rather than an error.
+    pub fn open_file_lazy(&self, fd: RawFd) -> Result<MonetaFile, EmuError> {
         let st = sys::fstat(fd).map_err(|e| EmuError::io("fstat of the file", e))?;
-        match self.call_with_fd(Request::OpenFile {}, Some(fd))? {
-            Response::FileOpened {
-                file_id,
-                size_bytes,
-                block_bytes,
-                access,
-            } => Ok(MonetaFile {
-                file_id,
-                channel: self.info().channel,
-                fd,
-                access,
-                device_bytes: (st.st_mode & libc::S_IFMT == libc::S_IFBLK).then_some(size_bytes),
-                block_bytes: block_bytes.max(1),
-                map: RwLock::new(Vec::new()),
-                kernel_writes: RwLock::new(()),
-            }),
+        let flags = sys::status_flags(fd).map_err(|e| EmuError::io("fcntl of the file", e))?;
+        let device_bytes = match st.st_mode & libc::S_IFMT {
+            libc::S_IFBLK => Some(
+                sys::block_device_bytes(fd)
+                    .map_err(|e| EmuError::io("size of the block device", e))?,
+            ),
+            _ => None,
+        };
+        let kernel_fd = if flags & libc::O_DIRECT != 0 {
+            let mode = flags & libc::O_ACCMODE;
+            Some(
+                sys::reopen(fd, mode)
+                    .map_err(|e| EmuError::io("reopening the O_DIRECT file buffered", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(MonetaFile {
+            channel: self.info().channel,
+            fd,
+            kernel_fd,
+            access: access_of(flags),
+            device_bytes,
+            block_bytes: (st.st_blksize as u64).max(1),
+            registration: Mutex::new(Registration::Pending),
+            map: RwLock::new(Vec::new()),
+            epoch: AtomicU64::new(self.layout_epoch()),
+            kernel_pages: Mutex::new(Vec::new()),
+            kernel_writes: RwLock::new(()),
+        })
+    }
+
+    /// Announce a layout change of the file open (for writing) on `fd`
+    /// from byte `from` on: when this returns, no channel holds a record
+    /// of its blocks there. End it with [`Moneta::layout_done`].
+    pub fn layout_change(&self, fd: RawFd, from: u64) -> Result<u64, EmuError> {
+        match self.call_with_fd(Request::LayoutChange { from }, Some(fd))? {
+            Response::ChangeBegun { token } => Ok(token),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub fn layout_done(&self, token: u64) -> Result<(), EmuError> {
+        match self.call_with_fd(Request::LayoutDone { token }, None)? {
+            Response::Done {} => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// This process is about to map the file open on `fd`: every channel
+    /// is sent to the kernel for it while any process maps it.
+    pub fn mapped(&self, fd: RawFd) -> Result<(), EmuError> {
+        match self.call_with_fd(Request::Mapped {}, Some(fd))? {
+            Response::Done {} => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// This process unmapped (part of) the file open on `fd`.
+    pub fn unmapped(&self, fd: RawFd) -> Result<(), EmuError> {
+        match self.call_with_fd(Request::Unmapped {}, Some(fd))? {
+            Response::Done {} => Ok(()),
             other => Err(unexpected(other)),
         }
     }
 }
 
+/// Whether an error means "the records under this request were revoked"
+/// (the hard miss found no grant): ask for the map again.
+fn revoked(e: &EmuError) -> bool {
+    e.kind == ErrorKind::Unauthorized
+}
+
+fn page_floor(x: u64) -> u64 {
+    x / PAGE * PAGE
+}
+
+fn page_ceil(x: u64) -> u64 {
+    x.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
 impl MonetaFile {
-    /// The file's id on its channel.
-    pub fn id(&self) -> u32 {
-        self.file_id
+    /// The file's id on its channel, once the control plane has it.
+    pub fn id(&self) -> Option<u32> {
+        match *self.registration.lock().expect("registration") {
+            Registration::Granted(id) => Some(id),
+            _ => None,
+        }
     }
 
-    /// What the device allows on this file's data.
+    /// What the descriptor allows (what the device will allow, once the
+    /// control plane has granted the file).
     pub fn access(&self) -> DirectAccess {
         self.access
     }
@@ -191,6 +331,39 @@ impl MonetaFile {
         Ok(self.len()? == 0)
     }
 
+    /// The descriptor the kernel's share of the work goes through.
+    fn kernel_fd(&self) -> RawFd {
+        self.kernel_fd.as_ref().map_or(self.fd, |f| f.as_raw_fd())
+    }
+
+    /// Pass the descriptor to the control plane if that has not happened
+    /// yet: the file id, or None if the daemon will not serve the file (an
+    /// error instead when `eager`).
+    fn register(&self, m: &Moneta, eager: bool) -> Result<Option<u32>, EmuError> {
+        let mut reg = self.registration.lock().expect("registration");
+        if *reg == Registration::Pending {
+            *reg = match m.call_with_fd(Request::OpenFile {}, Some(self.fd)) {
+                Ok(Response::FileOpened { file_id, .. }) => Registration::Granted(file_id),
+                Ok(other) => return Err(unexpected(other)),
+                Err(e) if e.kind == ErrorKind::Unauthorized && !eager => Registration::Refused,
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(match *reg {
+            Registration::Granted(id) => Some(id),
+            _ => None,
+        })
+    }
+
+    /// Forget the maps if the control plane changed a file of this channel
+    /// since they were made.
+    fn follow_epoch(&self, m: &Moneta) {
+        let now = m.layout_epoch();
+        if self.epoch.swap(now, Ordering::AcqRel) != now {
+            self.invalidate(0, u64::MAX);
+        }
+    }
+
     /// Like pread: up to `buf.len()` bytes at `offset`, short at the end of
     /// the file, 0 past it.
     pub fn read_at(&self, m: &Moneta, buf: &mut [u8], offset: u64) -> Result<usize, EmuError> {
@@ -200,24 +373,47 @@ impl MonetaFile {
             return Ok(0);
         }
         let n = (size - offset).min(buf.len() as u64);
-        for s in self.segments(m, offset, offset + n)? {
+        let buf = &mut buf[..n as usize];
+        let mut attempt = 0;
+        loop {
+            self.follow_epoch(m);
+            match self.read_once(m, buf, offset, attempt >= REVOKED_RETRIES) {
+                Err(e) if revoked(&e) && attempt < REVOKED_RETRIES => {
+                    attempt += 1;
+                    self.invalidate(offset, offset + n);
+                }
+                r => return r.map(|()| n as usize),
+            }
+        }
+    }
+
+    fn read_once(
+        &self,
+        m: &Moneta,
+        buf: &mut [u8],
+        offset: u64,
+        kernel: bool,
+    ) -> Result<(), EmuError> {
+        let end = offset + buf.len() as u64;
+        for s in self.plan(m, offset, end, kernel)? {
             let piece = &mut buf[(s.logical - offset) as usize..][..s.len as usize];
             match s.kind {
                 Kind::Hole | Kind::Unwritten => piece.fill(0),
                 Kind::Direct(_) => m.read_mapped(s.physical, piece)?,
                 Kind::Kernel => {
-                    let got = sys::pread_full(self.fd, piece, s.logical)
+                    let got = sys::pread_full(self.kernel_fd(), piece, s.logical)
                         .map_err(|e| EmuError::io("pread of the file", e))?;
                     piece[got..].fill(0);
                 }
             }
         }
-        Ok(n as usize)
+        Ok(())
     }
 
     /// Like pwrite: all of `buf` at `offset`, extending the file if it ends
-    /// past the end. Unallocated parts are allocated through the kernel
-    /// first (SPEC §3.4); the data itself goes to the device directly.
+    /// past the end. Data the device serves goes to it directly; growth,
+    /// holes, unwritten extents, this handle's kernel pages and data the
+    /// device does not serve go through the kernel (SPEC §3.4).
     pub fn write_at(&self, m: &Moneta, buf: &[u8], offset: u64) -> Result<usize, EmuError> {
         self.check_channel(m)?;
         if buf.is_empty() {
@@ -226,74 +422,107 @@ impl MonetaFile {
         let end = offset.checked_add(buf.len() as u64).ok_or_else(|| {
             EmuError::new(ErrorKind::Request, "write range overflows the file offset")
         })?;
-        self.allocate(m, offset, end)?;
+        if end > self.len()? {
+            return self.kernel_write(buf, offset).map(|()| buf.len());
+        }
         // On a read-only grant too: the device, not the library, enforces
         // the permission (and refuses). The kernel takes what is shared
-        // with another file (it copies on write), data the device does not
-        // serve, and a range another writer punched meanwhile.
+        // with another file (it copies on write) and data the device does
+        // not serve.
         let direct = |s: &Segment| matches!(s.kind, Kind::Direct(a) if a.can_write() || !self.access.can_write());
-        let shared = self.kernel_writes.read().expect("kernel writes");
-        let segments = self.segments(m, offset, end)?;
-        if segments.iter().all(direct) {
-            for s in &segments {
+        let mut attempt = 0;
+        loop {
+            self.follow_epoch(m);
+            let shared = self.kernel_writes.read().expect("kernel writes");
+            let segments = self.plan(m, offset, end, attempt >= REVOKED_RETRIES)?;
+            if !segments.iter().all(direct) {
+                drop(shared);
+                self.kernel_write(buf, offset)?;
+                // Holes and unwritten extents there are allocated now.
+                self.invalidate(offset, end);
+                return Ok(buf.len());
+            }
+            let result = segments.iter().try_for_each(|s| {
                 let piece = &buf[(s.logical - offset) as usize..][..s.len as usize];
-                m.write_mapped(s.physical, piece)?;
-            }
-            return Ok(buf.len());
-        }
-        drop(shared);
-        let _alone = self.kernel_writes.write().expect("kernel writes");
-        for s in self.segments(m, offset, end)? {
-            let piece = &buf[(s.logical - offset) as usize..][..s.len as usize];
-            if direct(&s) {
-                m.write_mapped(s.physical, piece)?;
-            } else {
-                self.kernel_write(piece, s.logical)?;
+                m.write_mapped(s.physical, piece)
+            });
+            match result {
+                Err(e) if revoked(&e) && attempt < REVOKED_RETRIES => {
+                    attempt += 1;
+                    self.invalidate(offset, end);
+                }
+                r => return r.map(|()| buf.len()),
             }
         }
-        // The data must reach the medium before a direct read sees it, and
-        // copy on write moved it.
-        self.flush()?;
-        self.invalidate(offset, end);
-        Ok(buf.len())
     }
 
     /// Coherency after direct writes (SPEC §3.4): drop the kernel's cached
-    /// pages of the file, so a later read(2) sees what the device holds.
+    /// pages of the file, so a later read(2) sees what the device holds;
+    /// ranges the map sent to the kernel are asked again next time.
     pub fn sync(&self, m: &Moneta) -> Result<(), EmuError> {
         self.check_channel(m)?;
-        sys::drop_cached_pages(self.fd, 0, 0)
+        self.map
+            .write()
+            .expect("map")
+            .retain(|s| s.kind != Kind::Kernel);
+        sys::drop_cached_pages(self.kernel_fd(), 0, 0)
             .map_err(|e| EmuError::io("dropping the file's cached pages", e))
     }
 
-    /// Truncate or extend through the kernel; the mapping past the new end
-    /// is forgotten, and the grants of blocks a truncation freed revoked.
+    /// Truncate or extend through the kernel, after every channel's records
+    /// of the blocks a truncation frees are revoked (SPEC §3.4, issue 8).
     pub fn set_len(&self, m: &Moneta, len: u64) -> Result<(), EmuError> {
         self.check_channel(m)?;
         let _alone = self.kernel_writes.write().expect("kernel writes");
         let old = self.len()?;
-        // The file system zeroes the rest of the block at the new end
-        // through its page cache: it must start from the device's data, and
-        // its zeros must reach the device before a direct write there.
-        self.sync(m)?;
-        sys::ftruncate(self.fd, len).map_err(|e| EmuError::io("ftruncate of the file", e))?;
-        self.flush()?;
         let kept = old.min(len) / self.block_bytes * self.block_bytes;
+        self.layout_change(m, kept, || {
+            // The file system zeroes the rest of the block at the new end
+            // through its page cache: it must start from the device's data
+            // (clean pages only can be dropped: write the dirty ones first).
+            sys::fdatasync(self.kernel_fd())
+                .map_err(|e| EmuError::io("fdatasync of the file", e))?;
+            self.drop_cache(kept, u64::MAX)?;
+            sys::ftruncate(self.kernel_fd(), len)
+                .map_err(|e| EmuError::io("ftruncate of the file", e))
+        })?;
         self.invalidate(kept, u64::MAX);
-        if old > kept {
-            // A fresh map of the cut range replaces the daemon's grants there.
-            self.fetch(m, kept, old)?;
+        let mut pages = self.kernel_pages.lock().expect("kernel pages");
+        remove_range(&mut pages, page_ceil(len), u64::MAX);
+        if !len.is_multiple_of(PAGE) {
+            // Its tail page (zeroed in the page cache) stays the kernel's.
+            add_range(&mut pages, page_floor(len), page_ceil(len));
         }
         Ok(())
     }
 
+    /// Run `change` (a layout change of the file from byte `from` on)
+    /// between the control plane's revocation of every channel's records
+    /// there and the end of the change. A descriptor that may not write
+    /// cannot change the layout: the kernel's own error comes back.
+    pub fn layout_change<T>(
+        &self,
+        m: &Moneta,
+        from: u64,
+        change: impl FnOnce() -> Result<T, EmuError>,
+    ) -> Result<T, EmuError> {
+        if !self.access.can_write() || self.device_bytes.is_some() {
+            return change();
+        }
+        let token = m.layout_change(self.fd, from)?;
+        let result = change();
+        let done = m.layout_done(token);
+        self.invalidate(from, u64::MAX);
+        let value = result?;
+        done?;
+        Ok(value)
+    }
+
     /// The kernel changed the file behind the library's back (an O_APPEND
-    /// write, fallocate): its data must reach the device, and the map is
-    /// forgotten, to be asked again on the next access.
+    /// write, fallocate): the map is forgotten, to be asked again on the
+    /// next access (whose FIEMAP flushes the kernel's data first).
     pub fn refresh(&self, m: &Moneta) -> Result<(), EmuError> {
         self.check_channel(m)?;
-        let _alone = self.kernel_writes.write().expect("kernel writes");
-        self.flush()?;
         self.invalidate(0, u64::MAX);
         Ok(())
     }
@@ -302,12 +531,10 @@ impl MonetaFile {
     /// and closes the descriptor).
     pub fn close(self, m: &Moneta) -> Result<(), EmuError> {
         self.sync(m)?;
-        match m.call_with_fd(
-            Request::CloseFile {
-                file_id: self.file_id,
-            },
-            None,
-        )? {
+        let Some(file_id) = self.id() else {
+            return Ok(());
+        };
+        match m.call_with_fd(Request::CloseFile { file_id }, None)? {
             Response::FileClosed { .. } => Ok(()),
             other => Err(unexpected(other)),
         }
@@ -320,8 +547,7 @@ impl MonetaFile {
             Err(EmuError::new(
                 ErrorKind::Request,
                 format!(
-                    "file {} was opened on channel {}, not {}",
-                    self.file_id,
+                    "this file was opened on channel {}, not {}",
                     self.channel,
                     m.info().channel
                 ),
@@ -329,72 +555,69 @@ impl MonetaFile {
         }
     }
 
-    fn flush(&self) -> Result<(), EmuError> {
-        sys::fdatasync(self.fd).map_err(|e| EmuError::io("fdatasync of the file", e))
-    }
-
     /// Write through the kernel, which first re-reads from the device the
-    /// pages it only partly overwrites (its cached copies may predate
-    /// direct writes).
+    /// pages it only partly overwrites (its clean cached copies may predate
+    /// direct writes). The pages become this handle's kernel pages.
     fn kernel_write(&self, buf: &[u8], offset: u64) -> Result<(), EmuError> {
-        let from = offset / PAGE * PAGE;
-        let to = (offset + buf.len() as u64).div_ceil(PAGE) * PAGE;
-        sys::drop_cached_pages(self.fd, from, to - from)
-            .map_err(|e| EmuError::io("dropping the file's cached pages", e))?;
-        sys::pwrite_all(self.fd, buf, offset).map_err(|e| EmuError::io("pwrite of the file", e))
+        let _alone = self.kernel_writes.write().expect("kernel writes");
+        let from = page_floor(offset);
+        let to = page_ceil(offset + buf.len() as u64);
+        self.drop_cache(from, to)?;
+        let written = sys::pwrite_all(self.kernel_fd(), buf, offset)
+            .map_err(|e| EmuError::io("pwrite of the file", e));
+        let mut pages = self.kernel_pages.lock().expect("kernel pages");
+        // Even a failed write may have changed some of them.
+        add_range(&mut pages, from, to);
+        if pages.len() > MAX_KERNEL_RANGES {
+            // Put everything on the device, where every path sees it.
+            sys::fdatasync(self.kernel_fd())
+                .map_err(|e| EmuError::io("fdatasync of the file", e))?;
+            pages.clear();
+        }
+        written
     }
 
-    /// Make `[offset, end)` written blocks inside the file (SPEC §3.4).
-    fn allocate(&self, m: &Moneta, offset: u64, end: u64) -> Result<(), EmuError> {
-        if end <= self.len()?
-            && self
-                .segments(m, offset, end)?
-                .iter()
-                .all(|s| !s.kind.unallocated())
-        {
-            return Ok(());
-        }
-        let _alone = self.kernel_writes.write().expect("kernel writes");
-        let size = self.len()?;
-        let from = offset / CHUNK * CHUNK;
-        let to = end.div_ceil(CHUNK).saturating_mul(CHUNK).min(size.max(end));
-        // A fresh map (FIEMAP flushes the file first), so a hole is one.
-        self.invalidate(from, to);
-        let mut fills: Vec<(u64, u64)> = Vec::new();
-        for s in self.segments(m, from, to)? {
-            let start = if s.kind.unallocated() {
-                s.logical
-            } else {
-                s.logical.max(size)
+    /// Drop the kernel's clean cached data over `[from, to)`, widened to
+    /// whole folios.
+    fn drop_cache(&self, from: u64, to: u64) -> Result<(), EmuError> {
+        let a = from / FOLIO_MAX * FOLIO_MAX;
+        let len = if to == u64::MAX {
+            0
+        } else {
+            to.div_ceil(FOLIO_MAX).saturating_mul(FOLIO_MAX) - a
+        };
+        sys::drop_cached_pages(self.kernel_fd(), a, len)
+            .map_err(|e| EmuError::io("dropping the file's cached pages", e))
+    }
+
+    /// The map of `[from, to)` in order and without gaps, with this
+    /// handle's kernel pages (and everything, if `kernel`, or if the daemon
+    /// does not serve the file) sent to the kernel.
+    fn plan(&self, m: &Moneta, from: u64, to: u64, kernel: bool) -> Result<Vec<Segment>, EmuError> {
+        let pages = self.kernel_pages.lock().expect("kernel pages").clone();
+        let mut out = Vec::new();
+        let mut at = from;
+        let mut i = pages.partition_point(|r| r.1 <= from);
+        while at < to {
+            let direct_end = match pages.get(i) {
+                Some(&(a, b)) if a <= at => {
+                    let b = b.min(to);
+                    out.push(Segment::kernel(at, b));
+                    at = b;
+                    i += 1;
+                    continue;
+                }
+                Some(&(a, _)) => a.min(to),
+                None => to,
             };
-            if start >= s.end() {
-                continue;
+            if kernel || self.register(m, false)?.is_none() {
+                out.push(Segment::kernel(at, direct_end));
+            } else {
+                out.extend(self.segments(m, at, direct_end)?);
             }
-            match fills.last_mut() {
-                Some(last) if last.1 == start => last.1 = s.end(),
-                _ => fills.push((start, s.end())),
-            }
+            at = direct_end;
         }
-        if to > size && !fills.is_empty() {
-            // Extending, the file system also zeroes the rest of the block
-            // at the old end, through its cache: it must re-read that block.
-            let eof_page = size / PAGE * PAGE;
-            sys::drop_cached_pages(self.fd, eof_page, to - eof_page)
-                .map_err(|e| EmuError::io("dropping the file's cached pages", e))?;
-        }
-        for &(a, b) in &fills {
-            let mut at = a;
-            while at < b {
-                let n = (b - at).min(CHUNK);
-                self.kernel_write(&ZEROS[..n as usize], at)?;
-                at += n;
-            }
-        }
-        if !fills.is_empty() {
-            self.flush()?;
-            self.invalidate(from, to);
-        }
-        Ok(())
+        Ok(out)
     }
 
     /// The map of `[from, to)`, in order and without gaps, asking the
@@ -439,8 +662,14 @@ impl MonetaFile {
     /// A soft miss: map `[from, to)` (or its first part) through the control plane.
     fn fetch(&self, m: &Moneta, from: u64, to: u64) -> Result<(), EmuError> {
         m.count_soft_miss();
+        let file_id = self.register(m, false)?.ok_or_else(|| {
+            EmuError::new(
+                ErrorKind::Unauthorized,
+                "the daemon does not serve this file",
+            )
+        })?;
         let request = Request::MapFile {
-            file_id: self.file_id,
+            file_id,
             offset: from,
             len: to - from,
         };
@@ -512,4 +741,67 @@ impl MonetaFile {
 
 fn unexpected(reply: Response) -> EmuError {
     EmuError::new(ErrorKind::Protocol, format!("unexpected reply {reply:?}"))
+}
+
+/// Add `[from, to)` to sorted, disjoint ranges (merging what touches it).
+fn add_range(ranges: &mut Vec<(u64, u64)>, from: u64, to: u64) {
+    let first = ranges.partition_point(|r| r.1 < from);
+    let last = ranges.partition_point(|r| r.0 <= to);
+    let (mut a, mut b) = (from, to);
+    if first < last {
+        a = a.min(ranges[first].0);
+        b = b.max(ranges[last - 1].1);
+    }
+    ranges.splice(first..last, [(a, b)]);
+}
+
+/// Remove `[from, to)` from sorted, disjoint ranges.
+fn remove_range(ranges: &mut Vec<(u64, u64)>, from: u64, to: u64) {
+    let mut out = Vec::with_capacity(ranges.len() + 1);
+    for &(a, b) in ranges.iter() {
+        if b <= from || a >= to {
+            out.push((a, b));
+            continue;
+        }
+        if a < from {
+            out.push((a, from));
+        }
+        if b > to {
+            out.push((to, b));
+        }
+    }
+    *ranges = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_and_split() {
+        let mut r = Vec::new();
+        add_range(&mut r, 10, 20);
+        add_range(&mut r, 30, 40);
+        add_range(&mut r, 20, 30);
+        assert_eq!(r, [(10, 40)]);
+        add_range(&mut r, 50, 60);
+        add_range(&mut r, 0, 5);
+        assert_eq!(r, [(0, 5), (10, 40), (50, 60)]);
+        remove_range(&mut r, 15, 55);
+        assert_eq!(r, [(0, 5), (10, 15), (55, 60)]);
+        remove_range(&mut r, 0, u64::MAX);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn access_follows_the_descriptor() {
+        assert_eq!(access_of(libc::O_RDONLY), DirectAccess::Read);
+        assert_eq!(access_of(libc::O_RDWR), DirectAccess::ReadWrite);
+        assert_eq!(access_of(libc::O_WRONLY), DirectAccess::Write);
+        assert_eq!(
+            access_of(libc::O_WRONLY | libc::O_APPEND),
+            DirectAccess::None
+        );
+        assert_eq!(access_of(libc::O_RDWR | libc::O_APPEND), DirectAccess::Read);
+    }
 }

@@ -225,6 +225,7 @@ fn round_trips(kind: FsKind, name: &str) {
     assert_eq!(f.len().unwrap(), 8 << 20);
     let mut rng = Rng::new(7);
     let mut log = Vec::new();
+    let mut writes: Vec<(u64, usize, Vec<u8>)> = vec![(u64::MAX, 0, shadow.clone())];
     for i in 0..600u64 {
         let at = rng.below(10 << 20) as usize;
         let len = 1 + rng.below(300 << 10) as usize;
@@ -238,6 +239,7 @@ fn round_trips(kind: FsKind, name: &str) {
             1..=9 => {
                 let data = pattern(100 + i, len);
                 assert_eq!(f.write_at(&m, &data, at as u64).unwrap(), len);
+                writes.push((i, at, data.clone()));
                 log.push(format!("{i}: write {at}..{}", at + len));
                 shadow_write(&mut shadow, &data, at);
             }
@@ -249,8 +251,26 @@ fn round_trips(kind: FsKind, name: &str) {
                 if n > 0 && buf[..n] != shadow[at..at + n] {
                     let d = (0..n).find(|&k| buf[k] != shadow[at + k]).unwrap();
                     let e = (d..n).find(|&k| buf[k] == shadow[at + k]).unwrap_or(n);
+                    let zeros = buf[d..e].iter().all(|&b| b == 0);
+                    let from_op = writes
+                        .iter()
+                        .rev()
+                        .find(|(_, wat, data)| {
+                            let (wat, a) = (*wat, at + d);
+                            a >= wat
+                                && at + e <= wat + data.len()
+                                && data[a - wat..at + e - wat] == buf[d..e]
+                        })
+                        .map(|(op, _, _)| *op);
+                    eprintln!("found bytes written by op {from_op:?}");
+                    let kernel = {
+                        let mut k = vec![0u8; e - d];
+                        let _ = file.read_at(&mut k, (at + d) as u64);
+                        k == shadow[at + d..at + e]
+                    };
                     panic!(
-                        "op {i}: read of {len} at {at} differs in [{}, {}); ops so far: {log:?}",
+                        "op {i}: read of {len} at {at} differs in [{}, {}) (found zeros: {zeros}; \
+                         the kernel has the right bytes: {kernel}); ops so far: {log:?}",
                         at + d,
                         at + e
                     );
@@ -696,7 +716,7 @@ fn malformed_file_requests_get_errors() {
         Response::Channel(_)
     ));
     let error = |r: Response| match r {
-        Response::Error { kind, message } => (kind, message),
+        Response::Error { kind, message, .. } => (kind, message),
         r => panic!("not an error: {r:?}"),
     };
     let (kind, message) = error(plane.handle(&mut session, Request::OpenFile {}).0);

@@ -22,12 +22,14 @@
 use crate::channel::{ChannelMemory, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES};
 use crate::engine::{raw_record, Engine, EngineStats};
 use crate::error::{EmuError, ErrorKind};
-use crate::files::{GrantedFile, MAX_OPEN_FILES};
+use crate::file_table::{ChangeOwner, FileTable};
+use crate::files::{GrantedFile, InodeId, MAX_OPEN_FILES};
 use crate::protection::{READ, WRITE};
 use crate::sys::{self, PeerCredentials};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -69,6 +71,22 @@ pub enum Request {
     CloseFile {
         file_id: u32,
     },
+    /// The file whose (writable) descriptor is attached is about to change
+    /// layout from byte `from` on (truncate, fallocate): every channel's
+    /// grants there are revoked before the reply, and soft misses on the
+    /// file wait until `layout-done` with the returned token (or the end of
+    /// this connection).
+    LayoutChange {
+        from: u64,
+    },
+    LayoutDone {
+        token: u64,
+    },
+    /// This process is about to map the file whose descriptor is attached:
+    /// every channel goes to the kernel for it while anyone maps it.
+    Mapped {},
+    /// This process unmapped the file whose descriptor is attached.
+    Unmapped {},
 }
 
 /// What a client learns about its channel.
@@ -183,9 +201,16 @@ pub enum Response {
     FileClosed {
         file_id: u32,
     },
+    ChangeBegun {
+        token: u64,
+    },
+    Done {},
     Error {
         kind: ErrorKind,
         message: String,
+        /// The kernel's error number, when a system call failed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        errno: Option<i32>,
     },
 }
 
@@ -194,6 +219,7 @@ impl Response {
         Response::Error {
             kind: e.kind,
             message: e.message,
+            errno: e.errno,
         }
     }
 }
@@ -280,22 +306,34 @@ impl FrameReader {
     }
 }
 
+/// Layout changes one session may announce at once.
+pub const MAX_CHANGES_PER_SESSION: usize = 64;
+
 /// One client connection's state on the trusted side.
 pub struct Session {
     pub peer: PeerCredentials,
     pub channel: Option<u16>,
-    /// Files granted to the channel, by file id.
-    files: BTreeMap<u32, GrantedFile>,
+    /// Unique among the daemon's sessions.
+    id: u64,
+    /// Files granted to the channel (kept in the plane's [`FileTable`]).
+    files: BTreeSet<u32>,
     last_file_id: u32,
+    /// Layout changes this session announced and has not ended: token → inode.
+    changes: BTreeMap<u64, InodeId>,
+    last_token: u64,
 }
 
 impl Session {
     pub fn new(peer: PeerCredentials) -> Session {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         Session {
             peer,
             channel: None,
-            files: BTreeMap::new(),
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            files: BTreeSet::new(),
             last_file_id: 0,
+            changes: BTreeMap::new(),
+            last_token: 0,
         }
     }
 }
@@ -307,15 +345,23 @@ pub struct ControlPlane {
     /// The OS's copy of each channel's grants (SPEC §3.3: the OS maintains
     /// the records; the device's table may evict them).
     grants: Mutex<HashMap<u16, Vec<Extent>>>,
+    /// Every channel's file grants, by inode.
+    files: Arc<FileTable>,
 }
 
 impl ControlPlane {
     pub fn new(engine: Arc<Engine>, owner_uid: u32) -> Self {
         ControlPlane {
+            files: Arc::new(FileTable::new(engine.clone())),
             engine,
             owner_uid,
             grants: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The table of granted files (layout-change watchers report to it).
+    pub fn file_table(&self) -> &Arc<FileTable> {
+        &self.files
     }
 
     pub fn engine(&self) -> &Arc<Engine> {
@@ -423,10 +469,9 @@ impl ControlPlane {
                     self.install(channel, extent)?;
                     return Ok((Response::Granted(extent), None));
                 }
-                let (extent, updates) = session
+                let extent = self
                     .files
-                    .values()
-                    .find_map(|f| f.resolve(channel, addr, len, write))
+                    .resolve(channel, &session.files, addr, len, write)
                     .ok_or_else(|| {
                         EmuError::new(
                             ErrorKind::Unauthorized,
@@ -436,7 +481,6 @@ impl ControlPlane {
                             ),
                         )
                     })?;
-                self.engine.update_permissions(updates)?;
                 Ok((Response::Granted(extent), None))
             }
             Request::Stats {} => Ok((Response::Stats(Box::new(self.engine.stats()?)), None)),
@@ -460,7 +504,8 @@ impl ControlPlane {
                 let image = self.engine.medium().image_identity();
                 let (file, opened) = GrantedFile::open(fd, key, image)?;
                 session.last_file_id = file_id;
-                session.files.insert(file_id, file);
+                self.files.open(channel, file_id, file);
+                session.files.insert(file_id);
                 Ok((
                     Response::FileOpened {
                         file_id,
@@ -476,17 +521,59 @@ impl ControlPlane {
                 offset,
                 len,
             } => {
-                let capacity = self.engine.config().device.capacity_bytes;
-                let (extents, end, updates) =
-                    open_file(session, file_id)?.map(channel, offset, len, capacity)?;
-                self.engine.update_permissions(updates)?;
+                if !session.files.contains(&file_id) {
+                    return Err(not_open(file_id));
+                }
+                let (end, extents) = self.files.map(channel, file_id, offset, len)?;
                 Ok((Response::FileExtents { end, extents }, None))
             }
             Request::CloseFile { file_id } => {
-                let remove = open_file(session, file_id)?.remove(channel);
-                self.engine.update_permissions(vec![remove])?;
-                session.files.remove(&file_id);
+                if !session.files.remove(&file_id) {
+                    return Err(not_open(file_id));
+                }
+                self.files.close(channel, file_id)?;
                 Ok((Response::FileClosed { file_id }, None))
+            }
+            Request::LayoutChange { from } => {
+                let fd = needs_fd(fd, "layout-change")?;
+                if session.changes.len() >= MAX_CHANGES_PER_SESSION {
+                    return Err(EmuError::new(
+                        ErrorKind::Protocol,
+                        format!("this session already has {MAX_CHANGES_PER_SESSION} layout changes in progress"),
+                    ));
+                }
+                let inode = writable_file(&fd)?;
+                session.last_token += 1;
+                let token = session.last_token;
+                let owner = ChangeOwner::Session {
+                    session: session.id,
+                    token,
+                };
+                self.files.begin_change(inode, owner, from)?;
+                session.changes.insert(token, inode);
+                Ok((Response::ChangeBegun { token }, None))
+            }
+            Request::LayoutDone { token } => {
+                let inode = session.changes.remove(&token).ok_or_else(|| {
+                    EmuError::new(
+                        ErrorKind::Protocol,
+                        format!("no layout change {token} in progress on this connection"),
+                    )
+                })?;
+                let owner = ChangeOwner::Session {
+                    session: session.id,
+                    token,
+                };
+                self.files.end_change(inode, owner);
+                Ok((Response::Done {}, None))
+            }
+            Request::Mapped {} => {
+                self.files.mapped(needs_fd(fd, "mapped")?)?;
+                Ok((Response::Done {}, None))
+            }
+            Request::Unmapped {} => {
+                self.files.unmapped(needs_fd(fd, "unmapped")?)?;
+                Ok((Response::Done {}, None))
             }
         }
     }
@@ -501,19 +588,49 @@ impl ControlPlane {
     /// with it every record) and drop its files' descriptors.
     pub fn end(&self, session: &mut Session) {
         if let Some(channel) = session.channel.take() {
+            self.files
+                .end_session(channel, session.id, &std::mem::take(&mut session.files));
             self.grants.lock().expect("grants").remove(&channel);
             let _ = self.engine.close_channel(channel);
         }
-        session.files.clear();
+        session.changes.clear();
     }
 }
 
-fn open_file(session: &mut Session, file_id: u32) -> Result<&mut GrantedFile, EmuError> {
-    session.files.get_mut(&file_id).ok_or_else(|| {
+fn not_open(file_id: u32) -> EmuError {
+    EmuError::new(
+        ErrorKind::Protocol,
+        format!("file {file_id} is not open on this channel"),
+    )
+}
+
+fn needs_fd(fd: Option<OwnedFd>, op: &str) -> Result<OwnedFd, EmuError> {
+    fd.ok_or_else(|| {
         EmuError::new(
             ErrorKind::Protocol,
-            format!("file {file_id} is not open on this channel"),
+            format!("{op} needs the file's descriptor attached (SCM_RIGHTS)"),
         )
+    })
+}
+
+/// The inode of a regular file open for writing on `fd` (changing a
+/// file's layout needs the right to write it).
+fn writable_file(fd: &OwnedFd) -> Result<InodeId, EmuError> {
+    let raw = std::os::fd::AsRawFd::as_raw_fd(fd);
+    let st = sys::fstat(raw).map_err(|e| EmuError::io("fstat of the descriptor", e))?;
+    let flags = sys::status_flags(raw).map_err(|e| EmuError::io("fcntl of the descriptor", e))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG
+        || flags & libc::O_PATH != 0
+        || flags & libc::O_ACCMODE == libc::O_RDONLY
+    {
+        return Err(EmuError::new(
+            ErrorKind::Unauthorized,
+            "a layout change needs a regular file open for writing",
+        ));
+    }
+    Ok(InodeId {
+        dev: st.st_dev,
+        ino: st.st_ino,
     })
 }
 

@@ -296,6 +296,16 @@ impl Engine {
         Ok((id, memory))
     }
 
+    /// The shared pages of an open channel.
+    pub fn channel_memory(&self, id: u16) -> Option<Arc<ChannelMemory>> {
+        self.shared
+            .channels
+            .read()
+            .expect("channels")
+            .get(id as usize)?
+            .clone()
+    }
+
     /// Free a channel: requests in flight finish (their results are
     /// discarded), its permission records go, its tags return to the pool.
     pub fn close_channel(&self, id: u16) -> Result<(), EmuError> {

@@ -24,7 +24,7 @@ use crate::error::{EmuError, ErrorKind};
 use crate::protection::{RecordSpec, Update, READ, WRITE};
 use crate::sys::{self, FiemapExtent};
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -41,6 +41,40 @@ const NOT_DIRECT: u32 = sys::FIEMAP_EXTENT_UNKNOWN
     | sys::FIEMAP_EXTENT_NOT_ALIGNED
     | sys::FIEMAP_EXTENT_DATA_INLINE
     | sys::FIEMAP_EXTENT_DATA_TAIL;
+
+/// A file's identity on its file system (st_dev, st_ino).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InodeId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// `extents` with every part at or past `eof` made kernel-only.
+fn clip_to(extents: Vec<FileExtent>, eof: u64) -> Vec<FileExtent> {
+    let mut out = Vec::with_capacity(extents.len() + 1);
+    for e in extents {
+        let end = e.logical.saturating_add(e.len);
+        if e.direct == DirectAccess::None || end <= eof {
+            out.push(e);
+        } else if e.logical >= eof {
+            out.push(FileExtent {
+                direct: DirectAccess::None,
+                ..e
+            });
+        } else {
+            let head = eof - e.logical;
+            out.push(FileExtent { len: head, ..e });
+            out.push(FileExtent {
+                logical: eof,
+                physical: e.physical + head,
+                len: e.len - head,
+                direct: DirectAccess::None,
+                ..e
+            });
+        }
+    }
+    out
+}
 
 /// What `open-file` tells the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +142,9 @@ pub struct GrantedFile {
     base: u64,
     /// Size of the block device, when the descriptor is the device itself.
     device_bytes: Option<u64>,
+    /// The file system's block size (grants end at the block holding EOF).
+    block_bytes: u64,
+    inode: InodeId,
     grants: BTreeMap<u64, Grant>,
     /// (start, logical) of every grant: the index a hard miss searches.
     by_start: BTreeSet<(u64, u64)>,
@@ -180,32 +217,62 @@ impl GrantedFile {
             perms,
             base,
             device_bytes,
+            block_bytes: (st.st_blksize as u64).max(1),
+            inode: InodeId {
+                dev: st.st_dev,
+                ino: st.st_ino,
+            },
             grants: BTreeMap::new(),
             by_start: BTreeSet::new(),
         };
         Ok((file, opened))
     }
 
-    /// The soft miss (SPEC §3.2): the file's extents overlapping `[offset,
-    /// offset + len)` (at most [`sys::FIEMAP_BATCH`]), the end of the range
-    /// the answer covers (ask again from there; ranges without an extent
-    /// are holes), and the record updates that grant the written extents.
-    pub fn map(
-        &mut self,
-        channel: u16,
+    /// The file's identity: grants of the same file on different channels
+    /// are revoked together.
+    pub fn inode(&self) -> InodeId {
+        self.inode
+    }
+
+    /// A copy that can answer [`GrantedFile::read_extents`] without the
+    /// original (its own descriptor, no grants), so a FIEMAP runs without
+    /// holding the table of grants.
+    pub fn extent_reader(&self) -> Result<GrantedFile, EmuError> {
+        let fd = sys::dup(self.fd.as_raw_fd())
+            .map_err(|e| EmuError::io("duplicating the file's descriptor", e))?;
+        Ok(GrantedFile {
+            fd,
+            grants: BTreeMap::new(),
+            by_start: BTreeSet::new(),
+            ..*self
+        })
+    }
+
+    /// The daemon's descriptor of the file (its proof of permission).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The soft miss, first half (SPEC §3.2): the file's extents
+    /// overlapping `[offset, offset + len)` (at most [`sys::FIEMAP_BATCH`])
+    /// and the end of the range the answer covers (ask again from there;
+    /// ranges without an extent are holes). Changes nothing: the caller
+    /// checks that no layout change raced with it, then [`GrantedFile::grant`]s.
+    pub fn read_extents(
+        &self,
         offset: u64,
         len: u64,
         capacity: u64,
-    ) -> Result<(Vec<FileExtent>, u64, Vec<Update>), EmuError> {
+    ) -> Result<(Vec<FileExtent>, u64), EmuError> {
         let end = offset.checked_add(len).filter(|_| len > 0).ok_or_else(|| {
             EmuError::new(
                 ErrorKind::Protocol,
                 format!("file range [{offset}, +{len}) is empty or overflows"),
             )
         })?;
-        let (extents, covered) = match self.device_bytes {
+        match self.device_bytes {
             // The block device itself: one extent, the whole device.
-            Some(bytes) => (vec![self.extent(0, 0, bytes, 0, capacity)], end),
+            Some(bytes) => Ok((vec![self.extent(0, 0, bytes, 0, capacity)], end)),
             None => {
                 let raw = sys::fiemap(self.fd.as_raw_fd(), offset, len)
                     .map_err(|e| EmuError::io("reading the file's extents (FIEMAP)", e))?;
@@ -231,9 +298,31 @@ impl GrantedFile {
                         self.extent(e.logical, e.physical, e.length, e.flags, capacity)
                     })
                     .collect();
-                (extents, covered)
+                Ok((extents, covered))
             }
-        };
+        }
+    }
+
+    /// The soft miss, second half: make `extents` (a [`GrantedFile::read_extents`]
+    /// answer for a request from `offset` covering up to `covered`) this
+    /// channel's grants over their span. Blocks past the end of the file
+    /// (rounded up to its block) are never granted: the file system may
+    /// free them without a layout change anyone sees (XFS trims
+    /// speculative preallocation in the background). Returns the extents
+    /// as the client should see them and the record updates.
+    pub fn grant(
+        &mut self,
+        channel: u16,
+        offset: u64,
+        covered: u64,
+        mut extents: Vec<FileExtent>,
+    ) -> Result<(Vec<FileExtent>, Vec<Update>), EmuError> {
+        if self.device_bytes.is_none() {
+            let size = sys::file_len(self.fd.as_raw_fd())
+                .map_err(|e| EmuError::io("fstat of the file", e))?;
+            let eof = size.div_ceil(self.block_bytes) * self.block_bytes;
+            extents = clip_to(extents, eof);
+        }
         // FIEMAP tells all about the span of its answer (file systems cut
         // the first extent at the requested offset).
         let span_start = extents.first().map_or(offset, |e| e.logical.min(offset));
@@ -241,7 +330,19 @@ impl GrantedFile {
             .last()
             .map_or(covered, |e| e.logical.saturating_add(e.len).max(covered));
         let updates = self.replace(channel, span_start, span_end, &extents);
-        Ok((extents, covered, updates))
+        Ok((extents, updates))
+    }
+
+    /// Revoke this channel's grants of the file from byte `from` on (a
+    /// layout change there is about to happen): the updates that leave
+    /// only the grants before it, or none if nothing was granted there.
+    pub fn revoke_from(&mut self, channel: u16, from: u64) -> Vec<Update> {
+        if self.take_grants(from, u64::MAX).is_empty() {
+            return Vec::new();
+        }
+        let mut updates = vec![self.remove(channel)];
+        updates.extend(self.grants.values().map(|g| self.record(channel, g)));
+        updates
     }
 
     /// Make `extents` the grants over `[from, to)`: the updates that install
@@ -491,6 +592,8 @@ mod tests {
             perms,
             base: 0,
             device_bytes: None,
+            block_bytes: 4096,
+            inode: InodeId { dev: 0, ino: 0 },
             grants: BTreeMap::new(),
             by_start: BTreeSet::new(),
         }

@@ -18,6 +18,7 @@ pub mod control;
 pub mod daemon;
 pub mod engine;
 pub mod error;
+pub mod file_table;
 pub mod files;
 pub mod medium;
 pub mod protection;

@@ -467,3 +467,57 @@ pub fn fiemap(fd: RawFd, start: u64, len: u64) -> io::Result<Vec<FiemapExtent>> 
     let n = (request.mapped_extents as usize).min(FIEMAP_BATCH);
     Ok(request.extents[..n].to_vec())
 }
+
+/// Whether any process maps the file (dev, ino) (a line of some
+/// /proc/PID/maps names it). Processes that exit meanwhile are skipped.
+pub fn inode_mapped_anywhere(dev: u64, ino: u64) -> bool {
+    let want = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+    let ino = ino.to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(maps) = std::fs::read_to_string(entry.path().join("maps")) else {
+            continue;
+        };
+        let found = maps.lines().any(|line| {
+            let mut fields = line.split_ascii_whitespace();
+            let (_range, _perms, _offset) = (fields.next(), fields.next(), fields.next());
+            fields.next() == Some(want.as_str()) && fields.next() == Some(ino.as_str())
+        });
+        if found {
+            return true;
+        }
+    }
+    false
+}
+
+/// Size in bytes of the block device open on `fd` (BLKGETSIZE64).
+pub fn block_device_bytes(fd: RawFd) -> io::Result<u64> {
+    /// _IOR(0x12, 114, size_t) from linux/fs.h.
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut bytes: u64 = 0;
+    // SAFETY: the ioctl writes one u64 into `bytes`.
+    if unsafe { libc::ioctl(fd, BLKGETSIZE64, &mut bytes) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(bytes)
+}
+
+/// A second, independent open file description of what `fd` names, with
+/// access mode `flags` (O_CLOEXEC added): through /proc/self/fd, so the
+/// kernel checks the access again.
+pub fn reopen(fd: RawFd, flags: i32) -> io::Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+    // SAFETY: open(2) with a NUL-terminated path.
+    let new = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+    if new < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and own.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(new) })
+}

@@ -223,7 +223,7 @@ fn only_the_owner_takes_raw_grants() {
         },
     );
     assert!(
-        matches!(&r, Response::Error { kind: ErrorKind::Unauthorized, message } if message.contains("uid 65534")),
+        matches!(&r, Response::Error { kind: ErrorKind::Unauthorized, message, .. } if message.contains("uid 65534")),
         "{r:?}"
     );
     assert_eq!(d.engine.stats().unwrap().permission_records_in_use, 0);
@@ -302,7 +302,7 @@ fn open_file_takes_the_attached_descriptor_and_checks_it() {
     assert!(matches!(r, Response::Channel(_)), "{r:?}");
     let (r, _) = call(&mut s, &Request::OpenFile {});
     assert!(
-        matches!(&r, Response::Error { kind: ErrorKind::Protocol, message } if message.contains("descriptor")),
+        matches!(&r, Response::Error { kind: ErrorKind::Protocol, message, .. } if message.contains("descriptor")),
         "{r:?}"
     );
     // The descriptor arrives (SCM_RIGHTS) and is checked: this device's
@@ -316,7 +316,7 @@ fn open_file_takes_the_attached_descriptor_and_checks_it() {
     .unwrap();
     let (r, _) = reply(&s);
     assert!(
-        matches!(&r, Response::Error { kind: ErrorKind::Unauthorized, message } if message.contains("anonymous")),
+        matches!(&r, Response::Error { kind: ErrorKind::Unauthorized, message, .. } if message.contains("anonymous")),
         "{r:?}"
     );
     // Descriptors sent with other requests are ignored.
