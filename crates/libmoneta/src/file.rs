@@ -59,6 +59,14 @@ const FOLIO_MAX: u64 = 2 << 20;
 /// A request whose records keep being revoked under it is retried this
 /// often, then served by the kernel.
 const REVOKED_RETRIES: u32 = 8;
+/// Allocation granularity of writes into holes and unwritten extents
+/// inside a file (SPEC §3.4: "the library allocates 1 MB chunks").
+const CHUNK: u64 = 1 << 20;
+static ZEROS: [u8; CHUNK as usize] = [0; CHUNK as usize];
+/// At a sync, a handle's kernel pages go direct once the file is this big
+/// (or registered already): below it, registering would cost more than the
+/// kernel path saves.
+pub const DIRECT_AFTER_SYNC_BYTES: u64 = 256 << 10;
 /// Kernel-page ranges a handle remembers; past this it flushes the file and
 /// forgets them (the data is then on the device for everyone).
 const MAX_KERNEL_RANGES: usize = 1024;
@@ -435,6 +443,20 @@ impl MonetaFile {
             self.follow_epoch(m);
             let shared = self.kernel_writes.read().expect("kernel writes");
             let segments = self.plan(m, offset, end, attempt >= REVOKED_RETRIES)?;
+            if segments.iter().any(|s| s.kind.unallocated()) {
+                // A hole or unwritten extent inside the file (a sparse or
+                // preallocated file): allocate it in chunks through the
+                // kernel, then write directly (SPEC §3.4).
+                drop(shared);
+                self.allocate(m, offset, end)?;
+                attempt += 1;
+                if attempt > REVOKED_RETRIES {
+                    self.kernel_write(buf, offset)?;
+                    self.invalidate(offset, end);
+                    return Ok(buf.len());
+                }
+                continue;
+            }
             if !segments.iter().all(direct) {
                 drop(shared);
                 self.kernel_write(buf, offset)?;
@@ -459,12 +481,26 @@ impl MonetaFile {
     /// Coherency after direct writes (SPEC §3.4): drop the kernel's cached
     /// pages of the file, so a later read(2) sees what the device holds;
     /// ranges the map sent to the kernel are asked again next time.
+    ///
+    /// This handle's kernel pages are written to the device first; they go
+    /// to the direct path from now on if the file is registered already or
+    /// has grown to [`DIRECT_AFTER_SYNC_BYTES`] (a small file only ever
+    /// grown — a journal, a log — stays on the kernel path, where it costs
+    /// no control-plane round trip).
     pub fn sync(&self, m: &Moneta) -> Result<(), EmuError> {
         self.check_channel(m)?;
         self.map
             .write()
             .expect("map")
             .retain(|s| s.kind != Kind::Kernel);
+        let mut pages = self.kernel_pages.lock().expect("kernel pages");
+        if !pages.is_empty() {
+            sys::fdatasync(self.kernel_fd())
+                .map_err(|e| EmuError::io("fdatasync of the file", e))?;
+            if self.id().is_some() || self.len()? >= DIRECT_AFTER_SYNC_BYTES {
+                pages.clear();
+            }
+        }
         sys::drop_cached_pages(self.kernel_fd(), 0, 0)
             .map_err(|e| EmuError::io("dropping the file's cached pages", e))
     }
@@ -575,6 +611,48 @@ impl MonetaFile {
             pages.clear();
         }
         written
+    }
+
+    /// Make the holes and unwritten extents of `[offset, end)` (inside the
+    /// file) written blocks: zeros through the kernel over the unallocated
+    /// parts only, in 1 MiB-aligned chunks never past the end of the file,
+    /// then a flush (so the file system's zeros cannot land on direct data
+    /// later) and a fresh map there (SPEC §3.4).
+    fn allocate(&self, m: &Moneta, offset: u64, end: u64) -> Result<(), EmuError> {
+        let _alone = self.kernel_writes.write().expect("kernel writes");
+        let size = self.len()?;
+        let from = offset / CHUNK * CHUNK;
+        let to = end.div_ceil(CHUNK).saturating_mul(CHUNK).min(size);
+        if from >= to {
+            return Ok(());
+        }
+        self.invalidate(from, to);
+        let mut fills: Vec<(u64, u64)> = Vec::new();
+        for s in self.plan(m, from, to, false)? {
+            if !s.kind.unallocated() {
+                continue;
+            }
+            match fills.last_mut() {
+                Some(last) if last.1 == s.logical => last.1 = s.end(),
+                _ => fills.push((s.logical, s.end())),
+            }
+        }
+        if fills.is_empty() {
+            return Ok(());
+        }
+        self.drop_cache(fills[0].0, fills[fills.len() - 1].1)?;
+        for &(a, b) in &fills {
+            let mut at = a;
+            while at < b {
+                let n = (b - at).min(CHUNK);
+                sys::pwrite_all(self.kernel_fd(), &ZEROS[..n as usize], at)
+                    .map_err(|e| EmuError::io("allocating through the kernel", e))?;
+                at += n;
+            }
+        }
+        sys::fdatasync(self.kernel_fd()).map_err(|e| EmuError::io("fdatasync of the file", e))?;
+        self.invalidate(from, to);
+        Ok(())
     }
 
     /// Drop the kernel's clean cached data over `[from, to)`, widened to

@@ -10,18 +10,28 @@
 //!
 //! Interposed: open, open64, openat, openat64, creat, creat64 (and glibc's
 //! fortified __open_2 … forms), close, read, write, pread(64), pwrite(64),
-//! readv, writev, preadv(64), pwritev(64), lseek(64), dup, dup2, dup3,
-//! fcntl(64) (F_DUPFD, F_DUPFD_CLOEXEC, F_SETFL's O_APPEND; the rest pass
-//! through), ftruncate(64), fallocate(64), fsync, fdatasync, and the
-//! fortified __read_chk / __pread(64)_chk. fstat needs no interposing: the
-//! kernel keeps the file's size (the library extends files through it).
+//! readv, writev, preadv(64), pwritev(64), dup, dup2, dup3, fcntl(64)
+//! (F_DUPFD, F_DUPFD_CLOEXEC, F_SETFL's O_APPEND; the rest pass through),
+//! truncate(64), ftruncate(64), fallocate(64), fsync, fdatasync, mmap(64),
+//! munmap, mremap, and the fortified __read_chk / __pread(64)_chk. fstat and
+//! lseek need no interposing: the kernel keeps the file's size (the library
+//! grows files through it) and its file position (the shim reads and moves
+//! it), so both are shared across dup, fork and exec as POSIX says.
+//!
+//! Data safety (issue 8): a call that changes a file's layout (truncate,
+//! ftruncate, open with O_TRUNC, fallocate that punches, zeroes, collapses
+//! or inserts) first asks monetad to revoke every channel's records of the
+//! file from the changed offset on, and ends the change after the call; a
+//! file this process maps is announced first, so every channel uses the
+//! kernel for it while any process maps it.
 //!
 //! Variadic C functions (open's mode, fcntl's argument) are declared with
 //! their optional argument as a fixed one: on x86-64 the System V ABI passes
 //! it in the same register either way.
 //!
-//! A call that fails in the shim sets errno (EIO, or what the kernel said)
-//! and returns -1, as the real call would. A thread already inside the shim
+//! A call that fails in the shim sets errno (what the kernel said, e.g.
+//! ENOSPC from growing a file, or EIO when the device failed) and returns
+//! -1, as the real call would. A thread already inside the shim
 //! (the library's own system calls) always gets the C library directly.
 //!
 //! # Safety
@@ -37,7 +47,7 @@ mod state;
 use libc::{c_char, c_int, c_void, iovec, mode_t, off64_t, off_t, size_t, ssize_t};
 use moneta::file::MonetaFile;
 use real::real;
-use state::{shim, warn, OpenFile};
+use state::{shim, warn, FileMapping, OpenFile};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -118,12 +128,13 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
             ));
             return;
         }
-        match m.open_file(own) {
+        // Lazy: the daemon hears of the file when the device is first needed.
+        match m.open_file_lazy(own) {
             Ok(file) => s.insert(
                 fd,
                 Arc::new(OpenFile {
                     file: std::sync::Mutex::new((s.generation(), Some(Arc::new(file)))),
-                    offset: std::sync::Mutex::new(0),
+                    position: std::sync::Mutex::new(()),
                     append: AtomicBool::new(flags & libc::O_APPEND != 0),
                     fd: own,
                 }),
@@ -131,11 +142,7 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
             Err(e) => {
                 // SAFETY: our own descriptor.
                 unsafe { (real().close)(own) };
-                // A policy refusal (e.g. O_WRONLY|O_APPEND, whose writes must
-                // all go through the kernel) is normal and silent.
-                if e.kind != moneta::ErrorKind::Unauthorized {
-                    warn(&format!("descriptor {fd} stays with the kernel: {e}"));
-                }
+                warn(&format!("descriptor {fd} stays with the kernel: {e}"));
             }
         }
     });
@@ -155,9 +162,9 @@ fn with_file<T>(
         if slot.0 != s.generation() || slot.1.is_none() {
             // The parent's handle: forget it (closing would name the parent's file).
             std::mem::forget(slot.1.take());
-            let file = m.open_file(of.fd).map_err(|e| {
-                warn(&format!("re-registering descriptor {}: {e}", of.fd));
-                libc::EIO
+            let file = m.open_file_lazy(of.fd).map_err(|e| {
+                warn(&format!("descriptor {}: {e}", of.fd));
+                e.posix_errno()
             })?;
             *slot = (s.generation(), Some(Arc::new(file)));
         }
@@ -168,9 +175,14 @@ fn with_file<T>(
     f(&m, &file)
 }
 
+/// The errno a program expects for a failure; failures that are not the
+/// kernel's own answer (a device or daemon problem) are also reported on
+/// stderr, since EIO alone says little.
 fn io_error(e: moneta::EmuError) -> c_int {
-    warn(&e.to_string());
-    libc::EIO
+    if e.errno.is_none() {
+        warn(&e.to_string());
+    }
+    e.posix_errno()
 }
 
 /// Handle a call for a descriptor the shim owns, or fall through.
@@ -246,33 +258,46 @@ unsafe fn slice<'a>(buf: *const c_void, len: size_t) -> &'a [u8] {
     }
 }
 
-fn do_read(of: &OpenFile, buf: &mut [u8]) -> ssize_t {
-    let Ok(mut offset) = of.offset.lock() else {
+/// The kernel's file position of `fd`.
+fn position(fd: c_int) -> Result<u64, c_int> {
+    // SAFETY: lseek on the caller's descriptor.
+    let p = unsafe { (real().lseek64)(fd, 0, libc::SEEK_CUR) };
+    if p < 0 {
+        // SAFETY: reading this thread's errno.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    Ok(p as u64)
+}
+
+fn set_position(fd: c_int, at: u64) {
+    // SAFETY: lseek on the caller's descriptor.
+    unsafe { (real().lseek64)(fd, at as i64, libc::SEEK_SET) };
+}
+
+/// read/write/readv/writev: `io` at the kernel's file position, which then
+/// moves past what it did.
+fn at_position(of: &OpenFile, fd: c_int, io: impl FnOnce(u64) -> Result<usize, c_int>) -> ssize_t {
+    let Ok(_held) = of.position.lock() else {
         return fail(libc::EIO);
     };
-    let r = read_at(of, buf, *offset);
-    if let Ok(n) = r {
-        *offset += n as u64;
-    }
+    let r = position(fd).and_then(|at| {
+        let n = io(at)?;
+        set_position(fd, at + n as u64);
+        Ok(n)
+    });
     ret(r)
 }
 
+fn do_read(of: &OpenFile, fd: c_int, buf: &mut [u8]) -> ssize_t {
+    at_position(of, fd, |at| read_at(of, buf, at))
+}
+
 fn do_write(of: &OpenFile, fd: c_int, buf: &[u8]) -> ssize_t {
-    let Ok(mut offset) = of.offset.lock() else {
-        return fail(libc::EIO);
-    };
     if of.append.load(Ordering::Acquire) {
-        let r = append(of, fd, buf);
-        if r.is_ok() {
-            *offset = with_file(of, |_, f| f.len().map_err(io_error)).unwrap_or(*offset);
-        }
-        return ret(r);
+        // The kernel appends atomically and moves the position itself.
+        return ret(append(of, fd, buf));
     }
-    let r = write_at(of, buf, *offset);
-    if let Ok(n) = r {
-        *offset += n as u64;
-    }
-    ret(r)
+    at_position(of, fd, |at| write_at(of, buf, at))
 }
 
 fn check_offset(offset: i64) -> Result<u64, c_int> {
@@ -281,14 +306,52 @@ fn check_offset(offset: i64) -> Result<u64, c_int> {
 
 // ---- open -----------------------------------------------------------------
 
+/// An open(2) of `path` (relative to `dir`) with `flags`: an O_TRUNC open of
+/// a file on the mount is a layout change monetad hears of first; a regular
+/// file on the mount that opened is handled by the shim from then on.
+fn open_with(
+    dir: c_int,
+    path: *const c_char,
+    flags: c_int,
+    real_open: impl FnOnce() -> c_int,
+) -> c_int {
+    let fd = if flags & libc::O_TRUNC != 0 {
+        layout_change_by_path(
+            // SAFETY: the caller's path, opened for writing without side
+            // effects (no O_CREAT, no O_TRUNC).
+            || unsafe {
+                (real().openat)(
+                    dir,
+                    path,
+                    libc::O_WRONLY
+                        | libc::O_NONBLOCK
+                        | libc::O_NOCTTY
+                        | libc::O_CLOEXEC
+                        | (flags & libc::O_NOFOLLOW),
+                    0,
+                )
+            },
+            |_| 0,
+            real_open,
+        )
+    } else {
+        real_open()
+    };
+    adopt(fd, flags)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    adopt(unsafe { (real().open)(path, flags, mode) }, flags)
+    open_with(libc::AT_FDCWD, path, flags, || unsafe {
+        (real().open)(path, flags, mode)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: mode_t) -> c_int {
-    adopt(unsafe { (real().open64)(path, flags, mode) }, flags)
+    open_with(libc::AT_FDCWD, path, flags, || unsafe {
+        (real().open64)(path, flags, mode)
+    })
 }
 
 #[no_mangle]
@@ -298,7 +361,9 @@ pub unsafe extern "C" fn openat(
     flags: c_int,
     mode: mode_t,
 ) -> c_int {
-    adopt(unsafe { (real().openat)(dir, path, flags, mode) }, flags)
+    open_with(dir, path, flags, || unsafe {
+        (real().openat)(dir, path, flags, mode)
+    })
 }
 
 #[no_mangle]
@@ -308,39 +373,53 @@ pub unsafe extern "C" fn openat64(
     flags: c_int,
     mode: mode_t,
 ) -> c_int {
-    adopt(unsafe { (real().openat64)(dir, path, flags, mode) }, flags)
+    open_with(dir, path, flags, || unsafe {
+        (real().openat64)(dir, path, flags, mode)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
-    adopt(unsafe { (real().__open_2)(path, flags) }, flags)
+    open_with(libc::AT_FDCWD, path, flags, || unsafe {
+        (real().__open_2)(path, flags)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
-    adopt(unsafe { (real().__open64_2)(path, flags) }, flags)
+    open_with(libc::AT_FDCWD, path, flags, || unsafe {
+        (real().__open64_2)(path, flags)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __openat_2(dir: c_int, path: *const c_char, flags: c_int) -> c_int {
-    adopt(unsafe { (real().__openat_2)(dir, path, flags) }, flags)
+    open_with(dir, path, flags, || unsafe {
+        (real().__openat_2)(dir, path, flags)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn __openat64_2(dir: c_int, path: *const c_char, flags: c_int) -> c_int {
-    adopt(unsafe { (real().__openat64_2)(dir, path, flags) }, flags)
+    open_with(dir, path, flags, || unsafe {
+        (real().__openat64_2)(dir, path, flags)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
     let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
-    adopt(unsafe { (real().creat)(path, mode) }, flags)
+    open_with(libc::AT_FDCWD, path, flags, || unsafe {
+        (real().creat)(path, mode)
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
     let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
-    adopt(unsafe { (real().creat64)(path, mode) }, flags)
+    open_with(libc::AT_FDCWD, path, flags, || unsafe {
+        (real().creat64)(path, mode)
+    })
 }
 
 // ---- close, dup -------------------------------------------------------------
@@ -439,7 +518,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    ours(fd, |of| do_read(of, unsafe { slice_mut(buf, len) }))
+    ours(fd, |of| do_read(of, fd, unsafe { slice_mut(buf, len) }))
         .unwrap_or_else(|| unsafe { (real().read)(fd, buf, len) })
 }
 
@@ -451,7 +530,7 @@ pub unsafe extern "C" fn __read_chk(
     buflen: size_t,
 ) -> ssize_t {
     ours(fd, |of| {
-        do_read(of, unsafe { slice_mut(buf, len.min(buflen)) })
+        do_read(of, fd, unsafe { slice_mut(buf, len.min(buflen)) })
     })
     .unwrap_or_else(|| unsafe { (real().__read_chk)(fd, buf, len, buflen) })
 }
@@ -583,15 +662,9 @@ fn vwrite(of: &OpenFile, iov: &[iovec], offset: u64) -> Result<usize, c_int> {
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    ours(fd, |of| {
-        let Ok(mut offset) = of.offset.lock() else {
-            return fail(libc::EIO);
-        };
-        let r = unsafe { iovecs(iov, count) }.and_then(|v| vread(of, v, *offset));
-        if let Ok(n) = r {
-            *offset += n as u64;
-        }
-        ret(r)
+    ours(fd, |of| match unsafe { iovecs(iov, count) } {
+        Ok(v) => at_position(of, fd, |at| vread(of, v, at)),
+        Err(e) => fail(e),
     })
     .unwrap_or_else(|| unsafe { (real().readv)(fd, iov, count) })
 }
@@ -610,14 +683,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> s
                 .collect();
             return do_write(of, fd, &data);
         }
-        let Ok(mut offset) = of.offset.lock() else {
-            return fail(libc::EIO);
-        };
-        let r = vwrite(of, v, *offset);
-        if let Ok(n) = r {
-            *offset += n as u64;
-        }
-        ret(r)
+        at_position(of, fd, |at| vwrite(of, v, at))
     })
     .unwrap_or_else(|| unsafe { (real().writev)(fd, iov, count) })
 }
@@ -680,50 +746,7 @@ pub unsafe extern "C" fn pwritev64(
         .unwrap_or_else(|| unsafe { (real().pwritev64)(fd, iov, count, offset) })
 }
 
-// ---- lseek, size, sync ------------------------------------------------------
-
-fn do_lseek(fd: c_int, offset: i64, whence: c_int) -> Option<i64> {
-    ours(fd, |of| {
-        let Ok(mut pos) = of.offset.lock() else {
-            return fail::<i64>(libc::EIO);
-        };
-        let base = match whence {
-            libc::SEEK_SET => 0,
-            libc::SEEK_CUR => *pos as i64,
-            libc::SEEK_END => match with_file(of, |_, f| f.len().map_err(io_error)) {
-                Ok(len) => len as i64,
-                Err(e) => return fail(e),
-            },
-            libc::SEEK_DATA | libc::SEEK_HOLE => {
-                // The kernel knows the holes; ask it from our position.
-                // SAFETY: plain lseek on the caller's descriptor.
-                let r = unsafe { (real().lseek64)(fd, offset, whence) };
-                if r >= 0 {
-                    *pos = r as u64;
-                }
-                return r;
-            }
-            _ => return fail(libc::EINVAL),
-        };
-        match base.checked_add(offset) {
-            Some(p) if p >= 0 => {
-                *pos = p as u64;
-                p
-            }
-            _ => fail(libc::EINVAL),
-        }
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lseek(fd: c_int, offset: off_t, whence: c_int) -> off_t {
-    do_lseek(fd, offset, whence).unwrap_or_else(|| unsafe { (real().lseek)(fd, offset, whence) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn lseek64(fd: c_int, offset: off64_t, whence: c_int) -> off64_t {
-    do_lseek(fd, offset, whence).unwrap_or_else(|| unsafe { (real().lseek64)(fd, offset, whence) })
-}
+// ---- size, layout, sync -----------------------------------------------------
 
 fn do_ftruncate(fd: c_int, len: i64) -> Option<c_int> {
     ours(fd, |of| {
@@ -746,19 +769,114 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
     do_ftruncate(fd, len).unwrap_or_else(|| unsafe { (real().ftruncate64)(fd, len) })
 }
 
-/// After the kernel changed the file's allocation: forget cached extents.
-fn after_allocation(fd: c_int, r: c_int) -> c_int {
-    if r == 0 {
-        let _ = ours(fd, |of| {
-            with_file(of, |m, f| f.refresh(m).map_err(io_error))
-        });
+/// Run `change`, a layout change by path of the file `open_for_write`
+/// opens (truncate(2), open with O_TRUNC), between monetad's revocation of
+/// every channel's records of it from byte `from(size)` on and the end of
+/// the change. Files off the mount, or that cannot be opened for writing
+/// (then the change fails in the kernel anyway), change directly.
+fn layout_change_by_path<T>(
+    open_for_write: impl FnOnce() -> c_int,
+    from: impl FnOnce(u64) -> u64,
+    change: impl FnOnce() -> T,
+) -> T {
+    let token = enter(|| {
+        let s = shim();
+        s.mount_dev?;
+        let fd = open_for_write();
+        if fd < 0 {
+            return None;
+        }
+        let token = if s.on_mount(fd) {
+            let size = moneta_emu::sys::file_len(fd).unwrap_or(0);
+            let m = s.moneta()?;
+            match m.layout_change(fd, from(size)) {
+                Ok(t) => Some((m, t)),
+                Err(e) => {
+                    warn(&format!("announcing a layout change: {e}"));
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        // SAFETY: the descriptor opened above.
+        unsafe { (real().close)(fd) };
+        token
+    })
+    .flatten();
+    let result = change();
+    if let Some((m, token)) = token {
+        let _ = enter(|| m.layout_done(token));
     }
-    r
+    result
+}
+
+fn do_truncate(path: *const c_char, len: i64, real_truncate: impl FnOnce() -> c_int) -> c_int {
+    layout_change_by_path(
+        // SAFETY: the caller's path, opened for writing without side effects.
+        || unsafe {
+            (real().open)(
+                path,
+                libc::O_WRONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+                0,
+            )
+        },
+        |size| size.min(len.max(0) as u64) / 4096 * 4096,
+        real_truncate,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
+    do_truncate(path, len, || unsafe { (real().truncate)(path, len) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int {
+    do_truncate(path, len, || unsafe { (real().truncate64)(path, len) })
+}
+
+/// fallocate modes that free or move blocks.
+const LAYOUT_MODES: c_int = libc::FALLOC_FL_PUNCH_HOLE
+    | libc::FALLOC_FL_COLLAPSE_RANGE
+    | libc::FALLOC_FL_ZERO_RANGE
+    | libc::FALLOC_FL_INSERT_RANGE;
+
+fn do_fallocate(fd: c_int, mode: c_int, offset: i64, len: i64) -> c_int {
+    // off_t and off64_t are the same on x86-64 (the shim's one target).
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let real_call = || unsafe { (real().fallocate64)(fd, mode, offset, len) };
+    let with_errno = || {
+        let r = real_call();
+        // SAFETY: reading this thread's errno right after the call.
+        (r, unsafe { *libc::__errno_location() })
+    };
+    let handled = ours(fd, |of| {
+        let r = if mode & LAYOUT_MODES != 0 {
+            let from = (offset.max(0) as u64) / 4096 * 4096;
+            with_file(of, |m, f| {
+                f.layout_change(m, from, || Ok(with_errno()))
+                    .map_err(io_error)
+            })
+        } else {
+            Ok(with_errno())
+        };
+        match r {
+            Ok((0, _)) => {
+                // Holes may have become unwritten extents: ask again.
+                let _ = with_file(of, |m, f| f.refresh(m).map_err(io_error));
+                0
+            }
+            Ok((_, errno)) => fail(errno),
+            Err(e) => fail(e),
+        }
+    });
+    handled.unwrap_or_else(real_call)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
-    after_allocation(fd, unsafe { (real().fallocate)(fd, mode, offset, len) })
+    do_fallocate(fd, mode, offset, len)
 }
 
 #[no_mangle]
@@ -768,23 +886,172 @@ pub unsafe extern "C" fn fallocate64(
     offset: off64_t,
     len: off64_t,
 ) -> c_int {
-    after_allocation(fd, unsafe { (real().fallocate64)(fd, mode, offset, len) })
+    do_fallocate(fd, mode, offset, len)
 }
 
-/// fsync/fdatasync: make direct writes visible to read(2) (SPEC §3.4), then
-/// the kernel's own sync for whatever it holds.
-fn sync_direct(fd: c_int) {
-    let _ = ours(fd, |of| with_file(of, |m, f| f.sync(m).map_err(io_error)));
+/// fsync/fdatasync: the kernel's own sync first (its dirty pages reach the
+/// device), then its cached pages of the file are dropped, so a later
+/// read(2) by any process sees the direct writes (SPEC §3.4).
+fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
+    let r = real_sync();
+    if r == 0 {
+        let _ = ours(fd, |of| with_file(of, |m, f| f.sync(m).map_err(io_error)));
+    }
+    r
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
-    sync_direct(fd);
-    unsafe { (real().fsync)(fd) }
+    sync_then_drop(fd, || unsafe { (real().fsync)(fd) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
-    sync_direct(fd);
-    unsafe { (real().fdatasync)(fd) }
+    sync_then_drop(fd, || unsafe { (real().fdatasync)(fd) })
+}
+
+// ---- mmap -------------------------------------------------------------------
+
+/// Before mapping a file on the mount: monetad revokes every channel's
+/// records of it, makes its page cache current, and keeps every channel on
+/// the kernel path for it while any process maps it. Returns a descriptor
+/// of the file to remember the mapping by.
+fn before_map(fd: c_int, flags: c_int) -> Option<c_int> {
+    if fd < 0 || flags & libc::MAP_ANONYMOUS != 0 {
+        return None;
+    }
+    enter(|| {
+        let s = shim();
+        if !s.on_mount(fd) {
+            return None;
+        }
+        let m = s.moneta()?;
+        if let Err(e) = m.mapped(fd) {
+            warn(&format!("announcing a mapping of descriptor {fd}: {e}"));
+        }
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the caller's descriptor.
+        let own = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, OWN_FD_MIN) };
+        (own >= 0).then_some(own)
+    })
+    .flatten()
+}
+
+/// After mmap: remember a mapping that was made, or say that it was not.
+fn after_map(p: *mut c_void, len: size_t, own: Option<c_int>) -> *mut c_void {
+    if let Some(own) = own {
+        let _ = enter(|| {
+            let s = shim();
+            if p == libc::MAP_FAILED {
+                if let Some(m) = s.moneta() {
+                    let _ = m.unmapped(own);
+                }
+                // SAFETY: our own descriptor.
+                unsafe { (real().close)(own) };
+            } else if let Ok(mut maps) = s.mappings.lock() {
+                maps.push(FileMapping {
+                    addr: p as usize,
+                    len,
+                    fd: own,
+                });
+            }
+        });
+    }
+    p
+}
+
+/// After munmap (or a mremap that moved or shrank): forget the mappings of
+/// `[addr, addr + len)`; monetad checks whether anyone still maps their files.
+fn forget_mappings(addr: usize, len: usize) {
+    let _ = enter(|| {
+        let s = shim();
+        let gone: Vec<FileMapping> = {
+            let Ok(mut maps) = s.mappings.lock() else {
+                return;
+            };
+            if maps.is_empty() {
+                return;
+            }
+            let end = addr.saturating_add(len);
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *maps)
+                .into_iter()
+                .partition(|r| r.addr < end && addr < r.addr + r.len);
+            *maps = kept;
+            gone
+        };
+        for r in gone {
+            if let Some(m) = s.moneta() {
+                let _ = m.unmapped(r.fd);
+            }
+            // SAFETY: our own descriptor.
+            unsafe { (real().close)(r.fd) };
+        }
+    });
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: off_t,
+) -> *mut c_void {
+    let own = before_map(fd, flags);
+    after_map(
+        unsafe { (real().mmap)(addr, len, prot, flags, fd, offset) },
+        len,
+        own,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: off64_t,
+) -> *mut c_void {
+    let own = before_map(fd, flags);
+    after_map(
+        unsafe { (real().mmap64)(addr, len, prot, flags, fd, offset) },
+        len,
+        own,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    let r = unsafe { (real().munmap)(addr, len) };
+    if r == 0 {
+        forget_mappings(addr as usize, len);
+    }
+    r
+}
+
+/// mremap's fifth argument exists only with MREMAP_FIXED; on x86-64 it is
+/// read from a register either way.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    let p = unsafe { (real().mremap)(old, old_len, new_len, flags, new_addr) };
+    if p != libc::MAP_FAILED {
+        // Re-key a moved or resized file mapping (the file stays mapped).
+        let _ = enter(|| {
+            if let Ok(mut maps) = shim().mappings.lock() {
+                for r in maps.iter_mut().filter(|r| r.addr == old as usize) {
+                    r.addr = p as usize;
+                    r.len = new_len;
+                }
+            }
+        });
+    }
+    p
 }

@@ -49,7 +49,6 @@ real_fns! {
     preadv64: fn(c_int, *const iovec, c_int, off64_t) -> ssize_t;
     pwritev: fn(c_int, *const iovec, c_int, off_t) -> ssize_t;
     pwritev64: fn(c_int, *const iovec, c_int, off64_t) -> ssize_t;
-    lseek: fn(c_int, off_t, c_int) -> off_t;
     lseek64: fn(c_int, off64_t, c_int) -> off64_t;
     dup: fn(c_int) -> c_int;
     dup2: fn(c_int, c_int) -> c_int;
@@ -58,8 +57,13 @@ real_fns! {
     fcntl64: fn(c_int, c_int, usize) -> c_int;
     ftruncate: fn(c_int, off_t) -> c_int;
     ftruncate64: fn(c_int, off64_t) -> c_int;
-    fallocate: fn(c_int, c_int, off_t, off_t) -> c_int;
     fallocate64: fn(c_int, c_int, off64_t, off64_t) -> c_int;
+    truncate: fn(*const c_char, off_t) -> c_int;
+    truncate64: fn(*const c_char, off64_t) -> c_int;
+    mmap: fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void;
+    mmap64: fn(*mut c_void, size_t, c_int, c_int, c_int, off64_t) -> *mut c_void;
+    munmap: fn(*mut c_void, size_t) -> c_int;
+    mremap: fn(*mut c_void, size_t, size_t, c_int, *mut c_void) -> *mut c_void;
     fsync: fn(c_int) -> c_int;
     fdatasync: fn(c_int) -> c_int;
     __open_2: fn(*const c_char, c_int) -> c_int;

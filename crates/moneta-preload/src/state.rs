@@ -1,7 +1,10 @@
 //! The shim's process state (SPEC §3.2): the channel to monetad, opened on
-//! the first file the program opens on the Moneta mount, and the table of
-//! descriptors the shim handles. Descriptors that `dup` made share one
-//! [`OpenFile`] (one file position, as an open file description does).
+//! the first file the program opens on the Moneta mount, the table of
+//! descriptors the shim handles, and the file mappings this process made.
+//! Descriptors that `dup` made share one [`OpenFile`]. The file position is
+//! the kernel's own (read with lseek, moved with lseek), so it is shared
+//! exactly as the open file description shares it: across dup, fork, exec
+//! and SCM_RIGHTS.
 //!
 //! Fork: the child shares the parent's channel pages and control socket, and
 //! must not use them (their tags belong to the parent). A pthread_atfork
@@ -18,12 +21,14 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 pub const SOCKET_ENV: &str = "MONETA_SOCKET";
 pub const MOUNT_ENV: &str = "MONETA_MOUNT";
 
-/// A file the shim handles: the library's handle and the file position.
+/// A file the shim handles: the library's handle.
 pub struct OpenFile {
     /// The library's file, for the channel of generation `generation`.
     pub file: Mutex<(u64, Option<Arc<MonetaFile>>)>,
-    /// The position read/write/lseek use (shared by dup'ed descriptors).
-    pub offset: Mutex<u64>,
+    /// Held by read/write/readv/writev from reading the kernel's file
+    /// position to moving it, so threads of this process sharing the open
+    /// file description each get their own range.
+    pub position: Mutex<()>,
     /// O_APPEND: writes go through the kernel, which makes them atomic.
     pub append: AtomicBool,
     /// The shim's own descriptor of this open file description (the
@@ -41,6 +46,18 @@ pub struct Shim {
     files: RwLock<Vec<Option<Arc<OpenFile>>>>,
     /// Fast path: nothing to look up until the first file is ours.
     any: AtomicBool,
+    /// File mappings this process made of files on the mount.
+    pub mappings: Mutex<Vec<FileMapping>>,
+}
+
+/// A mapping of a file on the mount: monetad keeps the file on the kernel
+/// path while any process maps it.
+pub struct FileMapping {
+    pub addr: usize,
+    pub len: usize,
+    /// A descriptor of the file (close-on-exec), to tell monetad which
+    /// file was unmapped.
+    pub fd: RawFd,
 }
 
 static SHIM: OnceLock<Shim> = OnceLock::new();
@@ -61,6 +78,7 @@ pub fn shim() -> &'static Shim {
             generation: AtomicU64::new(0),
             files: RwLock::new(Vec::new()),
             any: AtomicBool::new(false),
+            mappings: Mutex::new(Vec::new()),
         }
     })
 }
@@ -82,6 +100,18 @@ impl Shim {
             }
         }
         m.clone()
+    }
+
+    /// Whether `fd` names a regular file on the Moneta mount.
+    pub fn on_mount(&self, fd: RawFd) -> bool {
+        let Some(dev) = self.mount_dev else {
+            return false;
+        };
+        // SAFETY: fstat into a zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        (unsafe { libc::fstat(fd, &mut st) }) == 0
+            && st.st_dev == dev
+            && st.st_mode & libc::S_IFMT == libc::S_IFREG
     }
 
     pub fn generation(&self) -> u64 {
