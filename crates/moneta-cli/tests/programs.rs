@@ -6,84 +6,11 @@
 //! mount, and the results must agree. Needs root and loop devices (CI has
 //! both); the mount is torn down even when a test fails.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn moneta() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_moneta"))
-}
-
-fn ok(o: Output, what: &str) -> String {
-    assert!(
-        o.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A Moneta file system mounted for one test; `down --purge` on drop.
-struct Mounted {
-    mount: PathBuf,
-}
-
-impl Mounted {
-    fn up(name: &str, fs: &str, size: &str) -> Mounted {
-        let mount = std::env::temp_dir().join(format!("moneta-prog-{}-{name}", std::process::id()));
-        let m = Mounted { mount };
-        ok(
-            moneta()
-                .args(["up", "--fs", fs, "--size", size, "--mount"])
-                .arg(&m.mount)
-                .output()
-                .unwrap(),
-            "moneta up",
-        );
-        m
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.mount.join(name)
-    }
-
-    /// `moneta run --mount M -- program args…`
-    fn run(&self, program: &str, args: &[&str]) -> Command {
-        let mut c = moneta();
-        c.args(["run", "--mount"])
-            .arg(&self.mount)
-            .arg("--")
-            .arg(program)
-            .args(args);
-        c
-    }
-
-    fn device_requests(&self) -> u64 {
-        let socket = format!(
-            "/run/moneta/{}/monetad.sock",
-            self.mount.to_string_lossy().replace('/', "_")
-        );
-        let out = ok(
-            moneta()
-                .args(["stats", "--daemon", &socket])
-                .output()
-                .unwrap(),
-            "moneta stats",
-        );
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["requests_completed"].as_u64().unwrap()
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = moneta()
-            .args(["down", "--purge", "--mount"])
-            .arg(&self.mount)
-            .output();
-        let _ = std::fs::remove_dir(&self.mount);
-    }
-}
+use common::{ok, Mounted};
+use std::path::Path;
+use std::process::Command;
 
 #[test]
 fn fio_verifies_its_data_through_the_shim_on_xfs_and_ext4() {

@@ -1,0 +1,101 @@
+//! What the file-system integration tests share: a Moneta file system
+//! mounted for one test (`moneta up`, torn down with `moneta down --purge`
+//! even when the test fails), and running programs through the shim.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn moneta() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_moneta"))
+}
+
+/// The program's stdout; panics with its output if it failed.
+pub fn ok(o: Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A Moneta file system mounted for one test; `down --purge` on drop.
+pub struct Mounted {
+    pub mount: PathBuf,
+}
+
+impl Mounted {
+    pub fn up(name: &str, fs: &str, size: &str) -> Mounted {
+        let mount = std::env::temp_dir().join(format!("moneta-prog-{}-{name}", std::process::id()));
+        let m = Mounted { mount };
+        ok(
+            moneta()
+                .args(["up", "--fs", fs, "--size", size, "--mount"])
+                .arg(&m.mount)
+                .output()
+                .unwrap(),
+            "moneta up",
+        );
+        m
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.mount.join(name)
+    }
+
+    /// `moneta run --mount M -- program args…`
+    pub fn run(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = moneta();
+        c.args(["run", "--mount"])
+            .arg(&self.mount)
+            .arg("--")
+            .arg(program)
+            .args(args);
+        c
+    }
+
+    pub fn socket(&self) -> String {
+        format!(
+            "/run/moneta/{}/monetad.sock",
+            self.mount.to_string_lossy().replace('/', "_")
+        )
+    }
+
+    /// The daemon's counters (`moneta stats`).
+    pub fn stats(&self) -> serde_json::Value {
+        let out = ok(
+            moneta()
+                .args(["stats", "--daemon", &self.socket()])
+                .output()
+                .unwrap(),
+            "moneta stats",
+        );
+        serde_json::from_str(&out).unwrap()
+    }
+
+    pub fn device_requests(&self) -> u64 {
+        self.stats()["requests_completed"].as_u64().unwrap()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = moneta()
+            .args(["down", "--purge", "--mount"])
+            .arg(&self.mount)
+            .output();
+        let _ = std::fs::remove_dir(&self.mount);
+    }
+}
+
+/// Whether this process may mount (the file-system tests need root).
+pub fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}
