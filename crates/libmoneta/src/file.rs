@@ -47,7 +47,7 @@ use moneta_emu::control::{DirectAccess, FileExtent, Request, Response};
 use moneta_emu::sys;
 use moneta_emu::{EmuError, ErrorKind};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 /// Page granularity of the kernel's cache.
@@ -195,6 +195,9 @@ pub struct MonetaFile {
     /// Page-aligned ranges this handle wrote through the kernel (sorted,
     /// disjoint): read and written through the kernel by this handle.
     kernel_pages: Mutex<Vec<(u64, u64)>>,
+    /// Whether this handle ever wrote to the device directly (then the
+    /// kernel's cached pages may be stale).
+    wrote_directly: AtomicBool,
     /// Direct writes share it; the kernel's writes take it alone: the
     /// kernel rewrites whole pages, and must not rewrite one a direct
     /// write is changing.
@@ -259,6 +262,7 @@ impl Moneta {
             map: RwLock::new(Vec::new()),
             epoch: AtomicU64::new(self.layout_epoch()),
             kernel_pages: Mutex::new(Vec::new()),
+            wrote_directly: AtomicBool::new(false),
             kernel_writes: RwLock::new(()),
         })
     }
@@ -464,6 +468,7 @@ impl MonetaFile {
                 self.invalidate(offset, end);
                 return Ok(buf.len());
             }
+            self.wrote_directly.store(true, Ordering::Release);
             let result = segments.iter().try_for_each(|s| {
                 let piece = &buf[(s.logical - offset) as usize..][..s.len as usize];
                 m.write_mapped(s.physical, piece)
@@ -501,8 +506,8 @@ impl MonetaFile {
                 pages.clear();
             }
         }
-        sys::drop_cached_pages(self.kernel_fd(), 0, 0)
-            .map_err(|e| EmuError::io("dropping the file's cached pages", e))
+        drop(pages);
+        self.drop_stale_cache()
     }
 
     /// Truncate or extend through the kernel, after every channel's records
@@ -563,10 +568,14 @@ impl MonetaFile {
         Ok(())
     }
 
-    /// [`MonetaFile::sync`], then revoke the grant (the caller still owns
-    /// and closes the descriptor).
+    /// Drop the kernel's clean cached pages of the file (if this handle
+    /// wrote directly, they may be stale), then revoke the grant (the
+    /// caller still owns and closes the descriptor). Unlike
+    /// [`MonetaFile::sync`] this writes nothing back: closing is not
+    /// fsync.
     pub fn close(self, m: &Moneta) -> Result<(), EmuError> {
-        self.sync(m)?;
+        self.check_channel(m)?;
+        self.drop_stale_cache()?;
         let Some(file_id) = self.id() else {
             return Ok(());
         };
@@ -598,7 +607,11 @@ impl MonetaFile {
         let _alone = self.kernel_writes.write().expect("kernel writes");
         let from = page_floor(offset);
         let to = page_ceil(offset + buf.len() as u64);
-        self.drop_cache(from, to)?;
+        // Only pages holding data already can be stale (appending at a
+        // page-aligned end touches none).
+        if from < page_ceil(self.len()?) {
+            self.drop_cache(from, to)?;
+        }
         let written = sys::pwrite_all(self.kernel_fd(), buf, offset)
             .map_err(|e| EmuError::io("pwrite of the file", e));
         let mut pages = self.kernel_pages.lock().expect("kernel pages");
@@ -652,6 +665,16 @@ impl MonetaFile {
         }
         sys::fdatasync(self.kernel_fd()).map_err(|e| EmuError::io("fdatasync of the file", e))?;
         self.invalidate(from, to);
+        Ok(())
+    }
+
+    /// After direct writes, the kernel's clean cached pages of the file
+    /// may be stale: drop them (cheap when there are none).
+    pub fn drop_stale_cache(&self) -> Result<(), EmuError> {
+        if self.wrote_directly.load(Ordering::Acquire) {
+            sys::drop_cached_pages(self.kernel_fd(), 0, 0)
+                .map_err(|e| EmuError::io("dropping the file's cached pages", e))?;
+        }
         Ok(())
     }
 

@@ -428,16 +428,20 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
 fn forget(fd: c_int) {
     let _ = enter(|| {
         if let Some(of) = shim().remove(fd) {
-            let _ = with_file(&of, |m, f| f.sync(m).map_err(io_error));
             if let Ok(mut slot) = of.file.lock() {
                 if slot.0 == shim().generation() {
                     if let (Some(m), Some(f)) = (shim().moneta(), slot.1.take()) {
                         // Another thread still in an IO on this file (closing
                         // under it is the program's race): its grant then
                         // lasts until the channel closes.
-                        if let Ok(f) = Arc::try_unwrap(f) {
-                            if let Err(e) = f.close(&m) {
-                                warn(&e.to_string());
+                        match Arc::try_unwrap(f) {
+                            Ok(f) => {
+                                if let Err(e) = f.close(&m) {
+                                    warn(&e.to_string());
+                                }
+                            }
+                            Err(f) => {
+                                let _ = f.drop_stale_cache();
                             }
                         }
                     }
