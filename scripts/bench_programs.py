@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Real programs on the Moneta file system, direct path against kernel path
 (issue 4, README "Unmodified programs"): fio 512 B / 4 KiB random reads and
-writes, SQLite transactions, Berkeley DB transactions, each through
-`moneta run` (libmoneta_preload.so → channel → emulated Moneta-D) and
-through the kernel on the same mount (XFS on a loop device over the same
-image), in one run. Prints a table and writes JSON.
+writes, SQLite transactions, Berkeley DB transactions, and the growth suite
+of issue 8 (creating and extending files: tar extract, cp into the mount,
+SQLite with a WAL and with a rollback journal), each through `moneta run`
+(libmoneta_preload.so → channel → emulated Moneta-D) and through the kernel
+on the same mount (XFS on a loop device over the same image), in one run.
+Prints a table and writes JSON.
 
-    python3 scripts/bench_programs.py [--seconds 3] [--json out/programs.json]
+    python3 scripts/bench_programs.py [--seconds 3] [--suites fio,sqlite,bdb,growth]
+                                      [--json out/programs.json]
 
 Needs root (it runs `moneta up` / `moneta down`), fio, sqlite3, gcc and
 libdb5.3-dev (`make setup` installs them).
@@ -78,42 +81,127 @@ def bdb(prefix, program, directory, kind, transactions):
     return json.loads(out)
 
 
+def timed(cmd, **kw):
+    t0 = time.monotonic()
+    run(cmd, **kw)
+    return time.monotonic() - t0
+
+
+def growth_workloads(mount, work):
+    """(name, what it does, a function running it with a command prefix and
+    returning seconds) for the growth suite. Inputs are made once, off the
+    mount."""
+    r = random.Random(11)
+    tree = os.path.join(work, "tree")
+    for d in range(20):
+        os.makedirs(os.path.join(tree, f"d{d}"))
+        for f in range(100):
+            with open(os.path.join(tree, f"d{d}", f"f{f}"), "wb") as out:
+                out.write(r.randbytes(r.randrange(1, 64) << 10))
+    archive = os.path.join(work, "tree.tar")
+    run(["tar", "-cf", archive, "-C", work, "tree"])
+    big = os.path.join(work, "big")
+    with open(big, "wb") as out:
+        for _ in range(128):
+            out.write(r.randbytes(1 << 20))
+    inserts = 2000
+    wal = "PRAGMA journal_mode=WAL;\nCREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT);\n" + "".join(
+        f"INSERT INTO t(v) VALUES('{'x' * 200}');\n" for _ in range(inserts))
+    rollback = wal.replace("PRAGMA journal_mode=WAL;", "PRAGMA journal_mode=DELETE;")
+
+    def fresh(name):
+        d = os.path.join(mount, name)
+        subprocess.run(["rm", "-rf", d], check=True)
+        os.makedirs(d)
+        return d
+
+    def tar(prefix):
+        d = fresh("tar")
+        return timed(prefix + ["tar", "-xf", archive, "-C", d])
+
+    def cp(prefix):
+        d = fresh("cp")
+        return timed(prefix + ["cp", "-r", tree, big, d])
+
+    def sqlite_script(script):
+        def go(prefix):
+            d = fresh("sqlite")
+            return timed(prefix + ["sqlite3", os.path.join(d, "g.db")], input=script)
+        return go
+
+    return [
+        ("tar extract", f"tar -xf of 2000 files (1-64 KiB, {os.path.getsize(archive) >> 20} MiB)", tar),
+        ("cp into the mount", "cp -r of the same tree and a 128 MiB file", cp),
+        ("SQLite WAL", f"{inserts} autocommit inserts, journal_mode=WAL", sqlite_script(wal)),
+        ("SQLite rollback journal", f"{inserts} autocommit inserts, journal_mode=DELETE",
+         sqlite_script(rollback)),
+    ]
+
+
+def growth(shim, mount, repeats):
+    work = tempfile.mkdtemp(prefix="moneta-growth-")
+    try:
+        rows = []
+        for name, what, go in growth_workloads(mount, work):
+            direct, kernel = [], []
+            for _ in range(repeats):
+                # Alternate, so drift on a shared machine hits both alike.
+                direct.append(go(shim))
+                kernel.append(go([]))
+            d, k = sorted(direct)[repeats // 2], sorted(kernel)[repeats // 2]
+            rows.append({"workload": name, "what": what, "direct_path_s": d, "kernel_s": k,
+                         "ratio": d / k})
+        return rows
+    finally:
+        subprocess.run(["rm", "-rf", work], check=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=3)
     ap.add_argument("--json")
     ap.add_argument("--preset", default="moneta-d")
+    ap.add_argument("--suites", default="fio,sqlite,bdb,growth")
+    ap.add_argument("--repeats", type=int, default=5, help="growth suite: runs per side (median)")
     a = ap.parse_args()
+    suites = set(a.suites.split(","))
     mount = tempfile.mkdtemp(prefix="moneta-bench-")
     run([MONETA, "up", "--mount", mount, "--size", "2G", "--preset", a.preset])
     try:
         shim = [MONETA, "run", "--mount", mount, "--"]
-        results = {"preset": a.preset, "fio": [], "sqlite": {}, "bdb": {}}
+        results = {"preset": a.preset, "fio": [], "sqlite": {}, "bdb": {}, "growth": []}
         data = os.path.join(mount, "fio.dat")
-        run(["fio", "--name=layout", f"--filename={data}", "--size=256m", "--rw=write",
-             "--bs=1m", "--output-format=json"])
-        for bs in (512, 4096):
+        if "fio" in suites:
+            run(["fio", "--name=layout", f"--filename={data}", "--size=256m", "--rw=write",
+                 "--bs=1m", "--output-format=json"])
+        for bs in (512, 4096) if "fio" in suites else ():
             for rw in ("randread", "randwrite"):
                 row = {"bs": bs, "rw": rw,
                        "direct_path": fio(shim, data, rw, bs, a.seconds, False),
                        "kernel_o_direct": fio([], data, rw, bs, a.seconds, True),
                        "kernel_buffered": fio([], data, rw, bs, a.seconds, False)}
                 results["fio"].append(row)
-        setup, updates = sqlite_scripts(20000, 300)
-        results["sqlite"] = {
-            "direct_path": sqlite(shim, os.path.join(mount, "d.db"), setup, updates, 300),
-            "kernel": sqlite([], os.path.join(mount, "k.db"), setup, updates, 300),
-        }
+        if "sqlite" in suites:
+            setup, updates = sqlite_scripts(20000, 300)
+            results["sqlite"] = {
+                "direct_path": sqlite(shim, os.path.join(mount, "d.db"), setup, updates, 300),
+                "kernel": sqlite([], os.path.join(mount, "k.db"), setup, updates, 300),
+            }
         program = os.path.join(tempfile.gettempdir(), f"bdb_updates-{os.getpid()}")
-        run(["gcc", "-O2", "-o", program, os.path.join(ROOT, "examples/bdb/bdb_updates.c"), "-ldb"])
-        for kind in ("btree", "hash"):
+        if "bdb" in suites:
+            run(["gcc", "-O2", "-o", program, os.path.join(ROOT, "examples/bdb/bdb_updates.c"),
+                 "-ldb"])
+        for kind in ("btree", "hash") if "bdb" in suites else ():
             d = bdb(shim, program, os.path.join(mount, f"{kind}-d"), kind, 3000)
             k = bdb([], program, os.path.join(mount, f"{kind}-k"), kind, 3000)
             if d["checksum"] != k["checksum"]:
                 sys.exit(f"bench_programs: Berkeley DB {kind} contents differ")
             results["bdb"][kind] = {"direct_path": d["transactions_per_s"],
                                     "kernel": k["transactions_per_s"]}
-        os.remove(program)
+        if "bdb" in suites:
+            os.remove(program)
+        if "growth" in suites:
+            results["growth"] = growth(shim, mount, a.repeats)
     finally:
         subprocess.run([MONETA, "down", "--purge", "--mount", mount], capture_output=True)
         os.rmdir(mount)
@@ -125,11 +213,17 @@ def main():
                  for k in ("direct_path", "kernel_o_direct", "kernel_buffered")]
         print(f"fio {r['rw']:<9} {r['bs']:>4} B " + " ".join(f"{c:>22}" for c in cells))
     s = results["sqlite"]
-    print(f"sqlite3 transactions/s: direct {s['direct_path']['transactions_per_s']:.0f}, "
-          f"kernel {s['kernel']['transactions_per_s']:.0f}")
+    if s:
+        print(f"sqlite3 transactions/s: direct {s['direct_path']['transactions_per_s']:.0f}, "
+              f"kernel {s['kernel']['transactions_per_s']:.0f}")
     for kind, v in results["bdb"].items():
         print(f"Berkeley DB {kind} transactions/s: direct {v['direct_path']:.0f}, kernel {v['kernel']:.0f} "
               f"({v['direct_path'] / v['kernel']:.2f}×)")
+    if results["growth"]:
+        print(f"growth (median of {a.repeats}, alternating): {'direct path':>12} {'kernel':>9} {'ratio':>7}")
+        for g in results["growth"]:
+            print(f"  {g['workload']:<28} {g['direct_path_s']:>10.3f} s {g['kernel_s']:>7.3f} s "
+                  f"{g['ratio']:>6.2f}×   ({g['what']})")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

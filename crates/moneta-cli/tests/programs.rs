@@ -226,9 +226,12 @@ fn posix_calls_through_the_shim_give_the_kernels_transcript() {
             .unwrap(),
         "transcript through the shim",
     );
+    // Most of the transcript creates and grows files (the kernel's part);
+    // its reads and overwrites after the first fsync reach the device.
+    let requests = m.device_requests() - before;
     assert!(
-        m.device_requests() - before > 100,
-        "the transcript bypassed the shim"
+        requests >= 10,
+        "the transcript bypassed the shim ({requests} device requests)"
     );
     let b = ok(
         Command::new(&program).arg(&kernel).output().unwrap(),

@@ -475,13 +475,16 @@ except OSError as e:
         "filling the file system",
     );
     assert_eq!(out.trim(), "ENOSPC");
-    // A hole inside the file, filled directly once space is gone.
+    // Holes inside a file the direct path serves (not one being created),
+    // filled once space is gone.
     let script = r#"
 import errno, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
 os.ftruncate(fd, 256 << 20)
+os.fsync(fd)
 try:
-    os.pwrite(fd, b"y" * 4096, 200 << 20)
+    for at in range(0, 256 << 20, 1 << 20):
+        os.pwrite(fd, b"y" * 4096, at)
     os.fsync(fd)
     print("no error")
 except OSError as e:

@@ -128,23 +128,24 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
             ));
             return;
         }
-        // Lazy: the daemon hears of the file when the device is first needed.
-        match m.open_file_lazy(own) {
-            Ok(file) => s.insert(
-                fd,
-                Arc::new(OpenFile {
-                    file: std::sync::Mutex::new((s.generation(), Some(Arc::new(file)))),
-                    position: std::sync::Mutex::new(()),
-                    append: AtomicBool::new(flags & libc::O_APPEND != 0),
-                    fd: own,
-                }),
-            ),
-            Err(e) => {
-                // SAFETY: our own descriptor.
-                unsafe { (real().close)(own) };
-                warn(&format!("descriptor {fd} stays with the kernel: {e}"));
-            }
-        }
+        drop(m);
+        // Lazy: the library's handle is made, and the daemon hears of the
+        // file, when the device is first needed. A file that was empty
+        // when opened for writing is being created: the kernel serves it
+        // until the program's first fsync of it (growth costs nothing more
+        // than the kernel's own path).
+        s.insert(
+            fd,
+            Arc::new(OpenFile {
+                file: std::sync::Mutex::new((s.generation(), None)),
+                position: std::sync::Mutex::new(()),
+                append: AtomicBool::new(flags & libc::O_APPEND != 0),
+                fresh: AtomicBool::new(
+                    st.st_size == 0 && flags & libc::O_ACCMODE != libc::O_RDONLY,
+                ),
+                fd: own,
+            }),
+        );
     });
     fd
 }
@@ -188,6 +189,12 @@ fn io_error(e: moneta::EmuError) -> c_int {
 /// Handle a call for a descriptor the shim owns, or fall through.
 fn ours<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
     enter(|| shim().get(fd).map(|of| f(&of))).flatten()
+}
+
+/// As [`ours`], for reads and writes: a file being created (see
+/// [`OpenFile::fresh`]) falls through to the kernel too.
+fn ours_io<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
+    ours(fd, |of| (!of.fresh.load(Ordering::Acquire)).then(|| f(of))).flatten()
 }
 
 fn ret(r: Result<usize, c_int>) -> ssize_t {
@@ -522,7 +529,7 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    ours(fd, |of| do_read(of, fd, unsafe { slice_mut(buf, len) }))
+    ours_io(fd, |of| do_read(of, fd, unsafe { slice_mut(buf, len) }))
         .unwrap_or_else(|| unsafe { (real().read)(fd, buf, len) })
 }
 
@@ -533,7 +540,7 @@ pub unsafe extern "C" fn __read_chk(
     len: size_t,
     buflen: size_t,
 ) -> ssize_t {
-    ours(fd, |of| {
+    ours_io(fd, |of| {
         do_read(of, fd, unsafe { slice_mut(buf, len.min(buflen)) })
     })
     .unwrap_or_else(|| unsafe { (real().__read_chk)(fd, buf, len, buflen) })
@@ -541,18 +548,18 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
-    ours(fd, |of| do_write(of, fd, unsafe { slice(buf, len) }))
+    ours_io(fd, |of| do_write(of, fd, unsafe { slice(buf, len) }))
         .unwrap_or_else(|| unsafe { (real().write)(fd, buf, len) })
 }
 
 fn do_pread(fd: c_int, buf: *mut c_void, len: size_t, offset: i64) -> Option<ssize_t> {
-    ours(fd, |of| {
+    ours_io(fd, |of| {
         ret(check_offset(offset).and_then(|o| read_at(of, unsafe { slice_mut(buf, len) }, o)))
     })
 }
 
 fn do_pwrite(fd: c_int, buf: *const c_void, len: size_t, offset: i64) -> Option<ssize_t> {
-    ours(fd, |of| {
+    ours_io(fd, |of| {
         ret(check_offset(offset).and_then(|o| write_at(of, unsafe { slice(buf, len) }, o)))
     })
 }
@@ -666,7 +673,7 @@ fn vwrite(of: &OpenFile, iov: &[iovec], offset: u64) -> Result<usize, c_int> {
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    ours(fd, |of| match unsafe { iovecs(iov, count) } {
+    ours_io(fd, |of| match unsafe { iovecs(iov, count) } {
         Ok(v) => at_position(of, fd, |at| vread(of, v, at)),
         Err(e) => fail(e),
     })
@@ -675,7 +682,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, count: c_int) -> ss
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    ours(fd, |of| {
+    ours_io(fd, |of| {
         let v = match unsafe { iovecs(iov, count) } {
             Ok(v) => v,
             Err(e) => return fail(e),
@@ -693,14 +700,14 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> s
 }
 
 fn do_preadv(fd: c_int, iov: *const iovec, count: c_int, offset: i64) -> Option<ssize_t> {
-    ours(fd, |of| {
+    ours_io(fd, |of| {
         ret(check_offset(offset)
             .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vread(of, v, o))))
     })
 }
 
 fn do_pwritev(fd: c_int, iov: *const iovec, count: c_int, offset: i64) -> Option<ssize_t> {
-    ours(fd, |of| {
+    ours_io(fd, |of| {
         ret(check_offset(offset)
             .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vwrite(of, v, o))))
     })
@@ -899,7 +906,13 @@ pub unsafe extern "C" fn fallocate64(
 fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
     let r = real_sync();
     if r == 0 {
-        let _ = ours(fd, |of| with_file(of, |m, f| f.sync(m).map_err(io_error)));
+        let _ = ours(fd, |of| {
+            // A file being created is on the device now: the direct path
+            // may serve it from here on.
+            if !of.fresh.swap(false, Ordering::AcqRel) {
+                let _ = with_file(of, |m, f| f.sync(m).map_err(io_error));
+            }
+        });
     }
     r
 }

@@ -31,6 +31,9 @@ pub struct OpenFile {
     pub position: Mutex<()>,
     /// O_APPEND: writes go through the kernel, which makes them atomic.
     pub append: AtomicBool,
+    /// Empty when opened for writing (being created or rewritten): reads
+    /// and writes go to the kernel until the program's first fsync of it.
+    pub fresh: AtomicBool,
     /// The shim's own descriptor of this open file description (the
     /// library's handle uses it; closed with the last alias).
     pub fd: RawFd,
