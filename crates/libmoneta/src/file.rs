@@ -434,8 +434,9 @@ impl MonetaFile {
         let end = offset.checked_add(buf.len() as u64).ok_or_else(|| {
             EmuError::new(ErrorKind::Request, "write range overflows the file offset")
         })?;
-        if end > self.len()? {
-            return self.kernel_write(buf, offset).map(|()| buf.len());
+        let size = self.len()?;
+        if end > size {
+            return self.kernel_write(buf, offset, size).map(|()| buf.len());
         }
         // On a read-only grant too: the device, not the library, enforces
         // the permission (and refuses). The kernel takes what is shared
@@ -455,7 +456,7 @@ impl MonetaFile {
                 self.allocate(m, offset, end)?;
                 attempt += 1;
                 if attempt > REVOKED_RETRIES {
-                    self.kernel_write(buf, offset)?;
+                    self.kernel_write(buf, offset, size)?;
                     self.invalidate(offset, end);
                     return Ok(buf.len());
                 }
@@ -463,7 +464,7 @@ impl MonetaFile {
             }
             if !segments.iter().all(direct) {
                 drop(shared);
-                self.kernel_write(buf, offset)?;
+                self.kernel_write(buf, offset, size)?;
                 // Holes and unwritten extents there are allocated now.
                 self.invalidate(offset, end);
                 return Ok(buf.len());
@@ -493,6 +494,17 @@ impl MonetaFile {
     /// grown — a journal, a log — stays on the kernel path, where it costs
     /// no control-plane round trip).
     pub fn sync(&self, m: &Moneta) -> Result<(), EmuError> {
+        self.sync_after(m, false)
+    }
+
+    /// [`MonetaFile::sync`] right after the program's own fsync or
+    /// fdatasync of the descriptor succeeded (the kernel's pages are on the
+    /// device already).
+    pub fn synced(&self, m: &Moneta) -> Result<(), EmuError> {
+        self.sync_after(m, true)
+    }
+
+    fn sync_after(&self, m: &Moneta, flushed: bool) -> Result<(), EmuError> {
         self.check_channel(m)?;
         self.map
             .write()
@@ -500,8 +512,10 @@ impl MonetaFile {
             .retain(|s| s.kind != Kind::Kernel);
         let mut pages = self.kernel_pages.lock().expect("kernel pages");
         if !pages.is_empty() {
-            sys::fdatasync(self.kernel_fd())
-                .map_err(|e| EmuError::io("fdatasync of the file", e))?;
+            if !flushed {
+                sys::fdatasync(self.kernel_fd())
+                    .map_err(|e| EmuError::io("fdatasync of the file", e))?;
+            }
             if self.id().is_some() || self.len()? >= DIRECT_AFTER_SYNC_BYTES {
                 pages.clear();
             }
@@ -603,13 +617,13 @@ impl MonetaFile {
     /// Write through the kernel, which first re-reads from the device the
     /// pages it only partly overwrites (its clean cached copies may predate
     /// direct writes). The pages become this handle's kernel pages.
-    fn kernel_write(&self, buf: &[u8], offset: u64) -> Result<(), EmuError> {
+    fn kernel_write(&self, buf: &[u8], offset: u64, size: u64) -> Result<(), EmuError> {
         let _alone = self.kernel_writes.write().expect("kernel writes");
         let from = page_floor(offset);
         let to = page_ceil(offset + buf.len() as u64);
         // Only pages holding data already can be stale (appending at a
         // page-aligned end touches none).
-        if from < page_ceil(self.len()?) {
+        if from < page_ceil(size) {
             self.drop_cache(from, to)?;
         }
         let written = sys::pwrite_all(self.kernel_fd(), buf, offset)

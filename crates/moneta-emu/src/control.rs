@@ -483,7 +483,11 @@ impl ControlPlane {
                     })?;
                 Ok((Response::Granted(extent), None))
             }
-            Request::Stats {} => Ok((Response::Stats(Box::new(self.engine.stats()?)), None)),
+            Request::Stats {} => {
+                let mut stats = self.engine.stats()?;
+                stats.files = self.files.stats();
+                Ok((Response::Stats(Box::new(stats)), None))
+            }
             Request::OpenFile {} => {
                 let fd = fd.ok_or_else(|| {
                     EmuError::new(

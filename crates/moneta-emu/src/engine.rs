@@ -124,6 +124,9 @@ pub struct EngineStats {
     pub lateness_ns_max: u64,
     /// Model time the device thread has reached (ns since the engine started).
     pub model_time_ns: u64,
+    /// The control plane's file grants (filled in by the control plane).
+    #[serde(default)]
+    pub files: crate::file_table::FileTableStats,
 }
 
 enum ControlOp {

@@ -47,13 +47,10 @@ mod state;
 use libc::{c_char, c_int, c_void, iovec, mode_t, off64_t, off_t, size_t, ssize_t};
 use moneta::file::MonetaFile;
 use real::real;
-use state::{shim, warn, FileMapping, OpenFile};
+use state::{shim, warn, FileMapping, OpenFile, OWN_FD_MIN};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// The shim's own descriptors are numbered from here up.
-const OWN_FD_MIN: usize = 512;
 
 thread_local! {
     /// Set while this thread runs shim code: its own calls pass through.
@@ -116,18 +113,6 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
             return;
         }
         let Some(m) = s.moneta() else { return };
-        // The library keeps a descriptor of its own for the open file
-        // description: the program may dup2 and close the one it got (dd
-        // does), and the shim's must outlive every alias. High and
-        // close-on-exec, so the program's numbering and children see nothing.
-        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor we just checked.
-        let own = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, OWN_FD_MIN) };
-        if own < 0 {
-            warn(&format!(
-                "descriptor {fd} stays with the kernel: no descriptor left"
-            ));
-            return;
-        }
         drop(m);
         // Lazy: the library's handle is made, and the daemon hears of the
         // file, when the device is first needed. A file that was empty
@@ -143,7 +128,11 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
                 fresh: AtomicBool::new(
                     st.st_size == 0 && flags & libc::O_ACCMODE != libc::O_RDONLY,
                 ),
-                fd: own,
+                // The library keeps a descriptor of its own for the open file
+                // description (made when first needed): the program may dup2
+                // and close the one it got (dd does), and the shim's must
+                // outlive every alias.
+                fd: std::sync::atomic::AtomicI32::new(-1),
             }),
         );
     });
@@ -163,8 +152,9 @@ fn with_file<T>(
         if slot.0 != s.generation() || slot.1.is_none() {
             // The parent's handle: forget it (closing would name the parent's file).
             std::mem::forget(slot.1.take());
-            let file = m.open_file_lazy(of.fd).map_err(|e| {
-                warn(&format!("descriptor {}: {e}", of.fd));
+            let own = of.fd.load(Ordering::Acquire);
+            let file = m.open_file_lazy(own).map_err(|e| {
+                warn(&format!("descriptor {own}: {e}"));
                 e.posix_errno()
             })?;
             *slot = (s.generation(), Some(Arc::new(file)));
@@ -188,13 +178,26 @@ fn io_error(e: moneta::EmuError) -> c_int {
 
 /// Handle a call for a descriptor the shim owns, or fall through.
 fn ours<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
-    enter(|| shim().get(fd).map(|of| f(&of))).flatten()
+    enter(|| {
+        let of = shim().get(fd)?;
+        of.own_fd(fd)?;
+        Some(f(&of))
+    })
+    .flatten()
 }
 
 /// As [`ours`], for reads and writes: a file being created (see
 /// [`OpenFile::fresh`]) falls through to the kernel too.
 fn ours_io<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
-    ours(fd, |of| (!of.fresh.load(Ordering::Acquire)).then(|| f(of))).flatten()
+    enter(|| {
+        let of = shim().get(fd)?;
+        if of.fresh.load(Ordering::Acquire) {
+            return None;
+        }
+        of.own_fd(fd)?;
+        Some(f(&of))
+    })
+    .flatten()
 }
 
 fn ret(r: Result<usize, c_int>) -> ssize_t {
@@ -217,8 +220,14 @@ fn write_at(of: &OpenFile, buf: &[u8], offset: u64) -> Result<usize, c_int> {
             }
             // pwrite on an O_APPEND descriptor appends (Linux): the kernel's job.
             // SAFETY: the caller's buffer on the shim's own descriptor.
-            let n =
-                unsafe { (real().pwrite64)(of.fd, buf.as_ptr().cast(), buf.len(), offset as i64) };
+            let n = unsafe {
+                (real().pwrite64)(
+                    of.fd.load(Ordering::Acquire),
+                    buf.as_ptr().cast(),
+                    buf.len(),
+                    offset as i64,
+                )
+            };
             if n < 0 {
                 // SAFETY: reading this thread's errno.
                 return Err(unsafe { *libc::__errno_location() });
@@ -456,8 +465,11 @@ fn forget(fd: c_int) {
                     std::mem::forget(slot.1.take());
                 }
             }
-            // SAFETY: the shim's own descriptor; no alias refers to it.
-            unsafe { (real().close)(of.fd) };
+            let own = of.fd.load(Ordering::Acquire);
+            if own >= 0 {
+                // SAFETY: the shim's own descriptor; no alias refers to it.
+                unsafe { (real().close)(own) };
+            }
         }
     });
 }
@@ -910,7 +922,7 @@ fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
             // A file being created is on the device now: the direct path
             // may serve it from here on.
             if !of.fresh.swap(false, Ordering::AcqRel) {
-                let _ = with_file(of, |m, f| f.sync(m).map_err(io_error));
+                let _ = with_file(of, |m, f| f.synced(m).map_err(io_error));
             }
         });
     }

@@ -14,7 +14,7 @@
 use moneta::file::MonetaFile;
 use moneta::Moneta;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Environment: the daemon's socket and the mount it serves.
@@ -35,9 +35,43 @@ pub struct OpenFile {
     /// and writes go to the kernel until the program's first fsync of it.
     pub fresh: AtomicBool,
     /// The shim's own descriptor of this open file description (the
-    /// library's handle uses it; closed with the last alias).
-    pub fd: RawFd,
+    /// library's handle uses it; closed with the last alias), made on the
+    /// first call that needs it (-1 until then).
+    pub fd: AtomicI32,
 }
+
+impl OpenFile {
+    /// The shim's own descriptor, duplicated from `alias` (a descriptor of
+    /// this open file description the program just used) if there is none
+    /// yet. High and close-on-exec, so the program's numbering and its
+    /// children see nothing.
+    pub fn own_fd(&self, alias: RawFd) -> Option<RawFd> {
+        let fd = self.fd.load(Ordering::Acquire);
+        if fd >= 0 {
+            return Some(fd);
+        }
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the program's descriptor.
+        let own = unsafe { (crate::real::real().fcntl)(alias, libc::F_DUPFD_CLOEXEC, OWN_FD_MIN) };
+        if own < 0 {
+            return None;
+        }
+        match self
+            .fd
+            .compare_exchange(-1, own, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Some(own),
+            Err(theirs) => {
+                // Another thread made one first.
+                // SAFETY: the descriptor we just made.
+                unsafe { (crate::real::real().close)(own) };
+                Some(theirs)
+            }
+        }
+    }
+}
+
+/// The shim's own descriptors are numbered from here up.
+pub const OWN_FD_MIN: usize = 512;
 
 pub struct Shim {
     /// st_dev of the Moneta mount (files on it are ours).
