@@ -319,11 +319,14 @@ impl Moneta {
         })
     }
 
-    /// The channel's LAYOUT EPOCH (bumped by the control plane when a file
-    /// this channel holds changed layout): cached file maps older than it
-    /// are stale.
-    pub fn layout_epoch(&self) -> u64 {
-        self.inner.memory.layout_epoch().load(Ordering::Acquire)
+    /// The LAYOUT EPOCH word of file `file_id` (bumped by the control
+    /// plane when that file changed layout): cached maps older than it are
+    /// stale.
+    pub fn layout_epoch(&self, file_id: u32) -> u64 {
+        self.inner
+            .memory
+            .layout_epoch(file_id)
+            .load(Ordering::Acquire)
     }
 
     pub fn info(&self) -> &ChannelInfo {

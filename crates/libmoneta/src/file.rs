@@ -260,7 +260,7 @@ impl Moneta {
             block_bytes: (st.st_blksize as u64).max(1),
             registration: Mutex::new(Registration::Pending),
             map: RwLock::new(Vec::new()),
-            epoch: AtomicU64::new(self.layout_epoch()),
+            epoch: AtomicU64::new(0),
             kernel_pages: Mutex::new(Vec::new()),
             wrote_directly: AtomicBool::new(false),
             kernel_writes: RwLock::new(()),
@@ -355,7 +355,10 @@ impl MonetaFile {
         let mut reg = self.registration.lock().expect("registration");
         if *reg == Registration::Pending {
             *reg = match m.call_with_fd(Request::OpenFile {}, Some(self.fd)) {
-                Ok(Response::FileOpened { file_id, .. }) => Registration::Granted(file_id),
+                Ok(Response::FileOpened { file_id, .. }) => {
+                    self.epoch.store(m.layout_epoch(file_id), Ordering::Release);
+                    Registration::Granted(file_id)
+                }
                 Ok(other) => return Err(unexpected(other)),
                 Err(e) if e.kind == ErrorKind::Unauthorized && !eager => Registration::Refused,
                 Err(e) => return Err(e),
@@ -370,7 +373,10 @@ impl MonetaFile {
     /// Forget the maps if the control plane changed a file of this channel
     /// since they were made.
     fn follow_epoch(&self, m: &Moneta) {
-        let now = m.layout_epoch();
+        let Some(id) = self.id() else {
+            return; // no map yet
+        };
+        let now = m.layout_epoch(id);
         if self.epoch.swap(now, Ordering::AcqRel) != now {
             self.invalidate(0, u64::MAX);
         }

@@ -82,10 +82,10 @@ fn tags(path: &Path) -> std::collections::BTreeMap<Vec<u8>, usize> {
 /// line, writes 4 MiB again, fsyncs, says "done".
 const HOLDER: &str = r#"
 import os, sys
-path = sys.argv[1]
+path, size = sys.argv[1], int(sys.argv[2])
 MiB = 1 << 20
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-one = b"AAAAAAA1" * (4 * MiB // 8)
+one = b"AAAAAAA1" * (size // 8)
 os.pwrite(fd, one, 0)
 os.fsync(fd)
 assert os.pread(fd, 4096, 0) == one[:4096]
@@ -132,11 +132,17 @@ fn layout_change_then_reuse(fs: &str, name: &str, change: &dyn Fn(&Mounted, &Pat
         eprintln!("skipped: needs root");
         return;
     }
-    let m = Mounted::up(name, fs, "512M");
+    // ext4 spreads a new file over its block groups: a small file system
+    // and a big X make Y's blocks overlap X's old ones.
+    let (fs_size, x_bytes) = match fs {
+        "ext4" => ("128M", 64 * MIB),
+        _ => ("512M", 4 * MIB),
+    };
+    let m = Mounted::up(name, fs, fs_size);
     let x = m.path("x");
     let y = m.path("y");
     let mut holder = Reaper(
-        python(&m, HOLDER, &[x.to_str().unwrap()])
+        python(&m, HOLDER, &[x.to_str().unwrap(), &x_bytes.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -148,7 +154,12 @@ fn layout_change_then_reuse(fs: &str, name: &str, change: &dyn Fn(&Mounted, &Pat
     let before = m.device_requests();
     assert!(before > 0, "the holder never reached the device");
     let x_blocks = physical_ranges(&x);
+    let changes_before = m.stats()["files"]["layout_changes"].as_u64().unwrap();
     change(&m, &x);
+    assert!(
+        m.stats()["files"]["layout_changes"].as_u64().unwrap() > changes_before,
+        "monetad did not see the layout change"
+    );
     // The freeing transaction commits (ext4 reuses blocks only after).
     ok(Command::new("sync").output().unwrap(), "sync");
     ok(
@@ -186,7 +197,7 @@ fn layout_change_then_reuse(fs: &str, name: &str, change: &dyn Fn(&Mounted, &Pat
     );
     let x_tags = tags(&x);
     assert_eq!(
-        x_tags.get(&b"AAAAAAA2".to_vec()).copied(),
+        x_tags.get(b"AAAAAAA2".as_slice()).copied(),
         Some(4 * MIB / 8),
         "X lost the holder's write: {:?}",
         x_tags

@@ -10,7 +10,7 @@
 //! | 0x1000 | shared with the kernel | TAGSTATUSTABLE: 64 status words | device (DMA completion), client (forwarding) |
 //! | 0x1200 | shared with the kernel | COMPLETIONCOUNT (u32) | kernel role |
 //! | 0x1204 | shared with the kernel | wake word (u32 futex) and sleeper count (u32) | kernel role, client |
-//! | 0x1210 | shared with the kernel | LAYOUT EPOCH (u64): bumped whenever a file this channel holds changed layout or lost records | control plane |
+//! | 0x1210 | shared with the kernel | 60 LAYOUT EPOCH words (u64), file id mod 60: bumped whenever a file this channel holds changed layout or lost records | control plane |
 //! | 0x1400 | shared with the kernel | forwarded error code per tag (u32) | kernel role sets, client clears |
 //! | 0x2000 | DMA buffer | 1 MiB, tag k's 16 KiB slice at k × 16 KiB | both |
 //!
@@ -47,6 +47,8 @@ const COMPLETION_COUNT_OFFSET: usize = PAGE_BYTES + 0x200;
 const WAKE_WORD_OFFSET: usize = PAGE_BYTES + 0x204;
 const SLEEPERS_OFFSET: usize = PAGE_BYTES + 0x208;
 const LAYOUT_EPOCH_OFFSET: usize = PAGE_BYTES + 0x210;
+/// Layout epoch words per channel (a file uses word `file id % this`).
+pub const LAYOUT_EPOCH_SLOTS: usize = 60;
 const FORWARDED_ERROR_OFFSET: usize = PAGE_BYTES + 0x400;
 const DMA_BUFFER_OFFSET: usize = 2 * PAGE_BYTES;
 /// Bytes of one channel's shared memory.
@@ -57,7 +59,7 @@ const _: () = {
     assert!(SLOTS_OFFSET + CHANNEL_TAGS * SLOT_BYTES <= TAG_STATUS_REGISTER_OFFSET);
     assert!(TAG_STATUS_TABLE_OFFSET + CHANNEL_TAGS * 8 <= COMPLETION_COUNT_OFFSET);
     assert!(SLEEPERS_OFFSET + 4 <= LAYOUT_EPOCH_OFFSET);
-    assert!(LAYOUT_EPOCH_OFFSET + 8 <= FORWARDED_ERROR_OFFSET);
+    assert!(LAYOUT_EPOCH_OFFSET + 8 * LAYOUT_EPOCH_SLOTS <= FORWARDED_ERROR_OFFSET);
     assert!(FORWARDED_ERROR_OFFSET + CHANNEL_TAGS * 4 <= DMA_BUFFER_OFFSET);
     assert!(CHANNEL_TAGS * SLICE_BYTES == DMA_BUFFER_BYTES);
 };
@@ -211,12 +213,13 @@ impl ChannelMemory {
     }
 
     /// The error code the kernel role forwarded for `tag` (0 = none).
-    /// Bumped by the control plane whenever a file granted to this channel
-    /// changed layout (truncation, hole punching, a mapping…) or lost its
-    /// records: the library forgets its cached translation maps when it
-    /// sees a new value. Coherency only: protection is the device's.
-    pub fn layout_epoch(&self) -> &AtomicU64 {
-        self.u64_at(LAYOUT_EPOCH_OFFSET)
+    /// Bumped by the control plane whenever file `file_id` of this channel
+    /// (or another sharing its word) changed layout (truncation, hole
+    /// punching, a mapping…) or lost records: the library forgets its
+    /// cached translation map of the file when it sees a new value.
+    /// Coherency only: protection is the device's.
+    pub fn layout_epoch(&self, file_id: u32) -> &AtomicU64 {
+        self.u64_at(LAYOUT_EPOCH_OFFSET + 8 * (file_id as usize % LAYOUT_EPOCH_SLOTS))
     }
 
     pub fn forwarded_error(&self, tag: usize) -> &AtomicU32 {

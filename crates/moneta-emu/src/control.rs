@@ -352,7 +352,7 @@ pub struct ControlPlane {
 impl ControlPlane {
     pub fn new(engine: Arc<Engine>, owner_uid: u32) -> Self {
         ControlPlane {
-            files: Arc::new(FileTable::new(engine.clone())),
+            files: FileTable::new(engine.clone()),
             engine,
             owner_uid,
             grants: Mutex::new(HashMap::new()),
@@ -553,7 +553,7 @@ impl ControlPlane {
                     session: session.id,
                     token,
                 };
-                self.files.begin_change(inode, owner, from)?;
+                self.files.begin_change(inode, owner, from, None)?;
                 session.changes.insert(token, inode);
                 Ok((Response::ChangeBegun { token }, None))
             }

@@ -8,14 +8,19 @@
 //!
 //! - A layout change begins (a shim process says so before its truncate,
 //!   ftruncate, O_TRUNC open or fallocate; the kernel's pre-content event
-//!   says so for any process): every holder's grants from the changed
-//!   offset on are revoked, the device applies the removal before the call
-//!   may proceed, and the inode is *changing* until the change ends.
-//! - While an inode is changing, a soft miss waits (bounded) rather than
-//!   read extents the change is about to free; a soft miss whose FIEMAP
-//!   raced with a revocation (the inode's generation moved) starts again.
-//!   Grants and revocations are applied to the device under the table's
-//!   lock, so the device and the OS's copy never disagree.
+//!   says so for any process, [`crate::layout_watch`]): every holder's
+//!   grants from the changed offset on are revoked, the device applies the
+//!   removal before the call may proceed, and the change is *pending* until
+//!   it ends (its owner says so, the kernel reports the thread's
+//!   modification, a truncation's new size is seen, or it expires).
+//! - While changes are pending, a soft miss grants nothing from the lowest
+//!   pending offset on (the client uses the kernel there until the change
+//!   ends and its LAYOUT EPOCH moves); a soft miss whose FIEMAP raced with
+//!   a revocation (the inode's generation moved) starts again. Grants and
+//!   revocations are applied to the device under the table's lock, so the
+//!   device and the OS's copy never disagree.
+//! - No grant reaches past the end of the file, so a truncation to N,
+//!   once its new size is visible, has nothing left to free below N.
 //! - A file some process maps (`mmap`) is *mapped*: all its records are
 //!   revoked, its page cache is made current, and every channel is told to
 //!   use the kernel for it (SPEC §3.4's "switch such files to the
@@ -27,24 +32,27 @@
 //! device's). The daemon keeps a descriptor of every held file, so even an
 //! unlinked file's blocks stay allocated until its records are gone.
 
-use crate::control::{DirectAccess, FileExtent};
+use crate::control::FileExtent;
 use crate::engine::Engine;
 use crate::error::{EmuError, ErrorKind};
 use crate::files::{GrantedFile, InodeId};
+use crate::layout_watch::{Handler, LayoutEvent, LayoutWatch};
 use crate::protection::Update;
 use crate::sys;
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-/// Longest a soft miss waits for a layout change to end before it answers
-/// "use the kernel" for the range (never a stale grant).
-const CHANGE_WAIT: Duration = Duration::from_secs(5);
 /// A layout change reported by the kernel for a thread whose completion
-/// never arrived (the call failed, so nothing was freed) stops blocking
-/// soft misses after this long.
+/// never arrived (the call failed, so nothing was freed) stops limiting
+/// grants after this long.
 const THREAD_CHANGE_EXPIRY: Duration = Duration::from_secs(2);
+/// A layout change already past the kernel's hook when a file's watch was
+/// placed is not reported; the first grant after a new watch waits this
+/// long so that such a change has taken the inode's lock (see README,
+/// "Direct-path semantics").
+const NEW_WATCH_GRACE: Duration = Duration::from_millis(2);
 /// How often a mapped file is checked for still being mapped somewhere.
 const MAPPED_RECHECK: Duration = Duration::from_millis(100);
 
@@ -64,15 +72,28 @@ struct Mapped {
     checked: Instant,
 }
 
+/// A layout change in progress.
+#[derive(Debug, Clone, Copy)]
+struct Change {
+    owner: ChangeOwner,
+    /// Nothing is granted from here on while it is pending.
+    from: u64,
+    /// A truncation to this size: over once the file is no bigger.
+    truncate_to: Option<u64>,
+    since: Instant,
+}
+
 #[derive(Default)]
 struct InodeState {
     /// (channel, file id) of every grant of this inode.
     holders: BTreeSet<(u16, u32)>,
     /// Layout changes in progress.
-    changes: Vec<(ChangeOwner, Instant)>,
+    changes: Vec<Change>,
     mapped: Option<Mapped>,
     /// Bumped by every revocation.
     generation: u64,
+    /// When the layout watcher began watching it (None: not watched).
+    watched_since: Option<Instant>,
 }
 
 impl InodeState {
@@ -80,11 +101,31 @@ impl InodeState {
         self.holders.is_empty() && self.changes.is_empty() && self.mapped.is_none()
     }
 
-    fn expire_changes(&mut self, now: Instant) {
-        self.changes.retain(|(owner, since)| {
-            !matches!(owner, ChangeOwner::Thread(_))
-                || now.duration_since(*since) < THREAD_CHANGE_EXPIRY
+    /// Drop the changes that are over: expired ones the kernel reported,
+    /// and truncations whose new size is visible (`size`, if known).
+    /// Whether any ended.
+    fn expire_changes(&mut self, now: Instant, size: Option<u64>) -> bool {
+        let before = self.changes.len();
+        self.changes.retain(|c| {
+            let expired = matches!(c.owner, ChangeOwner::Thread(_))
+                && now.duration_since(c.since) >= THREAD_CHANGE_EXPIRY;
+            let truncated = matches!((c.truncate_to, size), (Some(to), Some(s)) if s <= to);
+            !expired && !truncated
         });
+        self.changes.len() != before
+    }
+
+    /// Grants end below this offset while changes are pending (a mapped
+    /// file: no grants at all).
+    fn limit(&self) -> u64 {
+        if self.mapped.is_some() {
+            return 0;
+        }
+        self.changes
+            .iter()
+            .map(|c| c.from)
+            .min()
+            .unwrap_or(u64::MAX)
     }
 }
 
@@ -100,27 +141,35 @@ pub struct FileTableStats {
     pub files_open: u64,
     pub inodes_held: u64,
     pub inodes_mapped: u64,
+    pub inodes_watched: u64,
+    /// Whether the kernel reports layout changes (fanotify pre-content).
+    pub layout_watch: bool,
+    pub kernel_events: u64,
+    pub kernel_event_handler_ns_max: u64,
     pub layout_changes: u64,
     pub revocations: u64,
-    pub soft_miss_waits: u64,
 }
 
 /// Every channel's file grants, by inode.
 pub struct FileTable {
     engine: Arc<Engine>,
     table: Mutex<Table>,
-    changed: Condvar,
     stats: Mutex<FileTableStats>,
+    /// The kernel's reports of layout changes by any process (started with
+    /// the first file; None if this kernel cannot).
+    watch: OnceLock<Option<LayoutWatch>>,
+    me: Weak<FileTable>,
 }
 
 impl FileTable {
-    pub fn new(engine: Arc<Engine>) -> FileTable {
-        FileTable {
+    pub fn new(engine: Arc<Engine>) -> Arc<FileTable> {
+        Arc::new_cyclic(|me| FileTable {
             engine,
             table: Mutex::new(Table::default()),
-            changed: Condvar::new(),
             stats: Mutex::new(FileTableStats::default()),
-        }
+            watch: OnceLock::new(),
+            me: me.clone(),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
@@ -129,31 +178,71 @@ impl FileTable {
 
     pub fn stats(&self) -> FileTableStats {
         let t = self.lock();
+        let watch = self.watcher().map(|w| w.stats()).unwrap_or_default();
         FileTableStats {
             files_open: t.files.len() as u64,
             inodes_held: t.inodes.values().filter(|s| !s.holders.is_empty()).count() as u64,
             inodes_mapped: t.inodes.values().filter(|s| s.mapped.is_some()).count() as u64,
+            inodes_watched: t
+                .inodes
+                .values()
+                .filter(|s| s.watched_since.is_some())
+                .count() as u64,
+            layout_watch: self.watcher().is_some(),
+            kernel_events: watch.events,
+            kernel_event_handler_ns_max: watch.handler_ns_max,
             ..*self.stats.lock().expect("stats")
         }
     }
 
-    /// Take a file opened for `(channel, file_id)`.
+    /// The layout watcher, started on first use.
+    fn watcher(&self) -> Option<&LayoutWatch> {
+        self.watch
+            .get_or_init(|| {
+                let me = self.me.clone();
+                let handler: Handler = Arc::new(move |e: &LayoutEvent| {
+                    if let Some(t) = me.upgrade() {
+                        t.on_kernel_event(e);
+                    }
+                });
+                match LayoutWatch::start(handler) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        eprintln!(
+                            "monetad: {e}; layout changes by processes outside the shim are \
+                             not seen (README, \"Direct-path semantics\")"
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// Take a file opened for `(channel, file_id)`; its inode is watched
+    /// for layout changes from then on.
     pub fn open(&self, channel: u16, file_id: u32, file: GrantedFile) {
+        let watcher = self.watcher();
         let mut t = self.lock();
-        t.inodes
-            .entry(file.inode())
-            .or_default()
-            .holders
-            .insert((channel, file_id));
+        let st = t.inodes.entry(file.inode()).or_default();
+        st.holders.insert((channel, file_id));
+        if st.watched_since.is_none() {
+            if let Some(w) = watcher {
+                match w.watch(file.raw_fd()) {
+                    Ok(()) => st.watched_since = Some(Instant::now()),
+                    Err(e) => eprintln!("monetad: {e}"),
+                }
+            }
+        }
         t.files.insert((channel, file_id), file);
     }
 
     /// The soft miss (SPEC §3.2): the file's extents over
-    /// `[offset, offset + len)` (or its first part: the returned end), with records
-    /// installed for what the channel may access directly. While the file
-    /// is mapped, or while a layout change does not end within
-    /// [`CHANGE_WAIT`], the answer grants nothing (the client uses the
-    /// kernel there).
+    /// `[offset, offset + len)` (or its first part: the returned end), with
+    /// records installed for what the channel may access directly. Nothing
+    /// is granted past the end of the file, from the lowest offset a
+    /// pending layout change may touch, or at all while the file is mapped
+    /// (the client uses the kernel there).
     pub fn map(
         &self,
         channel: u16,
@@ -162,8 +251,6 @@ impl FileTable {
         len: u64,
     ) -> Result<(u64, Vec<FileExtent>), EmuError> {
         let capacity = self.engine.config().device.capacity_bytes;
-        let deadline = Instant::now() + CHANGE_WAIT;
-        let mut waited = false;
         loop {
             let inode = self
                 .lock()
@@ -172,53 +259,41 @@ impl FileTable {
                 .ok_or_else(|| not_open(file_id))?
                 .inode();
             self.recheck_mapped(inode);
-            let mut t = self.lock();
-            let file = t
-                .files
-                .get(&(channel, file_id))
-                .ok_or_else(|| not_open(file_id))?;
-            let reader = file.extent_reader()?;
-            let now = Instant::now();
-            let st = t.inodes.entry(inode).or_default();
-            st.expire_changes(now);
-            if !st.changes.is_empty() && now < deadline {
-                if !waited {
-                    waited = true;
-                    self.stats.lock().expect("stats").soft_miss_waits += 1;
+            let (reader, generation, watched_since) = {
+                let mut t = self.lock();
+                let reader = t
+                    .files
+                    .get(&(channel, file_id))
+                    .ok_or_else(|| not_open(file_id))?
+                    .extent_reader()?;
+                let size = sys::file_len(reader.raw_fd()).ok();
+                let st = t.inodes.entry(inode).or_default();
+                if st.expire_changes(Instant::now(), size) {
+                    self.changes_ended(st);
                 }
-                let wait = (deadline - now).min(Duration::from_millis(50));
-                drop(self.changed.wait_timeout(t, wait).expect("file table"));
-                continue;
+                (reader, st.generation, st.watched_since)
+            };
+            if let Some(since) = watched_since {
+                let age = since.elapsed();
+                if age < NEW_WATCH_GRACE {
+                    std::thread::sleep(NEW_WATCH_GRACE - age);
+                }
             }
-            // Past the deadline with a change still going on: no grant.
-            let kernel_only = st.mapped.is_some() || !st.changes.is_empty();
-            let generation = st.generation;
-            drop(t);
             let (extents, covered) = reader.read_extents(offset, len, capacity)?;
             drop(reader);
-            if kernel_only {
-                // Always safe: nothing is installed.
-                let extents = extents
-                    .into_iter()
-                    .map(|e| FileExtent {
-                        direct: DirectAccess::None,
-                        ..e
-                    })
-                    .collect();
-                return Ok((covered, extents));
-            }
             let mut t = self.lock();
-            let st = t.inodes.entry(inode).or_default();
-            if st.generation != generation || st.mapped.is_some() || !st.changes.is_empty() {
+            let Table { files, inodes } = &mut *t;
+            let st = inodes.entry(inode).or_default();
+            if st.generation != generation {
                 // A revocation raced with the FIEMAP: its answer may name
                 // blocks the file is losing.
                 continue;
             }
-            let file = t
-                .files
+            let limit = st.limit();
+            let file = files
                 .get_mut(&(channel, file_id))
                 .ok_or_else(|| not_open(file_id))?;
-            let (extents, updates) = file.grant(channel, offset, covered, extents)?;
+            let (extents, updates) = file.grant(channel, offset, covered, extents, limit)?;
             // Applied under the lock: a revocation cannot slip between.
             self.engine.update_permissions(updates)?;
             return Ok((covered, extents));
@@ -257,6 +332,11 @@ impl FileTable {
         let inode = file.inode();
         if let Some(st) = t.inodes.get_mut(&inode) {
             st.holders.remove(&(channel, file_id));
+            if st.holders.is_empty() && st.watched_since.take().is_some() {
+                if let Some(w) = self.watcher() {
+                    let _ = w.unwatch(file.raw_fd());
+                }
+            }
             if st.unused() {
                 t.inodes.remove(&inode);
             }
@@ -266,19 +346,26 @@ impl FileTable {
         Ok(())
     }
 
-    /// A layout change of `inode` from byte `from` on is about to happen:
-    /// revoke every channel's grants there (applied by the device before
-    /// this returns) and hold soft misses until [`FileTable::end_change`].
+    /// A layout change of `inode` from byte `from` on is about to happen
+    /// (a truncation to `truncate_to`, if it is one): revoke every
+    /// channel's grants there (applied by the device before this returns)
+    /// and grant nothing there until [`FileTable::end_change`].
     pub fn begin_change(
         &self,
         inode: InodeId,
         owner: ChangeOwner,
         from: u64,
+        truncate_to: Option<u64>,
     ) -> Result<(), EmuError> {
         let mut t = self.lock();
         let Table { files, inodes } = &mut *t;
         let st = inodes.entry(inode).or_default();
-        st.changes.push((owner, Instant::now()));
+        st.changes.push(Change {
+            owner,
+            from,
+            truncate_to,
+            since: Instant::now(),
+        });
         st.generation += 1;
         let revoked = self.revoke(files, st, from)?;
         let mut stats = self.stats.lock().expect("stats");
@@ -287,24 +374,54 @@ impl FileTable {
         Ok(())
     }
 
-    /// The change `owner` began is over (or its owner is gone).
+    /// The change(s) `owner` began on `inode` are over (or their owner is gone).
     pub fn end_change(&self, inode: InodeId, owner: ChangeOwner) {
         let mut t = self.lock();
         if let Some(st) = t.inodes.get_mut(&inode) {
-            if let Some(i) = st.changes.iter().position(|(o, _)| *o == owner) {
-                st.changes.remove(i);
+            let before = st.changes.len();
+            st.changes.retain(|c| c.owner != owner);
+            if st.changes.len() != before {
+                self.changes_ended(st);
             }
             if st.unused() {
                 t.inodes.remove(&inode);
             }
         }
-        self.changed.notify_all();
     }
 
-    /// Every change a thread of the kernel's reports had in progress on
-    /// `inode` is over (its next event on the inode proves it).
-    pub fn end_thread_changes(&self, inode: InodeId, tid: i32) {
-        self.end_change(inode, ChangeOwner::Thread(tid));
+    /// Changes ended: holders may map the range again (their libraries
+    /// learn it from the epoch).
+    fn changes_ended(&self, st: &InodeState) {
+        for &(channel, file_id) in &st.holders {
+            self.bump_epoch(channel, file_id);
+        }
+    }
+
+    /// The layout watcher's report (on its thread, before the process that
+    /// caused it goes on).
+    fn on_kernel_event(&self, e: &LayoutEvent) {
+        let result = match *e {
+            LayoutEvent::Truncate { inode, tid, to } => self.begin_change(
+                inode,
+                ChangeOwner::Thread(tid),
+                to / BLOCK_FLOOR * BLOCK_FLOOR,
+                Some(to),
+            ),
+            LayoutEvent::Change { inode, tid, from } => self.begin_change(
+                inode,
+                ChangeOwner::Thread(tid),
+                from / BLOCK_FLOOR * BLOCK_FLOOR,
+                None,
+            ),
+            LayoutEvent::Map { inode, .. } => self.mapped_inode(inode),
+            LayoutEvent::Done { inode, tid } => {
+                self.end_change(inode, ChangeOwner::Thread(tid));
+                Ok(())
+            }
+        };
+        if let Err(err) = result {
+            eprintln!("monetad: handling {e:?}: {err}");
+        }
     }
 
     /// A process is about to map the file open on `fd`: revoke every
@@ -320,6 +437,26 @@ impl FileTable {
             dev: st.st_dev,
             ino: st.st_ino,
         };
+        self.mark_mapped(inode, fd)
+    }
+
+    /// [`FileTable::mapped`] for a held inode the kernel reported (a
+    /// process outside the shim is mapping it).
+    fn mapped_inode(&self, inode: InodeId) -> Result<(), EmuError> {
+        let fd = {
+            let t = self.lock();
+            let Some(st) = t.inodes.get(&inode) else {
+                return Ok(());
+            };
+            let Some(file) = st.holders.iter().find_map(|h| t.files.get(h)) else {
+                return Ok(());
+            };
+            sys::dup(file.raw_fd()).map_err(|e| EmuError::io("duplicating a descriptor", e))?
+        };
+        self.mark_mapped(inode, fd)
+    }
+
+    fn mark_mapped(&self, inode: InodeId, fd: OwnedFd) -> Result<(), EmuError> {
         {
             let mut t = self.lock();
             let Table { files, inodes } = &mut *t;
@@ -394,13 +531,10 @@ impl FileTable {
         }
         st.mapped = None;
         st.generation += 1;
-        for (channel, _) in &st.holders {
-            self.bump_epoch(*channel);
-        }
+        self.changes_ended(st);
         if st.unused() {
             t.inodes.remove(&inode);
         }
-        self.changed.notify_all();
     }
 
     /// A session ended: revoke and drop its files, end its changes.
@@ -409,13 +543,22 @@ impl FileTable {
             let _ = self.close(channel, *id);
         }
         let mut t = self.lock();
-        t.inodes.retain(|_, st| {
+        let mut ended = Vec::new();
+        for (inode, st) in t.inodes.iter_mut() {
+            let before = st.changes.len();
             st.changes.retain(
-                |(o, _)| !matches!(o, ChangeOwner::Session { session: s, .. } if *s == session),
+                |c| !matches!(c.owner, ChangeOwner::Session { session: s, .. } if s == session),
             );
-            !st.unused()
-        });
-        self.changed.notify_all();
+            if st.changes.len() != before {
+                self.changes_ended(st);
+            }
+            if st.unused() {
+                ended.push(*inode);
+            }
+        }
+        for inode in ended {
+            t.inodes.remove(&inode);
+        }
     }
 
     /// Revoke every holder's grants of `st`'s inode from `from` on; the
@@ -437,7 +580,7 @@ impl FileTable {
                     updates.extend(u);
                 }
             }
-            self.bump_epoch(channel);
+            self.bump_epoch(channel, file_id);
         }
         if !updates.is_empty() {
             self.engine.update_permissions(updates)?;
@@ -445,13 +588,17 @@ impl FileTable {
         Ok(revoked)
     }
 
-    fn bump_epoch(&self, channel: u16) {
+    fn bump_epoch(&self, channel: u16, file_id: u32) {
         if let Some(m) = self.engine.channel_memory(channel) {
-            m.layout_epoch()
+            m.layout_epoch(file_id)
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
 }
+
+/// Revocations start at a multiple of this (no file system here has
+/// bigger blocks), so the block holding the changed offset is included.
+const BLOCK_FLOOR: u64 = 64 << 10;
 
 /// Write the file's dirty pages to the device, then drop its clean cached
 /// pages (they may predate direct writes).

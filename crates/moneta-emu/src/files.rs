@@ -305,7 +305,8 @@ impl GrantedFile {
 
     /// The soft miss, second half: make `extents` (a [`GrantedFile::read_extents`]
     /// answer for a request from `offset` covering up to `covered`) this
-    /// channel's grants over their span. Blocks past the end of the file
+    /// channel's grants over their span, none at or past `limit` (a
+    /// pending layout change's offset). Blocks past the end of the file
     /// (rounded up to its block) are never granted: the file system may
     /// free them without a layout change anyone sees (XFS trims
     /// speculative preallocation in the background). Returns the extents
@@ -316,12 +317,16 @@ impl GrantedFile {
         offset: u64,
         covered: u64,
         mut extents: Vec<FileExtent>,
+        limit: u64,
     ) -> Result<(Vec<FileExtent>, Vec<Update>), EmuError> {
+        let mut end = limit;
         if self.device_bytes.is_none() {
             let size = sys::file_len(self.fd.as_raw_fd())
                 .map_err(|e| EmuError::io("fstat of the file", e))?;
-            let eof = size.div_ceil(self.block_bytes) * self.block_bytes;
-            extents = clip_to(extents, eof);
+            end = end.min(size.div_ceil(self.block_bytes) * self.block_bytes);
+        }
+        if end < u64::MAX {
+            extents = clip_to(extents, end);
         }
         // FIEMAP tells all about the span of its answer (file systems cut
         // the first extent at the requested offset).

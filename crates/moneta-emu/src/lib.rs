@@ -20,6 +20,7 @@ pub mod engine;
 pub mod error;
 pub mod file_table;
 pub mod files;
+pub mod layout_watch;
 pub mod medium;
 pub mod protection;
 pub mod retag;
