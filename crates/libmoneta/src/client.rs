@@ -30,11 +30,12 @@ use moneta_emu::{EmuError, ErrorKind};
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, Command};
 use moneta_model::units::{DeviceAddr, Op};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 /// How a request's completion is noticed (SPEC §3.5), chosen per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,11 +70,29 @@ impl CompletionMode {
 /// Hard-miss retries before a request is reported as failed.
 const MISS_RETRIES: u32 = 4;
 
+/// How long a control-plane call may take before it is an error (the
+/// default; `MONETA_CONTROL_TIMEOUT_MS` overrides it). Generous: open-file
+/// flushes the file and map-file reads its extents.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The control-call timeout in force.
+pub fn control_timeout() -> Duration {
+    std::env::var("MONETA_CONTROL_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(CONTROL_TIMEOUT, Duration::from_millis)
+}
+
 /// The control connection: a daemon over a socket, or a device in this process.
 enum Control {
     Socket {
         stream: UnixStream,
         reader: FrameReader,
+        socket: PathBuf,
+        /// A call timed out or failed mid-frame: a late reply could be taken
+        /// for the next call's, so no call is made on it again.
+        broken: bool,
     },
     Embedded {
         plane: Arc<ControlPlane>,
@@ -84,15 +103,60 @@ enum Control {
 impl Control {
     /// Send a request (with `fd` attached, if any) and wait for the reply.
     fn call(&mut self, request: Request, fd: Option<RawFd>) -> Result<Response, EmuError> {
-        let response = match self {
-            Control::Socket { stream, reader } => {
-                let fds: Vec<RawFd> = fd.into_iter().collect();
-                sys::send_with_fds(stream.as_raw_fd(), &control::encode(&request), &fds)
-                    .map_err(|e| EmuError::io("writing to monetad", e))?;
-                let (body, _fds) = reader.next(stream.as_raw_fd())?.ok_or_else(|| {
-                    EmuError::new(ErrorKind::Stopped, "monetad closed the connection")
-                })?;
-                control::decode::<Response>(&body)?
+        self.call_with_fds(request, fd).map(|(r, _)| r)
+    }
+
+    /// [`Control::call`], also returning the descriptors sent with the reply.
+    fn call_with_fds(
+        &mut self,
+        request: Request,
+        fd: Option<RawFd>,
+    ) -> Result<(Response, Vec<OwnedFd>), EmuError> {
+        let (response, fds) = match self {
+            Control::Socket {
+                stream,
+                reader,
+                socket,
+                broken,
+            } => {
+                if *broken {
+                    return Err(EmuError::new(
+                        ErrorKind::Stopped,
+                        format!(
+                            "the connection to monetad at {} failed earlier",
+                            socket.display()
+                        ),
+                    ));
+                }
+                let timed_out = |e: &EmuError| {
+                    e.errno == Some(libc::EAGAIN) || e.errno == Some(libc::ETIMEDOUT)
+                };
+                let exchange = (|| {
+                    let fds: Vec<RawFd> = fd.into_iter().collect();
+                    sys::send_with_fds(stream.as_raw_fd(), &control::encode(&request), &fds)
+                        .map_err(|e| EmuError::io("writing to monetad", e))?;
+                    reader.next(stream.as_raw_fd())?.ok_or_else(|| {
+                        EmuError::new(ErrorKind::Stopped, "monetad closed the connection")
+                    })
+                })();
+                match exchange {
+                    Ok((body, fds)) => (control::decode::<Response>(&body)?, fds),
+                    Err(e) => {
+                        *broken = true;
+                        if timed_out(&e) {
+                            return Err(EmuError::new(
+                                ErrorKind::Stopped,
+                                format!(
+                                    "monetad at {} did not answer within {} ms \
+                                     (MONETA_CONTROL_TIMEOUT_MS)",
+                                    socket.display(),
+                                    control_timeout().as_millis()
+                                ),
+                            ));
+                        }
+                        return Err(e);
+                    }
+                }
             }
             Control::Embedded { plane, session } => {
                 // As SCM_RIGHTS would: the control plane gets its own descriptor.
@@ -100,7 +164,13 @@ impl Control {
                     .map(sys::dup)
                     .transpose()
                     .map_err(|e| EmuError::io("duplicating the descriptor", e))?;
-                plane.handle_with_fd(session, request, fd).0
+                let (r, memory) = plane.handle_with_fd(session, request, fd);
+                let fds = match memory {
+                    Some(m) => vec![sys::dup(std::os::fd::AsRawFd::as_raw_fd(m.fd()))
+                        .map_err(|e| EmuError::io("duplicating the channel memory", e))?],
+                    None => Vec::new(),
+                };
+                (r, fds)
             }
         };
         match response {
@@ -109,7 +179,7 @@ impl Control {
                 message,
                 errno,
             } => Err(EmuError::new(kind, message).with_errno(errno)),
-            r => Ok(r),
+            r => Ok((r, fds)),
         }
     }
 }
@@ -188,32 +258,28 @@ impl Io {
 }
 
 impl Moneta {
-    /// Open a channel on the daemon listening at `socket`.
+    /// Open a channel on the daemon listening at `socket`. Every call on
+    /// it is bounded by [`control_timeout`].
     pub fn connect(socket: &Path) -> Result<Moneta, EmuError> {
-        let stream = UnixStream::connect(socket).map_err(|e| {
-            EmuError::io(&format!("connecting to monetad at {}", socket.display()), e)
-        })?;
-        let fd = stream.as_raw_fd();
-        sys::send_with_fds(
-            fd,
-            &control::encode(&Request::Hello {
-                version: control::PROTOCOL_VERSION,
-            }),
-            &[],
-        )
-        .map_err(|e| EmuError::io("writing to monetad", e))?;
-        let mut reader = FrameReader::new();
-        let (body, mut fds) = reader
-            .next(fd)?
-            .ok_or_else(|| EmuError::new(ErrorKind::Stopped, "monetad closed the connection"))?;
-        let info = match control::decode::<Response>(&body)? {
-            Response::Channel(info) => info,
-            Response::Error {
-                kind,
-                message,
-                errno,
-            } => return Err(EmuError::new(kind, message).with_errno(errno)),
-            other => {
+        let where_ = || format!("connecting to monetad at {}", socket.display());
+        let stream = UnixStream::connect(socket).map_err(|e| EmuError::io(&where_(), e))?;
+        let timeout = Some(control_timeout());
+        stream
+            .set_read_timeout(timeout)
+            .and_then(|()| stream.set_write_timeout(timeout))
+            .map_err(|e| EmuError::io(&where_(), e))?;
+        let mut control = Control::Socket {
+            stream,
+            reader: FrameReader::new(),
+            socket: socket.to_path_buf(),
+            broken: false,
+        };
+        let hello = Request::Hello {
+            version: control::PROTOCOL_VERSION,
+        };
+        let (info, mut fds) = match control.call_with_fds(hello, None)? {
+            (Response::Channel(info), fds) => (info, fds),
+            (other, _) => {
                 return Err(EmuError::new(
                     ErrorKind::Protocol,
                     format!("unexpected reply {other:?}"),
@@ -228,7 +294,7 @@ impl Moneta {
         }
         let memory = ChannelMemory::map(fds.remove(0))
             .map_err(|e| EmuError::io("mapping the channel", e))?;
-        Self::with(memory, info, Control::Socket { stream, reader }, None)
+        Self::with(memory, info, control, None)
     }
 
     /// Start a device in this process (the embedded mode) on `medium` and
