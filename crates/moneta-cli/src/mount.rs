@@ -547,6 +547,52 @@ fn is_our_daemon(pid: i32, socket: &Path) -> bool {
             .any(|w| w[0] == "--socket" && Path::new(&w[1]) == socket)
 }
 
+/// Processes (other than this one and `except`) using the file system
+/// with device number `dev`: as their working or root directory, through
+/// an open descriptor, or through a memory mapping. (pid, name, how).
+fn users_of(dev: u64, except: &[i32]) -> Vec<(i32, String, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::process::id() as i32;
+    let on = |p: &Path| fs::metadata(p).is_ok_and(|m| m.dev() == dev);
+    let want = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+    let mut found = Vec::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for pid in entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| *p != me && !except.contains(p))
+    {
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let mut how = Vec::new();
+        for link in ["cwd", "root"] {
+            if on(&proc_dir.join(link)) {
+                how.push(link.to_string());
+            }
+        }
+        if let Ok(fds) = fs::read_dir(proc_dir.join("fd")) {
+            let open = fds.flatten().filter(|f| on(&f.path())).count();
+            if open > 0 {
+                how.push(format!("{open} open file(s)"));
+            }
+        }
+        if fs::read_to_string(proc_dir.join("maps")).is_ok_and(|maps| {
+            maps.lines()
+                .any(|l| l.split_ascii_whitespace().nth(3) == Some(want.as_str()))
+        }) {
+            how.push("a mapped file".to_string());
+        }
+        if !how.is_empty() {
+            let name = fs::read_to_string(proc_dir.join("comm"))
+                .map(|c| c.trim().to_string())
+                .unwrap_or_default();
+            found.push((pid, name, how.join(", ")));
+        }
+    }
+    found
+}
+
 fn daemon_pids(socket: &Path) -> Vec<i32> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -1313,6 +1359,24 @@ pub fn down(a: DownArgs) -> Result<(), String> {
         None
     };
     let was_up = inst.state.exists();
+    // A busy mount cannot be unmounted: refuse before stopping anything,
+    // so the instance stays whole.
+    if mounted_at(&inst.mount).is_some() {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(meta) = fs::metadata(&inst.mount) {
+            let users = users_of(meta.dev(), &daemon_pids(&inst.socket));
+            if !users.is_empty() {
+                let list: Vec<String> = users
+                    .iter()
+                    .map(|(pid, name, how)| format!("pid {pid} ({name}): {how}"))
+                    .collect();
+                return Err(format!(
+                    "{mount} is busy, nothing was stopped; these processes use it: {}",
+                    list.join("; ")
+                ));
+            }
+        }
+    }
     let done = teardown(&inst)?;
     match fs::remove_file(&inst.state) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {

@@ -568,10 +568,28 @@ fn busy_mount_is_not_forced() {
     let m = t.mount.clone();
     ok(&up(&m, &["--fs", "ext4", "--size", "64M"]));
     let held = std::fs::File::create(m.join("open.txt")).unwrap();
-    refused(&down(&m, &[]), "fuser -vm");
+    let me = format!("pid {}", std::process::id());
+    refused(&down(&m, &[]), &me);
     assert!(is_mounted(&m), "a busy mount was forced");
-    assert_eq!(entry(&m).unwrap()["state"], "broken");
+    assert_eq!(
+        entry(&m).unwrap()["state"],
+        "up",
+        "down stopped something of a busy instance"
+    );
     drop(held);
+    // A process whose working directory is on the mount.
+    let mut sleeper = Command::new("sleep")
+        .arg("30")
+        .current_dir(&m)
+        .spawn()
+        .unwrap();
+    refused(
+        &down(&m, &[]),
+        &format!("pid {} (sleep): cwd", sleeper.id()),
+    );
+    assert_eq!(entry(&m).unwrap()["state"], "up");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
     ok(&down(&m, &["--purge"]));
     assert_nothing_left(&m);
 }
