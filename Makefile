@@ -2,7 +2,7 @@
 CARGO ?= cargo
 MONETA := target/release/moneta
 
-.PHONY: all setup build run test bench calibrate clean
+.PHONY: all setup build run test bench calibrate torture clean
 
 all: build
 
@@ -50,6 +50,17 @@ bench: build
 	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
 	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
 	$(CARGO) bench -p libmoneta --bench overhead -- --json out/overhead.json
+
+# The direct path's randomized torture test, long mode (issue 8): shim and
+# plain processes on one Moneta file system; TORTURE_SEED reproduces a run.
+TORTURE_OPS ?= 2000
+TORTURE_WORKERS ?= 6
+torture: build
+	@mkdir -p out
+	$(MONETA) up --mount /tmp/moneta-torture --size 2G --fresh
+	python3 scripts/torture.py --mount /tmp/moneta-torture --workers $(TORTURE_WORKERS) \
+		--ops $(TORTURE_OPS) $(if $(TORTURE_SEED),--seed $(TORTURE_SEED)) --timeout 3600; \
+		status=$$?; $(MONETA) down --purge --mount /tmp/moneta-torture; exit $$status
 
 # The calibration table of README.
 calibrate: build

@@ -219,9 +219,26 @@ impl FileTable {
             .as_ref()
     }
 
+    /// Check every mapped inode that was not checked lately (a mapping
+    /// ends with munmap, exit or exec, and only munmap through the shim
+    /// says so; a mapped file keeps a descriptor, and so its blocks).
+    fn recheck_all_mapped(&self) {
+        let mapped: Vec<InodeId> = self
+            .lock()
+            .inodes
+            .iter()
+            .filter(|(_, st)| st.mapped.is_some())
+            .map(|(inode, _)| *inode)
+            .collect();
+        for inode in mapped {
+            self.recheck_mapped(inode);
+        }
+    }
+
     /// Take a file opened for `(channel, file_id)`; its inode is watched
     /// for layout changes from then on.
     pub fn open(&self, channel: u16, file_id: u32, file: GrantedFile) {
+        self.recheck_all_mapped();
         let watcher = self.watcher();
         let mut t = self.lock();
         let st = t.inodes.entry(file.inode()).or_default();
@@ -539,6 +556,7 @@ impl FileTable {
 
     /// A session ended: revoke and drop its files, end its changes.
     pub fn end_session(&self, channel: u16, session: u64, file_ids: &BTreeSet<u32>) {
+        self.recheck_all_mapped();
         for id in file_ids {
             let _ = self.close(channel, *id);
         }
