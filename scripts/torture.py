@@ -68,6 +68,9 @@ class Worker:
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.log = open(a.log, "a")
         self.lock = open(a.lockfile, "a+")
+        # What each read returned, so a violation can say whose bytes
+        # came back (one file per worker, outside the mount).
+        self.reads = open(f"{a.log}.reads.{a.index}", "ab")
 
     def gen_of(self, name):
         state = json.load(open(self.a.state))
@@ -96,6 +99,12 @@ class Worker:
         kw.setdefault("pid", os.getpid())
         self.log.write(json.dumps(kw) + "\n")
         self.log.flush()
+
+    def keep(self, data):
+        at = self.reads.tell()
+        self.reads.write(data)
+        self.reads.flush()
+        return at
 
     def run(self):
         for i in range(self.a.ops):
@@ -170,7 +179,7 @@ class Worker:
             else:
                 data = os.pread(fd, length, off)
             self.record(op="read", name=name, gen=gen, off=off, len=length,
-                        got=len(data), sha=digest(data))
+                        got=len(data), sha=digest(data), at=self.keep(data))
         elif op == "truncate":
             to = r.randrange(0, MAX_SIZE)
             os.ftruncate(fd, to)
@@ -208,7 +217,7 @@ class Worker:
             m.close()
             os.fsync(fd)
             self.record(op="read", name=name, gen=gen, off=at, len=n, got=len(seen),
-                        sha=digest(seen))
+                        sha=digest(seen), at=self.keep(seen))
             self.record(op="write", name=name, gen=gen, off=at, len=n, version=version)
         elif op == "fork":
             os.lseek(fd, off, os.SEEK_SET)
@@ -238,6 +247,32 @@ class Worker:
 
 # ---- model and checker --------------------------------------------------------
 
+def describe(unit):
+    if unit[:4] != MAGIC:
+        return "zeros" if not any(unit) else f"unstamped {unit[:8].hex()}"
+    _, idx, gen, version, offset, pid = struct.unpack("<4sIIIQQ", unit)
+    name = NAMES[idx] if idx < len(NAMES) else f"#{idx}"
+    return f"{name} gen {gen} version {version} offset {offset} pid {pid}"
+
+
+def explain(log_path, e, want):
+    """Where a read differs from the model, and whose bytes it got."""
+    try:
+        with open(f"{log_path}.reads.{e['worker']}", "rb") as f:
+            f.seek(e["at"])
+            got = f.read(e["got"])
+    except (OSError, KeyError):
+        return "(its bytes were not kept)"
+    n = min(len(got), len(want))
+    first = next((i for i in range(n) if got[i] != want[i]), n)
+    last = next((i for i in range(n - 1, first - 1, -1) if got[i] != want[i]), first)
+    at = (e["off"] + first) // UNIT * UNIT - e["off"]
+    unit_got = got[max(at, 0):at + UNIT] if at >= 0 else got[:UNIT]
+    unit_want = want[max(at, 0):at + UNIT] if at >= 0 else want[:UNIT]
+    return (f"file bytes [{e['off'] + first}, {e['off'] + last + 1}) differ; there it got "
+            f"{describe(unit_got)}, the model has {describe(unit_want)}")
+
+
 def check(log_path, mount):
     files = {}  # (name, gen) -> bytearray
     problems = []
@@ -266,7 +301,7 @@ def check(log_path, mount):
             if e["got"] != len(want) or e["sha"] != digest(want):
                 problems.append(f"{where}: read of {e['len']} at {e['off']} in {e['name']} "
                                 f"gen {e['gen']} returned {e['got']} bytes that differ from "
-                                f"the model's {len(want)}")
+                                f"the model's {len(want)}: " + explain(log_path, e, want))
         elif op == "truncate":
             if len(f) > e["to"]:
                 del f[e["to"]:]

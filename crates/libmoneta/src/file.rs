@@ -419,6 +419,7 @@ impl MonetaFile {
                 Kind::Hole | Kind::Unwritten => piece.fill(0),
                 Kind::Direct(_) => m.read_mapped(s.physical, piece)?,
                 Kind::Kernel => {
+                    self.make_current_outside_kernel_pages(s.logical, s.end())?;
                     let got = sys::pread_full(self.kernel_fd(), piece, s.logical)
                         .map_err(|e| EmuError::io("pread of the file", e))?;
                     piece[got..].fill(0);
@@ -628,9 +629,10 @@ impl MonetaFile {
         let from = page_floor(offset);
         let to = page_ceil(offset + buf.len() as u64);
         // Only pages holding data already can be stale (appending at a
-        // page-aligned end touches none).
+        // page-aligned end touches none), and this handle's own kernel
+        // pages are current.
         if from < page_ceil(size) {
-            self.drop_cache(from, to)?;
+            self.make_current_outside_kernel_pages(from, to.min(page_ceil(size)))?;
         }
         let written = sys::pwrite_all(self.kernel_fd(), buf, offset)
             .map_err(|e| EmuError::io("pwrite of the file", e));
@@ -694,6 +696,26 @@ impl MonetaFile {
         if self.wrote_directly.load(Ordering::Acquire) {
             sys::drop_cached_pages(self.kernel_fd(), 0, 0)
                 .map_err(|e| EmuError::io("dropping the file's cached pages", e))?;
+        }
+        Ok(())
+    }
+
+    /// Make the kernel's cache of `[from, to)` hold what the device holds,
+    /// except where this handle's kernel pages are (they are the newest
+    /// copy): cached blocks there may predate direct writes, and a dirty
+    /// folio cannot be dropped with stale clean blocks in it, so the range
+    /// (widened to whole folios) is written back, then dropped.
+    fn make_current_outside_kernel_pages(&self, from: u64, to: u64) -> Result<(), EmuError> {
+        let mut outside = vec![(page_floor(from), page_ceil(to))];
+        for &(a, b) in self.kernel_pages.lock().expect("kernel pages").iter() {
+            remove_range(&mut outside, a, b);
+        }
+        for (a, b) in outside {
+            let a = a / FOLIO_MAX * FOLIO_MAX;
+            let b = b.div_ceil(FOLIO_MAX).saturating_mul(FOLIO_MAX);
+            sys::write_back_range(self.kernel_fd(), a, b - a)
+                .map_err(|e| EmuError::io("writing back the file's cached pages", e))?;
+            self.drop_cache(a, b)?;
         }
         Ok(())
     }
