@@ -143,18 +143,20 @@ impl Control {
                     Ok((body, fds)) => (control::decode::<Response>(&body)?, fds),
                     Err(e) => {
                         *broken = true;
-                        if timed_out(&e) {
-                            return Err(EmuError::new(
-                                ErrorKind::Stopped,
-                                format!(
-                                    "monetad at {} did not answer within {} ms \
-                                     (MONETA_CONTROL_TIMEOUT_MS)",
-                                    socket.display(),
-                                    control_timeout().as_millis()
-                                ),
-                            ));
-                        }
-                        return Err(e);
+                        // The daemon is gone, silent or broke the protocol:
+                        // to a program that is an I/O error (not EPIPE).
+                        let why = if timed_out(&e) {
+                            format!(
+                                "did not answer within {} ms (MONETA_CONTROL_TIMEOUT_MS)",
+                                control_timeout().as_millis()
+                            )
+                        } else {
+                            e.message
+                        };
+                        return Err(EmuError::new(
+                            ErrorKind::Stopped,
+                            format!("monetad at {} {why}", socket.display()),
+                        ));
                     }
                 }
             }

@@ -47,7 +47,11 @@ impl Server {
         for d in [&data, &sockets] {
             std::fs::create_dir_all(d).unwrap();
             ok(
-                Command::new("chown").arg("postgres:postgres").arg(d).output().unwrap(),
+                Command::new("chown")
+                    .arg("postgres:postgres")
+                    .arg(d)
+                    .output()
+                    .unwrap(),
                 "chown",
             );
         }
@@ -58,9 +62,12 @@ impl Server {
             mount: m.mount.clone(),
         };
         ok(
-            s.shim(&s.bin.join("initdb"), &["-D", s.data.to_str().unwrap(), "--no-sync"])
-                .output()
-                .unwrap(),
+            s.shim(
+                &s.bin.join("initdb"),
+                &["-D", s.data.to_str().unwrap(), "--no-sync"],
+            )
+            .output()
+            .unwrap(),
             "initdb through the shim",
         );
         s
@@ -104,7 +111,10 @@ impl Server {
     }
 
     fn client(&self, program: &str, args: &[&str]) -> Command {
-        let mut c = as_postgres(&self.bin.join(program), &["-h", self.sockets.to_str().unwrap()]);
+        let mut c = as_postgres(
+            &self.bin.join(program),
+            &["-h", self.sockets.to_str().unwrap()],
+        );
         c.args(args);
         c
     }
@@ -116,7 +126,16 @@ impl Server {
     fn stop(&self, mode: &str) {
         let _ = as_postgres(
             &self.bin.join("pg_ctl"),
-            &["stop", "-m", mode, "-w", "-t", "30", "-D", self.data.to_str().unwrap()],
+            &[
+                "stop",
+                "-m",
+                mode,
+                "-w",
+                "-t",
+                "30",
+                "-D",
+                self.data.to_str().unwrap(),
+            ],
         )
         .output();
     }
@@ -125,7 +144,12 @@ impl Server {
     fn amcheck(&self) -> Output {
         self.client(
             "pg_amcheck",
-            &["--install-missing", "--heapallindexed", "--all", "--no-password"],
+            &[
+                "--install-missing",
+                "--heapallindexed",
+                "--all",
+                "--no-password",
+            ],
         )
         .output()
         .unwrap()
@@ -137,7 +161,11 @@ impl Drop for Server {
         self.stop("immediate");
         // A postmaster pg_ctl could not reach (its device gone) is killed.
         if let Ok(pid) = std::fs::read_to_string(self.data.join("postmaster.pid")) {
-            if let Some(pid) = pid.lines().next().and_then(|l| l.trim().parse::<i32>().ok()) {
+            if let Some(pid) = pid
+                .lines()
+                .next()
+                .and_then(|l| l.trim().parse::<i32>().ok())
+            {
                 // SAFETY: kill(2) of the cluster's own postmaster.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 std::thread::sleep(Duration::from_millis(200));
@@ -150,7 +178,10 @@ impl Drop for Server {
 /// The pid of the mount's monetad.
 fn daemon_pid(m: &Mounted) -> i32 {
     let out = ok(
-        moneta().args(["status", "--format", "json"]).output().unwrap(),
+        moneta()
+            .args(["status", "--format", "json"])
+            .output()
+            .unwrap(),
         "moneta status",
     );
     let all: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -181,16 +212,23 @@ fn postgres_through_the_shim_survives_pgbench_and_a_killed_device() {
     ok(pg.start(), "pg_ctl start through the shim");
     let before = m.device_requests();
     ok(
-        pg.client("pgbench", &["-i", "-s", "4", "postgres"]).output().unwrap(),
+        pg.client("pgbench", &["-i", "-s", "4", "postgres"])
+            .output()
+            .unwrap(),
         "pgbench -i",
     );
     let out = ok(
-        pg.client("pgbench", &["-c", "2", "-t", "300", "postgres"]).output().unwrap(),
+        pg.client("pgbench", &["-c", "2", "-t", "300", "postgres"])
+            .output()
+            .unwrap(),
         "pgbench",
     );
     assert!(out.contains("number of failed transactions: 0"), "{out}");
     let direct = m.device_requests() - before;
-    assert!(direct > 1000, "only {direct} requests reached the device: the shim was bypassed");
+    assert!(
+        direct > 1000,
+        "only {direct} requests reached the device: the shim was bypassed"
+    );
     let amcheck = pg.amcheck();
     assert!(
         amcheck.status.success() && amcheck.stdout.is_empty(),
@@ -202,7 +240,15 @@ fn postgres_through_the_shim_survives_pgbench_and_a_killed_device() {
     // Kill the device under load: the server must error out, not hang.
     let history = |pg: &Server| -> Option<u64> {
         let o = pg
-            .client("psql", &["-At", "-c", "select count(*) from pgbench_history", "postgres"])
+            .client(
+                "psql",
+                &[
+                    "-At",
+                    "-c",
+                    "select count(*) from pgbench_history",
+                    "postgres",
+                ],
+            )
             .output()
             .ok()?;
         String::from_utf8_lossy(&o.stdout).trim().parse().ok()
@@ -234,14 +280,20 @@ fn postgres_through_the_shim_survives_pgbench_and_a_killed_device() {
     pg.stop("immediate");
     // The device comes back; crash recovery replays the WAL.
     ok(
-        moneta().args(["up", "--mount"]).arg(&m.mount).output().unwrap(),
+        moneta()
+            .args(["up", "--mount"])
+            .arg(&m.mount)
+            .output()
+            .unwrap(),
         "moneta up after the crash",
     );
     ok(pg.start(), "pg_ctl start after the crash");
     let committed_after = history(&pg).expect("history after recovery");
     assert!(
         committed_after >= committed_before,
-        "committed transactions lost: {committed_before} before the crash, {committed_after} after"
+        "committed transactions lost: {committed_before} before the crash, {committed_after} \
+         after; server log:\n{}",
+        pg.log()
     );
     let amcheck = pg.amcheck();
     assert!(

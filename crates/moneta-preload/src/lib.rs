@@ -919,9 +919,14 @@ fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
     let r = real_sync();
     if r == 0 {
         let _ = ours(fd, |of| {
-            // A file being created is on the device now: the direct path
-            // may serve it from here on.
-            if !of.fresh.swap(false, Ordering::AcqRel) {
+            if of.fresh.swap(false, Ordering::AcqRel) {
+                // A file being created is on the device now, and the direct
+                // path serves it from here on: the kernel's cached copy
+                // would go stale under direct writes, so it goes (a crash
+                // recovery through the kernel would otherwise read it).
+                // SAFETY: advice on the caller's descriptor.
+                unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+            } else {
                 let _ = with_file(of, |m, f| f.synced(m).map_err(io_error));
             }
         });
