@@ -7,8 +7,8 @@ MONETA := target/release/moneta
 all: build
 
 # Toolchain pieces and system packages the tests use (xfsprogs for moneta up;
-# fio, sqlite3 and Berkeley DB for the workloads on its file system);
-# idempotent.
+# fio, sqlite3, Berkeley DB and PostgreSQL for the workloads on its file
+# system; python3 for the torture test); idempotent.
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
@@ -18,6 +18,9 @@ setup:
 	@command -v sqlite3 >/dev/null || (apt-get update && apt-get install -y sqlite3)
 	@dpkg -s libdb5.3-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y libdb5.3-dev)
 	@command -v db5.3_stat >/dev/null || (apt-get update && apt-get install -y db5.3-util)
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v pg_amcheck >/dev/null \
+		|| (apt-get update && apt-get install -y postgresql postgresql-contrib)
+	@command -v python3 >/dev/null || (apt-get update && apt-get install -y python3)
 
 build:
 	$(CARGO) build --release
