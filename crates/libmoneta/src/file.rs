@@ -179,8 +179,13 @@ pub struct MonetaFile {
     channel: u16,
     /// The caller's descriptor (not owned).
     fd: RawFd,
-    /// A buffered descriptor of the same file when `fd` is O_DIRECT.
-    kernel_fd: Option<OwnedFd>,
+    /// A second descriptor of the same file for the kernel's share of the
+    /// work: buffered (when `fd` is O_DIRECT), and opened after the
+    /// control plane began watching the file, so the kernel reports what
+    /// it is used for (it decides that per open file, at open).
+    kernel_fd: std::sync::OnceLock<OwnedFd>,
+    /// The access mode to open `kernel_fd` with.
+    kernel_mode: i32,
     /// What the descriptor's access mode allows.
     access: DirectAccess,
     /// Size of the block device when the descriptor is the device itself
@@ -242,19 +247,18 @@ impl Moneta {
             ),
             _ => None,
         };
-        let kernel_fd = if flags & libc::O_DIRECT != 0 {
-            let mode = flags & libc::O_ACCMODE;
-            Some(
-                sys::reopen(fd, mode)
-                    .map_err(|e| EmuError::io("reopening the O_DIRECT file buffered", e))?,
-            )
-        } else {
-            None
-        };
+        let kernel_mode = flags & libc::O_ACCMODE;
+        let kernel_fd = std::sync::OnceLock::new();
+        if flags & libc::O_DIRECT != 0 && device_bytes.is_none() {
+            let twin = sys::reopen(fd, kernel_mode)
+                .map_err(|e| EmuError::io("reopening the O_DIRECT file buffered", e))?;
+            let _ = kernel_fd.set(twin);
+        }
         Ok(MonetaFile {
             channel: self.info().channel,
             fd,
             kernel_fd,
+            kernel_mode,
             access: access_of(flags),
             device_bytes,
             block_bytes: (st.st_blksize as u64).max(1),
@@ -345,7 +349,7 @@ impl MonetaFile {
 
     /// The descriptor the kernel's share of the work goes through.
     fn kernel_fd(&self) -> RawFd {
-        self.kernel_fd.as_ref().map_or(self.fd, |f| f.as_raw_fd())
+        self.kernel_fd.get().map_or(self.fd, |f| f.as_raw_fd())
     }
 
     /// Pass the descriptor to the control plane if that has not happened
@@ -357,6 +361,14 @@ impl MonetaFile {
             *reg = match m.call_with_fd(Request::OpenFile {}, Some(self.fd)) {
                 Ok(Response::FileOpened { file_id, .. }) => {
                     self.epoch.store(m.layout_epoch(file_id), Ordering::Release);
+                    if self.kernel_fd.get().is_none() && self.device_bytes.is_none() {
+                        // Opened now that the file is watched: what this
+                        // handle writes through the kernel is reported to
+                        // the other holders (their maps follow it).
+                        if let Ok(twin) = sys::reopen(self.fd, self.kernel_mode) {
+                            let _ = self.kernel_fd.set(twin);
+                        }
+                    }
                     Registration::Granted(file_id)
                 }
                 Ok(other) => return Err(unexpected(other)),

@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// not measure first-touch page faults).
     #[arg(long, default_value_t = 0)]
     populate_bytes: u64,
+    /// Watch the file system mounted at DIR (the one on this device's
+    /// image) for layout changes by any process from the start (`moneta up`
+    /// passes its mount).
+    #[arg(long)]
+    watch_fs: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -108,6 +113,14 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     let owner = unsafe { libc::geteuid() };
     let plane = Arc::new(ControlPlane::new(engine, owner));
+    if let Some(dir) = &a.watch_fs {
+        if let Err(e) = plane.file_table().watch_file_system(dir) {
+            eprintln!(
+                "monetad: {e}; layout changes by processes outside the shim are not seen \
+                 (README, \"Direct-path semantics\")"
+            );
+        }
+    }
     let daemon = Daemon::bind(&a.socket, plane).map_err(|e| e.to_string())?;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {

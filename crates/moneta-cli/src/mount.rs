@@ -1260,7 +1260,9 @@ fn start_daemon(inst: &Instance, want: &Wanted, rb: &mut Rollback) -> Result<u32
         .arg("--image")
         .arg(&inst.image)
         .arg("--socket")
-        .arg(&inst.socket);
+        .arg(&inst.socket)
+        .arg("--watch-fs")
+        .arg(&inst.mount);
     let _ = writeln!(
         log,
         "---- moneta up {}: {} {}",

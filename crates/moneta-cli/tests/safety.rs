@@ -128,6 +128,19 @@ impl Drop for Reaper {
 /// had. Afterwards Y holds only Y's bytes and X only the holder's second
 /// write.
 fn layout_change_then_reuse(fs: &str, name: &str, change: &dyn Fn(&Mounted, &Path)) {
+    layout_change_then_reuse_after(fs, name, &|_, _| {}, change, true);
+}
+
+/// [`layout_change_then_reuse`], running `before` ahead of the holder;
+/// `seen`: monetad must have been told of the change (else it must have
+/// kept the holder off the device for the file).
+fn layout_change_then_reuse_after(
+    fs: &str,
+    name: &str,
+    before: &dyn Fn(&Mounted, &Path),
+    change: &dyn Fn(&Mounted, &Path),
+    seen: bool,
+) {
     if !root() {
         eprintln!("skipped: needs root");
         return;
@@ -141,6 +154,7 @@ fn layout_change_then_reuse(fs: &str, name: &str, change: &dyn Fn(&Mounted, &Pat
     let m = Mounted::up(name, fs, fs_size);
     let x = m.path("x");
     let y = m.path("y");
+    before(&m, &x);
     let mut holder = Reaper(
         python(&m, HOLDER, &[x.to_str().unwrap(), &x_bytes.to_string()])
             .stdin(Stdio::piped())
@@ -152,12 +166,16 @@ fn layout_change_then_reuse(fs: &str, name: &str, change: &dyn Fn(&Mounted, &Pat
     let mut lines = BufReader::new(holder.0.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "ready");
     let before = m.device_requests();
-    assert!(before > 0, "the holder never reached the device");
+    assert_eq!(
+        before > 0,
+        seen,
+        "the holder reached the device: {before} requests (expected: {seen})"
+    );
     let x_blocks = physical_ranges(&x);
     let changes_before = m.stats()["files"]["layout_changes"].as_u64().unwrap();
     change(&m, &x);
     assert!(
-        m.stats()["files"]["layout_changes"].as_u64().unwrap() > changes_before,
+        !seen || m.stats()["files"]["layout_changes"].as_u64().unwrap() > changes_before,
         "monetad did not see the layout change"
     );
     // The freeing transaction commits (ext4 reuses blocks only after).
@@ -527,5 +545,47 @@ except OSError as e:
     assert!(
         err.contains("full") && !err.contains("I/O error"),
         "sqlite3 should say the disk is full: {err}"
+    );
+}
+
+#[test]
+fn a_plain_process_that_opened_the_file_before_it_was_watched_keeps_holders_off_the_device() {
+    // The kernel decides at open whether an open file will report its
+    // accesses: this puncher opens X before any shim process holds it.
+    const PUNCHER: &str = r#"
+import ctypes, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+print("open", flush=True)
+sys.stdin.readline()
+assert ctypes.CDLL(None).fallocate(fd, 3, ctypes.c_long(0), ctypes.c_long(4 << 20)) == 0
+os.fsync(fd)
+"#;
+    let puncher = std::cell::RefCell::new(None::<Reaper>);
+    layout_change_then_reuse_after(
+        "xfs",
+        "early-opener",
+        &|_, x| {
+            let mut p = Reaper(
+                plain_python(PUNCHER, &[x.to_str().unwrap()])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            );
+            let mut line = String::new();
+            BufReader::new(p.0.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line.trim(), "open");
+            *puncher.borrow_mut() = Some(p);
+        },
+        &|_, _| {
+            let mut p = puncher.borrow_mut().take().expect("the early opener");
+            writeln!(p.0.stdin.take().unwrap(), "go").unwrap();
+            assert!(p.0.wait().unwrap().success(), "the punch failed");
+        },
+        // The kernel does not report this punch (the descriptor predates
+        // the watch): monetad must have kept the holder on the kernel path.
+        false,
     );
 }

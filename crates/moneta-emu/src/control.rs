@@ -412,6 +412,7 @@ impl ControlPlane {
             }
             let (channel, memory) = self.engine.create_channel()?;
             session.channel = Some(channel);
+            self.files.session_started(session.id, session.peer.pid);
             let c = self.engine.config();
             let info = ChannelInfo {
                 channel,

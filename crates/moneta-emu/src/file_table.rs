@@ -94,6 +94,12 @@ struct InodeState {
     generation: u64,
     /// When the layout watcher began watching it (None: not watched).
     watched_since: Option<Instant>,
+    /// Some process outside the shim opened the file before it was
+    /// watched: the kernel decides per open file, at open, whether it
+    /// reports accesses, so that process's writes and hole punches would go
+    /// unseen. Nothing is granted until no such open is left (last checked
+    /// then).
+    blind: Option<Instant>,
 }
 
 impl InodeState {
@@ -118,7 +124,7 @@ impl InodeState {
     /// Grants end below this offset while changes are pending (a mapped
     /// file: no grants at all).
     fn limit(&self) -> u64 {
-        if self.mapped.is_some() {
+        if self.mapped.is_some() || self.blind.is_some() {
             return 0;
         }
         self.changes
@@ -158,6 +164,15 @@ pub struct FileTable {
     /// The kernel's reports of layout changes by any process (started with
     /// the first file; None if this kernel cannot).
     watch: OnceLock<Option<LayoutWatch>>,
+    /// An unnamed file (O_TMPFILE) on the watched file system, marked for
+    /// pre-content events for as long as the daemon runs: the kernel
+    /// decides at each open whether that open file will report accesses,
+    /// and only does so while the file system has such a mark (so a file
+    /// opened while nothing was watched would never report its writes).
+    sentinel: Mutex<Option<OwnedFd>>,
+    /// The pid of each session's client (their descriptors opened before a
+    /// watch are announced through the shim, not blind).
+    session_pids: Mutex<HashMap<u64, i32>>,
     me: Weak<FileTable>,
 }
 
@@ -168,6 +183,8 @@ impl FileTable {
             table: Mutex::new(Table::default()),
             stats: Mutex::new(FileTableStats::default()),
             watch: OnceLock::new(),
+            sentinel: Mutex::new(None),
+            session_pids: Mutex::new(HashMap::new()),
             me: me.clone(),
         })
     }
@@ -235,23 +252,109 @@ impl FileTable {
         }
     }
 
+    /// Watch the file system holding directory `dir` from now on (monetad
+    /// does at start, before any program opens a file there): an unnamed
+    /// sentinel file there is marked, so every later open on that file
+    /// system can report its accesses.
+    pub fn watch_file_system(&self, dir: &std::path::Path) -> Result<(), EmuError> {
+        let watcher = self.watcher().ok_or_else(|| {
+            EmuError::new(
+                crate::error::ErrorKind::Io,
+                "this kernel cannot report layout changes (no fanotify pre-content events)",
+            )
+        })?;
+        let mut sentinel = self.sentinel.lock().expect("sentinel");
+        if sentinel.is_some() {
+            return Ok(());
+        }
+        let fd = sys::open_tmpfile(dir).map_err(|e| {
+            EmuError::io(
+                &format!("creating the watch sentinel in {}", dir.display()),
+                e,
+            )
+        })?;
+        watcher.watch(fd.as_raw_fd())?;
+        *sentinel = Some(fd);
+        Ok(())
+    }
+
     /// Take a file opened for `(channel, file_id)`; its inode is watched
     /// for layout changes from then on.
     pub fn open(&self, channel: u16, file_id: u32, file: GrantedFile) {
         self.recheck_all_mapped();
         let watcher = self.watcher();
+        if watcher.is_some() && self.sentinel.lock().expect("sentinel").is_none() {
+            // Not told where the file system is: next to this file.
+            if let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", file.raw_fd())) {
+                if let Some(dir) = path.parent() {
+                    let _ = self.watch_file_system(dir);
+                }
+            }
+        }
+        let inode = file.inode();
         let mut t = self.lock();
-        let st = t.inodes.entry(file.inode()).or_default();
+        let st = t.inodes.entry(inode).or_default();
         st.holders.insert((channel, file_id));
         if st.watched_since.is_none() {
             if let Some(w) = watcher {
                 match w.watch(file.raw_fd()) {
-                    Ok(()) => st.watched_since = Some(Instant::now()),
+                    Ok(()) => {
+                        st.watched_since = Some(Instant::now());
+                        // Opens from before the watch cannot report: if a
+                        // process outside the shim has one, grant nothing.
+                        if self.open_outside_the_shim(inode) {
+                            st.blind = Some(Instant::now());
+                        }
+                    }
                     Err(e) => eprintln!("monetad: {e}"),
                 }
             }
         }
         t.files.insert((channel, file_id), file);
+    }
+
+    /// A control-plane session began (its client's pid) or ended.
+    pub fn session_started(&self, session: u64, pid: i32) {
+        self.session_pids
+            .lock()
+            .expect("session pids")
+            .insert(session, pid);
+    }
+
+    fn open_outside_the_shim(&self, inode: InodeId) -> bool {
+        let pids: Vec<i32> = self
+            .session_pids
+            .lock()
+            .expect("session pids")
+            .values()
+            .copied()
+            .collect();
+        sys::inode_open_elsewhere(inode.dev, inode.ino, &pids)
+    }
+
+    /// If `inode` is blind and was not checked lately: once no process
+    /// outside the shim has it open from before its watch, grants resume.
+    fn recheck_blind(&self, inode: InodeId) {
+        {
+            let mut t = self.lock();
+            let Some(checked) = t.inodes.get_mut(&inode).and_then(|s| s.blind.as_mut()) else {
+                return;
+            };
+            if checked.elapsed() < MAPPED_RECHECK {
+                return;
+            }
+            *checked = Instant::now();
+        }
+        if self.open_outside_the_shim(inode) {
+            return;
+        }
+        let mut t = self.lock();
+        if let Some(st) = t.inodes.get_mut(&inode) {
+            // Opens since the watch report; only older ones were blind.
+            st.blind = None;
+            st.generation += 1;
+            self.changes_ended(st);
+        }
     }
 
     /// The soft miss (SPEC §3.2): the file's extents over
@@ -276,6 +379,7 @@ impl FileTable {
                 .ok_or_else(|| not_open(file_id))?
                 .inode();
             self.recheck_mapped(inode);
+            self.recheck_blind(inode);
             let (reader, generation, watched_since) = {
                 let mut t = self.lock();
                 let reader = t
@@ -556,6 +660,10 @@ impl FileTable {
 
     /// A session ended: revoke and drop its files, end its changes.
     pub fn end_session(&self, channel: u16, session: u64, file_ids: &BTreeSet<u32>) {
+        self.session_pids
+            .lock()
+            .expect("session pids")
+            .remove(&session);
         self.recheck_all_mapped();
         for id in file_ids {
             let _ = self.close(channel, *id);

@@ -537,3 +537,57 @@ pub fn write_back_range(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// An unnamed regular file in directory `dir`'s file system (O_TMPFILE):
+/// it has an inode but no name, and disappears with its last descriptor.
+pub fn open_tmpfile(dir: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: open(2) with a NUL-terminated path; the result is a new
+    // descriptor or -1.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
+            0o600,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether a process other than those in `except` (and this one) has the
+/// file (dev, ino) open (a /proc/PID/fd entry names it). Processes that
+/// exit meanwhile are skipped.
+pub fn inode_open_elsewhere(dev: u64, ino: u64, except: &[i32]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::process::id() as i32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || except.contains(&pid) {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        let open = fds
+            .flatten()
+            .any(|f| std::fs::metadata(f.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino));
+        if open {
+            return true;
+        }
+    }
+    false
+}
