@@ -1,0 +1,232 @@
+//! Crash behaviour of the direct path (issue 8): monetad killed (SIGKILL)
+//! under SQLite and under fio — the programs get an error within a bound,
+//! never hang; after `moneta up` every committed transaction is there,
+//! SQLite's integrity check passes and xfs_repair finds the file system
+//! clean. A client killed mid-write changes nothing outside its own file.
+//! Needs root and loop devices; mounts are torn down even on failure.
+
+mod common;
+
+use common::{moneta, ok, root, Mounted};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The pid of the mount's monetad (from its socket, as `moneta down` finds it).
+fn daemon_pid(m: &Mounted) -> i32 {
+    let socket = m.socket();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+                args.contains(&b"serve".as_slice()) && args.contains(&socket.as_bytes())
+            })
+        })
+        .expect("monetad's pid")
+}
+
+/// Wait for `child` to end within `bound`; kill it and fail if it does not.
+fn ends_within(child: &mut Child, bound: Duration, what: &str) {
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > bound {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} still running {bound:?} after monetad died");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+const COMMITTER: &str = r#"
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=" + sys.argv[2])
+db.execute("CREATE TABLE IF NOT EXISTS t(id INTEGER PRIMARY KEY, v BLOB)")
+i = 0
+try:
+    while True:
+        i += 1
+        db.execute("BEGIN")
+        db.execute("INSERT INTO t VALUES(?, randomblob(3000))", (i,))
+        db.execute("COMMIT")
+        print(i, flush=True)
+except Exception as e:
+    print("error", e, flush=True)
+    sys.exit(3)
+"#;
+
+#[test]
+fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
+    if !root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let m = Mounted::up("crash", "xfs", "512M");
+    // Two SQLite programs (rollback journal and WAL) and fio, all through
+    // the shim, when the device dies.
+    let mut committers = Vec::new();
+    for mode in ["DELETE", "WAL"] {
+        let db = m.path(&format!("{mode}.db"));
+        let mut c = m
+            .run("python3", &["-c", COMMITTER, db.to_str().unwrap(), mode])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(c.stdout.take().unwrap()).lines();
+        committers.push((mode, db, c, lines));
+    }
+    let fio_file = format!("--filename={}", m.path("fio.dat").display());
+    let mut fio = m
+        .run(
+            "fio",
+            &[
+                "--name=crash",
+                &fio_file,
+                "--ioengine=psync",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--size=32m",
+                "--time_based",
+                "--runtime=120",
+                "--fsync=16",
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Let each commit a few hundred transactions.
+    let mut committed = Vec::new();
+    for (_, _, _, lines) in &mut committers {
+        let mut last = 0u64;
+        for line in lines.by_ref().take(300) {
+            last = line.unwrap().trim().parse().unwrap();
+        }
+        committed.push(last);
+    }
+    // SAFETY: kill(2) of the daemon this test started.
+    unsafe { libc::kill(daemon_pid(&m), libc::SIGKILL) };
+    for (i, (mode, _, child, lines)) in committers.iter_mut().enumerate() {
+        // Whatever it printed before failing was committed too.
+        for line in lines.by_ref() {
+            match line.unwrap().trim().parse::<u64>() {
+                Ok(n) => committed[i] = n,
+                Err(_) => break,
+            }
+        }
+        ends_within(child, Duration::from_secs(30), &format!("sqlite ({mode})"));
+    }
+    ends_within(&mut fio, Duration::from_secs(30), "fio");
+    assert!(
+        !fio.wait().unwrap().success(),
+        "fio did not notice the device die"
+    );
+    // The device comes back; everything committed is there.
+    ok(
+        moneta()
+            .args(["up", "--mount"])
+            .arg(&m.mount)
+            .output()
+            .unwrap(),
+        "moneta up after the crash",
+    );
+    for (i, (mode, db, _, _)) in committers.iter().enumerate() {
+        let out = ok(
+            Command::new("sqlite3")
+                .arg(db)
+                .arg("PRAGMA integrity_check; SELECT max(id) FROM t;")
+                .output()
+                .unwrap(),
+            "sqlite3 after the crash",
+        );
+        let mut lines = out.lines();
+        assert_eq!(lines.next(), Some("ok"), "{mode}: integrity check: {out}");
+        let max: u64 = lines.next().unwrap().trim().parse().unwrap();
+        assert!(
+            max >= committed[i],
+            "{mode}: {} transactions committed before the crash, {max} after",
+            committed[i]
+        );
+    }
+    // The file system itself: unmount, then xfs_repair -n on the image.
+    ok(
+        moneta()
+            .args(["down", "--mount"])
+            .arg(&m.mount)
+            .output()
+            .unwrap(),
+        "moneta down",
+    );
+    let image = format!(
+        "/run/moneta/{}/device.img",
+        m.mount.to_string_lossy().replace('/', "_")
+    );
+    let repair = Command::new("xfs_repair")
+        .args(["-n", &image])
+        .output()
+        .unwrap();
+    assert!(
+        repair.status.success(),
+        "xfs_repair -n: {}{}",
+        String::from_utf8_lossy(&repair.stdout),
+        String::from_utf8_lossy(&repair.stderr)
+    );
+}
+
+#[test]
+fn a_client_killed_mid_write_changes_nothing_outside_its_own_file() {
+    if !root() {
+        return;
+    }
+    let m = Mounted::up("killed-client", "xfs", "512M");
+    let reference = m.path("reference");
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i * 7 + 3) as u8).collect();
+    std::fs::write(&reference, &data).unwrap();
+    let writer = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+os.ftruncate(fd, 8 << 20)
+os.fsync(fd)
+print("go", flush=True)
+i = 0
+while True:
+    i += 1
+    os.pwrite(fd, (b"W%07d" % (i % 10_000_000)) * 8192, (i * 65536) % (8 << 20))
+"#;
+    let own = m.path("own");
+    for round in 0..5 {
+        let mut w = m
+            .run("python3", &["-c", writer, own.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(w.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "go", "round {round}");
+        std::thread::sleep(Duration::from_millis(50 + 70 * round));
+        w.kill().unwrap();
+        w.wait().unwrap();
+    }
+    ok(Command::new("sync").output().unwrap(), "sync");
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert!(
+        std::fs::read(&reference).unwrap() == data,
+        "the reference file changed"
+    );
+    let own_data = std::fs::read(&own).unwrap();
+    for (i, chunk) in own_data.chunks(8).enumerate() {
+        assert!(
+            chunk.iter().all(|&b| b == 0)
+                || (chunk[0] == b'W' && chunk[1..].iter().all(u8::is_ascii_digit)),
+            "the writer's file holds foreign bytes at {}: {chunk:?}",
+            i * 8
+        );
+    }
+}
