@@ -58,9 +58,10 @@ bench: build
 # plain processes on one Moneta file system; TORTURE_SEED reproduces a run.
 TORTURE_OPS ?= 2000
 TORTURE_WORKERS ?= 6
+TORTURE_FS ?= xfs
 torture: build
 	@mkdir -p out
-	$(MONETA) up --mount /tmp/moneta-torture --size 2G --fresh
+	$(MONETA) up --mount /tmp/moneta-torture --size 2G --fs $(TORTURE_FS) --fresh
 	python3 scripts/torture.py --mount /tmp/moneta-torture --workers $(TORTURE_WORKERS) \
 		--ops $(TORTURE_OPS) $(if $(TORTURE_SEED),--seed $(TORTURE_SEED)) --timeout 3600; \
 		status=$$?; $(MONETA) down --purge --mount /tmp/moneta-torture; exit $$status

@@ -129,13 +129,53 @@ def growth_workloads(mount, work):
             return timed(prefix + ["sqlite3", os.path.join(d, "g.db")], input=script)
         return go
 
-    return [
+    workloads = [
         ("tar extract", f"tar -xf of 2000 files (1-64 KiB, {os.path.getsize(archive) >> 20} MiB)", tar),
         ("cp into the mount", "cp -r of the same tree and a 128 MiB file", cp),
         ("SQLite WAL", f"{inserts} autocommit inserts, journal_mode=WAL", sqlite_script(wal)),
         ("SQLite rollback journal", f"{inserts} autocommit inserts, journal_mode=DELETE",
          sqlite_script(rollback)),
     ]
+    pg = postgres_bin()
+    if pg:
+        workloads.append(("pgbench -i", "pgbench -i -s 8 (server through the shim or not)",
+                          lambda prefix: pgbench_init(pg, mount, prefix)))
+    return workloads
+
+
+def postgres_bin():
+    """Debian's PostgreSQL binaries, if installed."""
+    root = "/usr/lib/postgresql"
+    if not os.path.isdir(root):
+        return None
+    for v in sorted(os.listdir(root), reverse=True):
+        b = os.path.join(root, v, "bin")
+        if os.path.exists(os.path.join(b, "postgres")):
+            return b
+    return None
+
+
+def pgbench_init(bin_dir, mount, prefix):
+    """Seconds of `pgbench -i` against a fresh cluster on the mount whose
+    server runs with `prefix` (the shim) or without."""
+    data = os.path.join(mount, "pgbench-data")
+    sockets = tempfile.mkdtemp(prefix="moneta-pgbench-")
+    subprocess.run(["rm", "-rf", data], check=True)
+    os.makedirs(data)
+    for d in (data, sockets):
+        run(["chown", "postgres:postgres", d])
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    run(as_pg + [os.path.join(bin_dir, "initdb"), "-D", data, "--no-sync"])
+    run(as_pg + prefix + [os.path.join(bin_dir, "pg_ctl"), "start", "-w", "-D", data, "-l",
+                          os.path.join(data, "log"), "-o",
+                          f"-k {sockets} -c listen_addresses=''"])
+    try:
+        return timed(as_pg + [os.path.join(bin_dir, "pgbench"), "-h", sockets, "-i", "-s", "8",
+                              "-q", "postgres"])
+    finally:
+        subprocess.run(as_pg + [os.path.join(bin_dir, "pg_ctl"), "stop", "-m", "fast", "-w",
+                                "-D", data], capture_output=True)
+        subprocess.run(["rm", "-rf", sockets])
 
 
 def growth(shim, mount, repeats):
