@@ -173,6 +173,9 @@ pub struct FileTable {
     /// The pid of each session's client (their descriptors opened before a
     /// watch are announced through the shim, not blind).
     session_pids: Mutex<HashMap<u64, i32>>,
+    /// Where the watched file system is mounted (the /proc scans look only
+    /// at descriptors under it).
+    mount_root: Mutex<Option<std::path::PathBuf>>,
     me: Weak<FileTable>,
 }
 
@@ -185,6 +188,7 @@ impl FileTable {
             watch: OnceLock::new(),
             sentinel: Mutex::new(None),
             session_pids: Mutex::new(HashMap::new()),
+            mount_root: Mutex::new(None),
             me: me.clone(),
         })
     }
@@ -275,6 +279,7 @@ impl FileTable {
         })?;
         watcher.watch(fd.as_raw_fd())?;
         *sentinel = Some(fd);
+        *self.mount_root.lock().expect("mount root") = Some(mount_point_of(dir));
         Ok(())
     }
 
@@ -329,7 +334,8 @@ impl FileTable {
             .values()
             .copied()
             .collect();
-        sys::inode_open_elsewhere(inode.dev, inode.ino, &pids)
+        let root = self.mount_root.lock().expect("mount root").clone();
+        sys::inode_open_elsewhere(inode.dev, inode.ino, &pids, root.as_deref())
     }
 
     /// If `inode` is blind and was not checked lately: once no process
@@ -725,6 +731,26 @@ impl FileTable {
 /// Revocations start at a multiple of this (no file system here has
 /// bigger blocks), so the block holding the changed offset is included.
 const BLOCK_FLOOR: u64 = 64 << 10;
+
+/// The mount point of the file system holding `dir` (the nearest
+/// ancestor on another device, or `/`); `dir` itself if unknown.
+fn mount_point_of(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = dir.canonicalize() else {
+        return dir.to_path_buf();
+    };
+    let Ok(dev) = std::fs::metadata(&dir).map(|m| m.dev()) else {
+        return dir;
+    };
+    let mut at = dir.as_path();
+    while let Some(parent) = at.parent() {
+        if std::fs::metadata(parent).map_or(true, |m| m.dev() != dev) {
+            break;
+        }
+        at = parent;
+    }
+    at.to_path_buf()
+}
 
 /// Write the file's dirty pages to the device, then drop its clean cached
 /// pages (they may predate direct writes).

@@ -560,9 +560,16 @@ pub fn open_tmpfile(dir: &std::path::Path) -> io::Result<OwnedFd> {
 }
 
 /// Whether a process other than those in `except` (and this one) has the
-/// file (dev, ino) open (a /proc/PID/fd entry names it). Processes that
-/// exit meanwhile are skipped.
-pub fn inode_open_elsewhere(dev: u64, ino: u64, except: &[i32]) -> bool {
+/// file (dev, ino) open (a /proc/PID/fd entry names it). Only descriptors
+/// whose path lies under `under` are examined (when given): a stat of a
+/// descriptor on a hung network file system would hang the scan.
+/// Processes that exit meanwhile are skipped.
+pub fn inode_open_elsewhere(
+    dev: u64,
+    ino: u64,
+    except: &[i32],
+    under: Option<&std::path::Path>,
+) -> bool {
     use std::os::unix::fs::MetadataExt;
     let me = std::process::id() as i32;
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -582,9 +589,11 @@ pub fn inode_open_elsewhere(dev: u64, ino: u64, except: &[i32]) -> bool {
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
             continue;
         };
-        let open = fds
-            .flatten()
-            .any(|f| std::fs::metadata(f.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino));
+        let open = fds.flatten().any(|f| {
+            let path = f.path();
+            under.is_none_or(|u| std::fs::read_link(&path).is_ok_and(|t| t.starts_with(u)))
+                && std::fs::metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino)
+        });
         if open {
             return true;
         }

@@ -322,6 +322,20 @@ fn check_offset(offset: i64) -> Result<u64, c_int> {
 
 // ---- open -----------------------------------------------------------------
 
+/// Whether `path` (relative to `dir`) names an existing regular file on the
+/// mount (a stat, so nothing but such a file is ever opened early).
+fn regular_on_mount(dir: c_int, path: *const c_char) -> bool {
+    enter(|| {
+        let dev = shim().mount_dev?;
+        // SAFETY: fstatat into a zeroed struct with the caller's path.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let ok = unsafe { libc::fstatat(dir, path, &mut st, 0) } == 0;
+        Some(ok && st.st_dev == dev && st.st_mode & libc::S_IFMT == libc::S_IFREG)
+    })
+    .flatten()
+    .unwrap_or(false)
+}
+
 /// An open(2) of `path` (relative to `dir`) with `flags`: an O_TRUNC open of
 /// a file on the mount is a layout change monetad hears of first; a regular
 /// file on the mount that opened is handled by the shim from then on.
@@ -331,7 +345,7 @@ fn open_with(
     flags: c_int,
     real_open: impl FnOnce() -> c_int,
 ) -> c_int {
-    let fd = if flags & libc::O_TRUNC != 0 {
+    let fd = if flags & libc::O_TRUNC != 0 && regular_on_mount(dir, path) {
         layout_change_by_path(
             // SAFETY: the caller's path, opened for writing without side
             // effects (no O_CREAT, no O_TRUNC).
@@ -835,6 +849,9 @@ fn layout_change_by_path<T>(
 }
 
 fn do_truncate(path: *const c_char, len: i64, real_truncate: impl FnOnce() -> c_int) -> c_int {
+    if !regular_on_mount(libc::AT_FDCWD, path) {
+        return real_truncate();
+    }
     layout_change_by_path(
         // SAFETY: the caller's path, opened for writing without side effects.
         || unsafe {
