@@ -82,10 +82,22 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        let _ = moneta()
-            .args(["down", "--purge", "--mount"])
-            .arg(&self.mount)
-            .output();
+        // A child the test started may still be exiting: try again briefly.
+        for attempt in 0..10 {
+            let o = moneta()
+                .args(["down", "--purge", "--mount"])
+                .arg(&self.mount)
+                .output();
+            match o {
+                Ok(o) if o.status.success() => break,
+                Ok(o) if attempt == 9 => eprintln!(
+                    "moneta down {} failed: {}",
+                    self.mount.display(),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                _ => std::thread::sleep(std::time::Duration::from_millis(300)),
+            }
+        }
         let _ = std::fs::remove_dir(&self.mount);
     }
 }
