@@ -71,9 +71,13 @@ int main(int argc, char **argv) {
     SAY("open %d\n", fd >= 0);
     fill(buf, 10000, 1);
     SAY("write %zd\n", write(fd, buf, 10000));
-    /* A file being created is the kernel's until its first fsync; from
-       here on the shim serves it directly. */
+    /* A file being created is the kernel's until its first fsync (and what
+       it wrote stays on the kernel path for that open file): reopened,
+       the shim serves it directly. */
     SAY("fsync %d\n", fsync(fd));
+    close(fd);
+    fd = open(path("a"), O_RDWR);
+    SAY("reopen %d\n", fd >= 0);
     SAY("lseek cur %lld\n", (long long)lseek(fd, 0, SEEK_CUR));
     SAY("lseek set %lld\n", (long long)lseek(fd, 1000, SEEK_SET));
     show_read("after set", fd, 3000);

@@ -537,10 +537,28 @@ impl MonetaFile {
             }
             if self.id().is_some() || self.len()? >= DIRECT_AFTER_SYNC_BYTES {
                 pages.clear();
+                // Cached copies of them go stale under direct writes.
+                self.wrote_directly.store(true, Ordering::Release);
             }
         }
         drop(pages);
         self.drop_stale_cache()
+    }
+
+    /// Everything in the file so far was written through the kernel by
+    /// this handle's open file (the shim serves a file being created
+    /// through the kernel until its first fsync): it stays on the kernel
+    /// path like any of this handle's kernel pages.
+    pub fn written_through_the_kernel(&self) -> Result<(), EmuError> {
+        let size = self.len()?;
+        if size > 0 {
+            add_range(
+                &mut self.kernel_pages.lock().expect("kernel pages"),
+                0,
+                page_ceil(size),
+            );
+        }
+        Ok(())
     }
 
     /// Truncate or extend through the kernel, after every channel's records

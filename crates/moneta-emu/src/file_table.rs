@@ -164,12 +164,10 @@ pub struct FileTable {
     /// The kernel's reports of layout changes by any process (started with
     /// the first file; None if this kernel cannot).
     watch: OnceLock<Option<LayoutWatch>>,
-    /// An unnamed file (O_TMPFILE) on the watched file system, marked for
-    /// pre-content events for as long as the daemon runs: the kernel
-    /// decides at each open whether that open file will report accesses,
-    /// and only does so while the file system has such a mark (so a file
-    /// opened while nothing was watched would never report its writes).
-    sentinel: Mutex<Option<OwnedFd>>,
+    /// Whether the file system is covered (every open from then on can
+    /// report, [`LayoutWatch::cover_file_system`]), and the inodes some
+    /// process had open on it before that (their opens cannot report).
+    covered: Mutex<Option<std::collections::HashSet<InodeId>>>,
     /// The pid of each session's client (their descriptors opened before a
     /// watch are announced through the shim, not blind).
     session_pids: Mutex<HashMap<u64, i32>>,
@@ -186,7 +184,7 @@ impl FileTable {
             table: Mutex::new(Table::default()),
             stats: Mutex::new(FileTableStats::default()),
             watch: OnceLock::new(),
-            sentinel: Mutex::new(None),
+            covered: Mutex::new(None),
             session_pids: Mutex::new(HashMap::new()),
             mount_root: Mutex::new(None),
             me: me.clone(),
@@ -257,9 +255,10 @@ impl FileTable {
     }
 
     /// Watch the file system holding directory `dir` from now on (monetad
-    /// does at start, before any program opens a file there): an unnamed
-    /// sentinel file there is marked, so every later open on that file
-    /// system can report its accesses.
+    /// does at start, before programs open files there): every open from
+    /// now on can report its accesses, and the files open on it already
+    /// (a daemon restart) are noted — a process outside the shim with such
+    /// an open keeps the file from being granted.
     pub fn watch_file_system(&self, dir: &std::path::Path) -> Result<(), EmuError> {
         let watcher = self.watcher().ok_or_else(|| {
             EmuError::new(
@@ -267,19 +266,14 @@ impl FileTable {
                 "this kernel cannot report layout changes (no fanotify pre-content events)",
             )
         })?;
-        let mut sentinel = self.sentinel.lock().expect("sentinel");
-        if sentinel.is_some() {
+        let mut covered = self.covered.lock().expect("covered");
+        if covered.is_some() {
             return Ok(());
         }
-        let fd = sys::open_tmpfile(dir).map_err(|e| {
-            EmuError::io(
-                &format!("creating the watch sentinel in {}", dir.display()),
-                e,
-            )
-        })?;
-        watcher.watch(fd.as_raw_fd())?;
-        *sentinel = Some(fd);
-        *self.mount_root.lock().expect("mount root") = Some(mount_point_of(dir));
+        watcher.cover_file_system(dir)?;
+        let root = mount_point_of(dir);
+        *covered = Some(sys::inodes_open_under(&root));
+        *self.mount_root.lock().expect("mount root") = Some(root);
         Ok(())
     }
 
@@ -288,7 +282,7 @@ impl FileTable {
     pub fn open(&self, channel: u16, file_id: u32, file: GrantedFile) {
         self.recheck_all_mapped();
         let watcher = self.watcher();
-        if watcher.is_some() && self.sentinel.lock().expect("sentinel").is_none() {
+        if watcher.is_some() && self.covered.lock().expect("covered").is_none() {
             // Not told where the file system is: next to this file.
             if let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{}", file.raw_fd())) {
                 if let Some(dir) = path.parent() {
@@ -305,9 +299,16 @@ impl FileTable {
                 match w.watch(file.raw_fd()) {
                     Ok(()) => {
                         st.watched_since = Some(Instant::now());
-                        // Opens from before the watch cannot report: if a
-                        // process outside the shim has one, grant nothing.
-                        if self.open_outside_the_shim(inode) {
+                        // Opens from before the file system was covered
+                        // cannot report: if a process outside the shim
+                        // has one, grant nothing.
+                        let early = self
+                            .covered
+                            .lock()
+                            .expect("covered")
+                            .as_ref()
+                            .is_none_or(|early| early.contains(&inode));
+                        if early && self.open_outside_the_shim(inode) {
                             st.blind = Some(Instant::now());
                         }
                     }

@@ -538,27 +538,6 @@ pub fn write_back_range(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// An unnamed regular file in directory `dir`'s file system (O_TMPFILE):
-/// it has an inode but no name, and disappears with its last descriptor.
-pub fn open_tmpfile(dir: &std::path::Path) -> io::Result<OwnedFd> {
-    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
-        .map_err(|_| io::ErrorKind::InvalidInput)?;
-    // SAFETY: open(2) with a NUL-terminated path; the result is a new
-    // descriptor or -1.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            libc::O_TMPFILE | libc::O_RDWR | libc::O_CLOEXEC,
-            0o600,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor we just opened and own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 /// Whether a process other than those in `except` (and this one) has the
 /// file (dev, ino) open (a /proc/PID/fd entry names it). Only descriptors
 /// whose path lies under `under` are examined (when given): a stat of a
@@ -599,4 +578,44 @@ pub fn inode_open_elsewhere(
         }
     }
     false
+}
+
+/// The inodes (dev, ino) of every regular file some process (other than
+/// this one) has open under directory `root` (by the descriptor's path).
+pub fn inodes_open_under(
+    root: &std::path::Path,
+) -> std::collections::HashSet<crate::files::InodeId> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::process::id().to_string();
+    let mut found = std::collections::HashSet::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if name
+            .to_str()
+            .is_none_or(|n| n == me || !n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for f in fds.flatten() {
+            let path = f.path();
+            if !std::fs::read_link(&path).is_ok_and(|t| t.starts_with(root)) {
+                continue;
+            }
+            if let Ok(m) = std::fs::metadata(&path) {
+                if m.is_file() {
+                    found.insert(crate::files::InodeId {
+                        dev: m.dev(),
+                        ino: m.ino(),
+                    });
+                }
+            }
+        }
+    }
+    found
 }

@@ -937,12 +937,12 @@ fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
     if r == 0 {
         let _ = ours(fd, |of| {
             if of.fresh.swap(false, Ordering::AcqRel) {
-                // A file being created is on the device now, and the direct
-                // path serves it from here on: the kernel's cached copy
-                // would go stale under direct writes, so it goes (a crash
-                // recovery through the kernel would otherwise read it).
-                // SAFETY: advice on the caller's descriptor.
-                unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+                // A file being created is on the device now. What it holds
+                // was written through the kernel: it stays this handle's
+                // kernel pages (a small file only ever grown — a journal —
+                // never costs a control-plane round trip; a big one goes
+                // direct at its next fsync, its cached copy dropped then).
+                let _ = with_file(of, |_, f| f.written_through_the_kernel().map_err(io_error));
             } else {
                 let _ = with_file(of, |m, f| f.synced(m).map_err(io_error));
             }
