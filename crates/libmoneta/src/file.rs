@@ -47,7 +47,7 @@ use moneta_emu::control::{DirectAccess, FileExtent, Request, Response};
 use moneta_emu::sys;
 use moneta_emu::{EmuError, ErrorKind};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 /// Page granularity of the kernel's cache.
@@ -193,6 +193,8 @@ pub struct MonetaFile {
     device_bytes: Option<u64>,
     block_bytes: u64,
     registration: Mutex<Registration>,
+    /// File id + 1 once granted, 0 before.
+    granted_id: AtomicU32,
     /// The translation map: sorted, non-overlapping, gaps unknown.
     map: RwLock<Vec<Segment>>,
     /// The channel's LAYOUT EPOCH the map was built under.
@@ -263,6 +265,7 @@ impl Moneta {
             device_bytes,
             block_bytes: (st.st_blksize as u64).max(1),
             registration: Mutex::new(Registration::Pending),
+            granted_id: AtomicU32::new(0),
             map: RwLock::new(Vec::new()),
             epoch: AtomicU64::new(0),
             kernel_pages: Mutex::new(Vec::new()),
@@ -323,9 +326,11 @@ fn page_ceil(x: u64) -> u64 {
 impl MonetaFile {
     /// The file's id on its channel, once the control plane has it.
     pub fn id(&self) -> Option<u32> {
-        match *self.registration.lock().expect("registration") {
-            Registration::Granted(id) => Some(id),
-            _ => None,
+        // The file id, copied out of the registration once granted (a
+        // lock-free read on every request).
+        match self.granted_id.load(Ordering::Acquire) {
+            0 => None,
+            id => Some(id - 1),
         }
     }
 
@@ -369,6 +374,7 @@ impl MonetaFile {
                             let _ = self.kernel_fd.set(twin);
                         }
                     }
+                    self.granted_id.store(file_id + 1, Ordering::Release);
                     Registration::Granted(file_id)
                 }
                 Ok(other) => return Err(unexpected(other)),
@@ -767,7 +773,16 @@ impl MonetaFile {
     /// handle's kernel pages (and everything, if `kernel`, or if the daemon
     /// does not serve the file) sent to the kernel.
     fn plan(&self, m: &Moneta, from: u64, to: u64, kernel: bool) -> Result<Vec<Segment>, EmuError> {
-        let pages = self.kernel_pages.lock().expect("kernel pages").clone();
+        // Only the kernel pages this request touches (usually none).
+        let pages: Vec<(u64, u64)> = {
+            let all = self.kernel_pages.lock().expect("kernel pages");
+            let first = all.partition_point(|r| r.1 <= from);
+            all[first..]
+                .iter()
+                .take_while(|r| r.0 < to)
+                .copied()
+                .collect()
+        };
         let mut out = Vec::new();
         let mut at = from;
         let mut i = pages.partition_point(|r| r.1 <= from);

@@ -82,19 +82,27 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        // A child the test started may still be exiting: try again briefly.
-        for attempt in 0..10 {
+        // A child the test started may still be exiting: try again briefly;
+        // then say who holds the mount, end them, and take it down.
+        for attempt in 0..12 {
             let o = moneta()
                 .args(["down", "--purge", "--mount"])
                 .arg(&self.mount)
                 .output();
             match o {
                 Ok(o) if o.status.success() => break,
-                Ok(o) if attempt == 9 => eprintln!(
-                    "moneta down {} failed: {}",
-                    self.mount.display(),
-                    String::from_utf8_lossy(&o.stderr)
-                ),
+                Ok(o) if attempt == 10 => {
+                    eprintln!(
+                        "moneta down {} failed: {}",
+                        self.mount.display(),
+                        String::from_utf8_lossy(&o.stderr)
+                    );
+                    let _ = std::process::Command::new("fuser")
+                        .args(["-k", "-m"])
+                        .arg(&self.mount)
+                        .status();
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                }
                 _ => std::thread::sleep(std::time::Duration::from_millis(300)),
             }
         }
