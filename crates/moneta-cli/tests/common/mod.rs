@@ -97,10 +97,22 @@ impl Drop for Mounted {
                         self.mount.display(),
                         String::from_utf8_lossy(&o.stderr)
                     );
-                    let _ = std::process::Command::new("fuser")
-                        .args(["-k", "-m"])
+                    // fuser prints the pids on stdout; never this process.
+                    let me = std::process::id();
+                    if let Ok(out) = std::process::Command::new("fuser")
+                        .arg("-m")
                         .arg(&self.mount)
-                        .status();
+                        .output()
+                    {
+                        for pid in String::from_utf8_lossy(&out.stdout)
+                            .split_whitespace()
+                            .filter_map(|p| p.parse::<u32>().ok())
+                            .filter(|&p| p != me)
+                        {
+                            // SAFETY: kill(2) of a process holding the test's mount.
+                            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                        }
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(300));
                 }
                 _ => std::thread::sleep(std::time::Duration::from_millis(300)),
