@@ -12,22 +12,6 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The pid of the mount's monetad (from its socket, as `moneta down` finds it).
-fn daemon_pid(m: &Mounted) -> i32 {
-    let socket = m.socket();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
-                args.contains(&b"serve".as_slice()) && args.contains(&socket.as_bytes())
-            })
-        })
-        .expect("monetad's pid")
-}
-
 /// Wait for `child` to end within `bound`; kill it and fail if it does not.
 fn ends_within(child: &mut Child, bound: Duration, what: &str) {
     let t0 = Instant::now();
@@ -109,8 +93,7 @@ fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
         }
         committed.push(last);
     }
-    // SAFETY: kill(2) of the daemon this test started.
-    unsafe { libc::kill(daemon_pid(&m), libc::SIGKILL) };
+    m.kill_daemon();
     for (i, (mode, _, child, lines)) in committers.iter_mut().enumerate() {
         // Whatever it printed before failing was committed too.
         for line in lines.by_ref() {

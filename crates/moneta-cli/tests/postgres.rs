@@ -175,29 +175,6 @@ impl Drop for Server {
     }
 }
 
-/// The pid of the mount's monetad.
-fn daemon_pid(m: &Mounted) -> i32 {
-    let out = ok(
-        moneta()
-            .args(["status", "--format", "json"])
-            .output()
-            .unwrap(),
-        "moneta status",
-    );
-    let all: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let inst = all
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|i| i["mount"].as_str() == m.mount.to_str())
-        .expect("the instance")
-        .clone();
-    inst["daemon_pid"]
-        .as_i64()
-        .or_else(|| inst["daemon"]["pid"].as_i64())
-        .unwrap_or_else(|| panic!("no daemon pid in {inst}")) as i32
-}
-
 #[test]
 fn postgres_through_the_shim_survives_pgbench_and_a_killed_device() {
     if !root() {
@@ -261,8 +238,7 @@ fn postgres_through_the_shim_survives_pgbench_and_a_killed_device() {
         .spawn()
         .unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    // SAFETY: kill(2) of the daemon this test started.
-    unsafe { libc::kill(daemon_pid(&m), libc::SIGKILL) };
+    m.kill_daemon();
     let t0 = Instant::now();
     loop {
         if load.try_wait().unwrap().is_some() {

@@ -244,46 +244,52 @@ os.close(fd)
     });
 }
 
-#[test]
-fn a_plain_truncate_of_a_held_file_revokes_the_holder() {
-    layout_change_then_reuse("xfs", "plain-truncate", &|_, x| {
+/// A plain program (`args`, then the file) as the layout change.
+fn plain_change(args: &'static [&'static str]) -> impl Fn(&Mounted, &Path) {
+    move |_, x| {
         ok(
-            Command::new("truncate")
-                .args(["-s", "0"])
+            Command::new(args[0])
+                .args(&args[1..])
                 .arg(x)
                 .output()
                 .unwrap(),
-            "truncate -s 0",
+            &args.join(" "),
         );
-    });
+    }
+}
+
+#[test]
+fn a_plain_truncate_of_a_held_file_revokes_the_holder() {
+    layout_change_then_reuse(
+        "xfs",
+        "plain-truncate",
+        &plain_change(&["truncate", "-s", "0"]),
+    );
 }
 
 #[test]
 fn a_plain_hole_punch_in_a_held_file_revokes_the_holder() {
-    layout_change_then_reuse("xfs", "plain-punch", &|_, x| {
-        ok(
-            Command::new("fallocate")
-                .args(["--punch-hole", "--offset", "0", "--length", "4194304"])
-                .arg(x)
-                .output()
-                .unwrap(),
-            "fallocate --punch-hole",
-        );
-    });
+    layout_change_then_reuse(
+        "xfs",
+        "plain-punch",
+        &plain_change(&[
+            "fallocate",
+            "--punch-hole",
+            "--offset",
+            "0",
+            "--length",
+            "4194304",
+        ]),
+    );
 }
 
 #[test]
 fn a_plain_truncate_of_a_held_file_on_ext4_revokes_the_holder() {
-    layout_change_then_reuse("ext4", "plain-truncate-ext4", &|_, x| {
-        ok(
-            Command::new("truncate")
-                .args(["-s", "0"])
-                .arg(x)
-                .output()
-                .unwrap(),
-            "truncate -s 0",
-        );
-    });
+    layout_change_then_reuse(
+        "ext4",
+        "plain-truncate-ext4",
+        &plain_change(&["truncate", "-s", "0"]),
+    );
 }
 
 #[test]

@@ -75,6 +75,41 @@ impl Mounted {
         serde_json::from_str(&out).unwrap()
     }
 
+    /// The pid of this mount's monetad (found by its socket, as `moneta
+    /// down` finds it).
+    pub fn daemon_pid(&self) -> i32 {
+        let socket = self.socket();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    let args: Vec<&[u8]> = c.split(|&b| b == 0).collect();
+                    args.contains(&b"serve".as_slice()) && args.contains(&socket.as_bytes())
+                })
+            })
+            .expect("monetad's pid")
+    }
+
+    /// Kill this mount's monetad (SIGKILL), as a crash would.
+    pub fn kill_daemon(&self) {
+        // SAFETY: kill(2) of the daemon this test started.
+        unsafe { libc::kill(self.daemon_pid(), libc::SIGKILL) };
+    }
+
+    /// `moneta up` again on this mount (after a crash: it repairs).
+    pub fn up_again(&self) {
+        ok(
+            moneta()
+                .args(["up", "--mount"])
+                .arg(&self.mount)
+                .output()
+                .unwrap(),
+            "moneta up after the crash",
+        );
+    }
+
     pub fn device_requests(&self) -> u64 {
         self.stats()["requests_completed"].as_u64().unwrap()
     }
