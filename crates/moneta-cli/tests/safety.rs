@@ -598,3 +598,75 @@ os.fsync(fd)
         true,
     );
 }
+
+#[test]
+fn a_plain_mapping_and_a_direct_holder_see_each_others_writes() {
+    if !root() {
+        return;
+    }
+    let m = Mounted::up("mmap-mixed", "xfs", "512M");
+    let f = m.path("f");
+    std::fs::write(&f, vec![b'.'; 1 << 20]).unwrap();
+    // The holder reads directly first (it holds records), then waits.
+    let holder = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+assert os.pread(fd, 4096, 0) == b"." * 4096
+print("holding", flush=True)
+sys.stdin.readline()
+seen = os.pread(fd, 4, 4096)
+os.pwrite(fd, b"H" * 4096, 8192)
+os.fsync(fd)
+print(seen.decode(), flush=True)
+sys.stdin.readline()
+"#;
+    let mapper = r#"
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+mp = mmap.mmap(fd, 1 << 20)
+mp[4096:4100] = b"MMAP"
+mp.flush()
+print("stored", flush=True)
+sys.stdin.readline()
+print(mp[8192:8196].decode(), flush=True)
+"#;
+    let mut h = Reaper(
+        python(&m, holder, &[f.to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut h_out = BufReader::new(h.0.stdout.take().unwrap()).lines();
+    let mut h_in = h.0.stdin.take().unwrap();
+    assert_eq!(h_out.next().unwrap().unwrap(), "holding");
+    assert!(
+        m.device_requests() > 0,
+        "the holder is not on the direct path"
+    );
+    let mut p = Reaper(
+        plain_python(mapper, &[f.to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut p_out = BufReader::new(p.0.stdout.take().unwrap()).lines();
+    let mut p_in = p.0.stdin.take().unwrap();
+    assert_eq!(p_out.next().unwrap().unwrap(), "stored");
+    writeln!(h_in, "go").unwrap();
+    assert_eq!(
+        h_out.next().unwrap().unwrap(),
+        "MMAP",
+        "the holder read around a plain process's store through its mapping"
+    );
+    writeln!(p_in, "go").unwrap();
+    assert_eq!(
+        p_out.next().unwrap().unwrap(),
+        "HHHH",
+        "the mapping missed the holder's write"
+    );
+    assert!(m.stats()["files"]["inodes_mapped"].as_u64().unwrap() >= 1);
+    writeln!(h_in, "done").unwrap();
+    assert!(p.0.wait().unwrap().success() && h.0.wait().unwrap().success());
+}
