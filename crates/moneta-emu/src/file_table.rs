@@ -27,10 +27,15 @@
 //!   system-call path") until no process maps it any more (checked in
 //!   /proc, so forks, exits and programs outside the shim count too).
 //!
-//! Each holder channel's LAYOUT EPOCH word is bumped on every revocation,
-//! so libraries drop cached translation maps (coherency; protection is the
-//! device's). The daemon keeps a descriptor of every held file, so even an
-//! unlinked file's blocks stay allocated until its records are gone.
+//! - A file a process outside the shim opened before the file system was
+//!   covered (its open cannot report accesses) is *blind*: granted to no
+//!   channel until no such open is left (checked in /proc).
+//!
+//! Each holder's LAYOUT EPOCH word (per file, in its channel's shared page)
+//! is bumped on every revocation and when changes end, so libraries drop
+//! cached translation maps (coherency; protection is the device's). The
+//! daemon keeps a descriptor of every held file, so even an unlinked file's
+//! blocks stay allocated until its records are gone.
 
 use crate::control::FileExtent;
 use crate::engine::Engine;
