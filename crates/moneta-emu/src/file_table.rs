@@ -202,7 +202,9 @@ impl FileTable {
 
     pub fn stats(&self) -> FileTableStats {
         let t = self.lock();
-        let watch = self.watcher().map(|w| w.stats()).unwrap_or_default();
+        // Only if started: statistics must not start the watcher.
+        let started = self.watch.get().and_then(|w| w.as_ref());
+        let watch = started.map(|w| w.stats()).unwrap_or_default();
         FileTableStats {
             files_open: t.files.len() as u64,
             inodes_held: t.inodes.values().filter(|s| !s.holders.is_empty()).count() as u64,
@@ -212,7 +214,7 @@ impl FileTable {
                 .values()
                 .filter(|s| s.watched_since.is_some())
                 .count() as u64,
-            layout_watch: self.watcher().is_some(),
+            layout_watch: started.is_some(),
             kernel_events: watch.events,
             kernel_event_handler_ns_max: watch.handler_ns_max,
             ..*self.stats.lock().expect("stats")
