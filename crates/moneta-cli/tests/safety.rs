@@ -670,3 +670,65 @@ print(mp[8192:8196].decode(), flush=True)
     writeln!(h_in, "done").unwrap();
     assert!(p.0.wait().unwrap().success() && h.0.wait().unwrap().success());
 }
+
+#[test]
+fn forking_while_another_thread_does_direct_io_does_not_hang_the_child() {
+    if !root() {
+        return;
+    }
+    let m = Mounted::up("fork-threads", "xfs", "512M");
+    for name in ["busy", "child"] {
+        std::fs::write(m.path(name), vec![b'.'; 1 << 20]).unwrap();
+    }
+    // One thread reads one file directly without pause (and opens and
+    // closes files, taking the shim's table and channel locks) while the
+    // main thread forks; each child writes the other file and exits.
+    let script = r#"
+import os, sys, threading
+busy, child = sys.argv[1], sys.argv[2]
+stop = False
+def reader():
+    while not stop:
+        fd = os.open(busy, os.O_RDONLY)
+        for i in range(64):
+            os.pread(fd, 4096, (i * 4096) % (1 << 20))
+        os.close(fd)
+t = threading.Thread(target=reader)
+t.start()
+cfd = os.open(child, os.O_RDWR)
+for i in range(40):
+    pid = os.fork()
+    if pid == 0:
+        os.pwrite(cfd, b"%04d" % i, i * 4)
+        os.fsync(cfd)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, status
+stop = True
+t.join()
+print(os.pread(cfd, 160, 0).decode())
+"#;
+    let mut c = m
+        .run(
+            "timeout",
+            &[
+                "60",
+                "python3",
+                "-c",
+                script,
+                m.path("busy").to_str().unwrap(),
+                m.path("child").to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(c.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert!(
+        c.wait().unwrap().success(),
+        "a forked child hung or failed: {out}"
+    );
+    let want: String = (0..40).map(|i| format!("{i:04}")).collect();
+    assert_eq!(out.trim(), want, "every child's write is there");
+}

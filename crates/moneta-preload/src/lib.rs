@@ -88,11 +88,18 @@ fn fail<T: From<i8>>(e: c_int) -> T {
 static INIT: extern "C" fn() = init;
 
 extern "C" fn init() {
+    extern "C" fn prepare() {
+        shim().before_fork();
+    }
+    extern "C" fn parent() {
+        shim().after_fork_in_parent();
+    }
     extern "C" fn child() {
         shim().after_fork_in_child();
     }
-    // SAFETY: registering a fork handler with no prepare/parent handlers.
-    unsafe { libc::pthread_atfork(None, None, Some(child)) };
+    // SAFETY: registering fork handlers that only take and release the
+    // shim's own locks and forget the parent's channel in the child.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
 /// After the real open returned `fd`: if the file is on the Moneta mount,

@@ -7,9 +7,12 @@
 //! and SCM_RIGHTS.
 //!
 //! Fork: the child shares the parent's channel pages and control socket, and
-//! must not use them (their tags belong to the parent). A pthread_atfork
-//! child handler forgets them; the child opens its own channel on its next
-//! access and re-registers each inherited descriptor with it.
+//! must not use them (their tags belong to the parent). pthread_atfork
+//! handlers take the shim's own locks before the fork (so no other thread
+//! holds one when the child is made) and the child's handler forgets the
+//! parent's channel; the child opens its own on its next access and
+//! re-registers each inherited descriptor with it. (A per-file lock held by
+//! another thread at the fork can still block the child on that file.)
 
 use moneta::file::MonetaFile;
 use moneta::Moneta;
@@ -185,16 +188,57 @@ impl Shim {
         (!shared).then_some(f)
     }
 
-    /// In a forked child: drop the parent's channel without touching it.
+    /// Before fork (pthread_atfork prepare): take the shim's own locks, so
+    /// no other thread holds one at the moment of the fork (the child has
+    /// only this thread and could never get it back).
+    pub fn before_fork(&'static self) {
+        let guards = ForkGuards {
+            files: self.files.write().unwrap_or_else(|e| e.into_inner()),
+            moneta: self.moneta.lock().unwrap_or_else(|e| e.into_inner()),
+            mappings: self.mappings.lock().unwrap_or_else(|e| e.into_inner()),
+        };
+        FORK_GUARDS.with(|g| *g.borrow_mut() = Some(guards));
+    }
+
+    /// After fork, in the parent: give the locks back.
+    pub fn after_fork_in_parent(&self) {
+        FORK_GUARDS.with(|g| drop(g.borrow_mut().take()));
+    }
+
+    /// In a forked child: drop the parent's channel without touching it,
+    /// then give the locks back.
     pub fn after_fork_in_child(&self) {
-        if let Ok(mut m) = self.moneta.lock() {
-            // Forget, not drop: nothing of the parent's may be sent or unmapped
-            // in a way that could disturb it (dropping only closes our copies,
-            // but forgetting is the simplest thing that is certainly safe).
-            std::mem::forget(m.take());
+        let guards = FORK_GUARDS.with(|g| g.borrow_mut().take());
+        match guards {
+            Some(mut g) => {
+                // Forget, not drop: nothing of the parent's may be sent or
+                // unmapped in a way that could disturb it (dropping only
+                // closes our copies, but forgetting is the simplest thing
+                // that is certainly safe).
+                std::mem::forget(g.moneta.take());
+            }
+            None => {
+                if let Ok(mut m) = self.moneta.lock() {
+                    std::mem::forget(m.take());
+                }
+            }
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
+}
+
+/// The shim's locks, held by the forking thread across fork.
+struct ForkGuards {
+    #[allow(dead_code)] // held, never read
+    files: std::sync::RwLockWriteGuard<'static, Vec<Option<Arc<OpenFile>>>>,
+    moneta: std::sync::MutexGuard<'static, Option<Moneta>>,
+    #[allow(dead_code)] // held, never read
+    mappings: std::sync::MutexGuard<'static, Vec<FileMapping>>,
+}
+
+thread_local! {
+    static FORK_GUARDS: std::cell::RefCell<Option<ForkGuards>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// A message on stderr (the shim never fails a call just to say something).
