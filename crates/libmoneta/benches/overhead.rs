@@ -9,14 +9,18 @@
 //!   with pread(2) on a tmpfs file of the same size in /dev/shm;
 //! - 512 B random reads at queue depth 32 through libmoneta's asynchronous API.
 //!
-//! Targets: libmoneta's mean latency at least 3× lower than pread's, and at
-//! least 1.5 M IOPS at queue depth 32. The two sides alternate over several
-//! rounds and the median round is reported, so both see the same machine.
+//! Targets: libmoneta's mean latency at least 3× lower than pread's; the
+//! 512 B QD1 latency at most 2× the raw cross-core cache-line round trip
+//! measured in the same run (the floor of any design with a device thread:
+//! the command crosses to the device's core, the completion crosses back;
+//! issue 9 item 4); at least 3 M IOPS at queue depth 32 from one client
+//! thread (Moneta-D reached 1.8 M). The sides alternate over several rounds
+//! and the median round is reported, so all see the same machine.
 //!
 //! `cargo bench -p libmoneta --bench overhead` (add `-- --smoke` for the
 //! short CI run; `-- --json PATH` writes the results as JSON).
 
-use moneta::bench::{self, BenchSpec};
+use moneta::bench::{self, cross_core_round_trip_ns, BenchSpec};
 use moneta::{CompletionMode, Moneta};
 use moneta_emu::control::ControlPlane;
 use moneta_emu::daemon::Daemon;
@@ -62,6 +66,8 @@ fn main() {
         region >> 20
     );
     let mut results = Vec::new();
+    let rtt = cross_core_round_trip_ns(if smoke { 20_000 } else { 200_000 }, 5);
+    println!("raw cross-core cache-line round trip: {rtt:.0} ns (median of 5)");
     for size in [512u64, 4096] {
         let mut pread_ns = Vec::new();
         let mut moneta_ns = Vec::new();
@@ -81,6 +87,18 @@ fn main() {
             "pread_tmpfs_latency_ns_mean": p, "libmoneta_latency_ns_mean": l,
             "ratio": ratio, "target_ratio": 3.0, "met": ratio >= 3.0,
         }));
+        if size == 512 {
+            let floor = l / rtt;
+            println!(
+                "  512 B QD1 {l:>7.0} ns = {floor:.2}× the cross-core round trip (target ≤ 2×: {})",
+                verdict(floor <= 2.0)
+            );
+            results.push(serde_json::json!({
+                "size_bytes": 512, "queue_depth": 1, "libmoneta_latency_ns_mean": l,
+                "cross_core_round_trip_ns": rtt, "ratio_to_round_trip": floor,
+                "target_ratio_to_round_trip": 2.0, "met": floor <= 2.0,
+            }));
+        }
     }
     let mut iops = Vec::new();
     for round in 0..rounds {
@@ -88,13 +106,13 @@ fn main() {
     }
     let iops = median(&mut iops);
     println!(
-        "  512 B QD32 one thread: {:.2} M IOPS (target ≥ 1.5 M: {})",
+        "  512 B QD32 one thread: {:.2} M IOPS (target ≥ 3 M: {})",
         iops / 1e6,
-        verdict(iops >= 1.5e6)
+        verdict(iops >= 3e6)
     );
     results.push(serde_json::json!({
         "size_bytes": 512, "queue_depth": 32, "libmoneta_iops": iops,
-        "target_iops": 1.5e6, "met": iops >= 1.5e6,
+        "target_iops": 3e6, "met": iops >= 3e6,
     }));
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&results).expect("json");

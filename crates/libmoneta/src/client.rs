@@ -26,6 +26,7 @@ use moneta_emu::control::{
 use moneta_emu::engine::{Engine, EngineOptions, EngineStats};
 use moneta_emu::medium::Medium;
 use moneta_emu::sys;
+use moneta_emu::wall_clock::monotonic_ns;
 use moneta_emu::{EmuError, ErrorKind};
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, Command};
@@ -168,8 +169,12 @@ impl Control {
                     .map_err(|e| EmuError::io("duplicating the descriptor", e))?;
                 let (r, memory) = plane.handle_with_fd(session, request, fd);
                 let fds = match memory {
-                    Some(m) => vec![sys::dup(std::os::fd::AsRawFd::as_raw_fd(m.fd()))
-                        .map_err(|e| EmuError::io("duplicating the channel memory", e))?],
+                    Some(m) => m
+                        .fds()
+                        .iter()
+                        .map(|fd| sys::dup(std::os::fd::AsRawFd::as_raw_fd(*fd)))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| EmuError::io("duplicating the channel memory", e))?,
                     None => Vec::new(),
                 };
                 (r, fds)
@@ -231,6 +236,8 @@ pub struct Io {
     submitted: bool,
     /// Issued and its completion not yet seen by `wait` / `try_complete`.
     in_flight: bool,
+    /// CLOCK_MONOTONIC when the command was last issued (its submit stamp).
+    stamp_ns: u64,
 }
 
 impl Io {
@@ -248,6 +255,12 @@ impl Io {
     }
     pub fn tag(&self) -> u8 {
         self.tag
+    }
+    /// When the request was last issued (CLOCK_MONOTONIC ns, the stamp the
+    /// device times it from; [`moneta_emu::wall_clock::monotonic_ns`] reads
+    /// the same clock).
+    pub fn issued_at_ns(&self) -> u64 {
+        self.stamp_ns
     }
     /// Whether the request has been issued (poll and wait need that).
     pub fn is_submitted(&self) -> bool {
@@ -279,7 +292,7 @@ impl Moneta {
         let hello = Request::Hello {
             version: control::PROTOCOL_VERSION,
         };
-        let (info, mut fds) = match control.call_with_fds(hello, None)? {
+        let (info, fds) = match control.call_with_fds(hello, None)? {
             (Response::Channel(info), fds) => (info, fds),
             (other, _) => {
                 return Err(EmuError::new(
@@ -288,14 +301,8 @@ impl Moneta {
                 ))
             }
         };
-        if fds.len() != 1 {
-            return Err(EmuError::new(
-                ErrorKind::Protocol,
-                "monetad sent no channel memory",
-            ));
-        }
-        let memory = ChannelMemory::map(fds.remove(0))
-            .map_err(|e| EmuError::io("mapping the channel", e))?;
+        let memory =
+            ChannelMemory::map_fds(fds).map_err(|e| EmuError::io("mapping the channel", e))?;
         Self::with(memory, info, control, None)
     }
 
@@ -349,12 +356,15 @@ impl Moneta {
                 ))
             }
         };
-        let fd = memory
+        let fds = memory
             .expect("hello returns memory")
-            .fd()
-            .try_clone()
+            .fds()
+            .iter()
+            .map(|fd| fd.try_clone())
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| EmuError::io("sharing the channel", e))?;
-        let memory = ChannelMemory::map(fd).map_err(|e| EmuError::io("mapping the channel", e))?;
+        let memory =
+            ChannelMemory::map_fds(fds).map_err(|e| EmuError::io("mapping the channel", e))?;
         Self::with(memory, info, control, engine)
     }
 
@@ -530,6 +540,7 @@ impl Moneta {
             sequence: 0,
             submitted: false,
             in_flight: false,
+            stamp_ns: 0,
         }))
     }
 
@@ -632,11 +643,10 @@ impl Moneta {
         };
         let [addr_word, control_word] = command::encode_channel(&command, sequence)
             .map_err(|e| EmuError::new(ErrorKind::Request, e.to_string()))?;
-        let m = &self.inner.memory;
-        m.slot_addr(io.tag as usize)
-            .store(addr_word, Ordering::Relaxed);
-        m.slot_control(io.tag as usize)
-            .store(control_word, Ordering::Release);
+        io.stamp_ns = monotonic_ns();
+        self.inner
+            .memory
+            .submit(io.tag as usize, io.stamp_ns, addr_word, control_word);
         io.submitted = true;
         io.in_flight = true;
         Ok(())

@@ -189,3 +189,47 @@ fn an_image_file_keeps_its_contents_across_restarts() {
     std::fs::remove_file(&path).unwrap();
     assert!(back == data, "the image lost the data");
 }
+
+/// An idle device thread naps on the doorbell; a submission rings it, so
+/// the request does not wait for the nap to run out (here 30 s: without the
+/// ring the read would take that long). The request's stamp is when the
+/// client issued it, so the nap is not device time: the next request, on a
+/// device that is awake, takes about as long.
+#[test]
+fn a_napping_device_is_woken_by_the_client() {
+    let mut c = Config::preset("moneta").unwrap();
+    c.device.capacity_bytes = 64 << 20;
+    let medium = Medium::anonymous(c.device.capacity_bytes).unwrap();
+    let options = EngineOptions {
+        idle_spin_ns: 1_000_000,
+        max_nap_ns: 30_000_000_000,
+        ..EngineOptions::default()
+    };
+    let m = Moneta::embedded(c, medium, options).unwrap();
+    m.grant_raw(0, 64 << 20, true).unwrap();
+    let mut buf = vec![0u8; 4096];
+    for round in 0..3 {
+        // Let the device thread go to sleep.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let naps = m.stats().unwrap().naps;
+        while m.stats().unwrap().naps == naps {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the device never napped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Asking for statistics woke it: give it time to nap again.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let t0 = std::time::Instant::now();
+        m.read(4096 * round, &mut buf).unwrap();
+        let took = t0.elapsed();
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "round {round}: the read waited {took:?} for the nap to end"
+        );
+    }
+    let s = m.stats().unwrap();
+    assert!(s.naps >= 3, "{s:?}");
+    assert_eq!(s.requests_completed, 3);
+}

@@ -107,6 +107,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         seed: a.model.seed,
         idle_spin_ns: a.idle_spin_us.saturating_mul(1000),
         populate_bytes: a.populate_bytes,
+        ..EngineOptions::default()
     };
     let (name, capacity) = (config.name.clone(), config.device.capacity_bytes);
     let engine = Arc::new(Engine::start(config, medium, options).map_err(|e| e.to_string())?);

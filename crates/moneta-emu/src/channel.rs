@@ -7,6 +7,8 @@
 //! |---|---|---|---|
 //! | 0x0000 | user registers | 64 command slots of 16 B (address word, control word): COMMAND | client |
 //! | 0x0400 | user registers | TAGSTATUSREGISTER: bit per tag, read-and-clear | kernel role sets, client clears |
+//! | 0x0408 | user registers | NEED WAKEUP (u32): the device thread naps; ring the doorbell after submitting | device sets, client clears |
+//! | 0x0800 | user registers | 64 submit stamps (u64, CLOCK_MONOTONIC ns): when the client issued the slot's command | client |
 //! | 0x1000 | shared with the kernel | TAGSTATUSTABLE: 64 status words | device (DMA completion), client (forwarding) |
 //! | 0x1200 | shared with the kernel | COMPLETIONCOUNT (u32) | kernel role |
 //! | 0x1204 | shared with the kernel | wake word (u32 futex) and sleeper count (u32) | kernel role, client |
@@ -14,10 +16,23 @@
 //! | 0x1400 | shared with the kernel | forwarded error code per tag (u32) | kernel role sets, client clears |
 //! | 0x2000 | DMA buffer | 1 MiB, tag k's 16 KiB slice at k × 16 KiB | both |
 //!
-//! Submitting a command is one atomic store: the client writes the address
-//! word, then stores the control word (SPEC §1.2's "one 64-bit PIO write";
-//! the format is `command::encode_channel`) with release ordering. A nonzero
-//! control word is a submitted command; the device takes it with a swap.
+//! Submitting a command is one atomic store: the client writes the submit
+//! stamp and the address word, then stores the control word (SPEC §1.2's "one
+//! 64-bit PIO write"; the format is `command::encode_channel`) with a full
+//! barrier. A nonzero control word is a submitted command; the device takes
+//! it with a swap. The stamp says when the client issued it, so the request
+//! enters the model at that time rather than when the device thread happened
+//! to look (the device clamps it: never in the future, never before the
+//! tag's previous completion, never before model time already passed).
+//!
+//! **The doorbell.** An idle device thread naps on a futex instead of
+//! spinning. Before it does, it sets every open channel's NEED WAKEUP word;
+//! a client that sees it set after submitting clears it and rings the
+//! doorbell: a separate 4 KiB memfd shared by the device and every client,
+//! whose first word is the futex the device sleeps on. A client scribbling
+//! on the doorbell can only wake the device early (it naps again) or late
+//! (each nap is bounded); the NEED WAKEUP words are per channel, so no
+//! client can keep another's requests from waking the device.
 //!
 //! A status word is `DONE | sequence << 32 | result code`: the sequence
 //! number the command carried, so a client never mistakes an old completion
@@ -27,7 +42,7 @@
 use crate::sys::{self, Mapping};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Channels of one device, including the trusted channel 0 (SPEC §3.1).
 pub const CHANNELS: usize = 1024;
@@ -42,6 +57,8 @@ const PAGE_BYTES: usize = 4096;
 const SLOTS_OFFSET: usize = 0;
 const SLOT_BYTES: usize = 16;
 const TAG_STATUS_REGISTER_OFFSET: usize = 0x400;
+const NEED_WAKEUP_OFFSET: usize = 0x408;
+const SLOT_STAMPS_OFFSET: usize = 0x800;
 const TAG_STATUS_TABLE_OFFSET: usize = PAGE_BYTES;
 const COMPLETION_COUNT_OFFSET: usize = PAGE_BYTES + 0x200;
 const WAKE_WORD_OFFSET: usize = PAGE_BYTES + 0x204;
@@ -57,6 +74,9 @@ pub const CHANNEL_BYTES: usize = DMA_BUFFER_OFFSET + DMA_BUFFER_BYTES;
 // The layout's regions do not overlap (checked at compile time).
 const _: () = {
     assert!(SLOTS_OFFSET + CHANNEL_TAGS * SLOT_BYTES <= TAG_STATUS_REGISTER_OFFSET);
+    assert!(TAG_STATUS_REGISTER_OFFSET + 8 <= NEED_WAKEUP_OFFSET);
+    assert!(NEED_WAKEUP_OFFSET + 4 <= SLOT_STAMPS_OFFSET);
+    assert!(SLOT_STAMPS_OFFSET + CHANNEL_TAGS * 8 <= TAG_STATUS_TABLE_OFFSET);
     assert!(TAG_STATUS_TABLE_OFFSET + CHANNEL_TAGS * 8 <= COMPLETION_COUNT_OFFSET);
     assert!(SLEEPERS_OFFSET + 4 <= LAYOUT_EPOCH_OFFSET);
     assert!(LAYOUT_EPOCH_OFFSET + 8 * LAYOUT_EPOCH_SLOTS <= FORWARDED_ERROR_OFFSET);
@@ -129,36 +149,136 @@ impl ResultCode {
     }
 }
 
-/// One channel's shared pages, mapped in this process.
-pub struct ChannelMemory {
+/// Bytes of the device's doorbell memory.
+pub const DOORBELL_BYTES: usize = 4096;
+
+/// The device-wide doorbell (see the module header): one futex word the
+/// napping device thread sleeps on, in memory every client maps.
+pub struct Doorbell {
     fd: OwnedFd,
     map: Mapping,
 }
 
-impl ChannelMemory {
-    /// Fresh, zeroed shared pages (device side).
-    pub fn create(channel: u16) -> io::Result<ChannelMemory> {
-        let fd = sys::memfd(&format!("moneta-channel-{channel}"), CHANNEL_BYTES as u64)?;
-        let map = Mapping::new(Some(fd.as_raw_fd()), CHANNEL_BYTES, false)?;
-        Ok(ChannelMemory { fd, map })
+impl Doorbell {
+    /// A fresh doorbell (device side).
+    pub fn create() -> io::Result<Doorbell> {
+        let fd = sys::memfd("moneta-doorbell", DOORBELL_BYTES as u64)?;
+        Self::map(fd)
     }
 
-    /// Map pages received from the control plane (client side). The size is
-    /// checked so that a wrong descriptor cannot make us touch past its end.
-    pub fn map(fd: OwnedFd) -> io::Result<ChannelMemory> {
-        let len = sys::file_len(fd.as_raw_fd())?;
-        if len != CHANNEL_BYTES as u64 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("channel memory is {len} bytes, expected {CHANNEL_BYTES}"),
-            ));
-        }
-        let map = Mapping::new(Some(fd.as_raw_fd()), CHANNEL_BYTES, false)?;
-        Ok(ChannelMemory { fd, map })
+    /// Map a doorbell received from the control plane (client side).
+    pub fn map(fd: OwnedFd) -> io::Result<Doorbell> {
+        let map = map_checked(&fd, DOORBELL_BYTES, "doorbell")?;
+        Ok(Doorbell { fd, map })
     }
 
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// The futex word: bumped by every ring.
+    pub fn word(&self) -> &AtomicU32 {
+        // SAFETY: the mapping is page-aligned and DOORBELL_BYTES long; every
+        // access to the word (from any process) is atomic.
+        unsafe { &*self.map.as_ptr().cast::<AtomicU32>() }
+    }
+
+    /// Wake the device thread.
+    pub fn ring(&self) {
+        self.word().fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(self.word());
+    }
+}
+
+/// Map exactly `len` bytes of `fd`, refusing a descriptor of another size
+/// (so that a wrong descriptor cannot make us touch past its end).
+fn map_checked(fd: &OwnedFd, len: usize, what: &str) -> io::Result<Mapping> {
+    let actual = sys::file_len(fd.as_raw_fd())?;
+    if actual != len as u64 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{what} memory is {actual} bytes, expected {len}"),
+        ));
+    }
+    Mapping::new(Some(fd.as_raw_fd()), len, false)
+}
+
+/// One channel's shared pages, and the device's doorbell, mapped in this process.
+pub struct ChannelMemory {
+    fd: OwnedFd,
+    map: Mapping,
+    doorbell: Doorbell,
+}
+
+impl ChannelMemory {
+    /// Fresh, zeroed shared pages (device side), sharing `doorbell`.
+    pub fn create(channel: u16, doorbell: &Doorbell) -> io::Result<ChannelMemory> {
+        let fd = sys::memfd(&format!("moneta-channel-{channel}"), CHANNEL_BYTES as u64)?;
+        let map = Mapping::new(Some(fd.as_raw_fd()), CHANNEL_BYTES, false)?;
+        let doorbell = Doorbell::map(doorbell.fd().try_clone()?)?;
+        Ok(ChannelMemory { fd, map, doorbell })
+    }
+
+    /// Map pages and the doorbell received from the control plane (client
+    /// side). Sizes are checked.
+    pub fn map(fd: OwnedFd, doorbell: OwnedFd) -> io::Result<ChannelMemory> {
+        let map = map_checked(&fd, CHANNEL_BYTES, "channel")?;
+        let doorbell = Doorbell::map(doorbell)?;
+        Ok(ChannelMemory { fd, map, doorbell })
+    }
+
+    /// Map the descriptors a hello reply carries: the channel's, then the doorbell's.
+    pub fn map_fds(fds: Vec<OwnedFd>) -> io::Result<ChannelMemory> {
+        let [fd, doorbell]: [OwnedFd; 2] = fds.try_into().map_err(|fds: Vec<OwnedFd>| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "expected the channel memory and the doorbell, got {} descriptors",
+                    fds.len()
+                ),
+            )
+        })?;
+        Self::map(fd, doorbell)
+    }
+
+    /// The channel's pages.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// The descriptors to hand a client: the channel's pages, then the doorbell.
+    pub fn fds(&self) -> [&OwnedFd; 2] {
+        [&self.fd, self.doorbell.fd()]
+    }
+
+    pub fn doorbell(&self) -> &Doorbell {
+        &self.doorbell
+    }
+
+    /// Set by the device before it naps (see the module header).
+    pub fn need_wakeup(&self) -> &AtomicU32 {
+        self.u32_at(NEED_WAKEUP_OFFSET)
+    }
+
+    /// When the client issued `tag`'s current command (CLOCK_MONOTONIC ns).
+    pub fn slot_stamp(&self, tag: usize) -> &AtomicU64 {
+        assert!(tag < CHANNEL_TAGS);
+        self.u64_at(SLOT_STAMPS_OFFSET + tag * 8)
+    }
+
+    /// Client side: submit `tag`'s command (stamp, address word, then the
+    /// control word with a full barrier) and ring the doorbell if the device
+    /// naps.
+    pub fn submit(&self, tag: usize, stamp_ns: u64, addr_word: u64, control_word: u64) {
+        self.slot_stamp(tag).store(stamp_ns, Ordering::Relaxed);
+        self.slot_addr(tag).store(addr_word, Ordering::Relaxed);
+        // A swap is a full barrier: the device's NEED WAKEUP store and this
+        // command cannot both go unseen (the device fences before its last look).
+        self.slot_control(tag).swap(control_word, Ordering::SeqCst);
+        if self.need_wakeup().load(Ordering::SeqCst) != 0 {
+            self.need_wakeup().store(0, Ordering::Relaxed);
+            self.doorbell.ring();
+        }
     }
 
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
@@ -242,13 +362,13 @@ impl ChannelMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
 
     #[test]
     fn two_mappings_share_the_pages() {
-        let device = ChannelMemory::create(7).unwrap();
-        let dup = device.fd().try_clone().unwrap();
-        let client = ChannelMemory::map(dup).unwrap();
+        let doorbell = Doorbell::create().unwrap();
+        let device = ChannelMemory::create(7, &doorbell).unwrap();
+        let fds = device.fds().map(|fd| fd.try_clone().unwrap());
+        let client = ChannelMemory::map_fds(fds.into()).unwrap();
         client.slot_control(5).store(42, Ordering::Release);
         assert_eq!(device.slot_control(5).load(Ordering::Acquire), 42);
         device
@@ -272,8 +392,36 @@ mod tests {
 
     #[test]
     fn wrong_sized_memory_is_refused() {
+        let doorbell = Doorbell::create().unwrap();
         let fd = sys::memfd("short", 4096).unwrap();
-        assert!(ChannelMemory::map(fd).is_err());
+        assert!(ChannelMemory::map(fd, doorbell.fd().try_clone().unwrap()).is_err());
+        let channel = sys::memfd("channel", CHANNEL_BYTES as u64).unwrap();
+        let big = sys::memfd("big", 8192).unwrap();
+        assert!(ChannelMemory::map(channel, big).is_err());
+        assert!(ChannelMemory::map_fds(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn a_submission_rings_a_napping_device_once() {
+        let doorbell = Doorbell::create().unwrap();
+        let device = ChannelMemory::create(3, &doorbell).unwrap();
+        let fds = device.fds().map(|fd| fd.try_clone().unwrap());
+        let client = ChannelMemory::map_fds(fds.into()).unwrap();
+        let before = doorbell.word().load(Ordering::SeqCst);
+        client.submit(4, 123, 7, 9);
+        assert_eq!(
+            doorbell.word().load(Ordering::SeqCst),
+            before,
+            "awake: no ring"
+        );
+        assert_eq!(device.slot_stamp(4).load(Ordering::Relaxed), 123);
+        assert_eq!(device.slot_control(4).load(Ordering::Acquire), 9);
+        device.need_wakeup().store(1, Ordering::SeqCst);
+        client.submit(5, 124, 7, 9);
+        assert_eq!(doorbell.word().load(Ordering::SeqCst), before + 1);
+        assert_eq!(device.need_wakeup().load(Ordering::SeqCst), 0);
+        client.submit(6, 125, 7, 9);
+        assert_eq!(doorbell.word().load(Ordering::SeqCst), before + 1);
     }
 
     #[test]

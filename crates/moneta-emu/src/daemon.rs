@@ -128,7 +128,10 @@ fn serve_connection(plane: &ControlPlane, stream: UnixStream) {
             Ok(request) => plane.handle_with_fd(&mut session, request, fd),
             Err(e) => (Response::error(e), None),
         };
-        let attach: Vec<i32> = memory.iter().map(|m| m.fd().as_raw_fd()).collect();
+        let attach: Vec<i32> = memory
+            .iter()
+            .flat_map(|m| m.fds().map(|fd| fd.as_raw_fd()))
+            .collect();
         if reply(&stream, &response, &attach).is_err() {
             break;
         }

@@ -32,15 +32,22 @@
 //! reads and clears CHANNELSTATUS, and bumps each signalled channel's
 //! COMPLETIONCOUNT, waking the channel's sleeping threads (issue-sleep).
 //!
-//! Timing precision: a completion is posted at the first poll at or after its
-//! model time; [`EngineStats::lateness_ns_mean`] and friends report how late
-//! (typically well under a microsecond with the device thread on its own
-//! core). Idle for `idle_spin_ns`, the device thread naps 50 µs at a time
-//! instead of spinning, so an idle daemon does not burn a core; the first
-//! request after a nap waits for the nap to end.
+//! Timing precision: a request enters the model at the time its client
+//! stamped on it (clamped: not in the future, not before the tag's previous
+//! completion was posted, not before model time the device already passed),
+//! so the poll period and the hop between cores do not count as device time.
+//! A completion is posted at the first poll at or after its model time;
+//! [`EngineStats::lateness_ns_mean`] and friends report how late (typically
+//! well under a microsecond with the device thread on its own core), and
+//! [`EngineStats::accept_delay_ns_mean`] how long commands waited to be seen.
+//! Idle for `idle_spin_ns`, the device thread naps on the doorbell futex
+//! instead of spinning, so an idle daemon does not burn a core; a client that
+//! submits while it naps rings the doorbell (channel.rs), and the stamp
+//! keeps the wake-up out of the request's modeled time.
 
 use crate::channel::{
-    self, ChannelMemory, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES,
+    self, ChannelMemory, Doorbell, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES,
+    SLICE_BYTES,
 };
 use crate::error::{EmuError, ErrorKind};
 use crate::medium::Medium;
@@ -76,6 +83,9 @@ pub struct EngineOptions {
     pub seed: u64,
     /// After this long without work the device thread naps instead of spinning.
     pub idle_spin_ns: u64,
+    /// The longest nap: bounds what a lost or scribbled-away doorbell ring
+    /// costs (a ring ends a nap at once).
+    pub max_nap_ns: u64,
     /// Fault in the first this-many bytes of the medium before starting, so
     /// that benchmarks do not measure the kernel's first-touch page faults.
     pub populate_bytes: u64,
@@ -86,6 +96,7 @@ impl Default for EngineOptions {
         EngineOptions {
             seed: 1,
             idle_spin_ns: 2_000_000,
+            max_nap_ns: 100_000_000,
             populate_bytes: 0,
         }
     }
@@ -122,6 +133,19 @@ pub struct EngineStats {
     pub lateness_ns_mean: f64,
     pub lateness_ns_p99: f64,
     pub lateness_ns_max: u64,
+    /// How long after its client stamped it each command was taken (the
+    /// poll period, the hop between cores, a nap's wake-up): not device time.
+    #[serde(default)]
+    pub accept_delay_ns_mean: f64,
+    #[serde(default)]
+    pub accept_delay_ns_p99: f64,
+    /// Commands whose stamp was clamped (in the future, or before time the
+    /// device had already modeled).
+    #[serde(default)]
+    pub stamps_clamped: u64,
+    /// Times the device thread napped on the doorbell.
+    #[serde(default)]
+    pub naps: u64,
     /// Model time the device thread has reached (ns since the engine started).
     pub model_time_ns: u64,
     /// The control plane's file grants (filled in by the control plane).
@@ -177,6 +201,8 @@ struct Shared {
     /// Interrupt line: bumped by the device, the kernel role sleeps on it.
     interrupt_word: AtomicU32,
     kernel_sleeping: AtomicBool,
+    /// The device thread naps on it; clients and the control plane ring it.
+    doorbell: Doorbell,
 }
 
 /// A running emulated device. Dropping it stops its threads.
@@ -210,6 +236,7 @@ impl Engine {
             .map_err(|e| EmuError::io("populating the medium", e))?;
         let mut allocated = vec![false; CHANNELS];
         allocated[0] = true;
+        let doorbell = Doorbell::create().map_err(|e| EmuError::io("creating the doorbell", e))?;
         let shared = Arc::new(Shared {
             config,
             medium,
@@ -225,6 +252,7 @@ impl Engine {
             errors_queued: (0..CHANNELS).map(|_| AtomicU32::new(0)).collect(),
             interrupt_word: AtomicU32::new(0),
             kernel_sleeping: AtomicBool::new(false),
+            doorbell,
         });
         let device = DeviceThread::new(shared.clone(), &options);
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -255,7 +283,8 @@ impl Engine {
             return Err(EmuError::new(ErrorKind::Stopped, "the device is stopping"));
         }
         self.shared.mailbox.lock().expect("mailbox").push(op);
-        self.shared.mailbox_pending.store(true, Ordering::Release);
+        self.shared.mailbox_pending.store(true, Ordering::SeqCst);
+        self.shared.doorbell.ring();
         Ok(())
     }
 
@@ -281,7 +310,7 @@ impl Engine {
             allocated[id] = true;
             id as u16
         };
-        let memory = match ChannelMemory::create(id) {
+        let memory = match ChannelMemory::create(id, &self.shared.doorbell) {
             Ok(m) => Arc::new(m),
             Err(e) => {
                 self.shared.allocated.lock().expect("allocated")[id as usize] = false;
@@ -347,7 +376,8 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.doorbell.ring();
         self.shared.interrupt_word.fetch_add(1, Ordering::Release);
         sys::futex_wake_all(&self.shared.interrupt_word);
         for t in self.threads.drain(..) {
@@ -368,6 +398,9 @@ struct OpenChannel {
     memory: Arc<ChannelMemory>,
     in_flight: [Option<InFlight>; CHANNEL_TAGS],
     in_flight_count: u32,
+    /// When each tag's last completion was posted: its next command cannot
+    /// have been issued earlier.
+    free_at: [Ns; CHANNEL_TAGS],
     /// Set when the control plane closed it: no new commands; freed when idle.
     closing: Option<mpsc::SyncSender<()>>,
 }
@@ -386,8 +419,13 @@ struct DeviceThread {
     active: Vec<u16>,
     next_channel: usize,
     idle_spin_ns: Ns,
+    max_nap_ns: u64,
     stats: EngineStats,
     lateness: LatencyHistogram,
+    accept_delay: LatencyHistogram,
+    /// Model time already reached (events delivered, commands submitted):
+    /// a new command may not enter before it.
+    model_floor: Ns,
 }
 
 impl DeviceThread {
@@ -410,8 +448,11 @@ impl DeviceThread {
             active: Vec::new(),
             next_channel: 0,
             idle_spin_ns: options.idle_spin_ns,
+            max_nap_ns: options.max_nap_ns,
             stats: EngineStats::default(),
             lateness: LatencyHistogram::new(),
+            accept_delay: LatencyHistogram::new(),
+            model_floor: 0,
             clock: WallClock::new(),
             shared,
         }
@@ -434,11 +475,41 @@ impl DeviceThread {
                 // ~50 ns to every completion's lateness).
                 last_work_ns = now;
             } else if now - last_work_ns > self.idle_spin_ns {
-                std::thread::sleep(Duration::from_micros(50));
+                if self.nap() {
+                    last_work_ns = self.clock.now();
+                }
             } else {
                 std::hint::spin_loop();
             }
         }
+    }
+
+    /// Idle: sleep on the doorbell until a client or the control plane rings
+    /// it (at most `max_nap_ns`). Returns whether work came while settling in.
+    fn nap(&mut self) -> bool {
+        let shared = self.shared.clone();
+        let doorbell = &shared.doorbell;
+        let rung = doorbell.word().load(Ordering::SeqCst);
+        for &id in &self.active {
+            let ch = self.channels[id as usize].as_ref().expect("active");
+            ch.memory.need_wakeup().store(1, Ordering::SeqCst);
+        }
+        // Pairs with the client's swap of the control word: either this
+        // last look sees its command, or the client sees NEED WAKEUP and rings.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let now = self.clock.now();
+        let pending = self.shared.mailbox_pending.load(Ordering::SeqCst)
+            || self.shared.stop.load(Ordering::SeqCst);
+        let worked = pending || self.poll_channels(now);
+        if !worked {
+            self.stats.naps += 1;
+            sys::futex_wait(doorbell.word(), rung, Some(self.max_nap_ns));
+        }
+        for &id in &self.active {
+            let ch = self.channels[id as usize].as_ref().expect("active");
+            ch.memory.need_wakeup().store(0, Ordering::Relaxed);
+        }
+        worked
     }
 
     fn apply_control(&mut self) {
@@ -451,6 +522,8 @@ impl DeviceThread {
                         memory,
                         in_flight: [None; CHANNEL_TAGS],
                         in_flight_count: 0,
+                        // No command of this channel was issued before it existed.
+                        free_at: [self.clock.now(); CHANNEL_TAGS],
                         closing: None,
                     });
                     self.active.push(id);
@@ -516,6 +589,8 @@ impl DeviceThread {
         s.lateness_ns_mean = self.lateness.mean_ns();
         s.lateness_ns_p99 = self.lateness.percentile_ns(0.99);
         s.lateness_ns_max = self.lateness.max_ns();
+        s.accept_delay_ns_mean = self.accept_delay.mean_ns();
+        s.accept_delay_ns_p99 = self.accept_delay.percentile_ns(0.99);
         s
     }
 
@@ -528,6 +603,7 @@ impl DeviceThread {
         while self.queue.peek_time().is_some_and(|t| t <= now) {
             let (t, event) = self.queue.pop().expect("peeked");
             self.stats.model_time_ns = t;
+            self.model_floor = self.model_floor.max(t);
             self.device.handle(t, event);
             for (t, e) in self.device.outbox.drain(..) {
                 self.queue.push(t, e);
@@ -538,6 +614,9 @@ impl DeviceThread {
                 self.lateness.record(posted.saturating_sub(c.time_ns));
                 let (channel, tag) = self.retag.release(c.tag);
                 debug_assert_eq!(c.token, token(channel, tag));
+                if let Some(ch) = self.channels[channel as usize].as_mut() {
+                    ch.free_at[tag as usize] = posted;
+                }
                 self.finish(channel, tag, ResultCode::Ok);
             }
             self.device.completions = completions;
@@ -662,7 +741,8 @@ impl DeviceThread {
                 }
                 let control = memory.slot_control(tag).swap(0, Ordering::Acquire);
                 let addr = memory.slot_addr(tag).load(Ordering::Relaxed);
-                self.accept(now, id, &memory, tag as u8, [addr, control]);
+                let stamp = memory.slot_stamp(tag).load(Ordering::Relaxed);
+                self.accept(now, id, &memory, tag as u8, [addr, control], stamp);
                 worked = true;
             }
         }
@@ -672,11 +752,43 @@ impl DeviceThread {
         worked
     }
 
+    /// When a command stamped `stamp` (CLOCK_MONOTONIC) by its client enters
+    /// the model: its stamp, but never later than `now` (a stamp in the
+    /// future), before the tag's previous completion was posted (the client
+    /// could not have issued it yet), or before model time already reached
+    /// (the model never runs backwards, so a late or lying stamp delays only
+    /// its own request).
+    fn entry_time(&mut self, now: Ns, channel: u16, tag: u8, stamp: u64) -> Ns {
+        let free_at = self.channels[channel as usize]
+            .as_ref()
+            .map_or(0, |ch| ch.free_at[tag as usize]);
+        let stamped = self.clock.model_time(stamp);
+        let at = stamped.max(free_at).max(self.model_floor).min(now);
+        if at != stamped {
+            self.stats.stamps_clamped += 1;
+        }
+        self.accept_delay.record(now - at);
+        at
+    }
+
     /// Validate one command from `tag`'s slot and start it, or report why not.
-    fn accept(&mut self, now: Ns, channel: u16, memory: &ChannelMemory, tag: u8, words: [u64; 2]) {
+    fn accept(
+        &mut self,
+        now: Ns,
+        channel: u16,
+        memory: &ChannelMemory,
+        tag: u8,
+        words: [u64; 2],
+        stamp: u64,
+    ) {
         // Until the words decode, report with what the control word claims.
         let (sequence, claimed_dma) = command::channel_reply_fields(words[1]);
-        let fail = |me: &mut Self, code| me.post(channel, memory, tag, sequence, claimed_dma, code);
+        let fail = |me: &mut Self, code| {
+            if let Some(ch) = me.channels[channel as usize].as_mut() {
+                ch.free_at[tag as usize] = now;
+            }
+            me.post(channel, memory, tag, sequence, claimed_dma, code)
+        };
         let (cmd, sequence) = match command::decode_channel(words, &self.limits) {
             Ok(c) => c,
             Err(e) => {
@@ -729,6 +841,10 @@ impl DeviceThread {
             .retag
             .map(channel, tag)
             .expect("caller checked a tag is free");
+        // Events due before the request entered happen first.
+        let at = self.entry_time(now, channel, tag, stamp);
+        self.deliver_due_events(at);
+        self.model_floor = at;
         let request = DeviceRequest {
             token: token(channel, tag),
             op: cmd.op,
@@ -737,7 +853,7 @@ impl DeviceThread {
             barrier: cmd.barrier,
             protection_ns: check.steps as Ns * self.tree_step_ns,
         };
-        if self.device.submit(now, ptag, request).is_err() {
+        if self.device.submit(at, ptag, request).is_err() {
             self.retag.release(ptag);
             return fail(self, ResultCode::DeviceFailure);
         }

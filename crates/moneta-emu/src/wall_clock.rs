@@ -2,27 +2,45 @@
 //! simulator's virtual clock implements, but `now` is real elapsed time and
 //! `advance_to` waits for real time to get there (a bounded busy-wait: the
 //! emulator's device thread never sleeps through an event that is due).
+//!
+//! It reads CLOCK_MONOTONIC, which every process and core of the machine
+//! shares, so a client's submit stamp ([`monotonic_ns`]) converts into the
+//! device's model time ([`WallClock::model_time`]).
 
 use moneta_model::kernel::Clock;
 use moneta_model::units::Ns;
-use std::time::Instant;
+
+/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process (a vDSO
+/// read, no system call).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec to write; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// Nanoseconds of real time since the clock was made.
 #[derive(Debug, Clone, Copy)]
 pub struct WallClock {
-    start: Instant,
+    /// CLOCK_MONOTONIC at time 0.
+    start_ns: u64,
 }
 
 impl WallClock {
     pub fn new() -> Self {
         WallClock {
-            start: Instant::now(),
+            start_ns: monotonic_ns(),
         }
     }
 
-    /// The instant this clock calls time 0.
-    pub fn start(&self) -> Instant {
-        self.start
+    /// This clock's time of a CLOCK_MONOTONIC reading (0 for readings before
+    /// the clock started).
+    pub fn model_time(&self, monotonic: u64) -> Ns {
+        monotonic.saturating_sub(self.start_ns)
     }
 }
 
@@ -35,7 +53,7 @@ impl Default for WallClock {
 impl Clock for WallClock {
     #[inline]
     fn now(&self) -> Ns {
-        self.start.elapsed().as_nanos() as Ns
+        self.model_time(monotonic_ns())
     }
 
     /// Spin until real time reaches `t`. Callers keep the wait short: the
@@ -57,8 +75,17 @@ mod tests {
         let t = c.now() + 200_000;
         c.advance_to(t);
         assert!(c.now() >= t);
-        let before = Instant::now();
+        let before = std::time::Instant::now();
         c.advance_to(0); // the past: returns at once
         assert!(before.elapsed().as_millis() < 100);
+    }
+
+    #[test]
+    fn monotonic_readings_convert_to_model_time() {
+        let c = WallClock::new();
+        let stamp = monotonic_ns();
+        let t = c.model_time(stamp);
+        assert!(t <= c.now());
+        assert_eq!(c.model_time(0), 0, "before the start: time 0");
     }
 }
