@@ -664,7 +664,19 @@ impl Moneta {
             .tag_status(io.tag as usize)
             .load(Ordering::Acquire);
         let want = STATUS_DONE | (u64::from(io.sequence) << 32);
-        (status & !0xffff_ffff == want).then(|| ResultCode::from_u32(status as u32))
+        if status & !0xffff_ffff != want {
+            return None;
+        }
+        // Posted ahead of its model time: not finished until then.
+        let due = self
+            .inner
+            .memory
+            .tag_due(io.tag as usize)
+            .load(Ordering::Acquire);
+        if due > monotonic_ns() {
+            return None;
+        }
+        Some(ResultCode::from_u32(status as u32))
     }
 
     /// Forwarding (SPEC §3.5): if COMPLETIONCOUNT moved, read and clear

@@ -14,6 +14,7 @@
 //! | 0x1204 | shared with the kernel | wake word (u32 futex) and sleeper count (u32) | kernel role, client |
 //! | 0x1210 | shared with the kernel | 60 LAYOUT EPOCH words (u64), file id mod 60: bumped whenever a file this channel holds changed layout or lost records | control plane |
 //! | 0x1400 | shared with the kernel | forwarded error code per tag (u32) | kernel role sets, client clears |
+//! | 0x1600 | shared with the kernel | 64 due words (u64, CLOCK_MONOTONIC ns): when, in model time, the tag's request finished | device |
 //! | 0x2000 | DMA buffer | 1 MiB, tag k's 16 KiB slice at k × 16 KiB | both |
 //!
 //! Submitting a command is one atomic store: the client writes the submit
@@ -36,7 +37,10 @@
 //!
 //! A status word is `DONE | sequence << 32 | result code`: the sequence
 //! number the command carried, so a client never mistakes an old completion
-//! of the same tag for the new one. The device trusts nothing here: a client
+//! of the same tag for the new one. Before it, the device writes the tag's
+//! due word: the completion's model time. The device may post a completion
+//! slightly ahead of that time so that it has crossed to the client's core
+//! by then; the library reports it only once the due time has come. The device trusts nothing here: a client
 //! can scribble over every byte, and that only ever affects its own requests.
 
 use crate::sys::{self, Mapping};
@@ -67,6 +71,7 @@ const LAYOUT_EPOCH_OFFSET: usize = PAGE_BYTES + 0x210;
 /// Layout epoch words per channel (a file uses word `file id % this`).
 pub const LAYOUT_EPOCH_SLOTS: usize = 60;
 const FORWARDED_ERROR_OFFSET: usize = PAGE_BYTES + 0x400;
+const DUE_OFFSET: usize = PAGE_BYTES + 0x600;
 const DMA_BUFFER_OFFSET: usize = 2 * PAGE_BYTES;
 /// Bytes of one channel's shared memory.
 pub const CHANNEL_BYTES: usize = DMA_BUFFER_OFFSET + DMA_BUFFER_BYTES;
@@ -80,7 +85,8 @@ const _: () = {
     assert!(TAG_STATUS_TABLE_OFFSET + CHANNEL_TAGS * 8 <= COMPLETION_COUNT_OFFSET);
     assert!(SLEEPERS_OFFSET + 4 <= LAYOUT_EPOCH_OFFSET);
     assert!(LAYOUT_EPOCH_OFFSET + 8 * LAYOUT_EPOCH_SLOTS <= FORWARDED_ERROR_OFFSET);
-    assert!(FORWARDED_ERROR_OFFSET + CHANNEL_TAGS * 4 <= DMA_BUFFER_OFFSET);
+    assert!(FORWARDED_ERROR_OFFSET + CHANNEL_TAGS * 4 <= DUE_OFFSET);
+    assert!(DUE_OFFSET + CHANNEL_TAGS * 8 <= DMA_BUFFER_OFFSET);
     assert!(CHANNEL_TAGS * SLICE_BYTES == DMA_BUFFER_BYTES);
 };
 
@@ -340,6 +346,14 @@ impl ChannelMemory {
     /// Coherency only: protection is the device's.
     pub fn layout_epoch(&self, file_id: u32) -> &AtomicU64 {
         self.u64_at(LAYOUT_EPOCH_OFFSET + 8 * (file_id as usize % LAYOUT_EPOCH_SLOTS))
+    }
+
+    /// When `tag`'s last request finished in model time (CLOCK_MONOTONIC
+    /// ns), written before its status: the device may post a completion a
+    /// little ahead, and the library does not report it before this.
+    pub fn tag_due(&self, tag: usize) -> &AtomicU64 {
+        assert!(tag < CHANNEL_TAGS);
+        self.u64_at(DUE_OFFSET + tag * 8)
     }
 
     pub fn forwarded_error(&self, tag: usize) -> &AtomicU32 {

@@ -42,6 +42,11 @@ impl WallClock {
     pub fn model_time(&self, monotonic: u64) -> Ns {
         monotonic.saturating_sub(self.start_ns)
     }
+
+    /// The CLOCK_MONOTONIC reading of this clock's time `t`.
+    pub fn monotonic_of(&self, t: Ns) -> u64 {
+        self.start_ns.saturating_add(t)
+    }
 }
 
 impl Default for WallClock {
