@@ -44,13 +44,13 @@ use crate::channel::{
 };
 use crate::error::{EmuError, ErrorKind};
 use crate::medium::Medium;
-use crate::protection::{self, Access, CheckOutcome, PermissionTable, Update};
-use crate::retag::Retag;
 use crate::sys;
 use crate::wall_clock::WallClock;
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
 use moneta_model::device::pipeline::{Device, DeviceEvent, DeviceRequest};
+use moneta_model::device::protection::{self, Access, CheckOutcome, PermissionTable, Update};
+use moneta_model::device::retag::Retag;
 use moneta_model::kernel::{Clock, EventQueue};
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::units::{DeviceAddr, Ns, Op};

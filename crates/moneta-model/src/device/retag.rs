@@ -4,8 +4,8 @@
 //! (the device stops taking commands) until a completion releases one. The
 //! rest of the pipeline carries only the physical tag.
 
-use moneta_model::device::tags::TagPool;
-use moneta_model::units::PhysTag;
+use super::tags::TagPool;
+use crate::units::PhysTag;
 
 pub struct Retag {
     pool: TagPool,
