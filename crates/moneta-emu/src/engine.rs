@@ -48,10 +48,9 @@ use crate::sys;
 use crate::wall_clock::WallClock;
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
-use moneta_model::device::pipeline::{Device, DeviceEvent, DeviceRequest};
-use moneta_model::device::protection::{self, Access, CheckOutcome, PermissionTable, Update};
-use moneta_model::device::retag::Retag;
-use moneta_model::kernel::{Clock, EventQueue};
+use moneta_model::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
+use moneta_model::device::protection::{self, Update};
+use moneta_model::kernel::Clock;
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::units::{DeviceAddr, Ns, Op};
 use std::collections::{BTreeMap, VecDeque};
@@ -226,7 +225,7 @@ impl Engine {
             interrupt_word: AtomicU32::new(0),
             kernel_sleeping: AtomicBool::new(false),
         });
-        let device = DeviceThread::new(shared.clone(), &options);
+        let device = DeviceThread::new(shared.clone(), &options, WallClock::new());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -372,13 +371,15 @@ struct OpenChannel {
     closing: Option<mpsc::SyncSender<()>>,
 }
 
-struct DeviceThread {
+/// The device's logic, generic over the clock that drives it: the wall
+/// clock in the engine, a manual clock in tests that compare it with the
+/// simulator (both go through the model's `DeviceDriver`).
+struct DeviceThread<C: Clock = WallClock> {
     shared: Arc<Shared>,
-    clock: WallClock,
-    device: Device,
-    queue: EventQueue<DeviceEvent>,
-    retag: Retag,
-    protection: PermissionTable,
+    clock: C,
+    driver: DeviceDriver,
+    /// Requests finished in one delivery pass, posted after it.
+    finished: Vec<Finished>,
     tree_step_ns: Ns,
     limits: CommandLimits,
     channels: Vec<Option<OpenChannel>>,
@@ -390,8 +391,8 @@ struct DeviceThread {
     lateness: LatencyHistogram,
 }
 
-impl DeviceThread {
-    fn new(shared: Arc<Shared>, options: &EngineOptions) -> Self {
+impl<C: Clock> DeviceThread<C> {
+    fn new(shared: Arc<Shared>, options: &EngineOptions, clock: C) -> Self {
         let config = &shared.config;
         let limits = CommandLimits {
             capacity_bytes: config.device.capacity_bytes,
@@ -400,10 +401,8 @@ impl DeviceThread {
         };
         debug_assert!(CommandFormat::Channel.max_len_bytes() >= limits.max_len_bytes);
         DeviceThread {
-            device: Device::new(config, options.seed),
-            queue: EventQueue::new(),
-            retag: Retag::new(config.device.tags),
-            protection: PermissionTable::new(config.direct.permission_records, CHANNELS as u16),
+            driver: DeviceDriver::with_channels(config, options.seed, CHANNELS as u16),
+            finished: Vec::with_capacity(config.device.tags as usize),
             tree_step_ns: config.direct.tree_step_ns,
             limits,
             channels: (0..CHANNELS).map(|_| None).collect(),
@@ -412,11 +411,12 @@ impl DeviceThread {
             idle_spin_ns: options.idle_spin_ns,
             stats: EngineStats::default(),
             lateness: LatencyHistogram::new(),
-            clock: WallClock::new(),
+            clock,
             shared,
         }
     }
 
+    /// The wall-clock polling loop around [`Self::turn`].
     fn run(mut self) {
         let mut last_work_ns = self.clock.now();
         while !self.shared.stop.load(Ordering::Relaxed) {
@@ -424,12 +424,8 @@ impl DeviceThread {
                 self.apply_control();
             }
             let now = self.clock.now();
-            self.stats.polls += 1;
-            // Take commands first, so that work the model finishes at once
-            // (the null device) completes in the same turn.
-            let mut worked = self.poll_channels(now);
-            worked |= self.deliver_due_events(now);
-            if worked || !self.queue.is_empty() {
+            let worked = self.turn(now);
+            if worked || !self.driver.is_idle() {
                 // Busy: go round again at once (no pause: it would add its
                 // ~50 ns to every completion's lateness).
                 last_work_ns = now;
@@ -439,6 +435,16 @@ impl DeviceThread {
                 std::hint::spin_loop();
             }
         }
+    }
+
+    /// One turn of the device at `now`: take new commands, then deliver
+    /// the model events due. Returns whether it did anything.
+    fn turn(&mut self, now: Ns) -> bool {
+        self.stats.polls += 1;
+        // Take commands first, so that work the model finishes at once
+        // (the null device) completes in the same turn.
+        let worked = self.poll_channels(now);
+        self.deliver_due_events(now) || worked
     }
 
     fn apply_control(&mut self) {
@@ -472,7 +478,7 @@ impl DeviceThread {
                 ControlOp::Permissions { updates, done } => {
                     let result = updates
                         .iter()
-                        .try_for_each(|u| self.protection.apply(u))
+                        .try_for_each(|u| self.driver.protection_mut().apply(u))
                         .map_err(|e| e.to_string());
                     let _ = done.send(result);
                 }
@@ -491,7 +497,8 @@ impl DeviceThread {
             return;
         }
         let ch = self.channels[id as usize].take().expect("checked");
-        self.protection
+        self.driver
+            .protection_mut()
             .apply(&Update::ClearChannel(id))
             .expect("the channel id is in range");
         self.stats.channels_open -= 1;
@@ -502,7 +509,7 @@ impl DeviceThread {
 
     fn snapshot(&self) -> EngineStats {
         let mut s = self.stats.clone();
-        let p = self.protection.stats();
+        let p = self.driver.protection().stats();
         s.permission_records_in_use = p.records_in_use;
         s.permission_installs = p.installs;
         s.permission_merges = p.merges;
@@ -521,29 +528,23 @@ impl DeviceThread {
 
     /// Run every model event due by `now`, each at its own model time.
     fn deliver_due_events(&mut self, now: Ns) -> bool {
-        let mut worked = false;
+        let mut finished = std::mem::take(&mut self.finished);
+        let delivered = self.driver.deliver_due(now, |f| finished.push(f));
+        if delivered > 0 {
+            self.stats.model_time_ns = self.driver.model_time_ns();
+        }
         // Lateness is measured once per pass (a clock read per completion
         // would itself add to it).
         let mut posted_at: Option<Ns> = None;
-        while self.queue.peek_time().is_some_and(|t| t <= now) {
-            let (t, event) = self.queue.pop().expect("peeked");
-            self.stats.model_time_ns = t;
-            self.device.handle(t, event);
-            for (t, e) in self.device.outbox.drain(..) {
-                self.queue.push(t, e);
-            }
-            let mut completions = std::mem::take(&mut self.device.completions);
-            for c in completions.drain(..) {
-                let posted = *posted_at.get_or_insert_with(|| self.clock.now());
-                self.lateness.record(posted.saturating_sub(c.time_ns));
-                let (channel, tag) = self.retag.release(c.tag);
-                debug_assert_eq!(c.token, token(channel, tag));
-                self.finish(channel, tag, ResultCode::Ok);
-            }
-            self.device.completions = completions;
-            worked = true;
+        for f in finished.drain(..) {
+            let posted = *posted_at.get_or_insert_with(|| self.clock.now());
+            self.lateness
+                .record(posted.saturating_sub(f.completion.time_ns));
+            let (channel, tag) = f.channel_tag.expect("channel requests are retagged");
+            self.finish(channel, tag, ResultCode::Ok);
         }
-        worked
+        self.finished = finished;
+        delivered > 0
     }
 
     /// A request of (channel, tag) finished with `code`.
@@ -626,7 +627,7 @@ impl DeviceThread {
         let n = self.active.len();
         let mut worked = false;
         for i in 0..n {
-            if !self.retag.has_free() {
+            if !self.driver.retag_has_free() {
                 self.stats.retag_stalls += 1;
                 break;
             }
@@ -650,7 +651,7 @@ impl DeviceThread {
             while submitted != 0 {
                 let tag = submitted.trailing_zeros() as usize;
                 submitted &= submitted - 1;
-                if !self.retag.has_free() {
+                if !self.driver.retag_has_free() {
                     self.stats.retag_stalls += 1;
                     break;
                 }
@@ -701,48 +702,35 @@ impl DeviceThread {
         if ch.in_flight[tag as usize].is_some() {
             return fail(self, ResultCode::TagInFlight);
         }
-        let access = match cmd.op {
-            Op::Read => Access::Read,
-            Op::Write => Access::Write,
-        };
-        let check = self
-            .protection
-            .check(channel, cmd.addr.0, cmd.len_bytes, access);
-        match check.outcome {
-            CheckOutcome::Allowed => {}
-            CheckOutcome::Missing => return fail(self, ResultCode::MissingRecord),
-            CheckOutcome::Denied => return fail(self, ResultCode::PermissionDenied),
-        }
-        // SAFETY: `dma` covers `len` bytes inside the channel's DMA buffer
-        // (dma_ptr checked), which is a separate mapping from the medium. The
-        // client may change those bytes concurrently; we copy whatever is there.
-        let moved = unsafe {
-            match cmd.op {
-                Op::Write => self.shared.medium.write_from(cmd.addr.0, dma, len),
-                Op::Read => self.shared.medium.read_into(cmd.addr.0, dma, len),
-            }
-        };
-        if moved.is_err() {
-            return fail(self, ResultCode::DeviceFailure);
-        }
-        let ptag = self
-            .retag
-            .map(channel, tag)
-            .expect("caller checked a tag is free");
-        let request = DeviceRequest {
-            token: token(channel, tag),
+        let request = ChannelRequest {
             op: cmd.op,
             addr: DeviceAddr(cmd.addr.0),
             len_bytes: cmd.len_bytes,
             barrier: cmd.barrier,
-            protection_ns: check.steps as Ns * self.tree_step_ns,
         };
-        if self.device.submit(now, ptag, request).is_err() {
-            self.retag.release(ptag);
-            return fail(self, ResultCode::DeviceFailure);
-        }
-        for (t, e) in self.device.outbox.drain(..) {
-            self.queue.push(t, e);
+        let medium = &self.shared.medium;
+        // Retag → protection → (the data copy) → the model's queues.
+        let accepted = self.driver.submit_channel(now, channel, tag, request, || {
+            // SAFETY: `dma` covers `len` bytes inside the channel's DMA buffer
+            // (dma_ptr checked), which is a separate mapping from the medium. The
+            // client may change those bytes concurrently; we copy whatever is there.
+            let moved = unsafe {
+                match cmd.op {
+                    Op::Write => medium.write_from(cmd.addr.0, dma, len),
+                    Op::Read => medium.read_into(cmd.addr.0, dma, len),
+                }
+            };
+            moved.is_ok()
+        });
+        if let Err(refusal) = accepted {
+            let code = match refusal {
+                ChannelRefusal::MissingRecord { .. } => ResultCode::MissingRecord,
+                ChannelRefusal::PermissionDenied { .. } => ResultCode::PermissionDenied,
+                ChannelRefusal::Stalled
+                | ChannelRefusal::DataMovement
+                | ChannelRefusal::Device(_) => ResultCode::DeviceFailure,
+            };
+            return fail(self, code);
         }
         match cmd.op {
             Op::Read => self.stats.bytes_read += cmd.len_bytes,
@@ -755,10 +743,6 @@ impl DeviceThread {
         });
         ch.in_flight_count += 1;
     }
-}
-
-fn token(channel: u16, tag: u8) -> u64 {
-    (u64::from(channel) << 8) | u64::from(tag)
 }
 
 /// The kernel's interrupt handler (SPEC §3.5), on its own thread.

@@ -10,7 +10,8 @@
 
 use crate::config::{Completion, Config, Stack};
 use crate::device::command::{self, Command};
-use crate::device::pipeline::{CommandWords, Device, DeviceCounters, DeviceEvent};
+use crate::device::driver::{DeviceDriver, Finished};
+use crate::device::pipeline::{CommandWords, DeviceCounters};
 use crate::device::tags::TagPool;
 use crate::host::permissions::PermissionModel;
 use crate::host::{plan, PermissionOutcome, Plan, Step, SERVERS};
@@ -22,7 +23,6 @@ use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Copy)]
 enum Event {
-    Device(DeviceEvent),
     /// Continue a thread's program.
     Resume(u32),
     /// A sleeping thread is runnable again and needs a core.
@@ -116,8 +116,10 @@ pub fn run(config: &Config, workload: &Workload) -> Result<RunResult, String> {
 struct Simulation<'a> {
     config: &'a Config,
     workload: &'a Workload,
-    device: Device,
+    driver: DeviceDriver,
+    /// Host events; the device's own events wait in the driver's queue.
     queue: EventQueue<Event>,
+    finished: Vec<Finished>,
     threads: Vec<Thread>,
     tags: TagPool,
     tag_waiters: VecDeque<u32>,
@@ -189,8 +191,9 @@ impl<'a> Simulation<'a> {
         Self {
             config,
             workload,
-            device: Device::new(config, workload.seed),
+            driver: DeviceDriver::new(config, workload.seed),
             queue: EventQueue::new(),
+            finished: Vec::new(),
             threads,
             tags: TagPool::new(config.device.tags),
             tag_waiters: VecDeque::new(),
@@ -212,16 +215,25 @@ impl<'a> Simulation<'a> {
         for t in 0..self.threads.len() as u32 {
             self.queue.push(0, Event::Wake(t));
         }
-        while let Some((now, event)) = self.queue.pop() {
-            clock.advance_to(now);
-            self.events += 1;
-            match event {
-                Event::Device(e) => {
-                    self.device.handle(now, e);
-                    self.drain_device(now);
+        loop {
+            // The device's events go first at a tie with the host's.
+            let device_due = self.driver.next_event_time();
+            let host_due = self.queue.peek_time();
+            match (device_due, host_due) {
+                (None, None) => break,
+                (Some(d), h) if h.is_none_or(|h| d <= h) => {
+                    clock.advance_to(d);
+                    self.deliver_device(d);
                 }
-                Event::Resume(t) => self.advance(now, t)?,
-                Event::Wake(t) => self.want_core(now, t),
+                _ => {
+                    let (now, event) = self.queue.pop().expect("peeked");
+                    clock.advance_to(now);
+                    self.events += 1;
+                    match event {
+                        Event::Resume(t) => self.advance(now, t)?,
+                        Event::Wake(t) => self.want_core(now, t),
+                    }
+                }
             }
         }
         let mut latency = LatencyHistogram::new();
@@ -235,7 +247,7 @@ impl<'a> Simulation<'a> {
             bytes: self.groups.iter().map(|g| g.bytes).sum(),
             latency,
             groups: self.groups,
-            device: self.device.counters(elapsed_ns),
+            device: self.driver.counters(elapsed_ns),
             events: self.events,
             cpu_busy_ns: self.cpu_busy_ns,
             soft_misses: self.permissions.as_ref().map_or(0, |p| p.soft_misses),
@@ -243,17 +255,15 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    fn drain_device(&mut self, now: Ns) {
-        for i in 0..self.device.outbox.len() {
-            let (t, e) = self.device.outbox[i];
-            self.queue.push(t, Event::Device(e));
+    /// Deliver the device's events due at `now` and finish their requests.
+    fn deliver_device(&mut self, now: Ns) {
+        let mut finished = std::mem::take(&mut self.finished);
+        self.events += self.driver.deliver_due(now, |f| finished.push(f));
+        for f in finished.drain(..) {
+            let c = f.completion;
+            self.completed(c.time_ns, c.token as u32, c.tag);
         }
-        self.device.outbox.clear();
-        for i in 0..self.device.completions.len() {
-            let c = self.device.completions[i];
-            self.completed(now, c.token as u32, c.tag);
-        }
-        self.device.completions.clear();
+        self.finished = finished;
     }
 
     /// A thread becomes runnable: take a core or queue for one.
@@ -358,10 +368,9 @@ impl<'a> Simulation<'a> {
                     th.tag = Some(tag);
                     th.step += 1;
                     let words = encode_command(self.config, tag, th.op, th.addr, th.bytes)?;
-                    self.device
+                    self.driver
                         .submit_command(now, words, t as u64, protection_ns)
                         .map_err(|e| format!("device refused a request: {e}"))?;
-                    self.drain_device(now);
                 }
                 Step::Spin { detect_ns } => {
                     let th = &mut self.threads[t as usize];

@@ -7,6 +7,7 @@
 pub mod buffers;
 pub mod command;
 pub mod dma;
+pub mod driver;
 pub mod memory;
 pub mod moneta_controller;
 pub mod onyx_pcm;
