@@ -50,6 +50,7 @@ use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
 use moneta_model::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
 use moneta_model::device::protection::{self, Update};
+use moneta_model::device::retag::RoundRobin;
 use moneta_model::kernel::Clock;
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::units::{DeviceAddr, Ns, Op};
@@ -178,6 +179,30 @@ struct Shared {
     kernel_sleeping: AtomicBool,
 }
 
+impl Shared {
+    /// Fresh device state on `medium`: no channels but the trusted one.
+    fn new(config: Config, medium: Medium) -> Arc<Shared> {
+        let mut allocated = vec![false; CHANNELS];
+        allocated[0] = true;
+        Arc::new(Shared {
+            config,
+            medium,
+            stop: AtomicBool::new(false),
+            mailbox: Mutex::new(Vec::new()),
+            mailbox_pending: AtomicBool::new(false),
+            allocated: Mutex::new(allocated),
+            channels: RwLock::new((0..CHANNELS).map(|_| None).collect()),
+            channel_status: (0..CHANNELS / 64).map(|_| AtomicU64::new(0)).collect(),
+            error_queue: Mutex::new(VecDeque::with_capacity(
+                CHANNELS * ERRORS_PER_CHANNEL as usize,
+            )),
+            errors_queued: (0..CHANNELS).map(|_| AtomicU32::new(0)).collect(),
+            interrupt_word: AtomicU32::new(0),
+            kernel_sleeping: AtomicBool::new(false),
+        })
+    }
+}
+
 /// A running emulated device. Dropping it stops its threads.
 pub struct Engine {
     shared: Arc<Shared>,
@@ -207,24 +232,7 @@ impl Engine {
         medium
             .populate(0, options.populate_bytes)
             .map_err(|e| EmuError::io("populating the medium", e))?;
-        let mut allocated = vec![false; CHANNELS];
-        allocated[0] = true;
-        let shared = Arc::new(Shared {
-            config,
-            medium,
-            stop: AtomicBool::new(false),
-            mailbox: Mutex::new(Vec::new()),
-            mailbox_pending: AtomicBool::new(false),
-            allocated: Mutex::new(allocated),
-            channels: RwLock::new((0..CHANNELS).map(|_| None).collect()),
-            channel_status: (0..CHANNELS / 64).map(|_| AtomicU64::new(0)).collect(),
-            error_queue: Mutex::new(VecDeque::with_capacity(
-                CHANNELS * ERRORS_PER_CHANNEL as usize,
-            )),
-            errors_queued: (0..CHANNELS).map(|_| AtomicU32::new(0)).collect(),
-            interrupt_word: AtomicU32::new(0),
-            kernel_sleeping: AtomicBool::new(false),
-        });
+        let shared = Shared::new(config, medium);
         let device = DeviceThread::new(shared.clone(), &options, WallClock::new());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -385,7 +393,8 @@ struct DeviceThread<C: Clock = WallClock> {
     channels: Vec<Option<OpenChannel>>,
     /// Open channel ids, in the order the poller visits them.
     active: Vec<u16>,
-    next_channel: usize,
+    /// The retag stage's turn order over `active`.
+    round_robin: RoundRobin,
     idle_spin_ns: Ns,
     stats: EngineStats,
     lateness: LatencyHistogram,
@@ -407,7 +416,7 @@ impl<C: Clock> DeviceThread<C> {
             limits,
             channels: (0..CHANNELS).map(|_| None).collect(),
             active: Vec::new(),
-            next_channel: 0,
+            round_robin: RoundRobin::default(),
             idle_spin_ns: options.idle_spin_ns,
             stats: EngineStats::default(),
             lateness: LatencyHistogram::new(),
@@ -626,12 +635,12 @@ impl<C: Clock> DeviceThread<C> {
     fn poll_channels(&mut self, now: Ns) -> bool {
         let n = self.active.len();
         let mut worked = false;
-        for i in 0..n {
+        for i in self.round_robin.pass(n) {
             if !self.driver.retag_has_free() {
                 self.stats.retag_stalls += 1;
                 break;
             }
-            let id = self.active[(self.next_channel + i) % n];
+            let id = self.active[i];
             if self.shared.errors_queued[id as usize].load(Ordering::Acquire) >= ERRORS_PER_CHANNEL
             {
                 self.stats.error_queue_stalls += 1;
@@ -666,9 +675,6 @@ impl<C: Clock> DeviceThread<C> {
                 self.accept(now, id, &memory, tag as u8, [addr, control]);
                 worked = true;
             }
-        }
-        if n > 0 {
-            self.next_channel = (self.next_channel + 1) % n;
         }
         worked
     }
@@ -810,3 +816,6 @@ pub fn raw_record(channel: u16, start: u64, len: u64, perms: u8) -> Update {
         perms,
     })
 }
+
+#[cfg(test)]
+mod twin;
