@@ -20,6 +20,12 @@
 //!    channel's DMA buffer and the medium, and submission to the model at the
 //!    current wall time.
 //!
+//! Steps 2 and 3 after validation are the model's `DeviceDriver` (retag,
+//! protection, the event queue), the same code the simulator runs; the
+//! device thread only adds the shared-memory side. Its logic takes `now` as
+//! a parameter (`DeviceThread::turn`), so a test can drive it on a manual
+//! clock and compare it with the simulator (`engine/twin.rs`).
+//!
 //! Data moves at submission: the device copies write data into the medium
 //! and read data into the DMA buffer when it accepts the command. The client
 //! may look only after the completion, which the model times. Reads and

@@ -1,10 +1,15 @@
 //! One experiment: a host stack and a workload driving the device on the
 //! event kernel, and the results it produces.
 //!
-//! The host side (threads, cores, locks, tags) and the device share one
-//! event queue. Threads hold a core while they compute, spin on a lock or
-//! spin for a completion, and give it up while they sleep; a woken thread
-//! waits in a FIFO run queue until a core is free. Serialized sections
+//! The host side (threads, cores, locks, tags) runs on the kernel's event
+//! queue; the device runs in `device::driver`, whose events go first when
+//! both are due at the same instant. For Moneta-D each thread group is one
+//! process with its own channel (64 virtual tags) and file; the device's
+//! retag and permission table are the emulator's own components.
+//!
+//! Threads hold a core while they compute, spin on a lock or spin for a
+//! completion, and give it up while they sleep; a woken thread waits in a
+//! FIFO run queue until a core is free. Serialized sections
 //! (locks, the single scheduler thread, the memory bus) are FIFO servers.
 //! Everything is a function of the configuration, the workload and the seed.
 
@@ -388,7 +393,7 @@ impl<'a> Simulation<'a> {
                     th.step += 1;
                     let words = encode_command(self.config, tag, th.op, th.addr, th.bytes)?;
                     self.driver
-                        .submit_command(now, words, t as u64, 0)
+                        .submit_command(now, words, t as u64)
                         .map_err(|e| format!("device refused a request: {e}"))?;
                 }
                 Step::Spin { detect_ns } => {

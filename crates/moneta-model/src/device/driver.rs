@@ -152,17 +152,15 @@ impl DeviceDriver {
         }
     }
 
-    /// Command words from a kernel stack, under the tag they carry (SPEC §1.2).
+    /// Command words from a kernel stack, under the tag they carry (SPEC
+    /// §1.2); no retag or protection stage.
     pub fn submit_command(
         &mut self,
         now_ns: Ns,
         words: CommandWords,
         token: u64,
-        protection_ns: Ns,
     ) -> Result<PhysTag, DeviceError> {
-        let tag = self
-            .device
-            .submit_command(now_ns, words, token, protection_ns)?;
+        let tag = self.device.submit_command(now_ns, words, token, 0)?;
         self.collect_scheduled();
         Ok(tag)
     }

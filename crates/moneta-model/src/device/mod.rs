@@ -3,6 +3,7 @@
 //! wires them together in the order of SPEC §1.4:
 //! registers → retag → protection → request queues → transfer buffers &
 //! scheduler → DMA / ring → memory controllers (start-gap) → medium.
+//! `driver` delivers the device's events on whatever clock drives it.
 
 pub mod buffers;
 pub mod command;
