@@ -693,4 +693,27 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn direct_processes_share_the_physical_tags_and_the_table() {
+        // Two processes of 48 threads: 96 requests want 64 physical tags, so
+        // the retag stage stalls; a fragmented file in a small table gives
+        // soft and hard misses. Everything completes, reproducibly.
+        let mut c = Config::preset("moneta-d").unwrap();
+        c.host.cores = 96;
+        c.direct.file_extents = 512;
+        c.direct.permission_records = 128;
+        c.direct.adjacent_fraction = 0.25;
+        let w = Workload::fairness(48, 512, 48, 4096, 1 << 30, RunLimit::Ops(6000), 3);
+        let a = run(&c, &w).unwrap();
+        assert_eq!(a.ops, 6000);
+        assert_eq!(a.device.requests_completed, 6000);
+        assert!(a.soft_misses >= 2 * 512 / 2 && a.hard_misses > 0, "{a:?}");
+        let b = run(&c, &w).unwrap();
+        assert_eq!((a.elapsed_ns, a.events), (b.elapsed_ns, b.events));
+        // With more physical tags than requests the retag stage never
+        // stalls, and the run differs.
+        c.device.tags = 128;
+        assert_ne!(run(&c, &w).unwrap().elapsed_ns, a.elapsed_ns);
+    }
 }
