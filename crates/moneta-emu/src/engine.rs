@@ -20,6 +20,12 @@
 //!    channel's DMA buffer and the medium, and submission to the model at the
 //!    current wall time.
 //!
+//! Steps 2 and 3 after validation are the model's `DeviceDriver` (retag,
+//! protection, the event queue), the same code the simulator runs; the
+//! device thread only adds the shared-memory side. Its logic takes `now` as
+//! a parameter (`DeviceThread::turn`), so a test can drive it on a manual
+//! clock and compare it with the simulator (`engine/twin.rs`).
+//!
 //! Data moves at submission: the device copies write data into the medium
 //! and read data into the DMA buffer when it accepts the command. The client
 //! may look only after the completion, which the model times. Reads and
@@ -51,14 +57,13 @@ use crate::channel::{
 };
 use crate::error::{EmuError, ErrorKind};
 use crate::medium::Medium;
-use crate::protection::{self, Access, CheckOutcome, PermissionTable, Update};
-use crate::retag::Retag;
 use crate::sys;
-use crate::wall_clock::WallClock;
+use crate::wall_clock::{StampClock, WallClock};
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
-use moneta_model::device::pipeline::{Device, DeviceEvent, DeviceRequest};
-use moneta_model::kernel::{Clock, EventQueue};
+use moneta_model::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
+use moneta_model::device::protection::{self, Update};
+use moneta_model::device::retag::RoundRobin;
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::units::{DeviceAddr, Ns, Op};
 use std::collections::{BTreeMap, VecDeque};
@@ -218,6 +223,32 @@ struct Shared {
     doorbell: Doorbell,
 }
 
+impl Shared {
+    /// Fresh device state on `medium`: no channels but the trusted one.
+    fn new(config: Config, medium: Medium) -> Result<Arc<Shared>, EmuError> {
+        let mut allocated = vec![false; CHANNELS];
+        allocated[0] = true;
+        let doorbell = Doorbell::create().map_err(|e| EmuError::io("creating the doorbell", e))?;
+        Ok(Arc::new(Shared {
+            config,
+            medium,
+            stop: AtomicBool::new(false),
+            mailbox: Mutex::new(Vec::new()),
+            mailbox_pending: AtomicBool::new(false),
+            allocated: Mutex::new(allocated),
+            channels: RwLock::new((0..CHANNELS).map(|_| None).collect()),
+            channel_status: (0..CHANNELS / 64).map(|_| AtomicU64::new(0)).collect(),
+            error_queue: Mutex::new(VecDeque::with_capacity(
+                CHANNELS * ERRORS_PER_CHANNEL as usize,
+            )),
+            errors_queued: (0..CHANNELS).map(|_| AtomicU32::new(0)).collect(),
+            interrupt_word: AtomicU32::new(0),
+            kernel_sleeping: AtomicBool::new(false),
+            doorbell,
+        }))
+    }
+}
+
 /// A running emulated device. Dropping it stops its threads.
 pub struct Engine {
     shared: Arc<Shared>,
@@ -247,27 +278,8 @@ impl Engine {
         medium
             .populate(0, options.populate_bytes)
             .map_err(|e| EmuError::io("populating the medium", e))?;
-        let mut allocated = vec![false; CHANNELS];
-        allocated[0] = true;
-        let doorbell = Doorbell::create().map_err(|e| EmuError::io("creating the doorbell", e))?;
-        let shared = Arc::new(Shared {
-            config,
-            medium,
-            stop: AtomicBool::new(false),
-            mailbox: Mutex::new(Vec::new()),
-            mailbox_pending: AtomicBool::new(false),
-            allocated: Mutex::new(allocated),
-            channels: RwLock::new((0..CHANNELS).map(|_| None).collect()),
-            channel_status: (0..CHANNELS / 64).map(|_| AtomicU64::new(0)).collect(),
-            error_queue: Mutex::new(VecDeque::with_capacity(
-                CHANNELS * ERRORS_PER_CHANNEL as usize,
-            )),
-            errors_queued: (0..CHANNELS).map(|_| AtomicU32::new(0)).collect(),
-            interrupt_word: AtomicU32::new(0),
-            kernel_sleeping: AtomicBool::new(false),
-            doorbell,
-        });
-        let device = DeviceThread::new(shared.clone(), &options);
+        let shared = Shared::new(config, medium)?;
+        let device = DeviceThread::new(shared.clone(), &options, WallClock::new());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -418,19 +430,22 @@ struct OpenChannel {
     closing: Option<mpsc::SyncSender<()>>,
 }
 
-struct DeviceThread {
+/// The device's logic, generic over the clock that drives it: the wall
+/// clock in the engine, a manual clock in tests that compare it with the
+/// simulator (both go through the model's `DeviceDriver`).
+struct DeviceThread<C: StampClock = WallClock> {
     shared: Arc<Shared>,
-    clock: WallClock,
-    device: Device,
-    queue: EventQueue<DeviceEvent>,
-    retag: Retag,
-    protection: PermissionTable,
+    clock: C,
+    driver: DeviceDriver,
+    /// Requests finished in one delivery pass, posted after it.
+    finished: Vec<Finished>,
     tree_step_ns: Ns,
     limits: CommandLimits,
     channels: Vec<Option<OpenChannel>>,
     /// Open channel ids, in the order the poller visits them.
     active: Vec<u16>,
-    next_channel: usize,
+    /// The retag stage's turn order over `active`.
+    round_robin: RoundRobin,
     idle_spin_ns: Ns,
     max_nap_ns: u64,
     post_ahead_ns: Ns,
@@ -442,8 +457,8 @@ struct DeviceThread {
     model_floor: Ns,
 }
 
-impl DeviceThread {
-    fn new(shared: Arc<Shared>, options: &EngineOptions) -> Self {
+impl<C: StampClock> DeviceThread<C> {
+    fn new(shared: Arc<Shared>, options: &EngineOptions, clock: C) -> Self {
         let config = &shared.config;
         let limits = CommandLimits {
             capacity_bytes: config.device.capacity_bytes,
@@ -452,15 +467,13 @@ impl DeviceThread {
         };
         debug_assert!(CommandFormat::Channel.max_len_bytes() >= limits.max_len_bytes);
         DeviceThread {
-            device: Device::new(config, options.seed),
-            queue: EventQueue::new(),
-            retag: Retag::new(config.device.tags),
-            protection: PermissionTable::new(config.direct.permission_records, CHANNELS as u16),
+            driver: DeviceDriver::with_channels(config, options.seed, CHANNELS as u16),
+            finished: Vec::with_capacity(config.device.tags as usize),
             tree_step_ns: config.direct.tree_step_ns,
             limits,
             channels: (0..CHANNELS).map(|_| None).collect(),
             active: Vec::new(),
-            next_channel: 0,
+            round_robin: RoundRobin::default(),
             idle_spin_ns: options.idle_spin_ns,
             max_nap_ns: options.max_nap_ns,
             post_ahead_ns: options.post_ahead_ns,
@@ -468,11 +481,12 @@ impl DeviceThread {
             lateness: LatencyHistogram::new(),
             accept_delay: LatencyHistogram::new(),
             model_floor: 0,
-            clock: WallClock::new(),
+            clock,
             shared,
         }
     }
 
+    /// The wall-clock polling loop around [`Self::turn`].
     fn run(mut self) {
         let mut last_work_ns = self.clock.now();
         while !self.shared.stop.load(Ordering::Relaxed) {
@@ -480,12 +494,8 @@ impl DeviceThread {
                 self.apply_control();
             }
             let now = self.clock.now();
-            self.stats.polls += 1;
-            // Take commands first, so that work the model finishes at once
-            // (the null device) completes in the same turn.
-            let mut worked = self.poll_channels(now);
-            worked |= self.deliver_due_events(now + self.post_ahead_ns);
-            if worked || !self.queue.is_empty() {
+            let worked = self.turn(now);
+            if worked || !self.driver.is_idle() {
                 // Busy: go round again at once (no pause: it would add its
                 // ~50 ns to every completion's lateness).
                 last_work_ns = now;
@@ -527,6 +537,16 @@ impl DeviceThread {
         worked
     }
 
+    /// One turn of the device at `now`: take new commands, then deliver
+    /// the model events due. Returns whether it did anything.
+    fn turn(&mut self, now: Ns) -> bool {
+        self.stats.polls += 1;
+        // Take commands first, so that work the model finishes at once
+        // (the null device) completes in the same turn.
+        let worked = self.poll_channels(now);
+        self.deliver_due_events(now + self.post_ahead_ns) || worked
+    }
+
     fn apply_control(&mut self) {
         self.shared.mailbox_pending.store(false, Ordering::Release);
         let ops = std::mem::take(&mut *self.shared.mailbox.lock().expect("mailbox"));
@@ -560,7 +580,7 @@ impl DeviceThread {
                 ControlOp::Permissions { updates, done } => {
                     let result = updates
                         .iter()
-                        .try_for_each(|u| self.protection.apply(u))
+                        .try_for_each(|u| self.driver.protection_mut().apply(u))
                         .map_err(|e| e.to_string());
                     let _ = done.send(result);
                 }
@@ -579,7 +599,8 @@ impl DeviceThread {
             return;
         }
         let ch = self.channels[id as usize].take().expect("checked");
-        self.protection
+        self.driver
+            .protection_mut()
             .apply(&Update::ClearChannel(id))
             .expect("the channel id is in range");
         self.stats.channels_open -= 1;
@@ -590,7 +611,7 @@ impl DeviceThread {
 
     fn snapshot(&self) -> EngineStats {
         let mut s = self.stats.clone();
-        let p = self.protection.stats();
+        let p = self.driver.protection().stats();
         s.permission_records_in_use = p.records_in_use;
         s.permission_installs = p.installs;
         s.permission_merges = p.merges;
@@ -611,34 +632,28 @@ impl DeviceThread {
 
     /// Run every model event due by `now`, each at its own model time.
     fn deliver_due_events(&mut self, now: Ns) -> bool {
-        let mut worked = false;
+        let mut finished = std::mem::take(&mut self.finished);
+        let delivered = self.driver.deliver_due(now, |f| finished.push(f));
+        if delivered > 0 {
+            self.stats.model_time_ns = self.driver.model_time_ns();
+            self.model_floor = self.model_floor.max(self.stats.model_time_ns);
+        }
         // Lateness is measured once per pass (a clock read per completion
         // would itself add to it).
         let mut posted_at: Option<Ns> = None;
-        while self.queue.peek_time().is_some_and(|t| t <= now) {
-            let (t, event) = self.queue.pop().expect("peeked");
-            self.stats.model_time_ns = t;
-            self.model_floor = self.model_floor.max(t);
-            self.device.handle(t, event);
-            for (t, e) in self.device.outbox.drain(..) {
-                self.queue.push(t, e);
+        for f in finished.drain(..) {
+            let posted = *posted_at.get_or_insert_with(|| self.clock.now());
+            let due = f.completion.time_ns;
+            self.lateness.record(posted.saturating_sub(due));
+            let (channel, tag) = f.channel_tag.expect("channel requests are retagged");
+            if let Some(ch) = self.channels[channel as usize].as_mut() {
+                // The client sees it at its due time at the earliest.
+                ch.free_at[tag as usize] = posted.max(due);
             }
-            let mut completions = std::mem::take(&mut self.device.completions);
-            for c in completions.drain(..) {
-                let posted = *posted_at.get_or_insert_with(|| self.clock.now());
-                self.lateness.record(posted.saturating_sub(c.time_ns));
-                let (channel, tag) = self.retag.release(c.tag);
-                debug_assert_eq!(c.token, token(channel, tag));
-                if let Some(ch) = self.channels[channel as usize].as_mut() {
-                    // The client sees it at its due time at the earliest.
-                    ch.free_at[tag as usize] = posted.max(c.time_ns);
-                }
-                self.finish(channel, tag, ResultCode::Ok, c.time_ns);
-            }
-            self.device.completions = completions;
-            worked = true;
+            self.finish(channel, tag, ResultCode::Ok, due);
         }
-        worked
+        self.finished = finished;
+        delivered > 0
     }
 
     /// A request of (channel, tag) finished with `code` at model time `due`.
@@ -728,12 +743,12 @@ impl DeviceThread {
     fn poll_channels(&mut self, now: Ns) -> bool {
         let n = self.active.len();
         let mut worked = false;
-        for i in 0..n {
-            if !self.retag.has_free() {
+        for i in self.round_robin.pass(n) {
+            if !self.driver.retag_has_free() {
                 self.stats.retag_stalls += 1;
                 break;
             }
-            let id = self.active[(self.next_channel + i) % n];
+            let id = self.active[i];
             if self.shared.errors_queued[id as usize].load(Ordering::Acquire) >= ERRORS_PER_CHANNEL
             {
                 self.stats.error_queue_stalls += 1;
@@ -753,7 +768,7 @@ impl DeviceThread {
             while submitted != 0 {
                 let tag = submitted.trailing_zeros() as usize;
                 submitted &= submitted - 1;
-                if !self.retag.has_free() {
+                if !self.driver.retag_has_free() {
                     self.stats.retag_stalls += 1;
                     break;
                 }
@@ -769,9 +784,6 @@ impl DeviceThread {
                 self.accept(now, id, &memory, tag as u8, [addr, control], stamp);
                 worked = true;
             }
-        }
-        if n > 0 {
-            self.next_channel = (self.next_channel + 1) % n;
         }
         worked
     }
@@ -838,52 +850,39 @@ impl DeviceThread {
         if ch.in_flight[tag as usize].is_some() {
             return fail(self, ResultCode::TagInFlight);
         }
-        let access = match cmd.op {
-            Op::Read => Access::Read,
-            Op::Write => Access::Write,
-        };
-        let check = self
-            .protection
-            .check(channel, cmd.addr.0, cmd.len_bytes, access);
-        match check.outcome {
-            CheckOutcome::Allowed => {}
-            CheckOutcome::Missing => return fail(self, ResultCode::MissingRecord),
-            CheckOutcome::Denied => return fail(self, ResultCode::PermissionDenied),
-        }
-        // SAFETY: `dma` covers `len` bytes inside the channel's DMA buffer
-        // (dma_ptr checked), which is a separate mapping from the medium. The
-        // client may change those bytes concurrently; we copy whatever is there.
-        let moved = unsafe {
-            match cmd.op {
-                Op::Write => self.shared.medium.write_from(cmd.addr.0, dma, len),
-                Op::Read => self.shared.medium.read_into(cmd.addr.0, dma, len),
-            }
-        };
-        if moved.is_err() {
-            return fail(self, ResultCode::DeviceFailure);
-        }
-        let ptag = self
-            .retag
-            .map(channel, tag)
-            .expect("caller checked a tag is free");
         // Events due before the request entered happen first.
         let at = self.entry_time(now, channel, tag, stamp);
         self.deliver_due_events(at);
         self.model_floor = at;
-        let request = DeviceRequest {
-            token: token(channel, tag),
+        let request = ChannelRequest {
             op: cmd.op,
             addr: DeviceAddr(cmd.addr.0),
             len_bytes: cmd.len_bytes,
             barrier: cmd.barrier,
-            protection_ns: check.steps as Ns * self.tree_step_ns,
         };
-        if self.device.submit(at, ptag, request).is_err() {
-            self.retag.release(ptag);
-            return fail(self, ResultCode::DeviceFailure);
-        }
-        for (t, e) in self.device.outbox.drain(..) {
-            self.queue.push(t, e);
+        let medium = &self.shared.medium;
+        // Retag → protection → (the data copy) → the model's queues.
+        let accepted = self.driver.submit_channel(at, channel, tag, request, || {
+            // SAFETY: `dma` covers `len` bytes inside the channel's DMA buffer
+            // (dma_ptr checked), which is a separate mapping from the medium. The
+            // client may change those bytes concurrently; we copy whatever is there.
+            let moved = unsafe {
+                match cmd.op {
+                    Op::Write => medium.write_from(cmd.addr.0, dma, len),
+                    Op::Read => medium.read_into(cmd.addr.0, dma, len),
+                }
+            };
+            moved.is_ok()
+        });
+        if let Err(refusal) = accepted {
+            let code = match refusal {
+                ChannelRefusal::MissingRecord { .. } => ResultCode::MissingRecord,
+                ChannelRefusal::PermissionDenied { .. } => ResultCode::PermissionDenied,
+                ChannelRefusal::Stalled
+                | ChannelRefusal::DataMovement
+                | ChannelRefusal::Device(_) => ResultCode::DeviceFailure,
+            };
+            return fail(self, code);
         }
         match cmd.op {
             Op::Read => self.stats.bytes_read += cmd.len_bytes,
@@ -896,10 +895,6 @@ impl DeviceThread {
         });
         ch.in_flight_count += 1;
     }
-}
-
-fn token(channel: u16, tag: u8) -> u64 {
-    (u64::from(channel) << 8) | u64::from(tag)
 }
 
 /// The kernel's interrupt handler (SPEC §3.5), on its own thread.
@@ -967,3 +962,6 @@ pub fn raw_record(channel: u16, start: u64, len: u64, perms: u8) -> Update {
         perms,
     })
 }
+
+#[cfg(test)]
+mod twin;

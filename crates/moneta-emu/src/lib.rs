@@ -7,7 +7,7 @@
 //! - [`channel`]: a channel's shared pages (command slots, tag status, DMA buffer).
 //! - [`engine`]: the device thread (retag → protection → the model's
 //!   pipeline → medium) and the kernel role that forwards interrupts.
-//! - [`retag`], [`protection`]: the Moneta-D pipeline stages in front of the model.
+//! - [`protection`]: the model's permission table, re-exported for the control plane.
 //! - [`medium`]: anonymous memory or a memory-mapped image file.
 //! - [`control`], [`daemon`]: the trusted control plane and `monetad`.
 //! - [`files`]: file grants from the kernel (descriptor checks, FIEMAP).
@@ -22,9 +22,10 @@ pub mod file_table;
 pub mod files;
 pub mod layout_watch;
 pub mod medium;
-pub mod protection;
-pub mod retag;
 pub mod sys;
 pub mod wall_clock;
 
 pub use error::{EmuError, ErrorKind};
+/// The device's permission table lives in the model (SPEC §3.3); re-exported
+/// for the control plane's callers.
+pub use moneta_model::device::protection;

@@ -49,6 +49,37 @@ impl WallClock {
     }
 }
 
+/// A clock the device thread can run on: the model's [`Clock`] plus the
+/// conversion between its time and the CLOCK_MONOTONIC readings clients
+/// stamp on commands and find in due words. The wall clock converts; a
+/// manual clock (the deterministic twin test) reads its own time as both.
+pub trait StampClock: Clock {
+    /// This clock's time of a stamp (0 for stamps before the clock started).
+    fn model_time(&self, monotonic: u64) -> Ns;
+    /// The stamp of this clock's time `t`.
+    fn monotonic_of(&self, t: Ns) -> u64;
+}
+
+impl StampClock for WallClock {
+    fn model_time(&self, monotonic: u64) -> Ns {
+        WallClock::model_time(self, monotonic)
+    }
+
+    fn monotonic_of(&self, t: Ns) -> u64 {
+        WallClock::monotonic_of(self, t)
+    }
+}
+
+impl StampClock for moneta_model::kernel::VirtualClock {
+    fn model_time(&self, monotonic: u64) -> Ns {
+        monotonic
+    }
+
+    fn monotonic_of(&self, t: Ns) -> u64 {
+        t
+    }
+}
+
 impl Default for WallClock {
     fn default() -> Self {
         Self::new()

@@ -1,19 +1,26 @@
 //! One experiment: a host stack and a workload driving the device on the
 //! event kernel, and the results it produces.
 //!
-//! The host side (threads, cores, locks, tags) and the device share one
-//! event queue. Threads hold a core while they compute, spin on a lock or
-//! spin for a completion, and give it up while they sleep; a woken thread
-//! waits in a FIFO run queue until a core is free. Serialized sections
+//! The host side (threads, cores, locks, tags) runs on the kernel's event
+//! queue; the device runs in `device::driver`, whose events go first when
+//! both are due at the same instant. For Moneta-D each thread group is one
+//! process with its own channel (64 virtual tags) and file; the device's
+//! retag and permission table are the emulator's own components.
+//!
+//! Threads hold a core while they compute, spin on a lock or spin for a
+//! completion, and give it up while they sleep; a woken thread waits in a
+//! FIFO run queue until a core is free. Serialized sections
 //! (locks, the single scheduler thread, the memory bus) are FIFO servers.
 //! Everything is a function of the configuration, the workload and the seed.
 
 use crate::config::{Completion, Config, Stack};
 use crate::device::command::{self, Command};
-use crate::device::pipeline::{CommandWords, Device, DeviceCounters, DeviceEvent};
+use crate::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
+use crate::device::pipeline::{CommandWords, DeviceCounters};
+use crate::device::protection::{RecordSpec, Update, READ, WRITE};
 use crate::device::tags::TagPool;
-use crate::host::permissions::PermissionModel;
-use crate::host::{plan, PermissionOutcome, Plan, Step, SERVERS};
+use crate::host::extent_map::ExtentMap;
+use crate::host::{hard_miss_ns, plan, PermissionOutcome, Plan, Step, SERVERS};
 use crate::kernel::{Clock, EventQueue, VirtualClock};
 use crate::stats::LatencyHistogram;
 use crate::units::{DeviceAddr, Ns, Op, PhysTag};
@@ -22,7 +29,6 @@ use std::collections::VecDeque;
 
 #[derive(Debug, Clone, Copy)]
 enum Event {
-    Device(DeviceEvent),
     /// Continue a thread's program.
     Resume(u32),
     /// A sleeping thread is runnable again and needs a core.
@@ -110,21 +116,23 @@ pub fn rate(count: u64, elapsed_ns: Ns) -> f64 {
 pub fn run(config: &Config, workload: &Workload) -> Result<RunResult, String> {
     config.validate().map_err(|e| e.to_string())?;
     workload.validate(config.device.capacity_bytes)?;
-    Simulation::new(config, workload).run(VirtualClock::new())
+    Simulation::new(config, workload)?.run(VirtualClock::new())
 }
 
 struct Simulation<'a> {
     config: &'a Config,
     workload: &'a Workload,
-    device: Device,
+    driver: DeviceDriver,
+    /// Host events; the device's own events wait in the driver's queue.
     queue: EventQueue<Event>,
+    finished: Vec<Finished>,
     threads: Vec<Thread>,
     tags: TagPool,
     tag_waiters: VecDeque<u32>,
     free_cores: u32,
     run_queue: VecDeque<u32>,
     servers_free_at: [Ns; SERVERS],
-    permissions: Option<PermissionModel>,
+    direct: Option<DirectLibrary>,
     /// Plans without permission misses, per (group, op): computed once.
     plans: Vec<[Plan; 2]>,
     issued: u64,
@@ -136,18 +144,23 @@ struct Simulation<'a> {
 }
 
 impl<'a> Simulation<'a> {
-    fn new(config: &'a Config, workload: &'a Workload) -> Self {
-        let permissions = (config.host.stack == Stack::Direct)
-            .then(|| PermissionModel::new(&config.direct, workload.seed));
+    fn new(config: &'a Config, workload: &'a Workload) -> Result<Self, String> {
+        let direct = (config.host.stack == Stack::Direct)
+            .then(|| DirectLibrary::new(config, workload))
+            .transpose()?;
+        let driver = match &direct {
+            Some(_) => DeviceDriver::with_channels(
+                config,
+                workload.seed,
+                DirectLibrary::channel(workload.groups.len()),
+            ),
+            None => DeviceDriver::new(config, workload.seed),
+        };
         let plans = workload
             .groups
             .iter()
             .map(|g| {
-                let hit = PermissionOutcome {
-                    soft_miss: false,
-                    hard_miss: false,
-                    tree_depth: 1,
-                };
+                let hit = PermissionOutcome { soft_miss: false };
                 [
                     plan(config, Op::Read, g.size_bytes, hit),
                     plan(config, Op::Write, g.size_bytes, hit),
@@ -186,18 +199,19 @@ impl<'a> Simulation<'a> {
                 latency: LatencyHistogram::new(),
             })
             .collect();
-        Self {
+        Ok(Self {
             config,
             workload,
-            device: Device::new(config, workload.seed),
+            driver,
             queue: EventQueue::new(),
+            finished: Vec::new(),
             threads,
             tags: TagPool::new(config.device.tags),
             tag_waiters: VecDeque::new(),
             free_cores: config.host.cores,
             run_queue: VecDeque::new(),
             servers_free_at: [0; SERVERS],
-            permissions,
+            direct,
             plans,
             issued: 0,
             groups,
@@ -205,23 +219,32 @@ impl<'a> Simulation<'a> {
             cpu_busy_ns: 0,
             events: 0,
             notify_ns: config.link.latency_ns_device_to_host,
-        }
+        })
     }
 
     fn run<C: Clock>(mut self, mut clock: C) -> Result<RunResult, String> {
         for t in 0..self.threads.len() as u32 {
             self.queue.push(0, Event::Wake(t));
         }
-        while let Some((now, event)) = self.queue.pop() {
-            clock.advance_to(now);
-            self.events += 1;
-            match event {
-                Event::Device(e) => {
-                    self.device.handle(now, e);
-                    self.drain_device(now);
+        loop {
+            // The device's events go first at a tie with the host's.
+            let device_due = self.driver.next_event_time();
+            let host_due = self.queue.peek_time();
+            match (device_due, host_due) {
+                (None, None) => break,
+                (Some(d), h) if h.is_none_or(|h| d <= h) => {
+                    clock.advance_to(d);
+                    self.deliver_device(d);
                 }
-                Event::Resume(t) => self.advance(now, t)?,
-                Event::Wake(t) => self.want_core(now, t),
+                _ => {
+                    let (now, event) = self.queue.pop().expect("peeked");
+                    clock.advance_to(now);
+                    self.events += 1;
+                    match event {
+                        Event::Resume(t) => self.advance(now, t)?,
+                        Event::Wake(t) => self.want_core(now, t),
+                    }
+                }
             }
         }
         let mut latency = LatencyHistogram::new();
@@ -235,25 +258,30 @@ impl<'a> Simulation<'a> {
             bytes: self.groups.iter().map(|g| g.bytes).sum(),
             latency,
             groups: self.groups,
-            device: self.device.counters(elapsed_ns),
+            device: self.driver.counters(elapsed_ns),
             events: self.events,
             cpu_busy_ns: self.cpu_busy_ns,
-            soft_misses: self.permissions.as_ref().map_or(0, |p| p.soft_misses),
-            hard_misses: self.permissions.as_ref().map_or(0, |p| p.hard_misses),
+            soft_misses: self.direct.as_ref().map_or(0, |d| d.soft_misses),
+            hard_misses: self.direct.as_ref().map_or(0, |d| d.hard_misses),
         })
     }
 
-    fn drain_device(&mut self, now: Ns) {
-        for i in 0..self.device.outbox.len() {
-            let (t, e) = self.device.outbox[i];
-            self.queue.push(t, Event::Device(e));
+    /// Deliver the device's events due at `now` and finish their requests.
+    fn deliver_device(&mut self, now: Ns) {
+        let mut finished = std::mem::take(&mut self.finished);
+        self.events += self.driver.deliver_due(now, |f| finished.push(f));
+        for f in finished.drain(..) {
+            let c = f.completion;
+            let t = match (f.channel_tag, self.direct.as_mut()) {
+                (Some((channel, virtual_tag)), Some(d)) => d.release(channel, virtual_tag),
+                _ => {
+                    self.tags.release(c.tag);
+                    c.token as u32
+                }
+            };
+            self.completed(c.time_ns, t, c.tag);
         }
-        self.device.outbox.clear();
-        for i in 0..self.device.completions.len() {
-            let c = self.device.completions[i];
-            self.completed(now, c.token as u32, c.tag);
-        }
-        self.device.completions.clear();
+        self.finished = finished;
     }
 
     /// A thread becomes runnable: take a core or queue for one.
@@ -291,21 +319,21 @@ impl<'a> Simulation<'a> {
         th.step = 0;
         th.wait = Wait::None;
         th.completed_at = None;
-        th.plan = match self.permissions.as_mut() {
-            None => self.plans[th.group][(op == Op::Write) as usize],
-            Some(p) => {
-                let offset = addr - group.region_offset_bytes;
-                let extent =
-                    (offset as u128 * p.extents() as u128 / group.region_bytes as u128) as usize;
-                let (soft_miss, hard_miss) = p.access(extent);
-                let outcome = PermissionOutcome {
-                    soft_miss,
-                    hard_miss,
-                    tree_depth: p.tree_depth(),
-                };
-                plan(self.config, op, th.bytes, outcome)
+        th.plan = self.plans[th.group][(op == Op::Write) as usize];
+        if let Some(d) = self.direct.as_mut() {
+            let extent = d.maps[th.group].extent_of(addr);
+            if d.maps[th.group].learn(extent) {
+                // Soft miss: the kernel installs the extent's record.
+                d.soft_misses += 1;
+                d.install(&mut self.driver, th.group, extent);
+                th.plan = plan(
+                    self.config,
+                    op,
+                    th.bytes,
+                    PermissionOutcome { soft_miss: true },
+                );
             }
-        };
+        }
         true
     }
 
@@ -348,7 +376,13 @@ impl<'a> Simulation<'a> {
                     self.queue.push(start + ns, Event::Resume(t));
                     return Ok(());
                 }
-                Step::Issue { protection_ns } => {
+                Step::Issue if self.direct.is_some() => {
+                    if !self.issue_direct(now, t)? {
+                        return Ok(());
+                    }
+                    self.threads[t as usize].step += 1;
+                }
+                Step::Issue => {
                     let Some(tag) = self.tags.allocate() else {
                         // Out of tags: wait (keeping the core) for one to be released.
                         self.tag_waiters.push_back(t);
@@ -358,10 +392,9 @@ impl<'a> Simulation<'a> {
                     th.tag = Some(tag);
                     th.step += 1;
                     let words = encode_command(self.config, tag, th.op, th.addr, th.bytes)?;
-                    self.device
-                        .submit_command(now, words, t as u64, protection_ns)
+                    self.driver
+                        .submit_command(now, words, t as u64)
                         .map_err(|e| format!("device refused a request: {e}"))?;
-                    self.drain_device(now);
                 }
                 Step::Spin { detect_ns } => {
                     let th = &mut self.threads[t as usize];
@@ -404,9 +437,55 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    /// The device finished thread `t`'s request at `now`.
+    /// Issue thread `t`'s request on its group's channel: a virtual tag,
+    /// then the device's retag and protection stages. `false`: the thread
+    /// waits for a tag, or pays a hard miss and retries.
+    fn issue_direct(&mut self, now: Ns, t: u32) -> Result<bool, String> {
+        let d = self.direct.as_mut().expect("direct stack");
+        let th = &mut self.threads[t as usize];
+        let group = th.group;
+        if !self.driver.retag_has_free() {
+            // The retag stage stalls: wait (keeping the core) for a physical tag.
+            self.tag_waiters.push_back(t);
+            return Ok(false);
+        }
+        let Some(virtual_tag) = d.virtual_tags[group].allocate() else {
+            self.tag_waiters.push_back(t);
+            return Ok(false);
+        };
+        let request = ChannelRequest {
+            op: th.op,
+            addr: d.maps[group].device_addr(th.addr),
+            len_bytes: th.bytes,
+            barrier: false,
+        };
+        let channel = DirectLibrary::channel(group);
+        match self
+            .driver
+            .submit_channel(now, channel, virtual_tag.0, request, || true)
+        {
+            Ok(tag) => {
+                th.tag = Some(tag);
+                d.holder[group * VIRTUAL_TAGS + virtual_tag.0 as usize] = t;
+                Ok(true)
+            }
+            Err(ChannelRefusal::MissingRecord { steps }) => {
+                // Hard miss: the table evicted the record.
+                d.virtual_tags[group].release(virtual_tag);
+                d.hard_misses += 1;
+                let extent = d.maps[group].extent_of(th.addr);
+                d.install(&mut self.driver, group, extent);
+                let ns = hard_miss_ns(self.config, steps);
+                self.cpu_busy_ns += ns;
+                self.queue.push(now + ns, Event::Resume(t));
+                Ok(false)
+            }
+            Err(e) => Err(format!("device refused a request: {e:?}")),
+        }
+    }
+
+    /// The device finished thread `t`'s request at `now` (its tag released).
     fn completed(&mut self, now: Ns, t: u32, tag: PhysTag) {
-        self.tags.release(tag);
         if let Some(waiter) = self.tag_waiters.pop_front() {
             self.queue.push(now, Event::Resume(waiter));
         }
@@ -445,6 +524,84 @@ impl<'a> Simulation<'a> {
                 self.queue.push(handled + wake_ns, Event::Wake(t));
             }
         }
+    }
+}
+
+/// Virtual tags of a channel (SPEC §3.1).
+const VIRTUAL_TAGS: usize = 64;
+
+/// The Moneta-D library in a run (SPEC §3.2): each thread group is one
+/// process with its own channel and file.
+struct DirectLibrary {
+    maps: Vec<ExtentMap>,
+    /// Each channel's free virtual tags.
+    virtual_tags: Vec<TagPool>,
+    /// Thread holding each (group, virtual tag).
+    holder: Vec<u32>,
+    soft_misses: u64,
+    hard_misses: u64,
+}
+
+impl DirectLibrary {
+    fn new(config: &Config, workload: &Workload) -> Result<Self, String> {
+        let maps: Vec<ExtentMap> = workload
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(g, group)| ExtentMap::new(&config.direct, group, workload.seed, g as u64))
+            .collect();
+        if let Some((g, m)) = maps
+            .iter()
+            .enumerate()
+            .find(|(_, m)| m.end_bytes() > config.device.capacity_bytes)
+        {
+            return Err(format!(
+                "group {g}'s file of {} extents, with the gaps between non-adjacent ones, ends at byte {} beyond the device's {} (lower direct.file_extents or raise direct.adjacent_fraction)",
+                m.extents(),
+                m.end_bytes(),
+                config.device.capacity_bytes
+            ));
+        }
+        Ok(DirectLibrary {
+            virtual_tags: maps
+                .iter()
+                .map(|_| TagPool::new(VIRTUAL_TAGS as u32))
+                .collect(),
+            holder: vec![u32::MAX; maps.len() * VIRTUAL_TAGS],
+            maps,
+            soft_misses: 0,
+            hard_misses: 0,
+        })
+    }
+
+    /// Group `group`'s channel (channel 0 is the kernel's).
+    fn channel(group: usize) -> u16 {
+        group as u16 + 1
+    }
+
+    /// The kernel installs the record of `group`'s `extent` (SPEC §3.2, §3.3).
+    fn install(&self, driver: &mut DeviceDriver, group: usize, extent: usize) {
+        let (start, len) = self.maps[group].device_range(extent);
+        driver
+            .protection_mut()
+            .apply(&Update::Install(RecordSpec {
+                channel: Self::channel(group),
+                file: group as u64,
+                start: start.0,
+                len,
+                perms: READ | WRITE,
+            }))
+            .expect("a valid record of a channel in range");
+    }
+
+    /// A request of (channel, virtual tag) finished: free the tag, name its thread.
+    fn release(&mut self, channel: u16, virtual_tag: u8) -> u32 {
+        let group = channel as usize - 1;
+        self.virtual_tags[group].release(PhysTag(virtual_tag));
+        std::mem::replace(
+            &mut self.holder[group * VIRTUAL_TAGS + virtual_tag as usize],
+            u32::MAX,
+        )
     }
 }
 
@@ -535,5 +692,28 @@ mod tests {
                 assert_eq!(r.device.requests_completed, 2000, "{stack:?}");
             }
         }
+    }
+
+    #[test]
+    fn direct_processes_share_the_physical_tags_and_the_table() {
+        // Two processes of 48 threads: 96 requests want 64 physical tags, so
+        // the retag stage stalls; a fragmented file in a small table gives
+        // soft and hard misses. Everything completes, reproducibly.
+        let mut c = Config::preset("moneta-d").unwrap();
+        c.host.cores = 96;
+        c.direct.file_extents = 512;
+        c.direct.permission_records = 128;
+        c.direct.adjacent_fraction = 0.25;
+        let w = Workload::fairness(48, 512, 48, 4096, 1 << 30, RunLimit::Ops(6000), 3);
+        let a = run(&c, &w).unwrap();
+        assert_eq!(a.ops, 6000);
+        assert_eq!(a.device.requests_completed, 6000);
+        assert!(a.soft_misses >= 2 * 512 / 2 && a.hard_misses > 0, "{a:?}");
+        let b = run(&c, &w).unwrap();
+        assert_eq!((a.elapsed_ns, a.events), (b.elapsed_ns, b.events));
+        // With more physical tags than requests the retag stage never
+        // stalls, and the run differs.
+        c.device.tags = 128;
+        assert_ne!(run(&c, &w).unwrap().elapsed_ns, a.elapsed_ns);
     }
 }

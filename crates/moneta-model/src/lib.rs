@@ -9,9 +9,11 @@
 //! - [`workload`]: XDD-like closed-loop generators (SPEC §2, §3.5).
 //! - [`host`]: host software stacks: the Linux kernel stacks Base … Balance
 //!   (SPEC §2), Moneta-D's user-space library (SPEC §3), the DDR ramdisk (§6).
-//! - [`device`]: the array: command decoding, tags, request queues, transfer
-//!   buffers and scheduler, DMA over PCIe, ring, memory controllers, start-gap,
-//!   the Onyx PCM controller, the power model (SPEC §1, §5).
+//! - [`device`]: the array: command decoding, tags, Moneta-D retag and
+//!   permission table, request queues, transfer buffers and scheduler, DMA
+//!   over PCIe, ring, memory controllers, start-gap, the Onyx PCM
+//!   controller, the power model (SPEC §1, §3.3, §5), and the driver that
+//!   delivers its events on any clock.
 //! - [`kernel`]: the event kernel, clocks and seeded randomness.
 //! - [`config`]: presets as data, overrides, validation.
 //! - [`experiment`]: runs one configured experiment and reports its results.

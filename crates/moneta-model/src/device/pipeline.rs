@@ -1,7 +1,7 @@
 //! The device: the request pipeline of SPEC §1.4 wired together.
 //!
 //! A command enters through the registers, passes retag and protection (a
-//! fixed pipeline time plus the permission-tree walk the host stack reports),
+//! fixed pipeline time plus the permission-tree walk that `driver` times),
 //! waits behind barriers if any, and joins the request queues. The scheduler
 //! gives each free transfer buffer to the next segment the queue policy picks:
 //!
@@ -14,8 +14,9 @@
 //!
 //! A request completes when all its segments are done. The device is clock
 //! agnostic: it is handed `now` and writes the events it wants delivered into
-//! `outbox` and finished requests into `completions`; whoever drives it (the
-//! simulator's event loop, the emulator's polling thread) delivers them.
+//! `outbox` and finished requests into `completions`; `driver::DeviceDriver`
+//! delivers them, for the simulator's event loop and the emulator's polling
+//! thread alike.
 
 use super::buffers::{BufferPool, Segment, Striping};
 use super::command::{self, CommandError, CommandFormat, CommandLimits};

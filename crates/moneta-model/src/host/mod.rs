@@ -18,7 +18,7 @@
 //! | ramdisk | yes | none | none | CPU copies | synchronous |
 //! | raw | no software at all (the device alone, to compare with the emulator) | | | 1 atomic word | seen at once |
 
-pub mod permissions;
+pub mod extent_map;
 
 use crate::config::{Completion, Config, Stack};
 use crate::units::{Ns, Op};
@@ -53,9 +53,9 @@ pub enum Step {
     Cpu(Ns),
     /// A serialized section; the thread keeps its core while it waits (spinlock).
     Serial(Server, Ns),
-    /// Take a tag and hand the command to the device; the device's
-    /// protection check takes `protection_ns`.
-    Issue { protection_ns: Ns },
+    /// Take a tag and hand the command to the device (for Moneta-D, the
+    /// device's retag and protection stages time their own part).
+    Issue,
     /// Spin on the core until the completion is seen, `detect_ns` after the device finished.
     Spin { detect_ns: Ns },
     /// Sleep; the interrupt handler (under `lock` if any) and the wake-up run after the device finishes.
@@ -110,13 +110,23 @@ impl Plan {
     }
 }
 
-/// What a direct-stack request met in the permission model (SPEC §3.2–3.3).
+/// What a direct-stack request met in the library's extent map (SPEC §3.2).
+/// Hard misses are the device's answer at issue: see [`hard_miss_ns`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PermissionOutcome {
     pub soft_miss: bool,
-    pub hard_miss: bool,
-    /// Depth of the channel's permission tree for the device's check.
-    pub tree_depth: u32,
+}
+
+/// The library's time for a hard miss (SPEC §3.2): the device took the
+/// request through its pipeline and a table walk of `rejected_steps` steps,
+/// rejected it for a missing record; the library notices the error,
+/// re-installs the record and retries the issue.
+pub fn hard_miss_ns(config: &Config, rejected_steps: u32) -> Ns {
+    let d = &config.direct;
+    config.device.pipeline_ns
+        + rejected_steps as u64 * d.tree_step_ns
+        + d.hard_miss_detect_ns
+        + d.permission_update_ns
 }
 
 fn rw(op: Op, read: u64, write: u64) -> Ns {
@@ -160,7 +170,7 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
     let interrupt_ns = rw(op, c.interrupt_ns_read, c.interrupt_ns_write);
     let wake_ns = rw(op, c.wake_ns_read, c.wake_ns_write);
     let ret = rw(op, c.return_ns_read, c.return_ns_write);
-    let issue = Step::Issue { protection_ns: 0 };
+    let issue = Step::Issue;
     match h.stack {
         Stack::Base => {
             // "The no-op scheduler is single-threaded so it removes any
@@ -233,19 +243,10 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                     d.soft_miss_ns_one
                 } + d.permission_update_ns;
             }
-            let protection_ns = permissions.tree_depth as u64 * d.tree_step_ns;
-            if permissions.hard_miss {
-                // The device rejects the request after its check; the library
-                // notices the error, re-installs the record and retries.
-                software += config.device.pipeline_ns
-                    + protection_ns
-                    + d.hard_miss_detect_ns
-                    + d.permission_update_ns;
-            }
             let (copy_in, copy_out) =
                 copies(op, bytes, d.copy_ns_per_kb_read, d.copy_ns_per_kb_write);
             p.push(Step::Cpu(software + copy_in));
-            p.push(Step::Issue { protection_ns });
+            p.push(issue);
             match d.completion {
                 Completion::Dma => p.push(Step::Spin {
                     detect_ns: rw(op, d.completion_ns_read_dma, d.completion_ns_write_dma),
@@ -344,15 +345,8 @@ mod tests {
     #[test]
     fn direct_misses_cost_table_4_2_time() {
         let mut c = Config::preset("moneta-d").unwrap();
-        let hit = PermissionOutcome {
-            soft_miss: false,
-            hard_miss: false,
-            tree_depth: 1,
-        };
-        let soft = PermissionOutcome {
-            soft_miss: true,
-            ..hit
-        };
+        let hit = PermissionOutcome { soft_miss: false };
+        let soft = PermissionOutcome { soft_miss: true };
         let cpu = |p: Plan| {
             p.steps()
                 .iter()

@@ -210,6 +210,9 @@ pub struct PermissionTable {
     /// Slot list reused by `ClearChannel` and `RemoveFile` so updates do not
     /// allocate either; its capacity is the arena's.
     scratch: Vec<u32>,
+    /// Merge physically adjacent records of the same file and bits (on by
+    /// default; `direct.merge_records = false` models a device without it).
+    merging: bool,
     stats: ProtectionStats,
 }
 
@@ -231,8 +234,16 @@ impl PermissionTable {
             free: (0..capacity_records).rev().collect(),
             clock_hand: 0,
             scratch: Vec::with_capacity(capacity),
+            merging: true,
             stats: ProtectionStats::default(),
         }
+    }
+
+    /// The same table with record merging switched on or off (SPEC §3.3:
+    /// without merging, a fragmented file needs one record per extent).
+    pub fn with_merging(mut self, merging: bool) -> Self {
+        self.merging = merging;
+        self
     }
 
     /// Applies one control-plane update. A rejected update changes nothing.
@@ -371,7 +382,10 @@ impl PermissionTable {
                         "channel {channel}: records out of order or overlapping at slot {node}"
                     );
                     assert!(
-                        !(p.end_byte == n.start_byte && p.file == n.file && p.perms == n.perms),
+                        !(self.merging
+                            && p.end_byte == n.start_byte
+                            && p.file == n.file
+                            && p.perms == n.perms),
                         "channel {channel}: adjacent mergeable records left unmerged at slot {node}"
                     );
                 }
@@ -574,7 +588,7 @@ impl PermissionTable {
     fn insert_merged(&mut self, spec: RecordSpec, end_byte: u64, split_tail: u32) {
         let channel = spec.channel;
         let mergeable = |table: &Self, node: u32| {
-            node != NIL && {
+            table.merging && node != NIL && {
                 let n = table.node(node);
                 n.file == spec.file && n.perms == spec.perms
             }
@@ -1141,6 +1155,21 @@ mod tests {
         assert_eq!(
             outcome(&mut table, 0, 900, 400, Access::Write),
             CheckOutcome::Allowed
+        );
+    }
+
+    #[test]
+    fn protection_without_merging_keeps_one_record_per_extent() {
+        let mut table = PermissionTable::new(16, 1).with_merging(false);
+        install(&mut table, spec(0, 3, 1000, 100, READ));
+        install(&mut table, spec(0, 3, 1100, 100, READ));
+        assert_eq!(table.stats().merges, 0);
+        assert_eq!(table.stats().records_in_use, 2);
+        table.check_invariants();
+        // The two records together do not cover a range across them.
+        assert_eq!(
+            outcome(&mut table, 0, 1050, 100, Access::Read),
+            CheckOutcome::Missing
         );
     }
 

@@ -2,10 +2,12 @@
 //! a (channel, virtual tag) pair in flight holds one of the device's physical
 //! tags, taken from a hardware free list. When none is free the stage stalls
 //! (the device stops taking commands) until a completion releases one. The
-//! rest of the pipeline carries only the physical tag.
+//! rest of the pipeline carries only the physical tag. [`RoundRobin`] is the
+//! order in which the stage visits the channels for new commands, so that
+//! when tags are scarce every channel gets its turn.
 
-use moneta_model::device::tags::TagPool;
-use moneta_model::units::PhysTag;
+use super::tags::TagPool;
+use crate::units::PhysTag;
 
 pub struct Retag {
     pool: TagPool,
@@ -47,6 +49,24 @@ impl Retag {
     }
 }
 
+/// Round-robin order over the channels with commands: each pass starts one
+/// channel further than the last.
+#[derive(Debug, Clone, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl RoundRobin {
+    /// Positions `0..n` in this pass's order.
+    pub fn pass(&mut self, n: usize) -> impl Iterator<Item = usize> + use<> {
+        let start = if n > 0 { self.next % n } else { 0 };
+        if n > 0 {
+            self.next = (start + 1) % n;
+        }
+        (0..n).map(move |i| (start + i) % n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,5 +82,14 @@ mod tests {
         assert!(r.has_free());
         assert_eq!(r.map(7, 0), Some(a));
         assert_eq!(r.in_flight(), 2);
+    }
+
+    #[test]
+    fn round_robin_starts_one_further_each_pass() {
+        let mut r = RoundRobin::default();
+        assert_eq!(r.pass(3).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(r.pass(3).collect::<Vec<_>>(), vec![1, 2, 0]);
+        assert_eq!(r.pass(2).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(r.pass(0).count(), 0);
     }
 }

@@ -1,0 +1,312 @@
+//! The device driver loop: the one place that hands the device its requests
+//! and delivers its timed events (DESIGN "One model, two clocks"; SPEC §1.4).
+//!
+//! [`DeviceDriver`] owns the [`Device`] and the queue of its own future
+//! events. Whoever drives it passes `now` from its clock: the simulator's
+//! virtual clock jumps to [`DeviceDriver::next_event_time`], the emulator's
+//! wall clock polls. Every event is delivered at its own model time, so both
+//! compute the same completion times for the same requests.
+//!
+//! For the Moneta-D stacks the driver also holds the two pipeline stages in
+//! front of the request queues (SPEC §1.4, §3.3): [`Retag`] (a (channel,
+//! virtual tag) pair takes one of the device's physical tags; none free is a
+//! stall the caller waits out) and the [`PermissionTable`] (the channel's
+//! tree walk; its steps × `direct.tree_step_ns` are the request's protection
+//! time). The kernel stacks bring their own physical tags and skip both.
+
+use super::pipeline::{
+    CommandWords, Completion, Device, DeviceCounters, DeviceError, DeviceEvent, DeviceRequest,
+};
+use super::protection::{Access, CheckOutcome, PermissionTable};
+use super::retag::Retag;
+use crate::config::Config;
+use crate::kernel::EventQueue;
+use crate::units::{DeviceAddr, Ns, Op, PhysTag};
+
+/// The Moneta-D stages in front of the queues: retag, then protection.
+struct ChannelFront {
+    retag: Retag,
+    protection: PermissionTable,
+    tree_step_ns: Ns,
+}
+
+/// A request a channel issued, as the device decoded it (SPEC §3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelRequest {
+    pub op: Op,
+    pub addr: DeviceAddr,
+    pub len_bytes: u64,
+    pub barrier: bool,
+}
+
+/// Why a channel's request did not enter the queues.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelRefusal {
+    /// No physical tag is free: the retag stage stalls (SPEC §1.4).
+    Stalled,
+    /// No record covers the range: a hard miss for the library (SPEC §3.3).
+    MissingRecord {
+        steps: u32,
+    },
+    /// A record covers it but lacks the needed bit (SPEC §3.3).
+    PermissionDenied {
+        steps: u32,
+    },
+    /// The caller's data movement failed after the check passed.
+    DataMovement,
+    Device(DeviceError),
+}
+
+/// A finished request, with the channel and virtual tag it came from when
+/// the retag stage mapped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub completion: Completion,
+    pub channel_tag: Option<(u16, u8)>,
+}
+
+pub struct DeviceDriver {
+    device: Device,
+    queue: EventQueue<DeviceEvent>,
+    front: Option<ChannelFront>,
+    completions: Vec<Completion>,
+    /// Time of the last event delivered.
+    model_time_ns: Ns,
+}
+
+impl DeviceDriver {
+    /// The device alone: callers bring physical tags (the kernel stacks).
+    pub fn new(config: &Config, seed: u64) -> Self {
+        DeviceDriver {
+            device: Device::new(config, seed),
+            queue: EventQueue::new(),
+            front: None,
+            completions: Vec::with_capacity(config.device.tags as usize),
+            model_time_ns: 0,
+        }
+    }
+
+    /// The device behind `channels` Moneta-D channels: retag onto its
+    /// physical tags and the shared permission table of
+    /// `direct.permission_records` records.
+    pub fn with_channels(config: &Config, seed: u64, channels: u16) -> Self {
+        let mut driver = Self::new(config, seed);
+        driver.front = Some(ChannelFront {
+            retag: Retag::new(config.device.tags),
+            protection: PermissionTable::new(config.direct.permission_records, channels)
+                .with_merging(config.direct.merge_records),
+            tree_step_ns: config.direct.tree_step_ns,
+        });
+        driver
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub fn counters(&self, now_ns: Ns) -> DeviceCounters {
+        self.device.counters(now_ns)
+    }
+
+    /// Time of the device's earliest pending event.
+    pub fn next_event_time(&self) -> Option<Ns> {
+        self.queue.peek_time()
+    }
+
+    /// Time of the last event delivered: how far the model has got.
+    pub fn model_time_ns(&self) -> Ns {
+        self.model_time_ns
+    }
+
+    /// No event pending: the device has nothing in flight.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn front(&self) -> &ChannelFront {
+        self.front.as_ref().expect("a driver built with_channels")
+    }
+
+    fn front_mut(&mut self) -> &mut ChannelFront {
+        self.front.as_mut().expect("a driver built with_channels")
+    }
+
+    /// The channels' permission table (the control plane edits it between commands).
+    pub fn protection(&self) -> &PermissionTable {
+        &self.front().protection
+    }
+
+    pub fn protection_mut(&mut self) -> &mut PermissionTable {
+        &mut self.front_mut().protection
+    }
+
+    /// A physical tag is free: the retag stage can take a command.
+    pub fn retag_has_free(&self) -> bool {
+        self.front().retag.has_free()
+    }
+
+    /// Move the events the device just scheduled into the queue.
+    fn collect_scheduled(&mut self) {
+        for (t, e) in self.device.outbox.drain(..) {
+            self.queue.push(t, e);
+        }
+    }
+
+    /// Command words from a kernel stack, under the tag they carry (SPEC
+    /// §1.2); no retag or protection stage.
+    pub fn submit_command(
+        &mut self,
+        now_ns: Ns,
+        words: CommandWords,
+        token: u64,
+    ) -> Result<PhysTag, DeviceError> {
+        let tag = self.device.submit_command(now_ns, words, token, 0)?;
+        self.collect_scheduled();
+        Ok(tag)
+    }
+
+    /// A request of `channel`'s virtual tag through retag and protection
+    /// (SPEC §1.4). `move_data` runs once the check allowed the access and
+    /// before the request enters the queues (the emulator copies the bytes
+    /// there); `false` from it refuses the request. The token of the
+    /// completion is [`channel_token`].
+    pub fn submit_channel(
+        &mut self,
+        now_ns: Ns,
+        channel: u16,
+        virtual_tag: u8,
+        request: ChannelRequest,
+        move_data: impl FnOnce() -> bool,
+    ) -> Result<PhysTag, ChannelRefusal> {
+        let front = self.front_mut();
+        if !front.retag.has_free() {
+            return Err(ChannelRefusal::Stalled);
+        }
+        let access = match request.op {
+            Op::Read => Access::Read,
+            Op::Write => Access::Write,
+        };
+        let check = front
+            .protection
+            .check(channel, request.addr.0, request.len_bytes, access);
+        match check.outcome {
+            CheckOutcome::Allowed => {}
+            CheckOutcome::Missing => {
+                return Err(ChannelRefusal::MissingRecord { steps: check.steps })
+            }
+            CheckOutcome::Denied => {
+                return Err(ChannelRefusal::PermissionDenied { steps: check.steps })
+            }
+        }
+        if !move_data() {
+            return Err(ChannelRefusal::DataMovement);
+        }
+        let front = self.front_mut();
+        let tag = front
+            .retag
+            .map(channel, virtual_tag)
+            .expect("checked a physical tag is free");
+        let device_request = DeviceRequest {
+            token: channel_token(channel, virtual_tag),
+            op: request.op,
+            addr: request.addr,
+            len_bytes: request.len_bytes,
+            barrier: request.barrier,
+            protection_ns: check.steps as Ns * front.tree_step_ns,
+        };
+        if let Err(e) = self.device.submit(now_ns, tag, device_request) {
+            self.front_mut().retag.release(tag);
+            return Err(ChannelRefusal::Device(e));
+        }
+        self.collect_scheduled();
+        Ok(tag)
+    }
+
+    /// Deliver every event due by `now_ns`, each at its own model time, and
+    /// hand each finished request to `on_finished` (its physical tag already
+    /// released by the retag stage). Returns the number of events delivered.
+    pub fn deliver_due(&mut self, now_ns: Ns, mut on_finished: impl FnMut(Finished)) -> u64 {
+        let mut delivered = 0;
+        while self.queue.peek_time().is_some_and(|t| t <= now_ns) {
+            let (t, event) = self.queue.pop().expect("peeked");
+            self.model_time_ns = t;
+            self.device.handle(t, event);
+            self.collect_scheduled();
+            std::mem::swap(&mut self.completions, &mut self.device.completions);
+            for i in 0..self.completions.len() {
+                let completion = self.completions[i];
+                let channel_tag = self.front.as_mut().map(|f| {
+                    let (channel, tag) = f.retag.release(completion.tag);
+                    debug_assert_eq!(completion.token, channel_token(channel, tag));
+                    (channel, tag)
+                });
+                on_finished(Finished {
+                    completion,
+                    channel_tag,
+                });
+            }
+            self.completions.clear();
+            delivered += 1;
+        }
+        delivered
+    }
+}
+
+/// The completion token of a channel's request: (channel, virtual tag).
+pub fn channel_token(channel: u16, virtual_tag: u8) -> u64 {
+    (u64::from(channel) << 8) | u64::from(virtual_tag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::protection::{RecordSpec, Update, READ};
+
+    fn request(op: Op, addr: u64, len_bytes: u64) -> ChannelRequest {
+        ChannelRequest {
+            op,
+            addr: DeviceAddr(addr),
+            len_bytes,
+            barrier: false,
+        }
+    }
+
+    #[test]
+    fn channel_requests_pass_retag_and_protection_and_stall_without_tags() {
+        let mut c = Config::preset("moneta-d").unwrap();
+        c.device.tags = 2;
+        let mut d = DeviceDriver::with_channels(&c, 1, 4);
+        d.protection_mut()
+            .apply(&Update::Install(RecordSpec {
+                channel: 1,
+                file: 0,
+                start: 0,
+                len: 1 << 20,
+                perms: READ,
+            }))
+            .unwrap();
+        assert_eq!(
+            d.submit_channel(0, 1, 9, request(Op::Write, 0, 512), || true),
+            Err(ChannelRefusal::PermissionDenied { steps: 1 })
+        );
+        assert_eq!(
+            d.submit_channel(0, 2, 0, request(Op::Read, 0, 512), || true),
+            Err(ChannelRefusal::MissingRecord { steps: 0 })
+        );
+        d.submit_channel(0, 1, 9, request(Op::Read, 0, 512), || true)
+            .unwrap();
+        d.submit_channel(0, 1, 10, request(Op::Read, 4096, 512), || true)
+            .unwrap();
+        assert_eq!(
+            d.submit_channel(0, 1, 11, request(Op::Read, 8192, 512), || true),
+            Err(ChannelRefusal::Stalled)
+        );
+        let mut done = Vec::new();
+        while let Some(t) = d.next_event_time() {
+            d.deliver_due(t, |f| done.push(f));
+        }
+        let owners: Vec<_> = done.iter().map(|f| f.channel_tag).collect();
+        assert_eq!(owners, vec![Some((1, 9)), Some((1, 10))]);
+        assert!(d.retag_has_free());
+    }
+}
