@@ -1,7 +1,7 @@
 //! The emulator's commands: `moneta serve` (monetad) and `moneta bench`
 //! (XDD through libmoneta, on an embedded device or a running daemon).
 
-use crate::output::Format;
+use crate::output::{self, Format};
 use crate::{parse_op, LimitArgs, ModelArgs};
 use clap::Args;
 use moneta::bench::{self, BenchSpec, BenchSummary};
@@ -210,41 +210,13 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         w.limit = RunLimit::Ops(result.ops.max(1));
         summary.sim = Some(workload_point(&sim_config, &w)?);
     }
-    print_bench(&summary, a.model.format);
-    Ok(())
+    print_bench(&summary, a.model.format)
 }
 
-fn print_bench(s: &BenchSummary, format: Format) {
+fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
     match format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(s).expect("summary serializes")
-        ),
-        Format::Csv => {
-            println!("preset,target,op,size,threads,qd,completion,ops,mb_per_s,iops,mean_us,p50_us,p99_us,sim_mean_us,sim_mb_per_s");
-            let (sim_mean, sim_bw) = s.sim.as_ref().map_or((String::new(), String::new()), |p| {
-                (
-                    format!("{:.3}", p.latency_us_mean),
-                    format!("{:.1}", p.bandwidth_mb_per_s),
-                )
-            });
-            println!(
-                "{},{},{},{},{},{},{},{},{:.1},{:.0},{:.3},{:.3},{:.3},{sim_mean},{sim_bw}",
-                s.preset,
-                s.target,
-                s.op,
-                s.size_bytes,
-                s.threads,
-                s.queue_depth,
-                s.completion,
-                s.ops,
-                s.bandwidth_mb_per_s,
-                s.iops,
-                s.latency_us_mean,
-                s.latency_us_p50,
-                s.latency_us_p99
-            );
-        }
+        Format::Json => output::print_json(s),
+        Format::Csv => output::print_csv(std::slice::from_ref(s)),
         Format::Table => {
             println!(
                 "emulator: preset {}  {}  {} {} B  threads {}  qd {}  completion {}  seed {}",
@@ -258,13 +230,13 @@ fn print_bench(s: &BenchSummary, format: Format) {
                 s.seed
             );
             println!(
-                "{:<10} {:>10} {:>11} {:>9} {:>9} {:>9}",
-                "", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs"
+                "{:<10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                "", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs", "p99.9 µs", "max µs"
             );
-            let row = |label: &str, numbers: [f64; 5]| {
-                let [bandwidth, iops, mean, p50, p99] = numbers;
+            let row = |label: &str, numbers: [f64; 7]| {
+                let [bandwidth, iops, mean, p50, p99, p99_9, max] = numbers;
                 println!(
-                    "{label:<10} {bandwidth:>10.1} {iops:>11.0} {mean:>9.3} {p50:>9.3} {p99:>9.3}"
+                    "{label:<10} {bandwidth:>10.1} {iops:>11.0} {mean:>9.3} {p50:>9.3} {p99:>9.3} {p99_9:>9.3} {max:>9.3}"
                 );
             };
             row(
@@ -275,6 +247,8 @@ fn print_bench(s: &BenchSummary, format: Format) {
                     s.latency_us_mean,
                     s.latency_us_p50,
                     s.latency_us_p99,
+                    s.latency_us_p99_9,
+                    s.latency_us_max,
                 ],
             );
             if let Some(p) = &s.sim {
@@ -286,6 +260,8 @@ fn print_bench(s: &BenchSummary, format: Format) {
                         p.latency_us_mean,
                         p.latency_us_p50,
                         p.latency_us_p99,
+                        p.latency_us_p99_9,
+                        p.latency_us_max,
                     ],
                 );
             }
@@ -299,6 +275,7 @@ fn print_bench(s: &BenchSummary, format: Format) {
                 d.lookup_steps_mean,
                 d.lookup_ns_mean
             );
+            Ok(())
         }
     }
 }

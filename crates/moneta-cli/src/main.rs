@@ -347,8 +347,7 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
         .pattern
         .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
     let point = workload_point(&config, &w)?;
-    output::print_points(&[point], a.model.format, false);
-    Ok(())
+    output::print_points(&[point], a.model.format, false)
 }
 
 /// `i/n` with i < n.
@@ -423,7 +422,7 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
             ""
         );
     }
-    output::print_points(&points, a.model.format, true);
+    output::print_points(&points, a.model.format, true)?;
     if let Some(path) = &a.plot {
         let svg = output::bandwidth_chart(&config, &points).to_svg(900, 480);
         plot::write_file(path, &svg).map_err(|e| e.to_string())?;
