@@ -101,7 +101,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub fn serve(a: ServeArgs) -> Result<(), String> {
-    let config = a.model.config()?;
+    let config = a.model.device.config()?;
     let medium = medium_for(&config, a.image.as_deref())?;
     let options = EngineOptions {
         seed: a.model.seed,
@@ -149,8 +149,8 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
     let region = |capacity: u64| a.region_bytes.unwrap_or_else(|| capacity.min(1 << 30));
     let (m, config, target) = match &a.daemon {
         Some(socket) => {
-            if a.model.preset_given() {
-                return Err("--preset, --stack, --tech and --set describe an embedded device; a daemon has its own (moneta serve --preset …)".into());
+            if a.model.device.given() {
+                return Err("--preset, --config, --stack, --tech and --set describe an embedded device; a daemon has its own (moneta serve --preset …)".into());
             }
             let m = Moneta::connect(socket).map_err(|e| e.to_string())?;
             let config: Config = serde_json::from_value(m.info().config.clone())
@@ -158,7 +158,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
             (m, config, socket.display().to_string())
         }
         None => {
-            let config = a.model.config()?;
+            let config = a.model.device.config()?;
             let medium = medium_for(&config, a.image.as_deref())?;
             let options = EngineOptions {
                 seed: a.model.seed,
@@ -175,7 +175,10 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
     };
     let region = region(m.capacity_bytes());
     // The limit is in real time here (or a request count).
-    let (ops, duration_ns) = match a.limit.limit(0)? {
+    let limit = a.limit.limit(0)?;
+    crate::warn_if_threads_exceed_ops(u64::from(a.threads) * u64::from(a.qd), limit);
+    warn_if_threads_exceed_cores(a.threads);
+    let (ops, duration_ns) = match limit {
         RunLimit::Ops(0) => (None, 2_000_000_000),
         RunLimit::Ops(n) => (Some(n), u64::MAX),
         RunLimit::DurationNs(ns) => (None, ns),
@@ -211,6 +214,19 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         summary.sim = Some(workload_point(&sim_config, &w)?);
     }
     print_bench(&summary, a.model.format)
+}
+
+/// Warn (stderr) when the client threads and the device thread (embedded,
+/// or monetad's on this machine) outnumber the cores: a thread then waits
+/// for a core, and the measured latencies include that wait.
+fn warn_if_threads_exceed_cores(client_threads: u32) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if client_threads as usize + 1 > cores {
+        eprintln!(
+            "moneta: warning: {client_threads} client threads + 1 device thread > {cores} cores: \
+             threads wait for a core, and the latencies include the wait"
+        );
+    }
 }
 
 fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
