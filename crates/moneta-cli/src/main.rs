@@ -1,6 +1,8 @@
 //! `moneta`: the command-line face of the model.
 //!
-//! - `moneta presets` lists the presets (and with `--verbose` their TOML).
+//! - `moneta presets` lists the presets (and with `--verbose` their TOML);
+//!   `moneta config dump` prints one, every key, to start a `--config` file.
+//!   Every command that models a device takes `--preset` or `--config`.
 //! - `moneta sim run` simulates one point; `moneta sim sweep` a grid of
 //!   operations × request sizes, with sharding, progress, and SVG/HTML plots.
 //! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
@@ -131,9 +133,7 @@ impl DeviceArgs {
 
     pub(crate) fn config(&self) -> Result<Config, String> {
         let mut c = match &self.config {
-            Some(path) => {
-                Config::from_file(path).map_err(|e| format!("--config {}: {e}", path.display()))?
-            }
+            Some(path) => config_file(path)?,
             None => Config::preset(self.preset.as_deref().unwrap_or("moneta"))
                 .map_err(|e| e.to_string())?,
         };
@@ -148,6 +148,11 @@ impl DeviceArgs {
         }
         Ok(c)
     }
+}
+
+/// Load `--config FILE`; errors name the file.
+pub(crate) fn config_file(path: &std::path::Path) -> Result<Config, String> {
+    Config::from_file(path).map_err(|e| format!("--config {}: {e}", path.display()))
 }
 
 /// The device, the seed and the output format of a run.
@@ -519,6 +524,10 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
 fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
     let config = a.model.device.config()?;
     let limit = a.limit.limit(100_000)?;
+    warn_if_threads_exceed_ops(
+        u64::from(a.small_threads) + u64::from(a.large_threads),
+        limit,
+    );
     let w = Workload::fairness(
         a.small_threads,
         a.small_size,
@@ -579,6 +588,7 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
 fn sim_speed(a: SpeedArgs) -> Result<(), String> {
     let config = a.model.device.config()?;
     let op = parse_op(&a.op)?;
+    warn_if_threads_exceed_ops(a.threads.into(), RunLimit::Ops(a.ops));
     let w = Workload::xdd(
         op,
         a.size,

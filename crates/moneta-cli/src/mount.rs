@@ -930,9 +930,7 @@ impl Wanted {
             ),
         };
         let mut config = match &file {
-            Some(p) => {
-                Config::from_file(p).map_err(|e| format!("--config {}: {e}", p.display()))?
-            }
+            Some(p) => crate::config_file(p)?,
             None => Config::preset(&preset).map_err(|e| e.to_string())?,
         };
         let preset = config.name.clone();

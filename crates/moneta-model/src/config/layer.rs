@@ -37,15 +37,7 @@ fn resolve_depth(layer: &mut Table, origin: &str, depth: usize) -> Result<(), Co
             if depth > presets::PRESETS.len() {
                 return Err(err("inherits", format!("{origin} inherits in a cycle")));
             }
-            let text = presets::preset_source(&parent).ok_or_else(|| {
-                err(
-                    "inherits",
-                    format!(
-                        "unknown preset '{parent}' (expected one of {})",
-                        presets::preset_names().collect::<Vec<_>>().join(", ")
-                    ),
-                )
-            })?;
+            let text = presets::source_or_error(&parent, "inherits")?;
             let mut base = parse(text, &format!("preset '{parent}'"))?;
             resolve_depth(&mut base, &format!("preset '{parent}'"), depth + 1)?;
             overlay(&mut base, std::mem::take(layer));

@@ -396,16 +396,7 @@ pub struct PowerConfig {
 impl Config {
     /// Load a preset by name, e.g. `moneta` or `onyx-late`.
     pub fn preset(name: &str) -> Result<Config, ConfigError> {
-        let text = preset_source(name).ok_or_else(|| {
-            let names: Vec<_> = preset_names().collect();
-            err(
-                "",
-                format!(
-                    "unknown preset '{name}' (expected one of {})",
-                    names.join(", ")
-                ),
-            )
-        })?;
+        let text = presets::source_or_error(name, "")?;
         let origin = format!("preset '{name}'");
         layer::build(layer::resolve(layer::parse(text, &origin)?, &origin)?)
     }
