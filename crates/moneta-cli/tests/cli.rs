@@ -194,13 +194,28 @@ fn presets_lists_every_preset() {
     }
 }
 
-/// A file in the test's own temporary directory.
-fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("moneta-cli-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
+/// A temporary directory for one test, removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("moneta-cli-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    /// A file in the directory holding `text`.
+    fn file(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn stderr(o: &Output) -> String {
@@ -255,10 +270,11 @@ fn results_report_p99_9_and_max_in_json_and_csv_alike() {
 
 #[test]
 fn config_dump_round_trips_to_identical_simulation_output() {
+    let scratch = Scratch::new("dump");
     for preset in ["moneta-d", "onyx-early"] {
         let dump = moneta(&["config", "dump", "--preset", preset]);
         assert!(dump.status.success(), "{}", stderr(&dump));
-        let file = temp_file(&format!("{preset}.toml"), &stdout(&dump));
+        let file = scratch.file(&format!("{preset}.toml"), &stdout(&dump));
         let run = |device: &[&str]| {
             let args = [
                 &["sim", "run", "--op", "mixed", "--ops", "4000"][..],
@@ -294,19 +310,20 @@ fn the_example_configuration_loads() {
 
 #[test]
 fn configuration_errors_name_the_key_and_what_is_allowed() {
-    let bad_key = temp_file(
+    let scratch = Scratch::new("errors");
+    let bad_key = scratch.file(
         "bad-key.toml",
         "inherits = \"moneta\"\n[memory]\ncontolers = 4\n",
     );
-    let bad_enum = temp_file(
+    let bad_enum = scratch.file(
         "bad-enum.toml",
         "inherits = \"moneta\"\n[device]\nqueue_policy = \"lifo\"\n",
     );
-    let bad_tech = temp_file(
+    let bad_tech = scratch.file(
         "bad-tech.toml",
         "inherits = \"moneta\"\n[memory]\ntechnology = \"nosuch\"\n",
     );
-    let not_toml = temp_file("not-toml.toml", "[memory\n");
+    let not_toml = scratch.file("not-toml.toml", "[memory\n");
     let missing = std::env::temp_dir().join("moneta-no-such-file.toml");
     let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
     for (args, needles) in [
