@@ -209,6 +209,8 @@ pub struct BenchSummary {
     pub latency_us_mean: f64,
     pub latency_us_p50: f64,
     pub latency_us_p99: f64,
+    pub latency_us_p99_9: f64,
+    pub latency_us_max: f64,
     pub soft_misses: u64,
     pub hard_misses: u64,
     /// The device thread's own counters (timing precision, protection).
@@ -249,6 +251,8 @@ impl BenchSummary {
             latency_us_mean: r.latency.mean_ns() / 1e3,
             latency_us_p50: r.latency.percentile_ns(0.5) / 1e3,
             latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
+            latency_us_p99_9: r.latency.percentile_ns(0.999) / 1e3,
+            latency_us_max: r.latency.max_ns() as f64 / 1e3,
             soft_misses,
             hard_misses,
             device,

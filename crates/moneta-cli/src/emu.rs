@@ -1,7 +1,7 @@
 //! The emulator's commands: `moneta serve` (monetad) and `moneta bench`
 //! (XDD through libmoneta, on an embedded device or a running daemon).
 
-use crate::output::Format;
+use crate::output::{self, Format};
 use crate::{parse_op, LimitArgs, ModelArgs};
 use clap::Args;
 use moneta::bench::{self, BenchSpec, BenchSummary};
@@ -101,7 +101,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub fn serve(a: ServeArgs) -> Result<(), String> {
-    let config = a.model.config()?;
+    let config = a.model.device.config()?;
     let medium = medium_for(&config, a.image.as_deref())?;
     let options = EngineOptions {
         seed: a.model.seed,
@@ -150,8 +150,8 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
     let region = |capacity: u64| a.region_bytes.unwrap_or_else(|| capacity.min(1 << 30));
     let (m, config, target) = match &a.daemon {
         Some(socket) => {
-            if a.model.preset_given() {
-                return Err("--preset, --stack, --tech and --set describe an embedded device; a daemon has its own (moneta serve --preset …)".into());
+            if a.model.device.given() {
+                return Err("--preset, --config, --stack, --tech and --set describe an embedded device; a daemon has its own (moneta serve --preset …)".into());
             }
             let m = Moneta::connect(socket).map_err(|e| e.to_string())?;
             let config: Config = serde_json::from_value(m.info().config.clone())
@@ -159,7 +159,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
             (m, config, socket.display().to_string())
         }
         None => {
-            let config = a.model.config()?;
+            let config = a.model.device.config()?;
             let medium = medium_for(&config, a.image.as_deref())?;
             let options = EngineOptions {
                 seed: a.model.seed,
@@ -176,7 +176,10 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
     };
     let region = region(m.capacity_bytes());
     // The limit is in real time here (or a request count).
-    let (ops, duration_ns) = match a.limit.limit(0)? {
+    let limit = a.limit.limit(0)?;
+    crate::warn_if_threads_exceed_ops(u64::from(a.threads) * u64::from(a.qd), limit);
+    warn_if_threads_exceed_cores(a.threads);
+    let (ops, duration_ns) = match limit {
         RunLimit::Ops(0) => (None, 2_000_000_000),
         RunLimit::Ops(n) => (Some(n), u64::MAX),
         RunLimit::DurationNs(ns) => (None, ns),
@@ -211,41 +214,26 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         w.limit = RunLimit::Ops(result.ops.max(1));
         summary.sim = Some(workload_point(&sim_config, &w)?);
     }
-    print_bench(&summary, a.model.format);
-    Ok(())
+    print_bench(&summary, a.model.format)
 }
 
-fn print_bench(s: &BenchSummary, format: Format) {
+/// Warn (stderr) when the client threads and the device thread (embedded,
+/// or monetad's on this machine) outnumber the cores: a thread then waits
+/// for a core, and the measured latencies include that wait.
+fn warn_if_threads_exceed_cores(client_threads: u32) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if client_threads as usize + 1 > cores {
+        eprintln!(
+            "moneta: warning: {client_threads} client threads + 1 device thread > {cores} cores: \
+             threads wait for a core, and the latencies include the wait"
+        );
+    }
+}
+
+fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
     match format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(s).expect("summary serializes")
-        ),
-        Format::Csv => {
-            println!("preset,target,op,size,threads,qd,completion,ops,mb_per_s,iops,mean_us,p50_us,p99_us,sim_mean_us,sim_mb_per_s");
-            let (sim_mean, sim_bw) = s.sim.as_ref().map_or((String::new(), String::new()), |p| {
-                (
-                    format!("{:.3}", p.latency_us_mean),
-                    format!("{:.1}", p.bandwidth_mb_per_s),
-                )
-            });
-            println!(
-                "{},{},{},{},{},{},{},{},{:.1},{:.0},{:.3},{:.3},{:.3},{sim_mean},{sim_bw}",
-                s.preset,
-                s.target,
-                s.op,
-                s.size_bytes,
-                s.threads,
-                s.queue_depth,
-                s.completion,
-                s.ops,
-                s.bandwidth_mb_per_s,
-                s.iops,
-                s.latency_us_mean,
-                s.latency_us_p50,
-                s.latency_us_p99
-            );
-        }
+        Format::Json => output::print_json(s),
+        Format::Csv => output::print_csv(std::slice::from_ref(s)),
         Format::Table => {
             println!(
                 "emulator: preset {}  {}  {} {} B  threads {}  qd {}  completion {}  seed {}",
@@ -259,13 +247,13 @@ fn print_bench(s: &BenchSummary, format: Format) {
                 s.seed
             );
             println!(
-                "{:<10} {:>10} {:>11} {:>9} {:>9} {:>9}",
-                "", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs"
+                "{:<10} {:>10} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                "", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs", "p99.9 µs", "max µs"
             );
-            let row = |label: &str, numbers: [f64; 5]| {
-                let [bandwidth, iops, mean, p50, p99] = numbers;
+            let row = |label: &str, numbers: [f64; 7]| {
+                let [bandwidth, iops, mean, p50, p99, p99_9, max] = numbers;
                 println!(
-                    "{label:<10} {bandwidth:>10.1} {iops:>11.0} {mean:>9.3} {p50:>9.3} {p99:>9.3}"
+                    "{label:<10} {bandwidth:>10.1} {iops:>11.0} {mean:>9.3} {p50:>9.3} {p99:>9.3} {p99_9:>9.3} {max:>9.3}"
                 );
             };
             row(
@@ -276,6 +264,8 @@ fn print_bench(s: &BenchSummary, format: Format) {
                     s.latency_us_mean,
                     s.latency_us_p50,
                     s.latency_us_p99,
+                    s.latency_us_p99_9,
+                    s.latency_us_max,
                 ],
             );
             if let Some(p) = &s.sim {
@@ -287,6 +277,8 @@ fn print_bench(s: &BenchSummary, format: Format) {
                         p.latency_us_mean,
                         p.latency_us_p50,
                         p.latency_us_p99,
+                        p.latency_us_p99_9,
+                        p.latency_us_max,
                     ],
                 );
             }
@@ -300,6 +292,7 @@ fn print_bench(s: &BenchSummary, format: Format) {
                 d.lookup_steps_mean,
                 d.lookup_ns_mean
             );
+            Ok(())
         }
     }
 }

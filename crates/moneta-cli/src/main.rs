@@ -1,6 +1,8 @@
 //! `moneta`: the command-line face of the model.
 //!
-//! - `moneta presets` lists the presets (and with `--verbose` their TOML).
+//! - `moneta presets` lists the presets (and with `--verbose` their TOML);
+//!   `moneta config dump` prints one, every key, to start a `--config` file.
+//!   Every command that models a device takes `--preset` or `--config`.
 //! - `moneta sim run` simulates one point; `moneta sim sweep` a grid of
 //!   operations × request sizes, with sharding, progress, and SVG/HTML plots.
 //! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
@@ -67,11 +69,21 @@ enum Command {
         #[arg(long, default_value = emu::DEFAULT_SOCKET)]
         daemon: PathBuf,
     },
+    /// Configuration files: print one to start from.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Compare the model with the published numbers (SPEC §1.9, §2).
     Calibrate {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print a configuration as TOML with every key (a preset, or a file,
+    /// with --stack/--tech/--set applied): a --config file to start from.
+    Dump(DeviceArgs),
 }
 
 #[derive(Subcommand)]
@@ -86,37 +98,45 @@ enum Sim {
     Speed(SpeedArgs),
 }
 
+/// Which device to model: a preset or a configuration file, then overrides.
 #[derive(Args, Clone)]
-pub(crate) struct ModelArgs {
+pub(crate) struct DeviceArgs {
     /// Preset (see `moneta presets`) [default: moneta].
     #[arg(long)]
     preset: Option<String>,
-    /// Host stack: base, nosched, atomic, spin, 2q, balance, direct, ramdisk.
+    /// Configuration file in the presets' TOML schema: every key, or
+    /// `inherits = "PRESET"` and the keys that differ (`moneta config dump`
+    /// prints a preset to start from). Instead of --preset.
+    #[arg(long, value_name = "FILE.toml", conflicts_with = "preset")]
+    config: Option<PathBuf>,
+    /// Host stack: base, nosched, atomic, spin, 2q, balance, direct, ramdisk, raw.
     #[arg(long)]
     stack: Option<String>,
     /// Memory technology (sets memory.latency_ns_read/write).
     #[arg(long)]
     tech: Option<String>,
-    /// Override any key, e.g. --set memory.controllers=4 (repeatable).
+    /// Override any key, e.g. --set memory.controllers=4 (repeatable;
+    /// applied after --config, --stack and --tech).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Random seed: the same seed gives the same numbers.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub(crate) format: Format,
 }
 
-impl ModelArgs {
+impl DeviceArgs {
     /// Whether any option describing the device was given.
-    pub(crate) fn preset_given(&self) -> bool {
-        self.preset.is_some() || self.stack.is_some() || self.tech.is_some() || !self.set.is_empty()
+    pub(crate) fn given(&self) -> bool {
+        self.preset.is_some()
+            || self.config.is_some()
+            || self.stack.is_some()
+            || self.tech.is_some()
+            || !self.set.is_empty()
     }
 
     pub(crate) fn config(&self) -> Result<Config, String> {
-        let name = self.preset.as_deref().unwrap_or("moneta");
-        let mut c = Config::preset(name).map_err(|e| e.to_string())?;
+        let mut c = match &self.config {
+            Some(path) => config_file(path)?,
+            None => Config::preset(self.preset.as_deref().unwrap_or("moneta"))
+                .map_err(|e| e.to_string())?,
+        };
         if let Some(t) = &self.tech {
             c.set_technology(t).map_err(|e| e.to_string())?;
         }
@@ -128,6 +148,24 @@ impl ModelArgs {
         }
         Ok(c)
     }
+}
+
+/// Load `--config FILE`; errors name the file.
+pub(crate) fn config_file(path: &std::path::Path) -> Result<Config, String> {
+    Config::from_file(path).map_err(|e| format!("--config {}: {e}", path.display()))
+}
+
+/// The device, the seed and the output format of a run.
+#[derive(Args, Clone)]
+pub(crate) struct ModelArgs {
+    #[command(flatten)]
+    pub(crate) device: DeviceArgs,
+    /// Random seed: the same seed gives the same numbers.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Output format: a table, JSON, or CSV (every JSON field a column).
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub(crate) format: Format,
 }
 
 #[derive(Args, Clone)]
@@ -289,6 +327,12 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(cli: Cli) -> Result<(), String> {
+    if matches!(
+        cli.command,
+        Command::Presets { .. } | Command::Sim(_) | Command::Config(_) | Command::Calibrate { .. }
+    ) {
+        quiet_on_closed_stdout();
+    }
     match cli.command {
         Command::Presets { verbose } => presets(verbose),
         Command::Sim(sim) => match *sim {
@@ -305,7 +349,46 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Status(a) => mount::status(a),
         Command::Run(a) => emu::run_program(a),
         Command::Calibrate { format } => calibrate(format),
+        Command::Config(ConfigCommand::Dump(a)) => config_dump(&a),
     }
+}
+
+/// A closed stdout (`moneta sim sweep … | head -1`) ends the process
+/// quietly, as it ends cat: the default action of SIGPIPE, which Rust's
+/// runtime sets to "ignore" (so that `println!` would panic on EPIPE). Only
+/// for commands that compute and print: the daemon and the clients of its
+/// socket must see EPIPE on the socket as an error instead.
+fn quiet_on_closed_stdout() {
+    // SAFETY: restoring a signal's default action has no preconditions; no
+    // handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Warn (stderr) when a request count leaves some requesters nothing to do.
+pub(crate) fn warn_if_threads_exceed_ops(threads: u64, limit: RunLimit) {
+    if let RunLimit::Ops(ops @ 1..) = limit {
+        if threads <= ops {
+            return;
+        }
+        eprintln!(
+            "moneta: warning: {threads} threads for {ops} requests: {} of them issue none",
+            threads - ops
+        );
+    }
+}
+
+fn config_dump(a: &DeviceArgs) -> Result<(), String> {
+    let c = a.config()?;
+    println!(
+        "# Moneta configuration \"{}\": every key, as `moneta config dump` resolved it.\n\
+         # Load it with `--config FILE`, or keep `inherits = \"PRESET\"` and only the\n\
+         # keys you change. Units are in the key names; README \"Configuration files\".\n",
+        c.name
+    );
+    print!("{}", c.to_toml());
+    Ok(())
 }
 
 fn presets(verbose: bool) -> Result<(), String> {
@@ -341,14 +424,14 @@ pub(crate) fn parse_op(s: &str) -> Result<OpMix, String> {
 }
 
 fn sim_run(a: RunArgs) -> Result<(), String> {
-    let config = a.model.config()?;
+    let config = a.model.device.config()?;
     let limit = a.limit.limit(200_000)?;
+    warn_if_threads_exceed_ops(a.threads.into(), limit);
     let w = a
         .pattern
         .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
     let point = workload_point(&config, &w)?;
-    output::print_points(&[point], a.model.format, false);
-    Ok(())
+    output::print_points(&[point], a.model.format, false)
 }
 
 /// `i/n` with i < n.
@@ -364,7 +447,7 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 }
 
 fn sim_sweep(a: SweepArgs) -> Result<(), String> {
-    let config = a.model.config()?;
+    let config = a.model.device.config()?;
     let ops: Vec<&str> = a.op.split(',').map(str::trim).collect();
     let sizes: Vec<u64> = a
         .sizes
@@ -382,6 +465,7 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         .transpose()?
         .unwrap_or((0, 1));
     let limit = a.limit.limit(100_000)?;
+    warn_if_threads_exceed_ops(a.threads.into(), limit);
     // Build (and so validate) every workload before running any.
     let mut grid = Vec::with_capacity(ops.len() * sizes.len());
     for op in &ops {
@@ -423,7 +507,7 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
             ""
         );
     }
-    output::print_points(&points, a.model.format, true);
+    output::print_points(&points, a.model.format, true)?;
     if let Some(path) = &a.plot {
         let svg = output::bandwidth_chart(&config, &points).to_svg(900, 480);
         plot::write_file(path, &svg).map_err(|e| e.to_string())?;
@@ -438,8 +522,12 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
 }
 
 fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
-    let config = a.model.config()?;
+    let config = a.model.device.config()?;
     let limit = a.limit.limit(100_000)?;
+    warn_if_threads_exceed_ops(
+        u64::from(a.small_threads) + u64::from(a.large_threads),
+        limit,
+    );
     let w = Workload::fairness(
         a.small_threads,
         a.small_size,
@@ -458,6 +546,10 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
                 "group": g.name, "threads": g.threads, "size_bytes": g.size_bytes, "ops": g.ops,
                 "bandwidth_mb_per_s": rate(g.bytes, r.elapsed_ns) / 1e6,
                 "latency_us_mean": g.latency.mean_ns() / 1e3,
+                "latency_us_p50": g.latency.percentile_ns(0.5) / 1e3,
+                "latency_us_p99": g.latency.percentile_ns(0.99) / 1e3,
+                "latency_us_p99_9": g.latency.percentile_ns(0.999) / 1e3,
+                "latency_us_max": g.latency.max_ns() as f64 / 1e3,
             })
         })
         .collect();
@@ -466,8 +558,9 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
         "aggregate_mb_per_s": r.bandwidth_mb_per_s(), "groups": rows,
     });
     match a.model.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&doc).expect("json")),
-        _ => {
+        Format::Json => output::print_json(&doc)?,
+        Format::Csv => output::print_csv(&[doc])?,
+        Format::Table => {
             println!(
                 "{} / {}  seed {}  aggregate {:.1} MB/s",
                 config.name,
@@ -477,12 +570,14 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
             );
             for g in &r.groups {
                 println!(
-                    "  {:<6} {:>2} threads × {:>7} B: {:>9.1} MB/s  mean {:>9.1} µs",
+                    "  {:<6} {:>2} threads × {:>7} B: {:>9.1} MB/s  mean {:>9.1} µs  p99.9 {:>9.1} µs  max {:>9.1} µs",
                     g.name,
                     g.threads,
                     g.size_bytes,
                     rate(g.bytes, r.elapsed_ns) / 1e6,
-                    g.latency.mean_ns() / 1e3
+                    g.latency.mean_ns() / 1e3,
+                    g.latency.percentile_ns(0.999) / 1e3,
+                    g.latency.max_ns() as f64 / 1e3
                 );
             }
         }
@@ -491,8 +586,9 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
 }
 
 fn sim_speed(a: SpeedArgs) -> Result<(), String> {
-    let config = a.model.config()?;
+    let config = a.model.device.config()?;
     let op = parse_op(&a.op)?;
+    warn_if_threads_exceed_ops(a.threads.into(), RunLimit::Ops(a.ops));
     let w = Workload::xdd(
         op,
         a.size,
@@ -511,8 +607,9 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
         "simulated_requests_per_s": per_s, "events_per_s": r.events as f64 / wall_s,
     });
     match a.model.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&doc).expect("json")),
-        _ => println!(
+        Format::Json => output::print_json(&doc)?,
+        Format::Csv => output::print_csv(&[doc])?,
+        Format::Table => println!(
             "{} simulated {} B {} requests in {:.3} s wall: {:.2} M requests/s ({:.1} M events/s)",
             r.ops,
             a.size,
@@ -528,8 +625,9 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
 fn calibrate(format: Format) -> Result<(), String> {
     let checks = moneta_model::calibration::all();
     match format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&checks).expect("json")),
-        _ => print!("{}", moneta_model::calibration::markdown(&checks)),
+        Format::Json => output::print_json(&checks)?,
+        Format::Csv => output::print_csv(&checks)?,
+        Format::Table => print!("{}", moneta_model::calibration::markdown(&checks)),
     }
     let missed = checks.iter().filter(|c| !c.within()).count();
     eprintln!(

@@ -105,6 +105,10 @@ pub struct UpArgs {
     /// Preset of the emulated device [default: the last `up`'s, else moneta-d].
     #[arg(long)]
     preset: Option<String>,
+    /// Configuration file of the emulated device, instead of --preset
+    /// (`moneta config dump`; monetad reads it again at each `up`).
+    #[arg(long, value_name = "FILE.toml", conflicts_with = "preset")]
+    config: Option<PathBuf>,
     /// Override a key of the device's configuration (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -276,6 +280,9 @@ struct State {
     fs: Fs,
     size_bytes: u64,
     preset: String,
+    /// The configuration file the preset came from (`up --config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    config: Option<PathBuf>,
     image: PathBuf,
     loop_device: PathBuf,
     socket: PathBuf,
@@ -290,6 +297,8 @@ struct ImageRecord {
     fs: Fs,
     size_bytes: u64,
     preset: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    config: Option<PathBuf>,
     sets: Vec<String>,
 }
 
@@ -888,7 +897,10 @@ impl Drop for Rollback {
 struct Wanted {
     fs: Fs,
     size: u64,
+    /// The configuration's name: a preset's, or the file's.
     preset: String,
+    /// The configuration file, when not a preset (absolute: monetad runs in `/`).
+    config: Option<PathBuf>,
     sets: Vec<String>,
 }
 
@@ -901,17 +913,27 @@ impl Wanted {
         inst: &Instance,
         record: Option<&ImageRecord>,
     ) -> Result<Wanted, String> {
-        let explicit = a.preset.is_some() || !a.set.is_empty();
-        let (preset, sets) = match record {
-            Some(r) if !explicit => (r.preset.clone(), r.sets.clone()),
+        let explicit = a.preset.is_some() || a.config.is_some() || !a.set.is_empty();
+        let (preset, file, sets) = match record {
+            Some(r) if !explicit => (r.preset.clone(), r.config.clone(), r.sets.clone()),
             _ => (
                 a.preset
                     .clone()
                     .unwrap_or_else(|| DEFAULT_PRESET.to_string()),
+                a.config
+                    .as_deref()
+                    .map(|p| {
+                        fs::canonicalize(p).map_err(|e| format!("--config {}: {e}", p.display()))
+                    })
+                    .transpose()?,
                 a.set.clone(),
             ),
         };
-        let mut config = Config::preset(&preset).map_err(|e| e.to_string())?;
+        let mut config = match &file {
+            Some(p) => crate::config_file(p)?,
+            None => Config::preset(&preset).map_err(|e| e.to_string())?,
+        };
+        let preset = config.name.clone();
         for kv in &sets {
             if kv.split('=').next().map(str::trim) == Some("device.capacity_bytes") {
                 return Err(format!(
@@ -967,6 +989,7 @@ impl Wanted {
             fs,
             size,
             preset,
+            config: file,
             sets,
         })
     }
@@ -977,6 +1000,7 @@ impl Wanted {
             fs: self.fs,
             size_bytes: self.size,
             preset: self.preset.clone(),
+            config: self.config.clone(),
             sets: self.sets.clone(),
         }
     }
@@ -992,9 +1016,21 @@ fn differences(a: &UpArgs, s: &State) -> Vec<String> {
     if let Some(size) = a.size.filter(|&n| n != s.size_bytes) {
         d.push(format!("size {} bytes (asked {size})", s.size_bytes));
     }
-    if a.preset.is_some() || !a.set.is_empty() {
+    if let Some(file) = &a.config {
+        let asked = fs::canonicalize(file).unwrap_or_else(|_| file.clone());
+        if s.config.as_ref() != Some(&asked) {
+            d.push(format!(
+                "configuration {} (asked {})",
+                s.config
+                    .as_deref()
+                    .map_or(format!("preset {}", s.preset), |p| p.display().to_string()),
+                asked.display()
+            ));
+        }
+    }
+    if a.preset.is_some() || a.config.is_some() || !a.set.is_empty() {
         let preset = a.preset.as_deref().unwrap_or(DEFAULT_PRESET);
-        if preset != s.preset {
+        if a.config.is_none() && (preset != s.preset || s.config.is_some()) {
             d.push(format!("preset {} (asked {preset})", s.preset));
         }
         if a.set != s.sets {
@@ -1171,6 +1207,7 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         fs: want.fs,
         size_bytes: want.size,
         preset: want.preset.clone(),
+        config: want.config.clone(),
         image: inst.image.clone(),
         loop_device: dev.clone(),
         socket: inst.socket.clone(),
@@ -1197,7 +1234,10 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         inst.image.display(),
         dev.display(),
         pid,
-        want.preset,
+        match &want.config {
+            Some(file) => format!("{} from {}", want.preset, file.display()),
+            None => want.preset.clone(),
+        },
         want.sets
             .iter()
             .map(|s| format!(" --set {s}"))
@@ -1250,7 +1290,11 @@ fn start_daemon(inst: &Instance, want: &Wanted, rb: &mut Rollback) -> Result<u32
         .map_err(|e| format!("{}: {e}", inst.log.display()))?;
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let mut cmd = Command::new(&exe);
-    cmd.arg("serve").args(["--preset", &want.preset]);
+    cmd.arg("serve");
+    match &want.config {
+        Some(file) => cmd.arg("--config").arg(file),
+        None => cmd.args(["--preset", &want.preset]),
+    };
     for kv in &want.sets {
         cmd.arg("--set").arg(kv);
     }

@@ -5,6 +5,8 @@ use crate::plot::{Chart, Report, ReportSection, Series};
 use clap::ValueEnum;
 use moneta_model::config::Config;
 use moneta_model::summary::PointSummary;
+use serde::Serialize;
+use serde_json::Value;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -13,7 +15,9 @@ pub enum Format {
     Csv,
 }
 
-const COLUMNS: [&str; 11] = [
+/// The columns of the terminal table and the HTML report (CSV and JSON
+/// carry every field).
+const COLUMNS: [&str; 13] = [
     "op",
     "size_bytes",
     "threads",
@@ -22,12 +26,14 @@ const COLUMNS: [&str; 11] = [
     "latency_us_mean",
     "latency_us_p50",
     "latency_us_p99",
+    "latency_us_p99_9",
+    "latency_us_max",
     "power_w",
     "cpu_utilization",
     "seed",
 ];
 
-fn row(p: &PointSummary) -> [String; 11] {
+fn row(p: &PointSummary) -> [String; 13] {
     [
         p.op.clone(),
         p.size_bytes.to_string(),
@@ -37,6 +43,8 @@ fn row(p: &PointSummary) -> [String; 11] {
         format!("{:.2}", p.latency_us_mean),
         format!("{:.2}", p.latency_us_p50),
         format!("{:.2}", p.latency_us_p99),
+        format!("{:.2}", p.latency_us_p99_9),
+        format!("{:.2}", p.latency_us_max),
         if p.power_w.is_finite() {
             format!("{:.3}", p.power_w)
         } else {
@@ -48,22 +56,11 @@ fn row(p: &PointSummary) -> [String; 11] {
 }
 
 /// Print points; `array` makes JSON an array even for one point (sweeps).
-pub fn print_points(points: &[PointSummary], format: Format, array: bool) {
+pub fn print_points(points: &[PointSummary], format: Format, array: bool) -> Result<(), String> {
     match format {
-        Format::Json => {
-            let text = if array || points.len() != 1 {
-                serde_json::to_string_pretty(points)
-            } else {
-                serde_json::to_string_pretty(&points[0])
-            };
-            println!("{}", text.expect("points serialize"));
-        }
-        Format::Csv => {
-            println!("preset,stack,{}", COLUMNS.join(","));
-            for p in points {
-                println!("{},{},{}", p.preset, p.stack, row(p).join(","));
-            }
-        }
+        Format::Json if array || points.len() != 1 => print_json(points),
+        Format::Json => print_json(&points[0]),
+        Format::Csv => print_csv(points),
         Format::Table => {
             if let Some(first) = points.first() {
                 println!(
@@ -72,30 +69,113 @@ pub fn print_points(points: &[PointSummary], format: Format, array: bool) {
                 );
             }
             let header = [
-                "op", "size", "thr", "MB/s", "IOPS", "mean µs", "p50 µs", "p99 µs", "power W",
+                "op",
+                "size",
+                "thr",
+                "MB/s",
+                "IOPS",
+                "mean µs",
+                "p50 µs",
+                "p99 µs",
+                "p99.9 µs",
+                "max µs",
+                "power W",
                 "cpu",
             ];
-            println!(
-                "{:<6} {:>8} {:>4} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>5}",
-                header[0],
-                header[1],
-                header[2],
-                header[3],
-                header[4],
-                header[5],
-                header[6],
-                header[7],
-                header[8],
-                header[9]
-            );
+            let line = |c: [&str; 12]| {
+                println!(
+                    "{:<6} {:>8} {:>4} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}",
+                    c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]
+                )
+            };
+            line(header);
             for p in points {
                 let r = row(p);
-                println!(
-                    "{:<6} {:>8} {:>4} {:>9} {:>10} {:>9} {:>9} {:>9} {:>8} {:>5}",
-                    r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]
-                );
+                line(std::array::from_fn(|i| r[i].as_str()));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Pretty JSON of any result on stdout.
+pub fn print_json<T: Serialize + ?Sized>(value: &T) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
+}
+
+/// CSV of results on stdout: one row per record, one column per field of
+/// its JSON form (see [`flatten`]); a field a record lacks is empty.
+pub fn print_csv<T: Serialize>(records: &[T]) -> Result<(), String> {
+    let rows: Vec<Vec<(String, String)>> = records
+        .iter()
+        .map(|r| {
+            let value = serde_json::to_value(r).map_err(|e| e.to_string())?;
+            let mut cells = Vec::new();
+            flatten("", &value, &mut cells);
+            Ok(cells)
+        })
+        .collect::<Result<_, String>>()?;
+    let mut header: Vec<&str> = Vec::new();
+    for cells in &rows {
+        for (key, _) in cells {
+            if !header.contains(&key.as_str()) {
+                header.push(key);
             }
         }
+    }
+    let mut out = csv::Writer::from_writer(std::io::stdout().lock());
+    let io = |e: csv::Error| e.to_string();
+    out.write_record(&header).map_err(io)?;
+    for cells in &rows {
+        out.write_record(header.iter().map(|h| {
+            cells
+                .iter()
+                .find(|(k, _)| k == h)
+                .map_or("", |(_, v)| v.as_str())
+        }))
+        .map_err(io)?;
+    }
+    out.flush().map_err(|e| e.to_string())
+}
+
+/// A JSON value as (column, cell) pairs. Nested objects become dotted
+/// columns (`config.memory.controllers`, `device.lateness_ns_p99`); list
+/// items are numbered, or named by their `name` field when they have one
+/// (`power_components.ring.average_w`); null (a missing or NaN number) is an
+/// empty cell.
+fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {
+    let join = |key: &str| {
+        if prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{prefix}.{key}")
+        }
+    };
+    match value {
+        Value::Object(fields) => {
+            for (key, v) in fields {
+                flatten(&join(key), v, cells);
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                match item.get("name").and_then(Value::as_str) {
+                    Some(name) => {
+                        let key = join(name);
+                        let fields = item.as_object().into_iter().flatten();
+                        for (k, v) in fields.filter(|(k, _)| *k != "name") {
+                            flatten(&format!("{key}.{k}"), v, cells);
+                        }
+                    }
+                    None => flatten(&join(&i.to_string()), item, cells),
+                }
+            }
+        }
+        Value::Null => cells.push((prefix.to_string(), String::new())),
+        Value::String(s) => cells.push((prefix.to_string(), s.clone())),
+        other => cells.push((prefix.to_string(), other.to_string())),
     }
 }
 

@@ -193,3 +193,232 @@ fn presets_lists_every_preset() {
         assert!(out.contains(p), "{p}");
     }
 }
+
+/// A temporary directory for one test, removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("moneta-cli-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    /// A file in the directory holding `text`.
+    fn file(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn results_report_p99_9_and_max_in_json_and_csv_alike() {
+    let args = [
+        "sim",
+        "run",
+        "--op",
+        "mixed",
+        "--ops",
+        "3000",
+        "--threads",
+        "4",
+    ];
+    let json = moneta(&[&args[..], &["--format", "json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let (p99, p99_9, max) = (
+        v["latency_us_p99"].as_f64().unwrap(),
+        v["latency_us_p99_9"].as_f64().unwrap(),
+        v["latency_us_max"].as_f64().unwrap(),
+    );
+    assert!(p99 <= p99_9 && p99_9 <= max, "{p99} {p99_9} {max}");
+    // CSV: one column per JSON field, nested ones dotted, same numbers.
+    let csv = stdout(&moneta(&[&args[..], &["--format", "csv"]].concat()));
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row = lines.next().unwrap();
+    assert!(lines.next().is_none());
+    for (key, value) in v.as_object().unwrap() {
+        match value {
+            serde_json::Value::Object(_) | serde_json::Value::Array(_) => {
+                assert!(
+                    header.iter().any(|h| h.starts_with(&format!("{key}."))),
+                    "{key}"
+                )
+            }
+            _ => assert!(header.contains(&key.as_str()), "{key}"),
+        }
+    }
+    assert!(header.contains(&"config.memory.controllers"));
+    let column = header
+        .iter()
+        .position(|h| *h == "latency_us_p99_9")
+        .unwrap();
+    let cell: f64 = row.split(',').nth(column).unwrap().parse().unwrap();
+    assert_eq!(cell, p99_9);
+}
+
+#[test]
+fn config_dump_round_trips_to_identical_simulation_output() {
+    let scratch = Scratch::new("dump");
+    for preset in ["moneta-d", "onyx-early"] {
+        let dump = moneta(&["config", "dump", "--preset", preset]);
+        assert!(dump.status.success(), "{}", stderr(&dump));
+        let file = scratch.file(&format!("{preset}.toml"), &stdout(&dump));
+        let run = |device: &[&str]| {
+            let args = [
+                &["sim", "run", "--op", "mixed", "--ops", "4000"][..],
+                device,
+                &["--format", "json"],
+            ]
+            .concat();
+            let o = moneta(&args);
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+            stdout(&o)
+        };
+        let from_preset = run(&["--preset", preset]);
+        assert!(from_preset.contains(&format!("\"preset\": \"{preset}\"")));
+        assert_eq!(from_preset, run(&["--config", file.to_str().unwrap()]));
+    }
+}
+
+#[test]
+fn the_example_configuration_loads() {
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/config/moneta-stt-mram.toml"
+    );
+    let o = moneta(&[
+        "sim", "run", "--config", example, "--ops", "2000", "--format", "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["preset"], "moneta-stt-mram");
+    assert_eq!(v["config"]["memory"]["controllers"], 4);
+    assert_eq!(v["config"]["memory"]["latency_ns_write"], 95);
+}
+
+#[test]
+fn configuration_errors_name_the_key_and_what_is_allowed() {
+    let scratch = Scratch::new("errors");
+    let bad_key = scratch.file(
+        "bad-key.toml",
+        "inherits = \"moneta\"\n[memory]\ncontolers = 4\n",
+    );
+    let bad_enum = scratch.file(
+        "bad-enum.toml",
+        "inherits = \"moneta\"\n[device]\nqueue_policy = \"lifo\"\n",
+    );
+    let bad_tech = scratch.file(
+        "bad-tech.toml",
+        "inherits = \"moneta\"\n[memory]\ntechnology = \"nosuch\"\n",
+    );
+    let not_toml = scratch.file("not-toml.toml", "[memory\n");
+    let missing = std::env::temp_dir().join("moneta-no-such-file.toml");
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    for (args, needles) in [
+        (
+            vec!["sim", "run", "--config", &path(&bad_key)],
+            vec!["bad-key.toml", "memory.contolers: unknown key (expected one of controller, controller_ns, controllers,"],
+        ),
+        (
+            vec!["sim", "run", "--config", &path(&bad_enum)],
+            vec!["device.queue_policy: unknown variant `lifo`, expected one of `fifo`, `2q`, `balance`"],
+        ),
+        (
+            vec!["sim", "run", "--config", &path(&bad_tech)],
+            vec!["memory.technology: unknown technology 'nosuch' (expected one of dram, pcm,", "p8p-pcm"],
+        ),
+        (
+            vec!["sim", "run", "--config", &path(&not_toml)],
+            vec!["not-toml.toml", "is not valid TOML"],
+        ),
+        (
+            vec!["sim", "run", "--config", &path(&missing)],
+            vec!["moneta-no-such-file.toml", "No such file"],
+        ),
+        (
+            vec!["sim", "run", "--set", "memory.technology=nosuch"],
+            vec!["--set memory.technology=nosuch: memory.technology: unknown technology 'nosuch' (expected one of dram,"],
+        ),
+        (
+            vec!["sim", "run", "--set", "memory.contollers=4"],
+            vec!["memory.contollers: unknown key (expected one of controller,"],
+        ),
+        (
+            vec!["sim", "run", "--set", "host.stack=turbo"],
+            vec!["host.stack: unknown variant `turbo`, expected one of `base`"],
+        ),
+        (
+            vec!["bench", "--config", &path(&bad_key)],
+            vec!["memory.contolers: unknown key"],
+        ),
+        (
+            vec!["serve", "--config", &path(&bad_enum)],
+            vec!["device.queue_policy: unknown variant `lifo`"],
+        ),
+        (
+            vec!["config", "dump", "--preset", "nope"],
+            vec!["unknown preset 'nope' (expected one of moneta-micro10, moneta,"],
+        ),
+    ] {
+        let o = moneta(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = stderr(&o);
+        for needle in needles {
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+    // --preset and --config are one or the other.
+    let o = moneta(&[
+        "sim",
+        "run",
+        "--preset",
+        "moneta",
+        "--config",
+        &path(&bad_key),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_closed_stdout_ends_a_sweep_quietly() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args([
+            "sim", "sweep", "--op", "read", "--sizes", "512,4096", "--ops", "2000", "--format",
+            "csv",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before the sweep prints (`| head -0`).
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(err.is_empty(), "{err}");
+    assert!(!err.contains("panicked"));
+}
+
+#[test]
+fn more_threads_than_requests_is_a_warning() {
+    let o = moneta(&["sim", "run", "--threads", "8", "--ops", "5"]);
+    assert!(o.status.success());
+    assert!(
+        stderr(&o).contains("warning: 8 threads for 5 requests: 3 of them issue none"),
+        "{}",
+        stderr(&o)
+    );
+}

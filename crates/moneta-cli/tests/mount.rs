@@ -382,6 +382,48 @@ fn up_twice_is_a_no_op_and_down_twice_is_fine() {
 }
 
 #[test]
+fn up_from_a_configuration_file() {
+    let t = Scratch::new("config");
+    let m = t.mount.clone();
+    let file = t.at("my-d.toml");
+    std::fs::write(
+        &file,
+        "inherits = \"moneta-d\"\nname = \"my-d\"\n[device]\ntransfer_buffers = 4\n",
+    )
+    .unwrap();
+    let bad = t.at("bad.toml");
+    std::fs::write(&bad, "inherits = \"moneta-d\"\n[device]\nbufers = 4\n").unwrap();
+    let ext4 = ["--fs", "ext4", "--size", "64M"];
+
+    refused(
+        &up(
+            &m,
+            &[&ext4[..], &["--config", bad.to_str().unwrap()]].concat(),
+        ),
+        "device.bufers: unknown key",
+    );
+    assert_nothing_left(&m);
+    let said = ok(&up(
+        &m,
+        &[&ext4[..], &["--config", file.to_str().unwrap()]].concat(),
+    ));
+    assert!(said.contains("my-d from"), "{said}");
+    assert_eq!(entry(&m).unwrap()["preset"], "my-d");
+    let said = ok(&up(&m, &["--config", file.to_str().unwrap()]));
+    assert!(said.contains("already up"), "{said}");
+    refused(
+        &up(&m, &["--preset", "moneta-d"]),
+        "preset my-d (asked moneta-d)",
+    );
+    // A plain `up` serves the file again.
+    ok(&down(&m, &[]));
+    ok(&up(&m, &[]));
+    assert_eq!(entry(&m).unwrap()["preset"], "my-d");
+    ok(&down(&m, &["--purge"]));
+    assert_nothing_left(&m);
+}
+
+#[test]
 fn failed_up_leaves_nothing_behind() {
     let t = Scratch::new("fail");
     let m = t.mount.clone();

@@ -25,6 +25,8 @@ pub struct PointSummary {
     pub latency_us_mean: f64,
     pub latency_us_p50: f64,
     pub latency_us_p99: f64,
+    pub latency_us_p99_9: f64,
+    pub latency_us_max: f64,
     pub power_w: f64,
     pub energy_nj_per_op: f64,
     /// Average power of each device component (SPEC §1.9).
@@ -65,6 +67,8 @@ impl PointSummary {
             latency_us_mean: r.latency.mean_ns() / 1e3,
             latency_us_p50: r.latency.percentile_ns(0.5) / 1e3,
             latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
+            latency_us_p99_9: r.latency.percentile_ns(0.999) / 1e3,
+            latency_us_max: r.latency.max_ns() as f64 / 1e3,
             power_w: power.as_ref().map_or(f64::NAN, |p| p.total_w),
             energy_nj_per_op: power.as_ref().map_or(f64::NAN, |p| p.energy_nj_per_op),
             power_components: power

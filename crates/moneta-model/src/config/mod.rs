@@ -2,10 +2,13 @@
 //! presets shipped with the binary and overridable key by key.
 //!
 //! A preset names the published system it models; every calibrated constant
-//! in `presets/*.toml` cites the table or section it comes from. Loading is
-//! strict: unknown keys and impossible values are errors that name the key
+//! in `presets/*.toml` cites the table or section it comes from. A
+//! configuration file (`--config FILE.toml`) has the same schema and goes
+//! through the same loading (`layer.rs`): strict, so unknown keys, unknown
+//! enum values and impossible values are errors that name the key
 //! (DESIGN.md "Configuration as data").
 
+mod layer;
 mod presets;
 mod technology;
 
@@ -393,50 +396,68 @@ pub struct PowerConfig {
 impl Config {
     /// Load a preset by name, e.g. `moneta` or `onyx-late`.
     pub fn preset(name: &str) -> Result<Config, ConfigError> {
-        let value = presets::preset_value(name)?;
-        let config: Config = value
-            .try_into()
-            .map_err(|e: toml::de::Error| err("", format!("preset '{name}' is malformed: {e}")))?;
-        config.validate()?;
-        Ok(config)
+        let text = presets::source_or_error(name, "")?;
+        let origin = format!("preset '{name}'");
+        layer::build(layer::resolve(layer::parse(text, &origin)?, &origin)?)
+    }
+
+    /// Load a configuration from TOML text in the presets' schema: either
+    /// every key, or `inherits = "PRESET"` and the keys that differ. A text
+    /// without `name` is named `default_name`.
+    pub fn from_toml(text: &str, default_name: &str) -> Result<Config, ConfigError> {
+        let mut table = layer::parse(text, default_name)?;
+        if !table.contains_key("name") {
+            table.insert("name".into(), toml::Value::String(default_name.into()));
+        }
+        layer::build(layer::resolve(table, default_name)?)
+    }
+
+    /// Load a configuration file (see [`Config::from_toml`]); a file without
+    /// `name` is named after the file (`my-array.toml` → `my-array`).
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| err("", e.to_string()))?;
+        let stem = path
+            .file_stem()
+            .map_or("config".into(), |s| s.to_string_lossy());
+        Config::from_toml(&text, &stem)
+    }
+
+    /// Every key as TOML, loadable by [`Config::from_toml`] (`moneta config dump`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
     }
 
     /// Apply a `key=value` override such as `memory.controllers=4`. The value
-    /// is parsed as TOML (numbers, booleans, strings; bare words are strings).
+    /// is parsed as TOML (numbers, booleans, strings; bare words are strings)
+    /// and overlaid as a one-key layer, so `memory.technology=dram` also sets
+    /// the DRAM latencies.
     pub fn set(&mut self, assignment: &str) -> Result<(), ConfigError> {
         let (key, raw) = assignment
             .split_once('=')
             .ok_or_else(|| err(assignment, "expected key=value"))?;
         let key = key.trim();
         let raw = raw.trim();
-        let value = parse_value(raw);
         let mut tree = toml::Value::try_from(&*self).map_err(|e| err(key, e.to_string()))?;
-        let slot = lookup_mut(&mut tree, key)?;
-        *slot = coerce_like(slot, value).map_err(|m| err(key, m))?;
-        let updated: Config = tree
-            .try_into()
-            .map_err(|e: toml::de::Error| err(key, clean_serde_message(&e.to_string())))?;
-        updated.validate()?;
-        *self = updated;
+        let old = layer::lookup_mut(&mut tree, key)?;
+        let value = coerce_like(old, parse_value(raw)).map_err(|m| err(key, m))?;
+        let mut top = value;
+        for part in key.rsplit('.') {
+            top = toml::Value::Table(toml::Table::from_iter([(part.to_string(), top)]));
+        }
+        let (toml::Value::Table(mut tree), toml::Value::Table(top)) = (tree, top) else {
+            unreachable!("a configuration and a dotted key are tables")
+        };
+        layer::overlay(&mut tree, top);
+        *self = layer::build(tree)?;
         Ok(())
     }
 
     /// Use a memory technology's read/write latencies (SPEC §1.8).
     pub fn set_technology(&mut self, name: &str) -> Result<(), ConfigError> {
-        let tech = Technology::find(name).ok_or_else(|| {
-            let names: Vec<_> = TECHNOLOGIES.iter().map(|t| t.name).collect();
-            err(
-                "memory.technology",
-                format!(
-                    "unknown technology '{name}' (expected one of {})",
-                    names.join(", ")
-                ),
-            )
-        })?;
-        self.memory.technology = tech.name.to_string();
-        self.memory.latency_ns_read = tech.latency_ns_read;
-        self.memory.latency_ns_write = tech.latency_ns_write;
-        Ok(())
+        self.set(&format!(
+            "memory.technology={}",
+            toml::Value::String(name.into())
+        ))
     }
 
     /// Select a host stack; the hardware steps (2q, balance) also set the
@@ -486,6 +507,16 @@ impl Config {
         power_of_two("memory.row_bytes", m.row_bytes)?;
         positive_f("memory.ddr_bytes_per_s", m.ddr_bytes_per_s)?;
         range("memory.queue_bytes", m.queue_bytes, 512, 1 << 30)?;
+        if Technology::find(&m.technology).is_none() {
+            return Err(err(
+                "memory.technology",
+                format!(
+                    "unknown technology '{}' (expected one of {})",
+                    m.technology,
+                    technology::names().join(", ")
+                ),
+            ));
+        }
         if m.latency_ns_read > 1_000_000_000 || m.latency_ns_write > 1_000_000_000 {
             return Err(err(
                 "memory.latency_ns_read",
@@ -608,29 +639,6 @@ fn coerce_like(old: &toml::Value, new: toml::Value) -> Result<toml::Value, Strin
     }
 }
 
-fn lookup_mut<'a>(
-    tree: &'a mut toml::Value,
-    key: &str,
-) -> Result<&'a mut toml::Value, ConfigError> {
-    let mut node = tree;
-    for part in key.split('.') {
-        node = node
-            .as_table_mut()
-            .and_then(|t| t.get_mut(part))
-            .ok_or_else(|| {
-                err(
-                    key,
-                    "unknown key (see `moneta presets --verbose` for the keys)",
-                )
-            })?;
-    }
-    Ok(node)
-}
-
-fn clean_serde_message(m: &str) -> String {
-    m.lines().last().unwrap_or(m).trim().to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -674,5 +682,113 @@ mod tests {
         assert!(c.set_technology("unobtainium").is_err());
         c.set_technology("stt-mram").unwrap();
         assert_eq!(c.memory.latency_ns_read, 30);
+    }
+
+    #[test]
+    fn technology_is_a_checked_name_that_brings_its_latencies() {
+        let mut c = Config::preset("moneta").unwrap();
+        let e = c.set("memory.technology=nosuch").unwrap_err();
+        assert_eq!(e.key, "memory.technology");
+        assert!(e.message.contains("expected one of dram, pcm,"), "{e}");
+        c.set("memory.technology=dram").unwrap();
+        assert_eq!(
+            (c.memory.latency_ns_read, c.memory.latency_ns_write),
+            (25, 25)
+        );
+        // Every preset names a technology of the table.
+        for name in preset_names() {
+            let c = Config::preset(name).unwrap();
+            assert!(Technology::find(&c.memory.technology).is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_key_and_list_what_is_allowed() {
+        let mut c = Config::preset("moneta").unwrap();
+        let e = c.set("memory.contollers=4").unwrap_err();
+        assert_eq!(e.key, "memory.contollers");
+        assert!(
+            e.message
+                .contains("controller, controller_ns, controllers,"),
+            "{e}"
+        );
+        let e = c.set("device.queue_policy=lifo").unwrap_err();
+        assert!(e.message.contains("`fifo`, `2q`, `balance`"), "{e}");
+        let e = c.set("host.stack=turbo").unwrap_err();
+        assert_eq!(e.key, "host.stack");
+        assert!(e.message.contains("`ramdisk`"), "{e}");
+    }
+
+    #[test]
+    fn files_have_the_presets_schema() {
+        let c = Config::from_toml(
+            "inherits = \"moneta\"\n[memory]\ncontrollers = 4\ntechnology = \"stt-mram\"\n",
+            "mine",
+        )
+        .unwrap();
+        assert_eq!(c.name, "mine");
+        assert_eq!(c.memory.controllers, 4);
+        assert_eq!(c.memory.latency_ns_read, 30);
+        assert_eq!(c.device, Config::preset("moneta").unwrap().device);
+
+        for (text, key, needle) in [
+            (
+                "inherits = \"moneta\"\n[memory]\ncontolers = 4",
+                "memory.contolers",
+                "unknown key (expected one of controller,",
+            ),
+            ("inherits = \"moneta\"\nbogus = 1", "bogus", "unknown key"),
+            (
+                "inherits = \"moneta\"\n[device]\nqueue_policy = \"lifo\"",
+                "device.queue_policy",
+                "expected one of `fifo`",
+            ),
+            (
+                "inherits = \"moneta\"\n[memory]\ncontroller = \"ddr9\"",
+                "memory.controller",
+                "expected `moneta` or `onyx-pcm`",
+            ),
+            (
+                "inherits = \"moneta\"\n[direct]\ncompletion = \"poll\"",
+                "direct.completion",
+                "`dma`, `forwarding`, `issue-sleep`",
+            ),
+            (
+                "inherits = \"moneta\"\n[device]\ntags = \"many\"",
+                "device.tags",
+                "invalid type",
+            ),
+            (
+                "inherits = \"moneta\"\ndevice = 3",
+                "device",
+                "is a section",
+            ),
+            ("inherits = \"nope\"", "inherits", "unknown preset 'nope'"),
+            (
+                "name = \"x\"\n[device]\ntags = 4",
+                "device.buffer_bytes",
+                "missing",
+            ),
+        ] {
+            let e = Config::from_toml(text, "f").unwrap_err();
+            assert_eq!(e.key, key, "{text}: {e}");
+            assert!(e.message.contains(needle), "{text}: {e}");
+        }
+        assert!(Config::from_toml("[memory", "f")
+            .unwrap_err()
+            .message
+            .contains("not valid TOML"));
+    }
+
+    #[test]
+    fn every_preset_round_trips_through_its_dump() {
+        for name in preset_names() {
+            let c = Config::preset(name).unwrap();
+            assert_eq!(
+                Config::from_toml(&c.to_toml(), "other").unwrap(),
+                c,
+                "{name}"
+            );
+        }
     }
 }

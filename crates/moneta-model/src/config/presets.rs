@@ -1,4 +1,4 @@
-//! The presets shipped with the binary, and `inherits` resolution.
+//! The presets shipped with the binary (their layering is `layer.rs`).
 
 use super::{err, ConfigError};
 
@@ -29,58 +29,17 @@ pub fn preset_source(name: &str) -> Option<&'static str> {
     PRESETS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
 }
 
-/// The preset as a TOML tree with its `inherits` chain merged in.
-pub(super) fn preset_value(name: &str) -> Result<toml::Value, ConfigError> {
-    preset_value_depth(name, 0)
-}
-
-fn preset_value_depth(name: &str, depth: usize) -> Result<toml::Value, ConfigError> {
-    if depth > PRESETS.len() {
-        return Err(err(
-            "inherits",
-            format!("preset '{name}' inherits in a cycle"),
-        ));
-    }
-    let text = preset_source(name).ok_or_else(|| {
+/// The TOML text of a preset, or an error listing the presets; `key` is the
+/// key that named it (`inherits` in a file, none on the command line).
+pub(super) fn source_or_error(name: &str, key: &str) -> Result<&'static str, ConfigError> {
+    preset_source(name).ok_or_else(|| {
         let names: Vec<_> = preset_names().collect();
         err(
-            "",
+            key,
             format!(
                 "unknown preset '{name}' (expected one of {})",
                 names.join(", ")
             ),
         )
-    })?;
-    let mut table: toml::Table = text
-        .parse()
-        .map_err(|e| err("", format!("preset '{name}' is not valid TOML: {e}")))?;
-    match table.remove("inherits") {
-        None => Ok(toml::Value::Table(table)),
-        Some(toml::Value::String(parent)) => {
-            let mut base = preset_value_depth(&parent, depth + 1)?;
-            merge(&mut base, toml::Value::Table(table));
-            Ok(base)
-        }
-        Some(_) => Err(err(
-            "inherits",
-            format!("preset '{name}': inherits must be a preset name"),
-        )),
-    }
-}
-
-/// Overlay `top` onto `base`, table by table.
-fn merge(base: &mut toml::Value, top: toml::Value) {
-    match (base, top) {
-        (toml::Value::Table(b), toml::Value::Table(t)) => {
-            for (k, v) in t {
-                match b.get_mut(&k) {
-                    Some(slot) => merge(slot, v),
-                    None => {
-                        b.insert(k, v);
-                    }
-                }
-            }
-        }
-        (slot, v) => *slot = v,
-    }
+    })
 }

@@ -44,6 +44,12 @@ pub const TECHNOLOGIES: &[Technology] = &[
         source: "NVMM table",
     },
     Technology {
+        name: "p8p-pcm",
+        latency_ns_read: 314,
+        latency_ns_write: 120_000,
+        source: "Micron P8P PCM as Onyx drives it: 314 ns per 16 B read, 120 µs per 64 B buffered write (SPEC §5; the onyx controller times from [onyx])",
+    },
+    Technology {
         name: "stt-mram",
         latency_ns_read: 30,
         latency_ns_write: 95,
@@ -62,6 +68,11 @@ pub const TECHNOLOGIES: &[Technology] = &[
         source: "MLC NAND 50 µs / 1.2 ms",
     },
 ];
+
+/// Every technology's name, in table order (for error messages).
+pub fn names() -> Vec<&'static str> {
+    TECHNOLOGIES.iter().map(|t| t.name).collect()
+}
 
 impl Technology {
     pub fn find(name: &str) -> Option<&'static Technology> {
