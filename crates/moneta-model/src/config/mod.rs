@@ -241,6 +241,10 @@ pub struct StartGapConfig {
     pub track_wear: bool,
 }
 
+fn default_page_read_ns() -> u64 {
+    25
+}
+
 /// Onyx's P8P PCM controller (SPEC §5).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -255,6 +259,10 @@ pub struct OnyxConfig {
     pub read_ns_per_16_bytes: u64,
     /// The controller reads in increments of this many ns (125 MHz design).
     pub read_increment_ns: u64,
+    /// One page-mode read of a 2 B word from a part's 16 B internal buffer
+    /// (Onyx thesis §4.1.2: "25 ns per chunk of data").
+    #[serde(default = "default_page_read_ns")]
+    pub page_read_ns: u64,
     /// Clock period of the controller.
     pub clock_ns: u64,
     /// Cycles to send a write's command and metadata to a rank.
