@@ -174,6 +174,11 @@ pub struct DeviceConfig {
     /// Cycles from the command register through retag and protection into
     /// the queues, at the 250 MHz design clock.
     pub pipeline_ns: u64,
+    /// A write segment keeps its transfer buffer until the memory controller
+    /// signals its completion (Onyx: early or late), instead of releasing it
+    /// once the data has crossed the ring (Moneta, MICRO'10 §III.A). SPEC §1.4, §5.
+    #[serde(default)]
+    pub write_buffer_until_ack: bool,
 }
 
 /// PCIe link and DMA engine (SPEC §1.1).

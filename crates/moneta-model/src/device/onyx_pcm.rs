@@ -70,6 +70,14 @@ const PART_READ_BYTES: u64 = 16;
 /// cycle is not given in the thesis).
 const PART_BUS_BYTES_PER_CYCLE: u64 = 2;
 
+/// Scheduler cycles to record a write on one rank: "Outstanding write request
+/// metadata storage requires two-cycles" — a free write-table entry pointer
+/// into the rank's scoreboard entry, then the entry's count incremented on
+/// the following cycle; "if this write request spans more than one rank, the
+/// state machine repeats that process for each rank involved" (thesis §4.1.1,
+/// "Scoreboard Control Detail").
+const SCOREBOARD_CYCLES_PER_RANK: u64 = 2;
+
 /// Ring interface → start-gap module → FIFOs before the scheduler sees a
 /// chunk (assumption: one cycle each for the start-gap arithmetic and the FIFO).
 const PIPELINE_CYCLES: u64 = 2;
@@ -227,7 +235,11 @@ impl OnyxController {
             read_op_ns: rank_read_ns(onyx),
             // Command, metadata and "buffered write start", plus one status
             // poll for "buffer ready" before the data (thesis §3.1.1).
-            write_overhead_ns: (onyx.write_setup_cycles + onyx.status_poll_cycles) * clock_ns,
+            // plus the scheduler's two scoreboard cycles for the rank.
+            write_overhead_ns: (onyx.write_setup_cycles
+                + onyx.status_poll_cycles
+                + SCOREBOARD_CYCLES_PER_RANK)
+                * clock_ns,
             buffered_write_ns: onyx.buffered_write_ns,
             status_poll_ns: onyx.status_poll_cycles * clock_ns,
             pipeline_ns: PIPELINE_CYCLES * clock_ns,

@@ -160,6 +160,7 @@ pub struct Device {
     busy_since_ns: Ns,
     counters: DeviceCounters,
     admitted: Vec<PhysTag>,
+    write_buffer_until_ack: bool,
     /// Events to deliver back to `handle` at their time.
     pub outbox: Vec<(Ns, DeviceEvent)>,
     /// Requests finished since the driver last drained this.
@@ -220,6 +221,7 @@ impl Device {
             busy_since_ns: 0,
             counters: DeviceCounters::default(),
             admitted: Vec::with_capacity(d.tags as usize),
+            write_buffer_until_ack: d.write_buffer_until_ack,
             outbox: Vec::with_capacity(64),
             completions: Vec::with_capacity(64),
         }
@@ -416,10 +418,17 @@ impl Device {
             segment.local_addr,
             segment.bytes,
         );
-        self.outbox
-            .push((t.last_byte_ns, DeviceEvent::BufferFree(buffer)));
-        self.outbox
-            .push((w.ack_ns.max(t.last_byte_ns), DeviceEvent::SegmentDone(tag)));
+        let done_ns = w.ack_ns.max(t.last_byte_ns);
+        // Onyx holds a write's buffer until the controller's completion
+        // (`device.write_buffer_until_ack`, SPEC §5); Moneta frees it once
+        // the data has left over the ring (SPEC §1.4).
+        let free_ns = if self.write_buffer_until_ack {
+            done_ns
+        } else {
+            t.last_byte_ns
+        };
+        self.outbox.push((free_ns, DeviceEvent::BufferFree(buffer)));
+        self.outbox.push((done_ns, DeviceEvent::SegmentDone(tag)));
     }
 
     fn segment_done(&mut self, now_ns: Ns, tag: PhysTag) {
