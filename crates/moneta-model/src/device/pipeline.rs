@@ -607,6 +607,24 @@ mod tests {
     }
 
     #[test]
+    fn onyx_write_holds_its_buffer_until_the_controller_completes() {
+        // One transfer buffer, two 4 KB writes to different controllers.
+        for (hold, min_ns, max_ns) in [(true, 240_000, 270_000), (false, 120_000, 150_000)] {
+            let mut c = Config::preset("onyx-late").unwrap();
+            c.device.transfer_buffers = 1;
+            c.device.write_buffer_until_ack = hold;
+            let mut d = Device::new(&c, 1);
+            d.submit(0, PhysTag(0), request(0, Op::Write, 0, 4096))
+                .unwrap();
+            d.submit(0, PhysTag(1), request(1, Op::Write, 4096, 4096))
+                .unwrap();
+            let done = run(&mut d, EventQueue::new());
+            let last = done.iter().map(|c| c.time_ns).max().unwrap();
+            assert!((min_ns..max_ns).contains(&last), "hold={hold}: {last} ns");
+        }
+    }
+
+    #[test]
     fn barrier_orders_completions() {
         let c = Config::preset("moneta").unwrap();
         let mut d = Device::new(&c, 1);
