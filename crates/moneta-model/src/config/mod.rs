@@ -177,6 +177,11 @@ pub struct DeviceConfig {
     /// Cycles from the command register through retag and protection into
     /// the queues, at the 250 MHz design clock.
     pub pipeline_ns: u64,
+    /// A write segment keeps its transfer buffer until the memory controller
+    /// signals its completion (Onyx: early or late), instead of releasing it
+    /// once the data has crossed the ring (Moneta, MICRO'10 §III.A). SPEC §1.4, §5.
+    #[serde(default)]
+    pub write_buffer_until_ack: bool,
 }
 
 /// PCIe link and DMA engine (SPEC §1.1).
@@ -244,6 +249,10 @@ pub struct StartGapConfig {
     pub track_wear: bool,
 }
 
+fn default_page_read_ns() -> u64 {
+    25
+}
+
 /// Onyx's P8P PCM controller (SPEC §5).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -258,6 +267,10 @@ pub struct OnyxConfig {
     pub read_ns_per_16_bytes: u64,
     /// The controller reads in increments of this many ns (125 MHz design).
     pub read_increment_ns: u64,
+    /// One page-mode read of a 2 B word from a part's 16 B internal buffer
+    /// (Onyx thesis §4.1.2: "25 ns per chunk of data").
+    #[serde(default = "default_page_read_ns")]
+    pub page_read_ns: u64,
     /// Clock period of the controller.
     pub clock_ns: u64,
     /// Cycles to send a write's command and metadata to a rank.

@@ -11,8 +11,9 @@
 //! held for the command, a status poll for buffer ready, the metadata, the data
 //! and "buffered write start"; the rank then commits for 120 µs and is free
 //! again when a status poll sees all its parts done. A read holds the bus and
-//! the rank for 314 ns per 16 B per part, rounded up to the controller's 32 ns
-//! increments. Write completion is *late* (all ranks of the request committed,
+//! the rank for one first access plus 7 page-mode words per 16 B per part, each
+//! step in the controller's 32 ns increments (384 ns per 64 B, `rank_read_ns`);
+//! reads of different ranks are serialized on the shared pins. Write completion is *late* (all ranks of the request committed,
 //! reported in the order requests reached the scheduler) or *early* (all of the
 //! request's chunks left the FIFOs to the ranks), `OnyxConfig::early_completion`.
 //! Each start-gap gap move is charged as one extra line read plus one line
@@ -68,6 +69,14 @@ const PART_READ_BYTES: u64 = 16;
 /// (assumption: one controller clock per word; the P8P's asynchronous write
 /// cycle is not given in the thesis).
 const PART_BUS_BYTES_PER_CYCLE: u64 = 2;
+
+/// Scheduler cycles to record a write on one rank: "Outstanding write request
+/// metadata storage requires two-cycles" — a free write-table entry pointer
+/// into the rank's scoreboard entry, then the entry's count incremented on
+/// the following cycle; "if this write request spans more than one rank, the
+/// state machine repeats that process for each rank involved" (thesis §4.1.1,
+/// "Scoreboard Control Detail").
+const SCOREBOARD_CYCLES_PER_RANK: u64 = 2;
 
 /// Ring interface → start-gap module → FIFOs before the scheduler sees a
 /// chunk (assumption: one cycle each for the start-gap arithmetic and the FIFO).
@@ -223,12 +232,14 @@ impl OnyxController {
             rank_read_bytes: parts * PART_READ_BYTES,
             rank_bus_bytes_per_cycle: parts * PART_BUS_BYTES_PER_CYCLE,
             clock_ns,
-            // 314 ns per 16 B, read in 32 ns increments: 320 ns (SPEC §5).
-            read_op_ns: onyx.read_ns_per_16_bytes.div_ceil(onyx.read_increment_ns)
-                * onyx.read_increment_ns,
+            read_op_ns: rank_read_ns(onyx),
             // Command, metadata and "buffered write start", plus one status
             // poll for "buffer ready" before the data (thesis §3.1.1).
-            write_overhead_ns: (onyx.write_setup_cycles + onyx.status_poll_cycles) * clock_ns,
+            // plus the scheduler's two scoreboard cycles for the rank.
+            write_overhead_ns: (onyx.write_setup_cycles
+                + onyx.status_poll_cycles
+                + SCOREBOARD_CYCLES_PER_RANK)
+                * clock_ns,
             buffered_write_ns: onyx.buffered_write_ns,
             status_poll_ns: onyx.status_poll_cycles * clock_ns,
             pipeline_ns: PIPELINE_CYCLES * clock_ns,
@@ -296,6 +307,19 @@ impl OnyxController {
 
     /// Read one piece from its rank: waits for the scheduler/bus and the rank
     /// (no write suspend), holds both for the reads. Returns when data is out.
+    ///
+    /// Reads of different ranks do not overlap: the P8P read is asynchronous
+    /// (the address must stay on the lines until the 16 B reach the internal
+    /// buffer, thesis §3.1.1) and the 23 address lines, output enable and the
+    /// 80 data lines are shared by all 16 ranks of the DIMM pair ("All the
+    /// chips on the pair PCM DIMMs share ... output enable, write enable";
+    /// 135 IO pins − 23 address − 5 shared controls − 8 chip enables = 99 for
+    /// data, of which 80 are used, thesis §3.2–3.3); only chip enables are per
+    /// rank. "Sends out a read request to the appropriate rank(s) and processes
+    /// the next request" (§4.1.1) is the scheduler not tracking reads in the
+    /// scoreboard; the PCM control module still performs them one at a time.
+    /// A read does overlap with other ranks' 120 µs write commits, which need
+    /// no bus.
     fn read_piece(&mut self, ready_ns: Ns, piece: Piece) -> Ns {
         let rank_free_ns = self.rank_free_ns[piece.rank];
         let start_ns = ready_ns.max(self.bus_free_ns).max(rank_free_ns);
@@ -368,6 +392,48 @@ impl OnyxController {
             self.in_queue.push_back(InQueueEntry { leave_ns, bytes });
         }
     }
+}
+
+/// Time of one read of a rank: every part puts 16 B into its internal buffer
+/// and streams it out as 8 words of 2 B, the 4 parts of the rank in parallel
+/// (64 B per rank read).
+///
+/// Thesis §3.1.1: "set the address lines, which places 16 bytes of data into
+/// an internal buffer. The controller then toggles the output enable signal to
+/// stream the data"; §3.1.2: "Reads require 314 ns for every 16 bytes";
+/// §4.1.2 ("Clock Speed Increase"): "A single page-mode read ... requires
+/// 25 ns per chunk of data; however, the current memory controller design can
+/// only read at 32 ns increments (without data corruption). This wastes 7 ns
+/// per chunk of data read."
+///
+/// So the 314 ns datasheet figure is the first word's access plus 7 page-mode
+/// words of 25 ns: first access 314 − 7 × 25 = 139 ns. Every step of the
+/// controller's read runs in 32 ns increments: the first access takes
+/// ⌈139 / 32⌉ × 32 = 160 ns and each further word 32 ns, so a rank read takes
+/// 160 + 7 × 32 = 384 ns (the model had used ⌈314 / 32⌉ × 32 = 320 ns, which
+/// charges the 32 ns increment once per 16 B instead of once per word).
+/// (Reading the 314 ns as an initial access plus 8 page words gives the same
+/// 384 ns: ⌈(314 − 8 × 25) / 32⌉ × 32 + 8 × 32 = 128 + 256.)
+///
+/// Consistency with the thesis' own estimate: with reads serialized on the
+/// shared bus (see `read_piece`) 8 controllers read 8 × 64 B / 384 ns =
+/// 1333 MB/s. At 250 MHz the waste per word drops from 7 to 3 ns (words of
+/// 28 ns): 160 + 7 × 28 = 356 ns gives 1438 MB/s (+105 MB/s), and 4 ns steps
+/// for the first access too (140 + 196 = 336 ns) give 1524 MB/s (+190 MB/s),
+/// bracketing the "around 100 MB/s for large reads" the thesis expects. Had
+/// reads of different ranks overlapped on the bus, 125 MHz reads (64 B per
+/// 8 × 32 ns per controller, 2 GB/s) would already exceed the PCIe link and
+/// the faster clock would gain nothing for large reads.
+pub fn rank_read_ns(onyx: &OnyxConfig) -> Ns {
+    let increment = onyx.read_increment_ns;
+    let round = |ns: Ns| ns.div_ceil(increment) * increment;
+    let words = PART_READ_BYTES / PART_BUS_BYTES_PER_CYCLE;
+    let page_words_ns = (words - 1) * onyx.page_read_ns;
+    let first_word_ns = onyx
+        .read_ns_per_16_bytes
+        .saturating_sub(page_words_ns)
+        .max(onyx.page_read_ns);
+    round(first_word_ns) + (words - 1) * round(onyx.page_read_ns)
 }
 
 /// Linear interpolation of when byte `offset_bytes` of a `bytes`-long stream
@@ -566,9 +632,24 @@ mod tests {
         let mut pcm = controller(false);
         let done_ns = pcm.read(1_000, 12_345 * 64, 64);
         let latency_ns = done_ns - 1_000;
-        // 314 ns rounded up to 32 ns increments is 320 ns, plus the pipeline.
-        assert!((320..=360).contains(&latency_ns), "{latency_ns}");
+        // 160 ns first access + 7 page-mode words × 32 ns = 384 ns, plus the pipeline.
+        assert!((384..=420).contains(&latency_ns), "{latency_ns}");
         assert_eq!(pcm.activity().array_bytes_read, 64);
+    }
+
+    #[test]
+    fn rank_read_is_first_access_plus_page_words_in_32_ns_steps() {
+        let config = Config::preset("onyx-late").expect("preset loads");
+        assert_eq!(rank_read_ns(&config.onyx), 384);
+        // At 250 MHz (4 ns increments) the thesis expects about +100 MB/s
+        // for large reads over 8 controllers.
+        let fast = OnyxConfig {
+            read_increment_ns: 4,
+            ..config.onyx.clone()
+        };
+        let mb_per_s = |ns: Ns| 8.0 * 64.0 / ns as f64 * 1e3;
+        let gain = mb_per_s(rank_read_ns(&fast)) - mb_per_s(rank_read_ns(&config.onyx));
+        assert!((80.0..200.0).contains(&gain), "{gain}");
     }
 
     #[test]

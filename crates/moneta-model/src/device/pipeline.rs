@@ -161,6 +161,7 @@ pub struct Device {
     busy_since_ns: Ns,
     counters: DeviceCounters,
     admitted: Vec<PhysTag>,
+    write_buffer_until_ack: bool,
     /// Events to deliver back to `handle` at their time.
     pub outbox: Vec<(Ns, DeviceEvent)>,
     /// Requests finished since the driver last drained this.
@@ -221,6 +222,7 @@ impl Device {
             busy_since_ns: 0,
             counters: DeviceCounters::default(),
             admitted: Vec::with_capacity(d.tags as usize),
+            write_buffer_until_ack: d.write_buffer_until_ack,
             outbox: Vec::with_capacity(64),
             completions: Vec::with_capacity(64),
         }
@@ -417,10 +419,17 @@ impl Device {
             segment.local_addr,
             segment.bytes,
         );
-        self.outbox
-            .push((t.last_byte_ns, DeviceEvent::BufferFree(buffer)));
-        self.outbox
-            .push((w.ack_ns.max(t.last_byte_ns), DeviceEvent::SegmentDone(tag)));
+        let done_ns = w.ack_ns.max(t.last_byte_ns);
+        // Onyx holds a write's buffer until the controller's completion
+        // (`device.write_buffer_until_ack`, SPEC §5); Moneta frees it once
+        // the data has left over the ring (SPEC §1.4).
+        let free_ns = if self.write_buffer_until_ack {
+            done_ns
+        } else {
+            t.last_byte_ns
+        };
+        self.outbox.push((free_ns, DeviceEvent::BufferFree(buffer)));
+        self.outbox.push((done_ns, DeviceEvent::SegmentDone(tag)));
     }
 
     fn segment_done(&mut self, now_ns: Ns, tag: PhysTag) {
@@ -596,6 +605,24 @@ mod tests {
         let done = run(&mut d, EventQueue::new());
         let bandwidth = (1u64 << 20) as f64 / (done[0].time_ns as f64 * 1e-9);
         assert!(bandwidth > 1.6e9 && bandwidth < 1.75e9, "{bandwidth}");
+    }
+
+    #[test]
+    fn onyx_write_holds_its_buffer_until_the_controller_completes() {
+        // One transfer buffer, two 4 KB writes to different controllers.
+        for (hold, min_ns, max_ns) in [(true, 240_000, 270_000), (false, 120_000, 150_000)] {
+            let mut c = Config::preset("onyx-late").unwrap();
+            c.device.transfer_buffers = 1;
+            c.device.write_buffer_until_ack = hold;
+            let mut d = Device::new(&c, 1);
+            d.submit(0, PhysTag(0), request(0, Op::Write, 0, 4096))
+                .unwrap();
+            d.submit(0, PhysTag(1), request(1, Op::Write, 4096, 4096))
+                .unwrap();
+            let done = run(&mut d, EventQueue::new());
+            let last = done.iter().map(|c| c.time_ns).max().unwrap();
+            assert!((min_ns..max_ns).contains(&last), "hold={hold}: {last} ns");
+        }
     }
 
     #[test]
