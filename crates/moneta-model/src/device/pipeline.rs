@@ -12,7 +12,12 @@
 //! - read segment: command to the controller; memory access; ring →
 //!   buffer; DMA buffer → host; buffer free; segment done.
 //!
-//! A request completes when all its segments are done. The device is clock
+//! A request completes when all its segments are done; its completion
+//! carries where its device time went (`breakdown`): the fixed pipeline and
+//! protection time, then the chain of the segment that finished last (the
+//! critical path): queue and buffer wait, DMA, ring, controller queue, array.
+//!
+//! The device is clock
 //! agnostic: it is handed `now` and writes the events it wants delivered into
 //! `outbox` and finished requests into `completions`; whoever drives it (the
 //! simulator's event loop, the emulator's polling thread) delivers them.
@@ -25,6 +30,7 @@ use super::moneta_controller::MonetaController;
 use super::onyx_pcm::OnyxController;
 use super::queues::{BarrierGate, RequestQueues};
 use super::ring::Ring;
+use crate::breakdown::{Component, Parts};
 use crate::config::{Config, ControllerKind};
 use crate::units::{DeviceAddr, Ns, Op, PhysTag};
 use std::fmt;
@@ -48,6 +54,10 @@ pub struct Completion {
     pub token: u64,
     pub tag: PhysTag,
     pub time_ns: Ns,
+    /// The device's time from accepting the request to `time_ns`, by
+    /// component, along the critical path (in virtual time the parts sum
+    /// exactly to that interval).
+    pub parts: Parts,
 }
 
 /// The words a host wrote to the command registers (SPEC §1.2).
@@ -120,12 +130,30 @@ struct RequestState {
     next_offset: u64,
     segments_total: u32,
     segments_done: u32,
+    /// Where time goes: accepted at `submitted_ns`, past retag and
+    /// protection at `queued_ns`; the chain of the segment that finishes
+    /// last so far and when it finishes.
+    submitted_ns: Ns,
+    queued_ns: Ns,
+    critical_chain: Parts,
+    critical_done_ns: Ns,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct SegmentState {
     tag: PhysTag,
     segment: Segment,
+    /// This segment's time so far by component, accounted up to `mark_ns`.
+    chain: Parts,
+    mark_ns: Ns,
+}
+
+impl SegmentState {
+    /// Account the time from the mark to `until_ns` to `component`.
+    fn spend(&mut self, component: Component, until_ns: Ns) {
+        self.chain.add(component, until_ns - self.mark_ns);
+        self.mark_ns = until_ns;
+    }
 }
 
 /// Counters of the device's components, for reports and the power model.
@@ -198,6 +226,8 @@ impl Device {
                 controller: 0,
                 local_addr: 0,
             },
+            chain: Parts::default(),
+            mark_ns: 0,
         };
         Self {
             capacity_bytes: d.capacity_bytes,
@@ -305,6 +335,10 @@ impl Device {
                 .striping
                 .segment_count(request.addr.0, request.len_bytes),
             segments_done: 0,
+            submitted_ns: now_ns,
+            queued_ns: now_ns + self.pipeline_ns + request.protection_ns,
+            critical_chain: Parts::default(),
+            critical_done_ns: 0,
         });
         self.outbox.push((
             now_ns + self.pipeline_ns + request.protection_ns,
@@ -324,6 +358,7 @@ impl Device {
                 self.schedule_segments(now_ns);
             }
             DeviceEvent::WriteDmaDone(buffer) => {
+                self.segments[buffer as usize].spend(Component::Dma, now_ns);
                 let s = self.segments[buffer as usize].segment;
                 let accept =
                     self.controllers[s.controller as usize].write_accept_ns(now_ns, s.bytes);
@@ -340,17 +375,21 @@ impl Device {
             }
             DeviceEvent::SegmentDone(tag) => self.segment_done(now_ns, tag),
             DeviceEvent::ReadDataReady(buffer) => {
+                self.segments[buffer as usize].spend(Component::Array, now_ns);
                 let bytes = self.segments[buffer as usize].segment.bytes;
                 let t = self.ring.transfer(now_ns, bytes);
                 self.outbox
                     .push((t.last_byte_ns, DeviceEvent::ReadToHost(buffer)));
             }
             DeviceEvent::ReadToHost(buffer) => {
+                self.segments[buffer as usize].spend(Component::Ring, now_ns);
                 let bytes = self.segments[buffer as usize].segment.bytes;
                 let end = self.dma.device_to_host.transfer(now_ns, bytes);
                 self.outbox.push((end, DeviceEvent::ReadDmaDone(buffer)));
             }
             DeviceEvent::ReadDmaDone(buffer) => {
+                self.segments[buffer as usize].spend(Component::Dma, now_ns);
+                self.offer_critical(buffer, now_ns);
                 let tag = self.segments[buffer as usize].tag;
                 self.buffers.release(now_ns, buffer);
                 self.segment_done(now_ns, tag);
@@ -385,9 +424,22 @@ impl Device {
             req.next_offset += segment.bytes;
             let more = req.next_offset < req.len_bytes;
             let op = req.op;
+            let queued_ns = req.queued_ns;
             self.queues.issued(more);
             let buffer = self.buffers.allocate(now_ns).expect("checked has_free");
-            self.segments[buffer as usize] = SegmentState { tag, segment };
+            let mut state = SegmentState {
+                tag,
+                segment,
+                chain: Parts::default(),
+                mark_ns: queued_ns,
+            };
+            // Barriers, the request queue and the wait for this buffer.
+            state.spend(Component::DeviceQueue, now_ns);
+            if op == Op::Read {
+                // The read command's message to the controller.
+                state.spend(Component::Ring, now_ns + self.ring.message_ns());
+            }
+            self.segments[buffer as usize] = state;
             match op {
                 Op::Write => {
                     let end = self.dma.host_to_device.transfer(now_ns, segment.bytes);
@@ -408,7 +460,8 @@ impl Device {
     }
 
     fn write_to_ring(&mut self, now_ns: Ns, buffer: u16) {
-        let SegmentState { tag, segment } = self.segments[buffer as usize];
+        self.segments[buffer as usize].spend(Component::ControllerQueue, now_ns);
+        let SegmentState { tag, segment, .. } = self.segments[buffer as usize];
         let t = self.ring.transfer(now_ns, segment.bytes);
         let w = self.controllers[segment.controller as usize].write(
             t.first_byte_ns,
@@ -416,10 +469,29 @@ impl Device {
             segment.local_addr,
             segment.bytes,
         );
+        let done = w.ack_ns.max(t.last_byte_ns);
+        // The rest of a write's chain is known now (the buffer may be reused
+        // before the segment is done).
+        let state = &mut self.segments[buffer as usize];
+        state.spend(Component::Ring, t.last_byte_ns);
+        state.spend(Component::Array, done);
+        self.offer_critical(buffer, done);
         self.outbox
             .push((t.last_byte_ns, DeviceEvent::BufferFree(buffer)));
-        self.outbox
-            .push((w.ack_ns.max(t.last_byte_ns), DeviceEvent::SegmentDone(tag)));
+        self.outbox.push((done, DeviceEvent::SegmentDone(tag)));
+    }
+
+    /// The segment in `buffer` finishes at `done_ns`: if no other segment of
+    /// its request finishes later, its chain is the request's critical path.
+    fn offer_critical(&mut self, buffer: u16, done_ns: Ns) {
+        let state = self.segments[buffer as usize];
+        let req = self.requests[state.tag.0 as usize]
+            .as_mut()
+            .expect("segment of a live request");
+        if done_ns >= req.critical_done_ns {
+            req.critical_done_ns = done_ns;
+            req.critical_chain = state.chain;
+        }
     }
 
     fn segment_done(&mut self, now_ns: Ns, tag: PhysTag) {
@@ -431,10 +503,24 @@ impl Device {
             return;
         }
         let req = self.requests[tag.0 as usize].take().expect("live request");
+        let mut parts = Parts::default();
+        parts.add(Component::Retag, self.pipeline_ns);
+        parts.add(
+            Component::Protection,
+            req.queued_ns - req.submitted_ns - self.pipeline_ns,
+        );
+        parts.add_parts(&req.critical_chain);
+        // A driver on the wall clock may deliver the last event late; the
+        // delay counts as the last segment's array time.
+        parts.add(
+            Component::Array,
+            now_ns.saturating_sub(req.critical_done_ns),
+        );
         self.completions.push(Completion {
             token: req.token,
             tag,
             time_ns: now_ns,
+            parts,
         });
         self.counters.requests_completed += 1;
         match req.op {
