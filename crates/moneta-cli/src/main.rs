@@ -4,6 +4,8 @@
 //! - `moneta sim run` simulates one point; `moneta sim sweep` a grid of
 //!   operations × request sizes, with sharding, progress, and SVG/HTML plots.
 //! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
+//! - `moneta sim run --breakdown` shows where time goes (SPEC §2.1 Table 3.1);
+//!   `moneta sim compare` puts several presets or stacks side by side.
 //! - `moneta sim speed` measures simulated requests per wall-clock second.
 //! - `moneta serve` runs monetad; `moneta bench` runs XDD on the emulator.
 //! - `moneta up`, `down`, `status`: the Moneta file system (an image, XFS or
@@ -82,6 +84,9 @@ enum Sim {
     Sweep(SweepArgs),
     /// SPEC §2.2 fairness: small-request threads beside large-request threads.
     Fairness(FairnessArgs),
+    /// Where time goes for several presets and/or stacks on one workload:
+    /// a table and stacked bars (SPEC §2.1 Table 3.1).
+    Compare(CompareArgs),
     /// Simulator speed: simulated requests per wall-clock second.
     Speed(SpeedArgs),
 }
@@ -215,6 +220,36 @@ struct RunArgs {
     /// Closed-loop threads.
     #[arg(long, default_value_t = 16)]
     threads: u32,
+    /// Also print where time goes: mean µs per component (Table 3.1 style).
+    #[arg(long)]
+    breakdown: bool,
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Presets and stacks are comma-separated lists here; every preset runs
+    /// with every stack.
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    limit: LimitArgs,
+    #[command(flatten)]
+    pattern: PatternArgs,
+    /// read, write or mixed (50/50).
+    #[arg(long, default_value = "read")]
+    op: String,
+    /// Request size in bytes (multiple of 512).
+    #[arg(long, default_value_t = 4096)]
+    size: u64,
+    /// Closed-loop threads [default: 1, an unloaded request as in Table 3.1].
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
+    /// Write the stacked bars as SVG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write an HTML report (bars, latency CDFs, the table).
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -295,6 +330,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
             Sim::Run(a) => sim_run(a),
             Sim::Sweep(a) => sim_sweep(a),
             Sim::Fairness(a) => sim_fairness(a),
+            Sim::Compare(a) => sim_compare(a),
             Sim::Speed(a) => sim_speed(a),
         },
         Command::Serve(a) => emu::serve(*a),
@@ -347,7 +383,54 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
         .pattern
         .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
     let point = workload_point(&config, &w)?;
-    output::print_points(&[point], a.model.format, false);
+    output::print_points(std::slice::from_ref(&point), a.model.format, false);
+    if a.breakdown && a.model.format == Format::Table {
+        output::print_breakdown(&point);
+    }
+    Ok(())
+}
+
+/// `moneta sim compare`: the same workload on every (preset, stack) pair.
+fn sim_compare(a: CompareArgs) -> Result<(), String> {
+    let list = |s: &Option<String>| -> Vec<Option<String>> {
+        match s {
+            None => vec![None],
+            Some(s) => s.split(',').map(|x| Some(x.trim().to_string())).collect(),
+        }
+    };
+    let (presets, stacks) = (list(&a.model.preset), list(&a.model.stack));
+    let limit = a.limit.limit(20_000)?;
+    let mut points = Vec::new();
+    let mut labels = Vec::new();
+    for preset in &presets {
+        for stack in &stacks {
+            let mut model = a.model.clone();
+            model.preset = preset.clone();
+            model.stack = stack.clone();
+            let config = model.config()?;
+            let w = a
+                .pattern
+                .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
+            let label = match (presets.len() > 1, stacks.len() > 1) {
+                (true, true) => format!("{}/{}", config.name, config.host.stack.name()),
+                (true, false) => config.name.clone(),
+                _ => config.host.stack.name().to_string(),
+            };
+            points.push(workload_point(&config, &w)?);
+            labels.push(label);
+        }
+    }
+    output::print_comparison(&points, &labels, a.model.format);
+    let report = output::compare_report(&points, &labels);
+    if let Some(path) = &a.plot {
+        let svg = output::compare_bars(&points, &labels).to_svg(900, 520);
+        plot::write_file(path, &svg).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &a.report {
+        plot::write_file(path, &report.to_html()).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(())
 }
 
