@@ -1241,4 +1241,60 @@ mod tests {
         };
         write_file(Path::new("/tmp/plot-sample.html"), &report.to_html()).unwrap();
     }
+
+    #[test]
+    fn log10_axes_place_decades_and_skip_non_positive_values() {
+        let chart = Chart {
+            title: "latency".into(),
+            x_log10: true,
+            y_log10: true,
+            series: vec![Series {
+                name: "cdf".into(),
+                points: vec![(0.0, 1.0), (3.0, 0.1), (300.0, 0.9), (30.0, -1.0)],
+            }],
+            ..Chart::default()
+        };
+        let svg = chart.to_svg(800, 450);
+        check_balanced(&svg);
+        // Decades 1 … 1000 on x, 0.1 … 1 on y, labelled.
+        for label in [">1<", ">10<", ">100<", ">1000<", ">0.1<"] {
+            assert!(svg.contains(label), "missing tick {label}");
+        }
+        // Two drawable points of four: two markers, plus the legend's.
+        assert_eq!(svg.matches("<circle").count(), 3);
+    }
+
+    #[test]
+    fn stacked_bars_stack_every_component_with_one_colour_each() {
+        let part = |n: &str, v: f64| (n.to_string(), v);
+        let bars = StackedBars {
+            title: "where time goes <4 KB>".into(),
+            y_label: "µs".into(),
+            bars: vec![
+                ("base".into(), vec![part("entry", 2.0), part("device", 8.0)]),
+                (
+                    "spin".into(),
+                    vec![part("entry", 2.0), part("device", 8.0), part("spin", 0.5)],
+                ),
+            ],
+            percent: false,
+        };
+        let svg = bars.to_svg(900, 520);
+        check_balanced(&svg);
+        assert!(svg.contains("where time goes &lt;4 KB&gt;"));
+        assert_eq!(svg.matches("<g class=\"bar\">").count(), 2);
+        // One legend entry per component; bar totals printed on top.
+        assert_eq!(svg.matches("<rect x=").count(), 5 + 3 + 1);
+        assert!(svg.contains(">10.00<") && svg.contains(">10.50<"));
+        let html = Report {
+            title: "t".into(),
+            sections: vec![ReportSection::Bars(StackedBars {
+                percent: true,
+                ..bars
+            })],
+        }
+        .to_html();
+        check_balanced(&html);
+        assert!(html.contains("% of latency"));
+    }
 }
