@@ -597,7 +597,7 @@ fn component_colour(i: usize) -> String {
         Some(c) if i < PALETTE.len() - 1 => c.to_string(),
         _ => {
             let hue = (i as f64 * 137.508) % 360.0;
-            let light = if i % 2 == 0 { 45 } else { 65 };
+            let light = if i.is_multiple_of(2) { 45 } else { 65 };
             format!("hsl({hue:.0},60%,{light}%)")
         }
     }
