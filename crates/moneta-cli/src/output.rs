@@ -225,7 +225,7 @@ pub fn print_breakdown(p: &PointSummary) {
         p.threads,
         b.count()
     );
-    println!("{:<30} {:>9} {:>7}", "component", "µs", "%");
+    println!("{:<38} {:>9} {:>7}", "component", "µs", "%");
     for (c, us) in b.mean_us() {
         let share = if total_us > 0.0 {
             100.0 * us / total_us
@@ -234,12 +234,12 @@ pub fn print_breakdown(p: &PointSummary) {
         };
         let side = if c.is_device() { " (device)" } else { "" };
         println!(
-            "{:<30} {us:>9.2} {share:>7.1}",
+            "{:<38} {us:>9.2} {share:>7.1}",
             format!("{}{side}", c.label())
         );
     }
     println!(
-        "{:<30} {total_us:>9.2} {:>7.1}",
+        "{:<38} {total_us:>9.2} {:>7.1}",
         "total = mean latency", 100.0
     );
 }
@@ -273,19 +273,19 @@ pub fn print_comparison(points: &[PointSummary], labels: &[String], format: Form
                 );
             }
             let width = labels.iter().map(|l| l.len()).max().unwrap_or(0).max(8);
-            print!("{:<30}", "component");
+            print!("{:<32}", "component");
             for l in labels {
                 print!(" {l:>width$}");
             }
             println!();
             for c in &components {
-                print!("{:<30}", c.label());
+                print!("{:<32}", c.label());
                 for p in points {
                     print!(" {:>width$.2}", p.breakdown_us.mean_ns(*c) / 1e3);
                 }
                 println!();
             }
-            print!("{:<30}", "total = mean latency");
+            print!("{:<32}", "total = mean latency");
             for p in points {
                 print!(" {:>width$.2}", p.breakdown_us.total_mean_ns() / 1e3);
             }

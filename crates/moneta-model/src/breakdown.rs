@@ -17,9 +17,10 @@
 //! Where host software runs after the command was issued (issue-sleep's
 //! system call) it overlaps the device; the thread's timeline is the critical
 //! path, so the hidden part of the device's time is taken off the front of
-//! the device's chain ([`Parts::trim_front`]). Left out: a finer split of a
-//! controller's time into queueing and array access inside the controller
-//! (both are "memory array"), and of ring or link waits from their transfer.
+//! the device's chain ([`Parts::trim_front`]). Link and ring time beyond an
+//! idle transfer's is their wait. Left out: a finer split of a controller's
+//! time into queueing and array access inside the controller (both are
+//! "memory array").
 
 use crate::units::Ns;
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -57,8 +58,12 @@ pub enum Component {
     Protection,
     /// Device: barriers, request queues and waiting for a transfer buffer.
     DeviceQueue,
-    /// Device: DMA over the host link (with its queueing).
+    /// Device: waiting for the host link (other transfers in its direction).
+    DmaWait,
+    /// Device: DMA over the host link (latency and wire time).
     Dma,
+    /// Device: waiting for the ring's token (other packets).
+    RingWait,
     /// Device: the ring between the scheduler and the controllers.
     Ring,
     /// Device: waiting for room in the controller's in-queue (scoreboard).
@@ -82,7 +87,7 @@ pub enum Component {
 }
 
 impl Component {
-    pub const COUNT: usize = 25;
+    pub const COUNT: usize = 27;
 
     pub const ALL: [Component; Component::COUNT] = [
         Component::SyscallEntry,
@@ -99,7 +104,9 @@ impl Component {
         Component::Retag,
         Component::Protection,
         Component::DeviceQueue,
+        Component::DmaWait,
         Component::Dma,
+        Component::RingWait,
         Component::Ring,
         Component::ControllerQueue,
         Component::Array,
@@ -129,7 +136,9 @@ impl Component {
             Component::Retag => "retag",
             Component::Protection => "protection",
             Component::DeviceQueue => "device_queue",
+            Component::DmaWait => "dma_wait",
             Component::Dma => "dma",
+            Component::RingWait => "ring_wait",
             Component::Ring => "ring",
             Component::ControllerQueue => "controller_queue",
             Component::Array => "array",
@@ -160,7 +169,9 @@ impl Component {
             Component::Retag => "registers + retag",
             Component::Protection => "protection check",
             Component::DeviceQueue => "device queue / buffer wait",
+            Component::DmaWait => "DMA: wait for the link",
             Component::Dma => "DMA",
+            Component::RingWait => "ring: wait for the token",
             Component::Ring => "ring",
             Component::ControllerQueue => "controller queue",
             Component::Array => "memory array access",
@@ -181,7 +192,9 @@ impl Component {
             Component::Retag
                 | Component::Protection
                 | Component::DeviceQueue
+                | Component::DmaWait
                 | Component::Dma
+                | Component::RingWait
                 | Component::Ring
                 | Component::ControllerQueue
                 | Component::Array

@@ -154,6 +154,20 @@ impl SegmentState {
         self.chain.add(component, until_ns - self.mark_ns);
         self.mark_ns = until_ns;
     }
+
+    /// A transfer from the mark to `until_ns` that takes `unloaded_ns` on
+    /// an idle link or ring: the rest was `wait`.
+    fn spend_transfer(
+        &mut self,
+        wait: Component,
+        transfer: Component,
+        until_ns: Ns,
+        unloaded_ns: Ns,
+    ) {
+        let waited = (until_ns - self.mark_ns).saturating_sub(unloaded_ns);
+        self.spend(wait, self.mark_ns + waited);
+        self.spend(transfer, until_ns);
+    }
 }
 
 /// Counters of the device's components, for reports and the power model.
@@ -358,8 +372,14 @@ impl Device {
                 self.schedule_segments(now_ns);
             }
             DeviceEvent::WriteDmaDone(buffer) => {
-                self.segments[buffer as usize].spend(Component::Dma, now_ns);
                 let s = self.segments[buffer as usize].segment;
+                let unloaded = self.dma.host_to_device.unloaded_ns(s.bytes);
+                self.segments[buffer as usize].spend_transfer(
+                    Component::DmaWait,
+                    Component::Dma,
+                    now_ns,
+                    unloaded,
+                );
                 let accept =
                     self.controllers[s.controller as usize].write_accept_ns(now_ns, s.bytes);
                 if accept > now_ns {
@@ -382,13 +402,26 @@ impl Device {
                     .push((t.last_byte_ns, DeviceEvent::ReadToHost(buffer)));
             }
             DeviceEvent::ReadToHost(buffer) => {
-                self.segments[buffer as usize].spend(Component::Ring, now_ns);
                 let bytes = self.segments[buffer as usize].segment.bytes;
+                let unloaded = self.ring.unloaded_ns(bytes);
+                self.segments[buffer as usize].spend_transfer(
+                    Component::RingWait,
+                    Component::Ring,
+                    now_ns,
+                    unloaded,
+                );
                 let end = self.dma.device_to_host.transfer(now_ns, bytes);
                 self.outbox.push((end, DeviceEvent::ReadDmaDone(buffer)));
             }
             DeviceEvent::ReadDmaDone(buffer) => {
-                self.segments[buffer as usize].spend(Component::Dma, now_ns);
+                let bytes = self.segments[buffer as usize].segment.bytes;
+                let unloaded = self.dma.device_to_host.unloaded_ns(bytes);
+                self.segments[buffer as usize].spend_transfer(
+                    Component::DmaWait,
+                    Component::Dma,
+                    now_ns,
+                    unloaded,
+                );
                 self.offer_critical(buffer, now_ns);
                 let tag = self.segments[buffer as usize].tag;
                 self.buffers.release(now_ns, buffer);
@@ -472,8 +505,14 @@ impl Device {
         let done = w.ack_ns.max(t.last_byte_ns);
         // The rest of a write's chain is known now (the buffer may be reused
         // before the segment is done).
+        let unloaded = self.ring.unloaded_ns(segment.bytes);
         let state = &mut self.segments[buffer as usize];
-        state.spend(Component::Ring, t.last_byte_ns);
+        state.spend_transfer(
+            Component::RingWait,
+            Component::Ring,
+            t.last_byte_ns,
+            unloaded,
+        );
         state.spend(Component::Array, done);
         self.offer_critical(buffer, done);
         self.outbox
