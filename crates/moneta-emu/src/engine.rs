@@ -48,6 +48,7 @@ use crate::protection::{self, Access, CheckOutcome, PermissionTable, Update};
 use crate::retag::Retag;
 use crate::sys;
 use crate::wall_clock::WallClock;
+use moneta_model::breakdown::Breakdown;
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
 use moneta_model::device::pipeline::{Device, DeviceEvent, DeviceRequest};
@@ -122,6 +123,13 @@ pub struct EngineStats {
     pub lateness_ns_mean: f64,
     pub lateness_ns_p99: f64,
     pub lateness_ns_max: u64,
+    /// Where the device's time went (SPEC §2.1): requests completed and the
+    /// mean modeled µs per component from accepting each to its model
+    /// completion time (`moneta_model::breakdown`).
+    #[serde(default)]
+    pub device_time_requests: u64,
+    #[serde(default)]
+    pub device_time_us: Vec<(String, f64)>,
     /// Model time the device thread has reached (ns since the engine started).
     pub model_time_ns: u64,
     /// The control plane's file grants (filled in by the control plane).
@@ -388,6 +396,7 @@ struct DeviceThread {
     idle_spin_ns: Ns,
     stats: EngineStats,
     lateness: LatencyHistogram,
+    device_time: Breakdown,
 }
 
 impl DeviceThread {
@@ -412,6 +421,7 @@ impl DeviceThread {
             idle_spin_ns: options.idle_spin_ns,
             stats: EngineStats::default(),
             lateness: LatencyHistogram::new(),
+            device_time: Breakdown::default(),
             clock: WallClock::new(),
             shared,
         }
@@ -516,6 +526,13 @@ impl DeviceThread {
         s.lateness_ns_mean = self.lateness.mean_ns();
         s.lateness_ns_p99 = self.lateness.percentile_ns(0.99);
         s.lateness_ns_max = self.lateness.max_ns();
+        s.device_time_requests = self.device_time.count();
+        s.device_time_us = self
+            .device_time
+            .mean_us()
+            .into_iter()
+            .map(|(c, us)| (c.key().to_string(), us))
+            .collect();
         s
     }
 
@@ -536,6 +553,7 @@ impl DeviceThread {
             for c in completions.drain(..) {
                 let posted = *posted_at.get_or_insert_with(|| self.clock.now());
                 self.lateness.record(posted.saturating_sub(c.time_ns));
+                self.device_time.record(&c.parts);
                 let (channel, tag) = self.retag.release(c.tag);
                 debug_assert_eq!(c.token, token(channel, tag));
                 self.finish(channel, tag, ResultCode::Ok);
