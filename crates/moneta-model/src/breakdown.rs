@@ -233,10 +233,55 @@ impl Parts {
         self.0.iter().sum()
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (Component, Ns)> + '_ {
+        Component::ALL.iter().map(|&c| (c, self.get(c)))
+    }
+
+    /// Add the device's parts.
+    pub fn add_device(&mut self, device: &DeviceParts) {
+        let first = DeviceParts::FIRST as usize;
+        for (a, b) in self.0[first..first + DeviceParts::COUNT]
+            .iter_mut()
+            .zip(device.0.iter())
+        {
+            *a += b;
+        }
+    }
+}
+
+/// The device's components only (contiguous in [`Component`], from
+/// `Retag` to `Array`): what the device carries per segment and request,
+/// kept small because it is copied along the data path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceParts([Ns; DeviceParts::COUNT]);
+
+impl DeviceParts {
+    const FIRST: Component = Component::Retag;
+    pub const COUNT: usize = Component::Array as usize - Component::Retag as usize + 1;
+
+    pub fn add(&mut self, component: Component, ns: Ns) {
+        debug_assert!(component.is_device(), "{component:?} is not the device's");
+        self.0[component as usize - Self::FIRST as usize] += ns;
+    }
+
+    pub fn get(&self, component: Component) -> Ns {
+        self.0[component as usize - Self::FIRST as usize]
+    }
+
+    pub fn add_parts(&mut self, other: &DeviceParts) {
+        for (a, b) in self.0.iter_mut().zip(other.0.iter()) {
+            *a += b;
+        }
+    }
+
+    pub fn total_ns(&self) -> Ns {
+        self.0.iter().sum()
+    }
+
     /// Remove `ns` from the front of the chain (components in their order):
     /// the part of the device's time hidden under host work that ran after
     /// the issue. Returns the parts of the rest.
-    pub fn trim_front(mut self, mut ns: Ns) -> Parts {
+    pub fn trim_front(mut self, mut ns: Ns) -> DeviceParts {
         for v in self.0.iter_mut() {
             let cut = ns.min(*v);
             *v -= cut;
@@ -247,23 +292,20 @@ impl Parts {
         }
         self
     }
-
-    pub fn iter(&self) -> impl Iterator<Item = (Component, Ns)> + '_ {
-        Component::ALL.iter().map(|&c| (c, self.get(c)))
-    }
 }
 
 /// Sum of the parts of many requests, for means per group and per run.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Breakdown {
-    sum_ns: [u128; Component::COUNT],
+    /// u64 holds 584 years of summed latency per component.
+    sum_ns: [u64; Component::COUNT],
     count: u64,
 }
 
 impl Breakdown {
     pub fn record(&mut self, parts: &Parts) {
         for (s, &v) in self.sum_ns.iter_mut().zip(parts.0.iter()) {
-            *s += v as u128;
+            *s += v;
         }
         self.count += 1;
     }
@@ -293,7 +335,7 @@ impl Breakdown {
         if self.count == 0 {
             0.0
         } else {
-            self.sum_ns.iter().sum::<u128>() as f64 / self.count as f64
+            self.sum_ns.iter().map(|&s| s as u128).sum::<u128>() as f64 / self.count as f64
         }
     }
 
@@ -333,7 +375,7 @@ mod tests {
 
     #[test]
     fn trimming_takes_from_the_front_and_keeps_the_sum() {
-        let mut p = Parts::default();
+        let mut p = DeviceParts::default();
         p.add(Component::Retag, 100);
         p.add(Component::Dma, 300);
         p.add(Component::Array, 50);
@@ -342,6 +384,11 @@ mod tests {
         assert_eq!(t.get(Component::Dma), 150);
         assert_eq!(t.total_ns(), 200);
         assert_eq!(p.trim_front(1000).total_ns(), 0);
+        let mut all = Parts::default();
+        all.add_device(&t);
+        assert_eq!(all.get(Component::Dma), 150);
+        assert_eq!(all.get(Component::Array), 50);
+        assert_eq!(all.total_ns(), 200);
     }
 
     #[test]

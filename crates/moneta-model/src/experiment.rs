@@ -13,7 +13,7 @@
 //! gaps are the waits it was in (`Accounting`). The parts sum exactly to the
 //! request's latency, checked for every request.
 
-use crate::breakdown::{Breakdown, Component, Parts};
+use crate::breakdown::{Breakdown, Component, DeviceParts, Parts};
 use crate::config::{Completion, Config, Stack};
 use crate::device::command::{self, Command};
 use crate::device::pipeline::{CommandWords, Device, DeviceCounters, DeviceEvent};
@@ -80,10 +80,14 @@ struct Accounting {
 }
 
 impl Accounting {
-    fn start(now: Ns) -> Self {
+    /// A request starts at `now`; its plan's software time is known ahead
+    /// (its steps only move the cursor).
+    fn start(now: Ns, software: &Parts) -> Self {
         Accounting {
+            parts: *software,
             cursor_ns: now,
-            ..Default::default()
+            gap: None,
+            submitted_ns: 0,
         }
     }
 
@@ -105,10 +109,10 @@ impl Accounting {
     /// The device finished at `done` with `device` parts since it accepted
     /// the request; the thread had been waiting since the cursor. Device
     /// time before the cursor was hidden under the thread's own work.
-    fn device_done(&mut self, done: Ns, device: &Parts) {
+    fn device_done(&mut self, done: Ns, device: &DeviceParts) {
         let visible = device.trim_front(self.cursor_ns - self.submitted_ns);
         debug_assert_eq!(visible.total_ns(), done - self.cursor_ns);
-        self.parts.add_parts(&visible);
+        self.parts.add_device(&visible);
         self.cursor_ns = done;
     }
 }
@@ -353,7 +357,6 @@ impl<'a> Simulation<'a> {
         th.step = 0;
         th.wait = Wait::None;
         th.completed_at = None;
-        th.time = Accounting::start(now);
         th.plan = match self.permissions.as_mut() {
             None => self.plans[th.group][(op == Op::Write) as usize],
             Some(p) => {
@@ -369,6 +372,7 @@ impl<'a> Simulation<'a> {
                 plan(self.config, op, th.bytes, outcome)
             }
         };
+        th.time = Accounting::start(now, th.plan.software());
         true
     }
 
@@ -384,8 +388,7 @@ impl<'a> Simulation<'a> {
             let Some(step) = th.plan.get(th.step) else {
                 // Request finished (or the thread has not started one yet).
                 if !th.plan.steps().is_empty() {
-                    let mut parts = th.time.parts;
-                    parts.add_parts(th.plan.software());
+                    let parts = &th.time.parts;
                     assert_eq!(
                         parts.total_ns(),
                         now - th.start_ns,
@@ -395,7 +398,7 @@ impl<'a> Simulation<'a> {
                     g.ops += 1;
                     g.bytes += th.bytes;
                     g.latency.record(now - th.start_ns);
-                    g.breakdown.record(&parts);
+                    g.breakdown.record(parts);
                     self.last_completion_ns = self.last_completion_ns.max(now);
                 }
                 if !self.start_request(now, t) {
@@ -408,7 +411,7 @@ impl<'a> Simulation<'a> {
             match step {
                 Step::Cpu(ns) => {
                     self.cpu_busy_ns += ns;
-                    // The plan labels this time (`Plan::software`).
+                    // Labelled by the plan (`Plan::software`), counted at the start.
                     self.threads[t as usize].time.cursor_ns += ns;
                     self.threads[t as usize].step += 1;
                     self.queue.push(now + ns, Event::Resume(t));
@@ -487,7 +490,7 @@ impl<'a> Simulation<'a> {
     }
 
     /// The device finished thread `t`'s request at `now`.
-    fn completed(&mut self, now: Ns, t: u32, tag: PhysTag, device: &Parts) {
+    fn completed(&mut self, now: Ns, t: u32, tag: PhysTag, device: &DeviceParts) {
         self.tags.release(tag);
         if let Some(waiter) = self.tag_waiters.pop_front() {
             self.queue.push(now, Event::Resume(waiter));

@@ -30,7 +30,7 @@ use super::moneta_controller::MonetaController;
 use super::onyx_pcm::OnyxController;
 use super::queues::{BarrierGate, RequestQueues};
 use super::ring::Ring;
-use crate::breakdown::{Component, Parts};
+use crate::breakdown::{Component, DeviceParts};
 use crate::config::{Config, ControllerKind};
 use crate::units::{DeviceAddr, Ns, Op, PhysTag};
 use std::fmt;
@@ -57,7 +57,7 @@ pub struct Completion {
     /// The device's time from accepting the request to `time_ns`, by
     /// component, along the critical path (in virtual time the parts sum
     /// exactly to that interval).
-    pub parts: Parts,
+    pub parts: DeviceParts,
 }
 
 /// The words a host wrote to the command registers (SPEC §1.2).
@@ -135,7 +135,7 @@ struct RequestState {
     /// last so far and when it finishes.
     submitted_ns: Ns,
     queued_ns: Ns,
-    critical_chain: Parts,
+    critical_chain: DeviceParts,
     critical_done_ns: Ns,
 }
 
@@ -144,7 +144,7 @@ struct SegmentState {
     tag: PhysTag,
     segment: Segment,
     /// This segment's time so far by component, accounted up to `mark_ns`.
-    chain: Parts,
+    chain: DeviceParts,
     mark_ns: Ns,
 }
 
@@ -240,7 +240,7 @@ impl Device {
                 controller: 0,
                 local_addr: 0,
             },
-            chain: Parts::default(),
+            chain: DeviceParts::default(),
             mark_ns: 0,
         };
         Self {
@@ -351,7 +351,7 @@ impl Device {
             segments_done: 0,
             submitted_ns: now_ns,
             queued_ns: now_ns + self.pipeline_ns + request.protection_ns,
-            critical_chain: Parts::default(),
+            critical_chain: DeviceParts::default(),
             critical_done_ns: 0,
         });
         self.outbox.push((
@@ -365,8 +365,8 @@ impl Device {
     pub fn handle(&mut self, now_ns: Ns, event: DeviceEvent) {
         match event {
             DeviceEvent::Enqueue(tag) => {
-                let req = self.request(tag);
-                if self.gate.arrive(tag, req.barrier, self.outstanding) {
+                let barrier = self.request(tag).barrier;
+                if self.gate.arrive(tag, barrier, self.outstanding) {
                     self.admit(now_ns, tag);
                 }
                 self.schedule_segments(now_ns);
@@ -431,8 +431,10 @@ impl Device {
         }
     }
 
-    fn request(&self, tag: PhysTag) -> RequestState {
-        self.requests[tag.0 as usize].expect("event for a tag with no request")
+    fn request(&self, tag: PhysTag) -> &RequestState {
+        self.requests[tag.0 as usize]
+            .as_ref()
+            .expect("event for a tag with no request")
     }
 
     fn admit(&mut self, now_ns: Ns, tag: PhysTag) {
@@ -463,7 +465,7 @@ impl Device {
             let mut state = SegmentState {
                 tag,
                 segment,
-                chain: Parts::default(),
+                chain: DeviceParts::default(),
                 mark_ns: queued_ns,
             };
             // Barriers, the request queue and the wait for this buffer.
@@ -523,7 +525,7 @@ impl Device {
     /// The segment in `buffer` finishes at `done_ns`: if no other segment of
     /// its request finishes later, its chain is the request's critical path.
     fn offer_critical(&mut self, buffer: u16, done_ns: Ns) {
-        let state = self.segments[buffer as usize];
+        let state = &self.segments[buffer as usize];
         let req = self.requests[state.tag.0 as usize]
             .as_mut()
             .expect("segment of a live request");
@@ -542,7 +544,7 @@ impl Device {
             return;
         }
         let req = self.requests[tag.0 as usize].take().expect("live request");
-        let mut parts = Parts::default();
+        let mut parts = DeviceParts::default();
         parts.add(Component::Retag, self.pipeline_ns);
         parts.add(
             Component::Protection,
