@@ -48,7 +48,7 @@ use crate::protection::{self, Access, CheckOutcome, PermissionTable, Update};
 use crate::retag::Retag;
 use crate::sys;
 use crate::wall_clock::WallClock;
-use moneta_model::breakdown::Breakdown;
+use moneta_model::breakdown::{Breakdown, Parts};
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
 use moneta_model::device::pipeline::{Device, DeviceEvent, DeviceRequest};
@@ -553,7 +553,7 @@ impl DeviceThread {
             for c in completions.drain(..) {
                 let posted = *posted_at.get_or_insert_with(|| self.clock.now());
                 self.lateness.record(posted.saturating_sub(c.time_ns));
-                self.device_time.record(&c.parts);
+                self.device_time.record(&Parts::from_device(&c.parts));
                 let (channel, tag) = self.retag.release(c.tag);
                 debug_assert_eq!(c.token, token(channel, tag));
                 self.finish(channel, tag, ResultCode::Ok);

@@ -237,6 +237,13 @@ impl Parts {
         Component::ALL.iter().map(|&c| (c, self.get(c)))
     }
 
+    /// The device's parts alone.
+    pub fn from_device(device: &DeviceParts) -> Parts {
+        let mut p = Parts::default();
+        p.add_device(device);
+        p
+    }
+
     /// Add the device's parts.
     pub fn add_device(&mut self, device: &DeviceParts) {
         let first = DeviceParts::FIRST as usize;
