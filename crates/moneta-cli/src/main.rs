@@ -541,6 +541,7 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
                 "group": g.name, "threads": g.threads, "size_bytes": g.size_bytes, "ops": g.ops,
                 "bandwidth_mb_per_s": rate(g.bytes, r.elapsed_ns) / 1e6,
                 "latency_us_mean": g.latency.mean_ns() / 1e3,
+                "breakdown_us": g.breakdown,
             })
         })
         .collect();

@@ -262,6 +262,50 @@ fn breakdown_sums_to_the_mean_latency_for_every_stack() {
     }
 }
 
+/// The emulator's view of where time goes sums to its measured mean, and
+/// the fairness run reports a breakdown per thread group.
+#[test]
+fn bench_and_fairness_report_where_time_goes() {
+    let o = moneta(&[
+        "bench",
+        "--preset",
+        "moneta-d",
+        "--op",
+        "read",
+        "--size",
+        "4096",
+        "--threads",
+        "1",
+        "--qd",
+        "1",
+        "--ops",
+        "2000",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let spans = v["breakdown_us"].as_object().expect("breakdown_us");
+    assert!(spans["device: dma"].as_f64().unwrap() > 0.0);
+    let sum: f64 = spans.values().map(|x| x.as_f64().unwrap()).sum();
+    let mean = v["latency_us_mean"].as_f64().unwrap();
+    assert!((sum - mean).abs() < 1e-6 * mean, "{sum} vs {mean}");
+
+    let o = moneta(&["sim", "fairness", "--ops", "2000", "--format", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for g in v["groups"].as_array().unwrap() {
+        let sum: f64 = g["breakdown_us"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .sum();
+        let mean = g["latency_us_mean"].as_f64().unwrap();
+        assert!((sum - mean).abs() < 1e-6 * mean, "{sum} vs {mean}");
+    }
+}
+
 #[test]
 fn compare_puts_stacks_side_by_side_with_a_bar_each() {
     let dir = std::env::temp_dir().join(format!("moneta-compare-{}", std::process::id()));
