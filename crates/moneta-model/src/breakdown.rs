@@ -18,9 +18,11 @@
 //! system call) it overlaps the device; the thread's timeline is the critical
 //! path, so the hidden part of the device's time is taken off the front of
 //! the device's chain ([`Parts::trim_front`]). Link and ring time beyond an
-//! idle transfer's is their wait. Left out: a finer split of a controller's
-//! time into queueing and array access inside the controller (both are
-//! "memory array").
+//! idle transfer's is their wait; a read's wait behind earlier accesses in a
+//! controller is controller queue when the controller says
+//! (`MemoryTiming::read_wait_ns`: the Moneta controller does, Onyx's does
+//! not yet). Left out: a write's wait inside the controller (it counts as
+//! memory array).
 
 use crate::units::Ns;
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -66,7 +68,8 @@ pub enum Component {
     RingWait,
     /// Device: the ring between the scheduler and the controllers.
     Ring,
-    /// Device: waiting for room in the controller's in-queue (scoreboard).
+    /// Device: waiting for room in the controller's in-queue (scoreboard,
+    /// writes) or behind earlier accesses in the controller (reads).
     ControllerQueue,
     /// Device: the memory controller and array access.
     Array,

@@ -146,6 +146,8 @@ struct SegmentState {
     /// This segment's time so far by component, accounted up to `mark_ns`.
     chain: DeviceParts,
     mark_ns: Ns,
+    /// A read's wait in the controller's queue before its access.
+    controller_wait_ns: Ns,
 }
 
 impl SegmentState {
@@ -242,6 +244,7 @@ impl Device {
             },
             chain: DeviceParts::default(),
             mark_ns: 0,
+            controller_wait_ns: 0,
         };
         Self {
             capacity_bytes: d.capacity_bytes,
@@ -395,7 +398,12 @@ impl Device {
             }
             DeviceEvent::SegmentDone(tag) => self.segment_done(now_ns, tag),
             DeviceEvent::ReadDataReady(buffer) => {
-                self.segments[buffer as usize].spend(Component::Array, now_ns);
+                let state = &mut self.segments[buffer as usize];
+                state.spend(
+                    Component::ControllerQueue,
+                    state.mark_ns + state.controller_wait_ns,
+                );
+                state.spend(Component::Array, now_ns);
                 let bytes = self.segments[buffer as usize].segment.bytes;
                 let t = self.ring.transfer(now_ns, bytes);
                 self.outbox
@@ -467,6 +475,7 @@ impl Device {
                 segment,
                 chain: DeviceParts::default(),
                 mark_ns: queued_ns,
+                controller_wait_ns: 0,
             };
             // Barriers, the request queue and the wait for this buffer.
             state.spend(Component::DeviceQueue, now_ns);
@@ -482,6 +491,9 @@ impl Device {
                 }
                 Op::Read => {
                     let arrive = now_ns + self.ring.message_ns();
+                    let controller = &self.controllers[segment.controller as usize];
+                    self.segments[buffer as usize].controller_wait_ns =
+                        controller.read_wait_ns(arrive);
                     let ready = self.controllers[segment.controller as usize].read(
                         arrive,
                         segment.local_addr,
