@@ -4,6 +4,12 @@
 //! benchmark and its simulation ask for the same requests. Latency is
 //! measured in the client from just before the submitting store to the
 //! moment the completion is seen, so it includes the whole software path.
+//!
+//! Where time goes (SPEC §2.1), as far as the emulator sees it
+//! ([`emulator_spans`]): the device's modeled time by component, how late
+//! the device thread posted completions, and the rest of the measured
+//! latency (the client's submission until the device accepted it, plus the
+//! posted completion until the client saw it).
 
 use crate::client::{CompletionMode, Io, Moneta};
 use moneta_emu::engine::EngineStats;
@@ -213,6 +219,10 @@ pub struct BenchSummary {
     pub latency_us_max: f64,
     pub soft_misses: u64,
     pub hard_misses: u64,
+    /// Where time went: mean µs per span ([`emulator_spans`]); sums to
+    /// `latency_us_mean`.
+    #[serde(serialize_with = "as_map")]
+    pub breakdown_us: Vec<(String, f64)>,
     /// The device thread's own counters (timing precision, protection).
     pub device: EngineStats,
     /// The simulator on the same configuration (`--compare-sim`).
@@ -227,9 +237,11 @@ impl BenchSummary {
         spec: &BenchSpec,
         r: &BenchResult,
         m: &Moneta,
+        before: &EngineStats,
         device: EngineStats,
     ) -> Self {
         let g = &spec.group;
+        let latency_us_mean = r.latency.mean_ns() / 1e3;
         let (soft_misses, hard_misses) = m.misses();
         BenchSummary {
             preset: preset.to_string(),
@@ -248,7 +260,8 @@ impl BenchSummary {
             elapsed_ns: r.elapsed_ns,
             bandwidth_mb_per_s: r.bandwidth_mb_per_s(),
             iops: r.iops(),
-            latency_us_mean: r.latency.mean_ns() / 1e3,
+            latency_us_mean,
+            breakdown_us: emulator_spans(before, &device, latency_us_mean),
             latency_us_p50: r.latency.percentile_ns(0.5) / 1e3,
             latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
             latency_us_p99_9: r.latency.percentile_ns(0.999) / 1e3,
@@ -308,5 +321,83 @@ mod tests {
     fn a_round_trip_takes_some_time() {
         let rtt = cross_core_round_trip_ns(1000, 3);
         assert!(rtt > 0.0 && rtt.is_finite(), "{rtt}");
+    }
+}
+
+/// Where the measured time went, from the device's counters before and
+/// after the run (so a shared daemon's earlier requests do not count):
+/// `device: <component>` (modeled, accept → model completion),
+/// `completion posted late` (the device thread's lateness), and
+/// `client → accept, posted → seen`, the rest of `latency_us_mean`. The
+/// spans sum to `latency_us_mean`; the rest is what the client library, the
+/// channel and the polling add (it can come out slightly negative when the
+/// device completed requests the client did not measure).
+pub fn emulator_spans(
+    before: &EngineStats,
+    after: &EngineStats,
+    latency_us_mean: f64,
+) -> Vec<(String, f64)> {
+    let (n0, n1) = (
+        before.device_time_requests as f64,
+        after.device_time_requests as f64,
+    );
+    let n = n1 - n0;
+    if n <= 0.0 {
+        return vec![("client → accept, posted → seen".into(), latency_us_mean)];
+    }
+    let mean_since = |mean0: f64, mean1: f64| (mean1 * n1 - mean0 * n0) / n;
+    let mut spans: Vec<(String, f64)> = after
+        .device_time_us
+        .iter()
+        .map(|(key, us1)| {
+            let us0 = before
+                .device_time_us
+                .iter()
+                .find(|(k, _)| k == key)
+                .map_or(0.0, |(_, us)| *us);
+            (format!("device: {key}"), mean_since(us0, *us1))
+        })
+        .collect();
+    spans.push((
+        "completion posted late".into(),
+        mean_since(before.lateness_ns_mean, after.lateness_ns_mean) / 1e3,
+    ));
+    let seen: f64 = spans.iter().map(|(_, us)| us).sum();
+    spans.push((
+        "client → accept, posted → seen".into(),
+        latency_us_mean - seen,
+    ));
+    spans
+}
+
+fn as_map<S: serde::Serializer>(spans: &[(String, f64)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(spans.iter().map(|(k, v)| (k, v)))
+}
+
+#[cfg(test)]
+mod spans_tests {
+    use super::*;
+
+    #[test]
+    fn spans_count_only_this_run_and_sum_to_the_mean() {
+        let before = EngineStats {
+            device_time_requests: 100,
+            device_time_us: vec![("dma".into(), 2.0)],
+            lateness_ns_mean: 1000.0,
+            ..EngineStats::default()
+        };
+        let after = EngineStats {
+            device_time_requests: 300,
+            device_time_us: vec![("dma".into(), 3.0), ("array".into(), 1.5)],
+            lateness_ns_mean: 2000.0,
+            ..EngineStats::default()
+        };
+        let spans = emulator_spans(&before, &after, 10.0);
+        let get = |k: &str| spans.iter().find(|(n, _)| n == k).unwrap().1;
+        assert_eq!(get("device: dma"), 3.5);
+        assert_eq!(get("device: array"), 2.25);
+        assert_eq!(get("completion posted late"), 2.5);
+        let sum: f64 = spans.iter().map(|(_, us)| us).sum();
+        assert!((sum - 10.0).abs() < 1e-12);
     }
 }

@@ -203,9 +203,10 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
     };
     m.grant_raw(0, region, mix != OpMix::Read)
         .map_err(|e| format!("{e} (raw grants need the daemon's owner)"))?;
+    let before = m.stats().map_err(|e| e.to_string())?;
     let result = bench::run(&m, &spec).map_err(|e| e.to_string())?;
     let device = m.stats().map_err(|e| e.to_string())?;
-    let mut summary = BenchSummary::new(&config.name, &target, &spec, &result, &m, device);
+    let mut summary = BenchSummary::new(&config.name, &target, &spec, &result, &m, &before, device);
     if a.compare_sim {
         let mut sim_config = config.clone();
         sim_config.set_stack(Stack::Raw);
@@ -292,6 +293,10 @@ fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
                 d.lookup_steps_mean,
                 d.lookup_ns_mean
             );
+            println!("where time goes (mean µs; sums to the measured mean):");
+            for (span, us) in &s.breakdown_us {
+                println!("  {span:<36} {us:>9.3}");
+            }
             Ok(())
         }
     }

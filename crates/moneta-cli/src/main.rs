@@ -6,6 +6,8 @@
 //! - `moneta sim run` simulates one point; `moneta sim sweep` a grid of
 //!   operations × request sizes, with sharding, progress, and SVG/HTML plots.
 //! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
+//! - `moneta sim run --breakdown` shows where time goes (SPEC §2.1 Table 3.1);
+//!   `moneta sim compare` puts several presets or stacks side by side.
 //! - `moneta sim speed` measures simulated requests per wall-clock second.
 //! - `moneta serve` runs monetad; `moneta bench` runs XDD on the emulator.
 //! - `moneta up`, `down`, `status`: the Moneta file system (an image, XFS or
@@ -94,6 +96,9 @@ enum Sim {
     Sweep(SweepArgs),
     /// SPEC §2.2 fairness: small-request threads beside large-request threads.
     Fairness(FairnessArgs),
+    /// Where time goes for several presets and/or stacks on one workload:
+    /// a table and stacked bars (SPEC §2.1 Table 3.1).
+    Compare(CompareArgs),
     /// Simulator speed: simulated requests per wall-clock second.
     Speed(SpeedArgs),
 }
@@ -103,7 +108,7 @@ enum Sim {
 pub(crate) struct DeviceArgs {
     /// Preset (see `moneta presets`) [default: moneta].
     #[arg(long)]
-    preset: Option<String>,
+    pub(crate) preset: Option<String>,
     /// Configuration file in the presets' TOML schema: every key, or
     /// `inherits = "PRESET"` and the keys that differ (`moneta config dump`
     /// prints a preset to start from). Instead of --preset.
@@ -111,7 +116,7 @@ pub(crate) struct DeviceArgs {
     config: Option<PathBuf>,
     /// Host stack: base, nosched, atomic, spin, 2q, balance, direct, ramdisk, raw.
     #[arg(long)]
-    stack: Option<String>,
+    pub(crate) stack: Option<String>,
     /// Memory technology (sets memory.latency_ns_read/write).
     #[arg(long)]
     tech: Option<String>,
@@ -253,6 +258,36 @@ struct RunArgs {
     /// Closed-loop threads.
     #[arg(long, default_value_t = 16)]
     threads: u32,
+    /// Also print where time goes: mean µs per component (Table 3.1 style).
+    #[arg(long)]
+    breakdown: bool,
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Presets and stacks are comma-separated lists here; every preset runs
+    /// with every stack.
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    limit: LimitArgs,
+    #[command(flatten)]
+    pattern: PatternArgs,
+    /// read, write or mixed (50/50).
+    #[arg(long, default_value = "read")]
+    op: String,
+    /// Request size in bytes (multiple of 512).
+    #[arg(long, default_value_t = 4096)]
+    size: u64,
+    /// Closed-loop threads [default: 1, an unloaded request as in Table 3.1].
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
+    /// Write the stacked bars as SVG.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write an HTML report (bars, latency CDFs, the table).
+    #[arg(long)]
+    report: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -339,6 +374,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
             Sim::Run(a) => sim_run(a),
             Sim::Sweep(a) => sim_sweep(a),
             Sim::Fairness(a) => sim_fairness(a),
+            Sim::Compare(a) => sim_compare(a),
             Sim::Speed(a) => sim_speed(a),
         },
         Command::Serve(a) => emu::serve(*a),
@@ -431,7 +467,55 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
         .pattern
         .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
     let point = workload_point(&config, &w)?;
-    output::print_points(&[point], a.model.format, false)
+    output::print_points(std::slice::from_ref(&point), a.model.format, false)?;
+    if a.breakdown && a.model.format == Format::Table {
+        output::print_breakdown(&point);
+    }
+    Ok(())
+}
+
+/// `moneta sim compare`: the same workload on every (preset, stack) pair.
+fn sim_compare(a: CompareArgs) -> Result<(), String> {
+    let list = |s: &Option<String>| -> Vec<Option<String>> {
+        match s {
+            None => vec![None],
+            Some(s) => s.split(',').map(|x| Some(x.trim().to_string())).collect(),
+        }
+    };
+    let (presets, stacks) = (list(&a.model.device.preset), list(&a.model.device.stack));
+    let limit = a.limit.limit(20_000)?;
+    let mut points = Vec::new();
+    let mut labels = Vec::new();
+    for preset in &presets {
+        for stack in &stacks {
+            let mut model = a.model.clone();
+            model.device.preset = preset.clone();
+            model.device.stack = stack.clone();
+            let config = model.device.config()?;
+            let w = a
+                .pattern
+                .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
+            let label = match (presets.len() > 1, stacks.len() > 1) {
+                (true, true) => format!("{}/{}", config.name, config.host.stack.name()),
+                (true, false) => config.name.clone(),
+                _ => config.host.stack.name().to_string(),
+            };
+            points.push(workload_point(&config, &w)?);
+            labels.push(label);
+        }
+    }
+    output::print_comparison(&points, &labels, a.model.format)?;
+    let report = output::compare_report(&points, &labels);
+    if let Some(path) = &a.plot {
+        let svg = output::compare_bars(&points, &labels).to_svg(900, 520);
+        plot::write_file(path, &svg).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &a.report {
+        plot::write_file(path, &report.to_html()).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// `i/n` with i < n.
@@ -550,6 +634,7 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
                 "latency_us_p99": g.latency.percentile_ns(0.99) / 1e3,
                 "latency_us_p99_9": g.latency.percentile_ns(0.999) / 1e3,
                 "latency_us_max": g.latency.max_ns() as f64 / 1e3,
+                "breakdown_us": g.breakdown,
             })
         })
         .collect();

@@ -1,8 +1,10 @@
 //! Output of simulated points: terminal tables, CSV, JSON, and the charts
-//! and HTML report of a sweep.
+//! and HTML report of a sweep; where time goes (SPEC §2.1 Table 3.1): the
+//! breakdown table, stacked bars and latency CDFs.
 
-use crate::plot::{Chart, Report, ReportSection, Series};
+use crate::plot::{Chart, Report, ReportSection, Series, StackedBars};
 use clap::ValueEnum;
+use moneta_model::breakdown::Component;
 use moneta_model::config::Config;
 use moneta_model::summary::PointSummary;
 use serde::Serialize;
@@ -207,6 +209,8 @@ pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
         x_label: "request size (bytes)".into(),
         y_label: "bandwidth (MB/s)".into(),
         x_log2: true,
+        x_log10: false,
+        y_log10: false,
         series: series_by_op(points, |p| p.bandwidth_mb_per_s),
     }
 }
@@ -215,8 +219,10 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
     let latency = Chart {
         title: format!("{}: mean latency vs request size", config.name),
         x_label: "request size (bytes)".into(),
-        y_label: "mean latency (µs)".into(),
+        y_label: "mean latency (µs, log scale)".into(),
         x_log2: true,
+        x_log10: false,
+        y_log10: true,
         series: series_by_op(points, |p| p.latency_us_mean),
     };
     let power = Chart {
@@ -224,9 +230,33 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
         x_label: "request size (bytes)".into(),
         y_label: "power (W)".into(),
         x_log2: true,
+        x_log10: false,
+        y_log10: false,
         series: series_by_op(points, |p| p.power_w),
     };
     let seed = points.first().map_or(0, |p| p.seed);
+    let mut where_time_goes = vec![ReportSection::Heading("Where time goes".into())];
+    for op in ["read", "write", "mixed"] {
+        let of_op: Vec<&PointSummary> = points.iter().filter(|p| p.op == op).collect();
+        if of_op.is_empty() {
+            continue;
+        }
+        let labels: Vec<String> = of_op
+            .iter()
+            .map(|p| crate::plot::format_pow2(p.size_bytes as f64))
+            .collect();
+        where_time_goes.push(ReportSection::Bars(breakdown_bars(
+            format!("{}: where {op} time goes, by request size", config.name),
+            &of_op,
+            &labels,
+            true,
+        )));
+        where_time_goes.push(ReportSection::Chart(cdf_chart(
+            format!("{}: {op} latency CDF, by request size", config.name),
+            &of_op,
+            &labels,
+        )));
+    }
     Report {
         title: format!("Moneta simulation: {}", config.name),
         sections: vec![
@@ -238,12 +268,225 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
             ReportSection::Chart(bandwidth_chart(config, points)),
             ReportSection::Chart(latency),
             ReportSection::Chart(power),
+        ]
+        .into_iter()
+        .chain(where_time_goes)
+        .chain([
             ReportSection::Table {
                 header: COLUMNS.iter().map(|c| c.to_string()).collect(),
                 rows: points.iter().map(|p| row(p).to_vec()).collect(),
             },
             ReportSection::Heading("Resolved configuration".into()),
             ReportSection::Preformatted(toml::to_string(config).unwrap_or_default()),
+        ])
+        .collect(),
+    }
+}
+
+/// Components that took time in any of `points`, in Table 3.1 order.
+fn components_of(points: &[&PointSummary]) -> Vec<Component> {
+    Component::ALL
+        .into_iter()
+        .filter(|&c| points.iter().any(|p| p.breakdown_us.mean_ns(c) > 0.0))
+        .collect()
+}
+
+/// Print where time goes, Table 3.1 style: one row per component with its
+/// mean µs and share; the rows sum to the mean latency.
+pub fn print_breakdown(p: &PointSummary) {
+    let b = &p.breakdown_us;
+    let total_us = b.total_mean_ns() / 1e3;
+    println!(
+        "\nwhere time goes: {} / {}, {} {} B, {} threads, mean of {} requests",
+        p.preset,
+        p.stack,
+        p.op,
+        p.size_bytes,
+        p.threads,
+        b.count()
+    );
+    println!("{:<38} {:>9} {:>7}", "component", "µs", "%");
+    for (c, us) in b.mean_us() {
+        let share = if total_us > 0.0 {
+            100.0 * us / total_us
+        } else {
+            0.0
+        };
+        let side = if c.is_device() { " (device)" } else { "" };
+        println!(
+            "{:<38} {us:>9.2} {share:>7.1}",
+            format!("{}{side}", c.label())
+        );
+    }
+    println!(
+        "{:<38} {total_us:>9.2} {:>7.1}",
+        "total = mean latency", 100.0
+    );
+}
+
+/// Several configurations side by side: one column of mean µs per point.
+pub fn print_comparison(
+    points: &[PointSummary],
+    labels: &[String],
+    format: Format,
+) -> Result<(), String> {
+    let refs: Vec<&PointSummary> = points.iter().collect();
+    let components = components_of(&refs);
+    match format {
+        Format::Json => print_points(points, format, true),
+        Format::Csv => {
+            println!("component,{}", labels.join(","));
+            for c in &components {
+                let row: Vec<String> = points
+                    .iter()
+                    .map(|p| format!("{:.3}", p.breakdown_us.mean_ns(*c) / 1e3))
+                    .collect();
+                println!("{},{}", c.key(), row.join(","));
+            }
+            let totals: Vec<String> = points
+                .iter()
+                .map(|p| format!("{:.3}", p.breakdown_us.total_mean_ns() / 1e3))
+                .collect();
+            println!("total,{}", totals.join(","));
+            Ok(())
+        }
+        Format::Table => {
+            if let Some(p) = points.first() {
+                println!(
+                    "where time goes (mean µs per request): {} {} B, {} threads, seed {}",
+                    p.op, p.size_bytes, p.threads, p.seed
+                );
+            }
+            let width = labels.iter().map(|l| l.len()).max().unwrap_or(0).max(8);
+            print!("{:<32}", "component");
+            for l in labels {
+                print!(" {l:>width$}");
+            }
+            println!();
+            for c in &components {
+                print!("{:<32}", c.label());
+                for p in points {
+                    print!(" {:>width$.2}", p.breakdown_us.mean_ns(*c) / 1e3);
+                }
+                println!();
+            }
+            print!("{:<32}", "total = mean latency");
+            for p in points {
+                print!(" {:>width$.2}", p.breakdown_us.total_mean_ns() / 1e3);
+            }
+            println!();
+            Ok(())
+        }
+    }
+}
+
+/// One stacked bar per point, labelled by `labels`.
+pub fn breakdown_bars(
+    title: String,
+    points: &[&PointSummary],
+    labels: &[String],
+    percent: bool,
+) -> StackedBars {
+    let components = components_of(points);
+    StackedBars {
+        title,
+        y_label: "mean latency (µs)".into(),
+        bars: points
+            .iter()
+            .zip(labels)
+            .map(|(p, label)| {
+                let parts = components
+                    .iter()
+                    .map(|&c| (c.label().to_string(), p.breakdown_us.mean_ns(c) / 1e3))
+                    .collect();
+                (label.clone(), parts)
+            })
+            .collect(),
+        percent,
+    }
+}
+
+/// Latency CDFs on a log latency axis, one series per point.
+pub fn cdf_chart(title: String, points: &[&PointSummary], labels: &[String]) -> Chart {
+    Chart {
+        title,
+        x_label: "latency (µs, log scale)".into(),
+        y_label: "fraction of requests".into(),
+        x_log2: false,
+        x_log10: true,
+        y_log10: false,
+        series: points
+            .iter()
+            .zip(labels)
+            .map(|(p, label)| Series {
+                name: label.clone(),
+                points: p.latency_cdf_us.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// What a comparison ran: operation, size, threads, seed.
+fn compared_workload(points: &[PointSummary]) -> String {
+    points.first().map_or(String::new(), |p| {
+        format!(
+            "{} {} B, {} threads, seed {}",
+            p.op, p.size_bytes, p.threads, p.seed
+        )
+    })
+}
+
+/// The stacked bars of `moneta sim compare`: one bar per configuration, in µs.
+pub fn compare_bars(points: &[PointSummary], labels: &[String]) -> StackedBars {
+    let refs: Vec<&PointSummary> = points.iter().collect();
+    breakdown_bars(
+        format!("where time goes: {}", compared_workload(points)),
+        &refs,
+        labels,
+        false,
+    )
+}
+
+/// The report of `moneta sim compare`: stacked bars, CDFs and the table.
+pub fn compare_report(points: &[PointSummary], labels: &[String]) -> Report {
+    let refs: Vec<&PointSummary> = points.iter().collect();
+    let components = components_of(&refs);
+    let what = compared_workload(points);
+    let mut rows: Vec<Vec<String>> = components
+        .iter()
+        .map(|c| {
+            std::iter::once(c.label().to_string())
+                .chain(
+                    points
+                        .iter()
+                        .map(|p| format!("{:.2}", p.breakdown_us.mean_ns(*c) / 1e3)),
+                )
+                .collect()
+        })
+        .collect();
+    rows.push(
+        std::iter::once("total = mean latency".to_string())
+            .chain(
+                points
+                    .iter()
+                    .map(|p| format!("{:.2}", p.breakdown_us.total_mean_ns() / 1e3)),
+            )
+            .collect(),
+    );
+    Report {
+        title: format!("Where time goes: {what}"),
+        sections: vec![
+            ReportSection::Paragraph(
+                "Mean µs per request by component (SPEC §2.1 Table 3.1); each bar sums to the mean latency. Same seed, same numbers.".into(),
+            ),
+            ReportSection::Bars(compare_bars(points, labels)),
+            ReportSection::Chart(cdf_chart(format!("latency CDF: {what}"), &refs, labels)),
+            ReportSection::Table {
+                header: std::iter::once("component".to_string())
+                    .chain(labels.iter().cloned())
+                    .collect(),
+                rows,
+            },
         ],
     }
 }

@@ -6,7 +6,10 @@
 //! legend outside the plot area, a polyline plus markers per series).  A
 //! [`Report`] strings headings, paragraphs, charts, tables and preformatted
 //! text together into one HTML file with inline SVGs.  Non-finite points (and
-//! non-positive x on a log2 axis) are skipped; all text is escaped.
+//! non-positive values on a log axis) are skipped; all text is escaped.
+//! Latency axes can be log10 (`x_log10`, `y_log10`: 1-2-5 ticks per decade).
+//! [`StackedBars`] draws one stacked bar per configuration: where time goes
+//! (SPEC §2.1 Table 3.1), one segment per component, colours shared by name.
 
 // Temporary: main.rs is still a placeholder, so nothing calls this yet.
 
@@ -56,6 +59,10 @@ pub struct Chart {
     pub y_label: String,
     /// Log2 x axis (request sizes 512..1M), ticks labelled 512, 1K, …, 1M.
     pub x_log2: bool,
+    /// Log10 x axis (latencies in a CDF).
+    pub x_log10: bool,
+    /// Log10 y axis (latencies).
+    pub y_log10: bool,
     pub series: Vec<Series>,
 }
 
@@ -64,14 +71,57 @@ struct Axis {
     lo: f64,
     hi: f64,
     log2: bool,
+    log10: bool,
     ticks: Vec<(f64, String)>,
 }
 
 impl Axis {
     /// Position of `v` along the axis, 0.0 at `lo` and 1.0 at `hi`.
     fn frac(&self, v: f64) -> f64 {
-        let t = if self.log2 { v.log2() } else { v };
+        let t = if self.log2 {
+            v.log2()
+        } else if self.log10 {
+            v.log10()
+        } else {
+            v
+        };
         (t - self.lo) / (self.hi - self.lo)
+    }
+
+    /// Whole decades covering `[min, max]` (both > 0); grid lines at 1, 2
+    /// and 5 × 10^k, labels at each decade (and at 2 and 5 over ≤ 2 decades).
+    fn log10(min: f64, max: f64) -> Axis {
+        let mut lo = min.log10().floor();
+        let mut hi = max.log10().ceil();
+        if hi <= lo {
+            hi = lo + 1.0;
+        }
+        if !lo.is_finite() || !hi.is_finite() {
+            (lo, hi) = (0.0, 1.0);
+        }
+        let few = hi - lo <= 2.0;
+        let mut ticks = Vec::new();
+        for k in lo as i32..=hi as i32 {
+            for m in [1.0, 2.0, 5.0] {
+                let v = m * 10f64.powi(k);
+                if v.log10() > hi + 1e-9 {
+                    break;
+                }
+                let label = if m == 1.0 || few {
+                    trim_float(v)
+                } else {
+                    String::new()
+                };
+                ticks.push((v, label));
+            }
+        }
+        Axis {
+            lo,
+            hi,
+            log2: false,
+            log10: true,
+            ticks,
+        }
     }
 
     fn linear(min: f64, max: f64, target_ticks: usize) -> Axis {
@@ -86,6 +136,7 @@ impl Axis {
             lo: ticks[0],
             hi: ticks[ticks.len() - 1],
             log2: false,
+            log10: false,
             ticks: ticks
                 .iter()
                 .map(|&t| (t, format_tick(t, step, max_abs)))
@@ -118,6 +169,7 @@ impl Axis {
             lo,
             hi,
             log2: true,
+            log10: false,
             ticks,
         }
     }
@@ -260,12 +312,15 @@ fn marker_svg(shape: Marker, x: f64, y: f64, colour: &str) -> String {
 impl Chart {
     /// The points of series `i` that can be drawn (finite; x > 0 on log2 axes).
     fn drawable(&self, i: usize) -> Vec<(f64, f64)> {
-        let log2 = self.x_log2;
+        let x_log = self.x_log2 || self.x_log10;
+        let y_log = self.y_log10;
         self.series[i]
             .points
             .iter()
             .copied()
-            .filter(|&(x, y)| x.is_finite() && y.is_finite() && (!log2 || x > 0.0))
+            .filter(|&(x, y)| {
+                x.is_finite() && y.is_finite() && (!x_log || x > 0.0) && (!y_log || y > 0.0)
+            })
             .collect()
     }
 
@@ -295,9 +350,18 @@ impl Chart {
             } else {
                 (0.0, 1.0, 0.0, 1.0)
             };
+            // Log axes need positive ends.
+            if self.x_log10 {
+                (x_min, x_max) = (1.0, 10.0);
+            }
+            if self.y_log10 {
+                (y_min, y_max) = (1.0, 10.0);
+            }
         }
-        // Bandwidth, IOPS and latency are non-negative: anchor such axes at 0.
-        y_min = y_min.min(0.0);
+        // Bandwidth, IOPS and latency are non-negative: anchor linear axes at 0.
+        if !self.y_log10 {
+            y_min = y_min.min(0.0);
+        }
 
         // Legend geometry: on the right unless it would take > 30% of the width.
         let font = 12.0;
@@ -326,7 +390,11 @@ impl Chart {
             bottom += legend_rows as f64 * row_h + 10.0;
         }
         let plot_h = (h - top - bottom).max(40.0);
-        let y_axis = Axis::linear(y_min, y_max, ((plot_h / 45.0) as usize).clamp(2, 10));
+        let y_axis = if self.y_log10 {
+            Axis::log10(y_min, y_max)
+        } else {
+            Axis::linear(y_min, y_max, ((plot_h / 45.0) as usize).clamp(2, 10))
+        };
         let y_label_w = y_axis
             .ticks
             .iter()
@@ -336,6 +404,8 @@ impl Chart {
         let plot_w = (w - left - right).max(40.0);
         let x_axis = if self.x_log2 {
             Axis::log2(x_min, x_max, ((plot_w / 40.0) as usize).clamp(2, 24))
+        } else if self.x_log10 {
+            Axis::log10(x_min, x_max)
         } else {
             Axis::linear(x_min, x_max, ((plot_w / 90.0) as usize).clamp(2, 10))
         };
@@ -389,7 +459,7 @@ impl Chart {
             r##"<rect x="{left:.1}" y="{top:.1}" width="{plot_w:.1}" height="{plot_h:.1}" fill="none" stroke="#444"/>"##
         );
         s.push_str("<g fill=\"#333\">\n");
-        for (v, label) in &y_axis.ticks {
+        for (v, label) in y_axis.ticks.iter().filter(|(_, l)| !l.is_empty()) {
             let _ = writeln!(
                 s,
                 r#"<text x="{:.1}" y="{:.1}" text-anchor="end" dominant-baseline="middle">{}</text>"#,
@@ -507,6 +577,191 @@ impl Chart {
     }
 }
 
+/// One stacked bar per configuration, one segment per component; see
+/// [`StackedBars::to_svg`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StackedBars {
+    pub title: String,
+    pub y_label: String,
+    /// (bar label, [(component, value)]) with components in stacking order,
+    /// bottom first. A component keeps its colour in every bar.
+    pub bars: Vec<(String, Vec<(String, f64)>)>,
+    /// Show each bar as percentages of its total.
+    pub percent: bool,
+}
+
+/// Colour of the `i`-th distinct component: the palette first, then hues
+/// spread by the golden angle so that neighbours differ.
+fn component_colour(i: usize) -> String {
+    match PALETTE.get(i) {
+        Some(c) if i < PALETTE.len() - 1 => c.to_string(),
+        _ => {
+            let hue = (i as f64 * 137.508) % 360.0;
+            let light = if i.is_multiple_of(2) { 45 } else { 65 };
+            format!("hsl({hue:.0},60%,{light}%)")
+        }
+    }
+}
+
+impl StackedBars {
+    /// Component names in first-seen order (the legend and colour order).
+    fn components(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for (_, parts) in &self.bars {
+            for (name, _) in parts {
+                if !names.contains(&name.as_str()) {
+                    names.push(name);
+                }
+            }
+        }
+        names
+    }
+
+    /// A standalone SVG document: bars left to right with their totals on
+    /// top, a linear y axis from 0, and the component legend on the right.
+    pub fn to_svg(&self, width_px: u32, height_px: u32) -> String {
+        let (w, h) = (f64::from(width_px.max(300)), f64::from(height_px.max(200)));
+        let font = 12.0;
+        let names = self.components();
+        let value = |parts: &[(String, f64)], v: f64| {
+            let total: f64 = parts.iter().map(|(_, v)| v.max(0.0)).sum();
+            if self.percent && total > 0.0 {
+                100.0 * v / total
+            } else {
+                v
+            }
+        };
+        let y_max = self
+            .bars
+            .iter()
+            .map(|(_, parts)| parts.iter().map(|&(_, v)| value(parts, v.max(0.0))).sum())
+            .fold(0.0, f64::max);
+        let legend_w = names
+            .iter()
+            .map(|n| text_width(n, font))
+            .fold(0.0, f64::max)
+            + 40.0;
+        let top = if self.title.is_empty() { 16.0 } else { 40.0 };
+        let bottom = 46.0;
+        let plot_h = (h - top - bottom).max(40.0);
+        let y_axis = Axis::linear(
+            0.0,
+            y_max.max(1e-9),
+            ((plot_h / 45.0) as usize).clamp(2, 10),
+        );
+        let left = y_axis
+            .ticks
+            .iter()
+            .map(|(_, l)| text_width(l, font))
+            .fold(0.0, f64::max)
+            + 38.0;
+        let plot_w = (w - left - legend_w - 20.0).max(60.0);
+        let py = |y: f64| top + (1.0 - y_axis.frac(y)) * plot_h;
+        let slot = plot_w / self.bars.len().max(1) as f64;
+        let bar_w = (slot * 0.6).min(90.0);
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="Helvetica, Arial, sans-serif" font-size="{font}">"#
+        );
+        let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+        if !self.title.is_empty() {
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+                w / 2.0,
+                escape(&self.title)
+            );
+        }
+        s.push_str("<g stroke=\"#e0e0e0\" stroke-width=\"1\">\n");
+        for &(v, _) in &y_axis.ticks {
+            let _ = writeln!(
+                s,
+                r#"<line x1="{left:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}"/>"#,
+                left + plot_w,
+                y = py(v)
+            );
+        }
+        s.push_str("</g>\n<g fill=\"#333\">\n");
+        for (v, label) in &y_axis.ticks {
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="end" dominant-baseline="middle">{}</text>"#,
+                left - 6.0,
+                py(*v),
+                escape(label)
+            );
+        }
+        s.push_str("</g>\n");
+        let (lx, ly) = (16.0, top + plot_h / 2.0);
+        let y_label = if self.percent {
+            "% of latency"
+        } else {
+            self.y_label.as_str()
+        };
+        let _ = writeln!(
+            s,
+            r#"<text x="{lx}" y="{ly:.1}" text-anchor="middle" font-size="13" transform="rotate(-90 {lx} {ly:.1})">{}</text>"#,
+            escape(y_label)
+        );
+        for (i, (label, parts)) in self.bars.iter().enumerate() {
+            let x = left + slot * (i as f64 + 0.5) - bar_w / 2.0;
+            let mut base = 0.0;
+            let _ = writeln!(s, "<g class=\"bar\"><title>{}</title>", escape(label));
+            for (name, v) in parts {
+                let v = value(parts, v.max(0.0));
+                if v <= 0.0 {
+                    continue;
+                }
+                let colour = component_colour(names.iter().position(|n| n == name).unwrap_or(0));
+                let (y0, y1) = (py(base), py(base + v));
+                let _ = writeln!(
+                    s,
+                    r#"<rect x="{x:.1}" y="{y1:.1}" width="{bar_w:.1}" height="{:.1}" fill="{colour}" stroke="white" stroke-width="0.5"><title>{}: {v:.2}</title></rect>"#,
+                    (y0 - y1).max(0.0),
+                    escape(name)
+                );
+                base += v;
+            }
+            let total: f64 = parts.iter().map(|(_, v)| v.max(0.0)).sum();
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{total:.2}</text>"#,
+                x + bar_w / 2.0,
+                py(base) - 4.0
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                x + bar_w / 2.0,
+                top + plot_h + 18.0,
+                escape(label)
+            );
+            s.push_str("</g>\n");
+        }
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left:.1}" y="{top:.1}" width="{plot_w:.1}" height="{plot_h:.1}" fill="none" stroke="#444"/>"##
+        );
+        // Legend: the top of the stack first, as the bars read.
+        s.push_str("<g class=\"legend\">\n");
+        let x0 = left + plot_w + 16.0;
+        for (row, (i, name)) in names.iter().enumerate().rev().enumerate() {
+            let y = top + 4.0 + row as f64 * 18.0;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{x0:.1}" y="{y:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}" dominant-baseline="middle">{}</text>"#,
+                component_colour(i),
+                x0 + 18.0,
+                y + 6.0,
+                escape(name)
+            );
+        }
+        s.push_str("</g>\n</svg>\n");
+        s
+    }
+}
+
 /// A self-contained HTML report; see [`Report::to_html`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Report {
@@ -520,6 +775,7 @@ pub enum ReportSection {
     Heading(String),
     Paragraph(String),
     Chart(Chart),
+    Bars(StackedBars),
     Table {
         header: Vec<String>,
         rows: Vec<Vec<String>>,
@@ -559,6 +815,9 @@ impl Report {
                 }
                 ReportSection::Chart(chart) => {
                     let _ = writeln!(s, "<figure>\n{}</figure>", chart.to_svg(900, 480));
+                }
+                ReportSection::Bars(bars) => {
+                    let _ = writeln!(s, "<figure>\n{}</figure>", bars.to_svg(900, 520));
                 }
                 ReportSection::Table { header, rows } => {
                     s.push_str("<table>\n<thead><tr>");
@@ -660,6 +919,8 @@ mod tests {
             x_label: "Request size (bytes)".into(),
             y_label: "Bandwidth (MB/s)".into(),
             x_log2: true,
+            x_log10: false,
+            y_log10: false,
             series: vec![
                 Series {
                     name: "1 thread".into(),
@@ -833,6 +1094,8 @@ mod tests {
             x_label: "x".into(),
             y_label: "y".into(),
             x_log2: log2,
+            x_log10: false,
+            y_log10: false,
             series,
         };
         let weird = vec![
@@ -977,5 +1240,61 @@ mod tests {
             ],
         };
         write_file(Path::new("/tmp/plot-sample.html"), &report.to_html()).unwrap();
+    }
+
+    #[test]
+    fn log10_axes_place_decades_and_skip_non_positive_values() {
+        let chart = Chart {
+            title: "latency".into(),
+            x_log10: true,
+            y_log10: true,
+            series: vec![Series {
+                name: "cdf".into(),
+                points: vec![(0.0, 1.0), (3.0, 0.1), (300.0, 0.9), (30.0, -1.0)],
+            }],
+            ..Chart::default()
+        };
+        let svg = chart.to_svg(800, 450);
+        check_balanced(&svg);
+        // Decades 1 … 1000 on x, 0.1 … 1 on y, labelled.
+        for label in [">1<", ">10<", ">100<", ">1000<", ">0.1<"] {
+            assert!(svg.contains(label), "missing tick {label}");
+        }
+        // Two drawable points of four: two markers, plus the legend's.
+        assert_eq!(svg.matches("<circle").count(), 3);
+    }
+
+    #[test]
+    fn stacked_bars_stack_every_component_with_one_colour_each() {
+        let part = |n: &str, v: f64| (n.to_string(), v);
+        let bars = StackedBars {
+            title: "where time goes <4 KB>".into(),
+            y_label: "µs".into(),
+            bars: vec![
+                ("base".into(), vec![part("entry", 2.0), part("device", 8.0)]),
+                (
+                    "spin".into(),
+                    vec![part("entry", 2.0), part("device", 8.0), part("spin", 0.5)],
+                ),
+            ],
+            percent: false,
+        };
+        let svg = bars.to_svg(900, 520);
+        check_balanced(&svg);
+        assert!(svg.contains("where time goes &lt;4 KB&gt;"));
+        assert_eq!(svg.matches("<g class=\"bar\">").count(), 2);
+        // One legend entry per component; bar totals printed on top.
+        assert_eq!(svg.matches("<rect x=").count(), 5 + 3 + 1);
+        assert!(svg.contains(">10.00<") && svg.contains(">10.50<"));
+        let html = Report {
+            title: "t".into(),
+            sections: vec![ReportSection::Bars(StackedBars {
+                percent: true,
+                ..bars
+            })],
+        }
+        .to_html();
+        check_balanced(&html);
+        assert!(html.contains("% of latency"));
     }
 }

@@ -422,3 +422,179 @@ fn more_threads_than_requests_is_a_warning() {
         stderr(&o)
     );
 }
+
+/// Where time goes: for every stack, `breakdown_us` sums to the mean latency
+/// and the `--breakdown` table's rows sum to its total.
+#[test]
+fn breakdown_sums_to_the_mean_latency_for_every_stack() {
+    for stack in [
+        "base", "nosched", "atomic", "spin", "2q", "balance", "direct", "ramdisk", "raw",
+    ] {
+        let json = moneta(&[
+            "sim",
+            "run",
+            "--stack",
+            stack,
+            "--op",
+            "mixed",
+            "--threads",
+            "8",
+            "--ops",
+            "3000",
+            "--format",
+            "json",
+        ]);
+        assert!(
+            json.status.success(),
+            "{stack}: {}",
+            String::from_utf8_lossy(&json.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+        let parts = v["breakdown_us"].as_object().expect("breakdown_us object");
+        assert!(!parts.is_empty(), "{stack}");
+        let sum: f64 = parts.values().map(|x| x.as_f64().unwrap()).sum();
+        let mean = v["latency_us_mean"].as_f64().unwrap();
+        assert!((sum - mean).abs() < 1e-6 * mean, "{stack}: {sum} vs {mean}");
+
+        let table = moneta(&[
+            "sim",
+            "run",
+            "--stack",
+            stack,
+            "--op",
+            "read",
+            "--threads",
+            "1",
+            "--ops",
+            "500",
+            "--breakdown",
+        ]);
+        assert!(table.status.success(), "{stack}");
+        let text = stdout(&table);
+        let rows: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("where time goes"))
+            .skip(2)
+            .collect();
+        let value = |l: &str| -> f64 {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols[cols.len() - 2].parse().unwrap()
+        };
+        let (total, components) = rows.split_last().expect("a total row");
+        assert!(total.starts_with("total = mean latency"), "{stack}: {text}");
+        let sum: f64 = components.iter().map(|l| value(l)).sum();
+        // Each row is rounded to 0.01 µs.
+        assert!(
+            (sum - value(total)).abs() <= 0.006 * components.len() as f64,
+            "{stack}: {text}"
+        );
+    }
+}
+
+/// The emulator's view of where time goes sums to its measured mean, and
+/// the fairness run reports a breakdown per thread group.
+#[test]
+fn bench_and_fairness_report_where_time_goes() {
+    let o = moneta(&[
+        "bench",
+        "--preset",
+        "moneta-d",
+        "--op",
+        "read",
+        "--size",
+        "4096",
+        "--threads",
+        "1",
+        "--qd",
+        "1",
+        "--ops",
+        "2000",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let spans = v["breakdown_us"].as_object().expect("breakdown_us");
+    assert!(spans["device: dma"].as_f64().unwrap() > 0.0);
+    let sum: f64 = spans.values().map(|x| x.as_f64().unwrap()).sum();
+    let mean = v["latency_us_mean"].as_f64().unwrap();
+    assert!((sum - mean).abs() < 1e-6 * mean, "{sum} vs {mean}");
+
+    let o = moneta(&["sim", "fairness", "--ops", "2000", "--format", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for g in v["groups"].as_array().unwrap() {
+        let sum: f64 = g["breakdown_us"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .sum();
+        let mean = g["latency_us_mean"].as_f64().unwrap();
+        assert!((sum - mean).abs() < 1e-6 * mean, "{sum} vs {mean}");
+    }
+}
+
+#[test]
+fn compare_puts_stacks_side_by_side_with_a_bar_each() {
+    let dir = std::env::temp_dir().join(format!("moneta-compare-{}", std::process::id()));
+    let svg = dir.join("bars.svg");
+    let html = dir.join("report.html");
+    let o = moneta(&[
+        "sim",
+        "compare",
+        "--preset",
+        "moneta",
+        "--stack",
+        "base,nosched,atomic,spin,direct",
+        "--op",
+        "read",
+        "--size",
+        "4096",
+        "--ops",
+        "2000",
+        "--plot",
+        svg.to_str().unwrap(),
+        "--report",
+        html.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    let header = text.lines().nth(1).unwrap();
+    for stack in ["base", "nosched", "atomic", "spin", "direct"] {
+        assert!(header.contains(stack), "{header}");
+    }
+    let totals: Vec<f64> = text
+        .lines()
+        .find(|l| l.starts_with("total = mean latency"))
+        .unwrap()
+        .split_whitespace()
+        .skip(4)
+        .map(|x| x.parse().unwrap())
+        .collect();
+    // SPEC §2.2: each optimization removes time; Moneta-D removes the most.
+    assert_eq!(totals.len(), 5);
+    assert!(totals.windows(2).all(|w| w[1] < w[0]), "{totals:?}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(svg.matches("<g class=\"bar\">").count(), 5);
+    let html = std::fs::read_to_string(&html).unwrap();
+    assert!(html.contains("latency CDF") && html.contains("wake-up"));
+    // JSON: one point per configuration, each with its breakdown.
+    let o = moneta(&[
+        "sim",
+        "compare",
+        "--preset",
+        "moneta,onyx-late",
+        "--stack",
+        "spin",
+        "--ops",
+        "1000",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+    assert!(v[1]["breakdown_us"]["array"].as_f64().unwrap() > 0.0);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -59,6 +59,7 @@ use crate::error::{EmuError, ErrorKind};
 use crate::medium::Medium;
 use crate::sys;
 use crate::wall_clock::{StampClock, WallClock};
+use moneta_model::breakdown::{Breakdown, Parts};
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
 use moneta_model::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
@@ -164,6 +165,13 @@ pub struct EngineStats {
     /// Times the device thread napped on the doorbell.
     #[serde(default)]
     pub naps: u64,
+    /// Where the device's time went (SPEC §2.1): requests completed and the
+    /// mean modeled µs per component from accepting each to its model
+    /// completion time (`moneta_model::breakdown`).
+    #[serde(default)]
+    pub device_time_requests: u64,
+    #[serde(default)]
+    pub device_time_us: Vec<(String, f64)>,
     /// Model time the device thread has reached (ns since the engine started).
     pub model_time_ns: u64,
     /// The control plane's file grants (filled in by the control plane).
@@ -455,6 +463,7 @@ struct DeviceThread<C: StampClock = WallClock> {
     /// Model time already reached (events delivered, commands submitted):
     /// a new command may not enter before it.
     model_floor: Ns,
+    device_time: Breakdown,
 }
 
 impl<C: StampClock> DeviceThread<C> {
@@ -481,6 +490,7 @@ impl<C: StampClock> DeviceThread<C> {
             lateness: LatencyHistogram::new(),
             accept_delay: LatencyHistogram::new(),
             model_floor: 0,
+            device_time: Breakdown::default(),
             clock,
             shared,
         }
@@ -627,6 +637,13 @@ impl<C: StampClock> DeviceThread<C> {
         s.lateness_ns_max = self.lateness.max_ns();
         s.accept_delay_ns_mean = self.accept_delay.mean_ns();
         s.accept_delay_ns_p99 = self.accept_delay.percentile_ns(0.99);
+        s.device_time_requests = self.device_time.count();
+        s.device_time_us = self
+            .device_time
+            .mean_us()
+            .into_iter()
+            .map(|(c, us)| (c.key().to_string(), us))
+            .collect();
         s
     }
 
@@ -650,6 +667,8 @@ impl<C: StampClock> DeviceThread<C> {
                 // The client sees it at its due time at the earliest.
                 ch.free_at[tag as usize] = posted.max(due);
             }
+            self.device_time
+                .record(&Parts::from_device(&f.completion.parts));
             self.finish(channel, tag, ResultCode::Ok, due);
         }
         self.finished = finished;

@@ -12,7 +12,13 @@
 //! FIFO run queue until a core is free. Serialized sections
 //! (locks, the single scheduler thread, the memory bus) are FIFO servers.
 //! Everything is a function of the configuration, the workload and the seed.
+//!
+//! Where time goes (SPEC §2.1, `breakdown`): each thread keeps its current
+//! request's parts and a cursor up to which its time is accounted; the
+//! gaps are the waits it was in (`Accounting`). The parts sum exactly to the
+//! request's latency, checked for every request.
 
+use crate::breakdown::{Breakdown, Component, DeviceParts, Parts};
 use crate::config::{Completion, Config, Stack};
 use crate::device::command::{self, Command};
 use crate::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
@@ -64,6 +70,57 @@ struct Thread {
     completed_at: Option<Ns>,
     tag: Option<PhysTag>,
     done: bool,
+    time: Accounting,
+}
+
+/// Where one thread's current request has spent its time so far.
+#[derive(Debug, Clone, Copy, Default)]
+struct Accounting {
+    parts: Parts,
+    /// Time up to which the request's time is in `parts`.
+    cursor_ns: Ns,
+    /// What the thread waits for from `cursor_ns` until it runs again.
+    gap: Option<Component>,
+    /// When the device accepted the request.
+    submitted_ns: Ns,
+}
+
+impl Accounting {
+    /// A request starts at `now`; its plan's software time is known ahead
+    /// (its steps only move the cursor).
+    fn start(now: Ns, software: &Parts) -> Self {
+        Accounting {
+            parts: *software,
+            cursor_ns: now,
+            gap: None,
+            submitted_ns: 0,
+        }
+    }
+
+    /// The thread runs again at `now`: the gap since the cursor was its wait.
+    fn resume(&mut self, now: Ns) {
+        if let Some(c) = self.gap.take() {
+            self.parts.add(c, now - self.cursor_ns);
+        }
+        debug_assert_eq!(self.cursor_ns.max(now), now, "time accounted ahead");
+        self.cursor_ns = now;
+    }
+
+    /// `ns` of `component` from the cursor on.
+    fn spend(&mut self, component: Component, ns: Ns) {
+        self.parts.add(component, ns);
+        self.cursor_ns += ns;
+    }
+
+    /// The device finished at `done` with `device` parts since it accepted
+    /// the request; the thread had been waiting since the cursor. Device
+    /// time before the cursor was hidden under the thread's own work.
+    fn device_done(&mut self, done: Ns, device: &DeviceParts) {
+        let visible = device.trim_front(self.cursor_ns - self.submitted_ns);
+        debug_assert_eq!(visible.total_ns(), done - self.cursor_ns);
+        self.parts.add_device(&visible);
+        self.cursor_ns = done;
+    }
 }
 
 /// Results of one thread group.
@@ -75,6 +132,8 @@ pub struct GroupResult {
     pub ops: u64,
     pub bytes: u64,
     pub latency: LatencyHistogram,
+    /// Where the requests' time went (SPEC §2.1): the means sum to the mean latency.
+    pub breakdown: Breakdown,
 }
 
 /// Everything a run measured.
@@ -83,6 +142,8 @@ pub struct RunResult {
     pub elapsed_ns: Ns,
     pub groups: Vec<GroupResult>,
     pub latency: LatencyHistogram,
+    /// Where time went, over all groups.
+    pub breakdown: Breakdown,
     pub ops: u64,
     pub bytes: u64,
     pub device: DeviceCounters,
@@ -184,6 +245,7 @@ impl<'a> Simulation<'a> {
                     completed_at: None,
                     tag: None,
                     done: false,
+                    time: Accounting::default(),
                 });
             }
         }
@@ -197,6 +259,7 @@ impl<'a> Simulation<'a> {
                 ops: 0,
                 bytes: 0,
                 latency: LatencyHistogram::new(),
+                breakdown: Breakdown::default(),
             })
             .collect();
         Ok(Self {
@@ -248,8 +311,10 @@ impl<'a> Simulation<'a> {
             }
         }
         let mut latency = LatencyHistogram::new();
+        let mut breakdown = Breakdown::default();
         for g in &self.groups {
             latency.merge(&g.latency);
+            breakdown.merge(&g.breakdown);
         }
         let elapsed_ns = self.last_completion_ns;
         Ok(RunResult {
@@ -257,6 +322,7 @@ impl<'a> Simulation<'a> {
             ops: self.groups.iter().map(|g| g.ops).sum(),
             bytes: self.groups.iter().map(|g| g.bytes).sum(),
             latency,
+            breakdown,
             groups: self.groups,
             device: self.driver.counters(elapsed_ns),
             events: self.events,
@@ -279,7 +345,7 @@ impl<'a> Simulation<'a> {
                     c.token as u32
                 }
             };
-            self.completed(c.time_ns, t, c.tag);
+            self.completed(c.time_ns, t, c.tag, &c.parts);
         }
         self.finished = finished;
     }
@@ -334,6 +400,7 @@ impl<'a> Simulation<'a> {
                 );
             }
         }
+        th.time = Accounting::start(now, th.plan.software());
         true
     }
 
@@ -344,13 +411,22 @@ impl<'a> Simulation<'a> {
             if th.done {
                 return Ok(());
             }
+            self.threads[t as usize].time.resume(now);
+            let th = &self.threads[t as usize];
             let Some(step) = th.plan.get(th.step) else {
                 // Request finished (or the thread has not started one yet).
                 if !th.plan.steps().is_empty() {
+                    let parts = &th.time.parts;
+                    assert_eq!(
+                        parts.total_ns(),
+                        now - th.start_ns,
+                        "a request's parts sum to its latency"
+                    );
                     let g = &mut self.groups[th.group];
                     g.ops += 1;
                     g.bytes += th.bytes;
                     g.latency.record(now - th.start_ns);
+                    g.breakdown.record(parts);
                     self.last_completion_ns = self.last_completion_ns.max(now);
                 }
                 if !self.start_request(now, t) {
@@ -363,6 +439,8 @@ impl<'a> Simulation<'a> {
             match step {
                 Step::Cpu(ns) => {
                     self.cpu_busy_ns += ns;
+                    // Labelled by the plan (`Plan::software`), counted at the start.
+                    self.threads[t as usize].time.cursor_ns += ns;
                     self.threads[t as usize].step += 1;
                     self.queue.push(now + ns, Event::Resume(t));
                     return Ok(());
@@ -372,6 +450,9 @@ impl<'a> Simulation<'a> {
                     let start = now.max(*free);
                     *free = start + ns;
                     self.cpu_busy_ns += start + ns - now;
+                    let time = &mut self.threads[t as usize].time;
+                    time.spend(Component::LockWait, start - now);
+                    time.cursor_ns += ns;
                     self.threads[t as usize].step += 1;
                     self.queue.push(start + ns, Event::Resume(t));
                     return Ok(());
@@ -386,11 +467,13 @@ impl<'a> Simulation<'a> {
                     let Some(tag) = self.tags.allocate() else {
                         // Out of tags: wait (keeping the core) for one to be released.
                         self.tag_waiters.push_back(t);
+                        self.threads[t as usize].time.gap = Some(Component::TagWait);
                         return Ok(());
                     };
                     let th = &mut self.threads[t as usize];
                     th.tag = Some(tag);
                     th.step += 1;
+                    th.time.submitted_ns = now;
                     let words = encode_command(self.config, tag, th.op, th.addr, th.bytes)?;
                     self.driver
                         .submit_command(now, words, t as u64)
@@ -401,7 +484,9 @@ impl<'a> Simulation<'a> {
                     th.step += 1;
                     match th.completed_at {
                         Some(done) => {
+                            // The device finished under the thread's work.
                             let resume = now.max(done + detect_ns);
+                            th.time.spend(Component::SpinDetect, resume - now);
                             self.cpu_busy_ns += resume - now;
                             self.queue.push(resume, Event::Resume(t));
                         }
@@ -447,10 +532,12 @@ impl<'a> Simulation<'a> {
         if !self.driver.retag_has_free() {
             // The retag stage stalls: wait (keeping the core) for a physical tag.
             self.tag_waiters.push_back(t);
+            th.time.gap = Some(Component::TagWait);
             return Ok(false);
         }
         let Some(virtual_tag) = d.virtual_tags[group].allocate() else {
             self.tag_waiters.push_back(t);
+            th.time.gap = Some(Component::TagWait);
             return Ok(false);
         };
         let request = ChannelRequest {
@@ -466,6 +553,7 @@ impl<'a> Simulation<'a> {
         {
             Ok(tag) => {
                 th.tag = Some(tag);
+                th.time.submitted_ns = now;
                 d.holder[group * VIRTUAL_TAGS + virtual_tag.0 as usize] = t;
                 Ok(true)
             }
@@ -476,6 +564,7 @@ impl<'a> Simulation<'a> {
                 let extent = d.maps[group].extent_of(th.addr);
                 d.install(&mut self.driver, group, extent);
                 let ns = hard_miss_ns(self.config, steps);
+                th.time.spend(Component::PermissionMiss, ns);
                 self.cpu_busy_ns += ns;
                 self.queue.push(now + ns, Event::Resume(t));
                 Ok(false)
@@ -485,7 +574,7 @@ impl<'a> Simulation<'a> {
     }
 
     /// The device finished thread `t`'s request at `now` (its tag released).
-    fn completed(&mut self, now: Ns, t: u32, tag: PhysTag) {
+    fn completed(&mut self, now: Ns, t: u32, tag: PhysTag, device: &DeviceParts) {
         if let Some(waiter) = self.tag_waiters.pop_front() {
             self.queue.push(now, Event::Resume(waiter));
         }
@@ -501,6 +590,8 @@ impl<'a> Simulation<'a> {
                 th.wait = Wait::None;
                 // The thread spins on its core from the wait step until it
                 // notices the completion.
+                th.time.device_done(now, device);
+                th.time.spend(Component::SpinDetect, detect_ns);
                 self.cpu_busy_ns += now + detect_ns - since_ns;
                 self.queue.push(now + detect_ns, Event::Resume(t));
             }
@@ -520,6 +611,13 @@ impl<'a> Simulation<'a> {
                         start + interrupt_ns
                     }
                 };
+                let time = &mut th.time;
+                time.device_done(now, device);
+                time.spend(Component::Notify, self.notify_ns);
+                time.spend(Component::LockWait, handled - interrupt_ns - irq);
+                time.spend(Component::Interrupt, interrupt_ns);
+                time.spend(Component::WakeUp, wake_ns);
+                time.gap = Some(Component::CoreWait);
                 self.cpu_busy_ns += interrupt_ns;
                 self.queue.push(handled + wake_ns, Event::Wake(t));
             }
@@ -715,5 +813,72 @@ mod tests {
         // stalls, and the run differs.
         c.device.tags = 128;
         assert_ne!(run(&c, &w).unwrap().elapsed_ns, a.elapsed_ns);
+    }
+
+    /// Where time goes: every request's parts sum to its latency (checked
+    /// per request inside the run); here also the means, for every stack on
+    /// every preset, reads, writes and mixed, small and striped requests,
+    /// Moneta-D's three completions and SPEC §2.2's mixed-size workload.
+    #[test]
+    fn breakdown_means_sum_to_the_mean_latency_everywhere() {
+        let check = |c: &Config, w: &Workload, what: &str| {
+            let r = run(c, w).unwrap();
+            let total = r.breakdown.total_mean_ns();
+            let mean = r.latency.mean_ns();
+            assert!(
+                (total - mean).abs() < 1e-6 * mean,
+                "{what}: {total} vs {mean}"
+            );
+            assert_eq!(r.breakdown.count(), r.ops, "{what}");
+            for g in &r.groups {
+                let (t, m) = (g.breakdown.total_mean_ns(), g.latency.mean_ns());
+                assert!((t - m).abs() < 1e-6 * m, "{what} {}: {t} vs {m}", g.name);
+            }
+            r
+        };
+        for name in crate::config::preset_names() {
+            for stack in Stack::ALL {
+                let mut c = Config::preset(name).unwrap();
+                c.set_stack(stack);
+                for (op, size) in [
+                    (OpMix::Read, 4096),
+                    (OpMix::Write, 512),
+                    (OpMix::Mixed(0.5), 65536),
+                ] {
+                    let w = Workload::xdd(op, size, 8, 1 << 28, RunLimit::Ops(400), 3);
+                    check(&c, &w, &format!("{name}/{stack:?}/{op:?}/{size}"));
+                }
+            }
+            let c = Config::preset(name).unwrap();
+            let w = Workload::fairness(2, 4096, 2, 1 << 19, 1 << 28, RunLimit::Ops(200), 5);
+            check(&c, &w, &format!("{name}/fairness"));
+        }
+        for completion in [
+            Completion::Dma,
+            Completion::Forwarding,
+            Completion::IssueSleep,
+        ] {
+            let mut c = Config::preset("moneta-d").unwrap();
+            c.direct.completion = completion;
+            c.direct.file_extents = 1000;
+            let w = Workload::xdd(OpMix::Mixed(0.5), 512, 16, 1 << 28, RunLimit::Ops(2000), 9);
+            check(&c, &w, &format!("direct/{completion:?}"));
+        }
+    }
+
+    #[test]
+    fn breakdown_puts_device_time_under_the_device_and_sleep_under_the_interrupt() {
+        let mut c = Config::preset("moneta").unwrap();
+        c.set_stack(Stack::Spin);
+        let w = xdd(OpMix::Read, 4096, 1, 500);
+        let r = run(&c, &w).unwrap();
+        let b = &r.breakdown;
+        assert!(b.mean_ns(Component::Array) > 0.0 && b.mean_ns(Component::Dma) > 0.0);
+        assert_eq!(b.mean_ns(Component::Interrupt), 0.0);
+        assert!(b.mean_ns(Component::SpinDetect) > 0.0);
+        c.set_stack(Stack::Atomic);
+        let r = run(&c, &w).unwrap();
+        assert!(r.breakdown.mean_ns(Component::Interrupt) > 0.0);
+        assert!(r.breakdown.mean_ns(Component::WakeUp) > 0.0);
     }
 }

@@ -17,7 +17,9 @@
 //! - [`kernel`]: the event kernel, clocks and seeded randomness.
 //! - [`config`]: presets as data, overrides, validation.
 //! - [`experiment`]: runs one configured experiment and reports its results.
+//! - [`breakdown`]: where each request's time goes (Table 3.1 / 4.2).
 
+pub mod breakdown;
 pub mod calibration;
 pub mod config;
 pub mod device;

@@ -1,6 +1,7 @@
 //! The machine-readable summary of one simulated point: what `moneta sim`
 //! prints as JSON/CSV/table and what calibration compares with the papers.
 
+use crate::breakdown::Breakdown;
 use crate::config::Config;
 use crate::experiment::{run, RunResult};
 use crate::workload::{OpMix, RunLimit, Workload};
@@ -27,6 +28,12 @@ pub struct PointSummary {
     pub latency_us_p99: f64,
     pub latency_us_p99_9: f64,
     pub latency_us_max: f64,
+    /// Where time goes (SPEC §2.1): mean µs per component; the values sum to
+    /// `latency_us_mean` (within float rounding).
+    pub breakdown_us: Breakdown,
+    /// (latency µs, fraction of requests at or below it), for plots.
+    #[serde(skip)]
+    pub latency_cdf_us: Vec<(f64, f64)>,
     pub power_w: f64,
     pub energy_nj_per_op: f64,
     /// Average power of each device component (SPEC §1.9).
@@ -69,6 +76,11 @@ impl PointSummary {
             latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
             latency_us_p99_9: r.latency.percentile_ns(0.999) / 1e3,
             latency_us_max: r.latency.max_ns() as f64 / 1e3,
+            breakdown_us: r.breakdown.clone(),
+            latency_cdf_us: CDF_FRACTIONS
+                .iter()
+                .map(|&q| (r.latency.percentile_ns(q) / 1e3, q))
+                .collect(),
             power_w: power.as_ref().map_or(f64::NAN, |p| p.total_w),
             energy_nj_per_op: power.as_ref().map_or(f64::NAN, |p| p.energy_nj_per_op),
             power_components: power
@@ -94,6 +106,12 @@ impl PointSummary {
         }
     }
 }
+
+/// Where the latency CDF of a point is sampled.
+const CDF_FRACTIONS: [f64; 25] = [
+    0.001, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7,
+    0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 0.999, 1.0,
+];
 
 /// Region the XDD workloads touch by default: the whole device, capped at
 /// 16 GB (as the papers' random tests; start-gap tables stay small).

@@ -55,6 +55,16 @@ impl LinkDirection {
         self.bandwidth_bytes_per_s * p / (p + self.tlp_overhead_bytes as f64)
     }
 
+    fn wire_ns(&self, bytes: u64) -> Ns {
+        transfer_ns(self.wire_bytes(bytes), self.bandwidth_bytes_per_s)
+    }
+
+    /// Time of a transfer of `bytes` on an idle link: latency and wire time.
+    /// Anything beyond it was waiting for the link (where time goes).
+    pub fn unloaded_ns(&self, bytes: u64) -> Ns {
+        self.latency_ns + self.wire_ns(bytes)
+    }
+
     /// Move `bytes` starting no earlier than `now_ns`; returns when the last
     /// byte has arrived. Must be called in time order.
     pub fn transfer(&mut self, now_ns: Ns, bytes: u64) -> Ns {
@@ -75,7 +85,7 @@ impl LinkDirection {
             now_ns
         };
         let start = (issue_ns + self.latency_ns).max(self.busy_until_ns);
-        let wire_ns = transfer_ns(self.wire_bytes(bytes), self.bandwidth_bytes_per_s);
+        let wire_ns = self.wire_ns(bytes);
         self.busy_until_ns = start + wire_ns;
         self.busy_ns_total += wire_ns;
         if self.max_outstanding != usize::MAX {

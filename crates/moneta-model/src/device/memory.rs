@@ -44,6 +44,13 @@ pub trait MemoryTiming: Send {
     /// controller's out-queue, ready to go onto the ring.
     fn read(&mut self, now_ns: Ns, local_addr: u64, bytes: u64) -> Ns;
 
+    /// How long a read reaching the controller at `now_ns` would wait behind
+    /// earlier work before its own access (where time goes: controller
+    /// queue rather than array). A controller that does not say reports 0.
+    fn read_wait_ns(&self, _now_ns: Ns) -> Ns {
+        0
+    }
+
     /// Earliest time at or after `now_ns` at which the in-queue has room for
     /// `bytes` (the scheduler's scoreboard check, SPEC §1.4).
     fn write_accept_ns(&self, now_ns: Ns, bytes: u64) -> Ns;

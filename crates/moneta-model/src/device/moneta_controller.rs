@@ -132,6 +132,11 @@ impl MemoryTiming for MonetaController {
         self.bank_free_ns
     }
 
+    fn read_wait_ns(&self, now_ns: Ns) -> Ns {
+        self.bank_free_ns
+            .saturating_sub(now_ns + self.controller_ns)
+    }
+
     fn write_accept_ns(&self, now_ns: Ns, bytes: u64) -> Ns {
         let mut queued: u64 = self
             .in_queue

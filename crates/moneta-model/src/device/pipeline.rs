@@ -12,7 +12,12 @@
 //! - read segment: command to the controller; memory access; ring →
 //!   buffer; DMA buffer → host; buffer free; segment done.
 //!
-//! A request completes when all its segments are done. The device is clock
+//! A request completes when all its segments are done; its completion
+//! carries where its device time went (`breakdown`): the fixed pipeline and
+//! protection time, then the chain of the segment that finished last (the
+//! critical path): queue and buffer wait, DMA, ring, controller queue, array.
+//!
+//! The device is clock
 //! agnostic: it is handed `now` and writes the events it wants delivered into
 //! `outbox` and finished requests into `completions`; `driver::DeviceDriver`
 //! delivers them, for the simulator's event loop and the emulator's polling
@@ -26,6 +31,7 @@ use super::moneta_controller::MonetaController;
 use super::onyx_pcm::OnyxController;
 use super::queues::{BarrierGate, RequestQueues};
 use super::ring::Ring;
+use crate::breakdown::{Component, DeviceParts};
 use crate::config::{Config, ControllerKind};
 use crate::units::{DeviceAddr, Ns, Op, PhysTag};
 use std::fmt;
@@ -49,6 +55,10 @@ pub struct Completion {
     pub token: u64,
     pub tag: PhysTag,
     pub time_ns: Ns,
+    /// The device's time from accepting the request to `time_ns`, by
+    /// component, along the critical path (in virtual time the parts sum
+    /// exactly to that interval).
+    pub parts: DeviceParts,
 }
 
 /// The words a host wrote to the command registers (SPEC §1.2).
@@ -121,12 +131,46 @@ struct RequestState {
     next_offset: u64,
     segments_total: u32,
     segments_done: u32,
+    /// Where time goes: accepted at `submitted_ns`, past retag and
+    /// protection at `queued_ns`; the chain of the segment that finishes
+    /// last so far and when it finishes.
+    submitted_ns: Ns,
+    queued_ns: Ns,
+    critical_chain: DeviceParts,
+    critical_done_ns: Ns,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct SegmentState {
     tag: PhysTag,
     segment: Segment,
+    /// This segment's time so far by component, accounted up to `mark_ns`.
+    chain: DeviceParts,
+    mark_ns: Ns,
+    /// A read's wait in the controller's queue before its access.
+    controller_wait_ns: Ns,
+}
+
+impl SegmentState {
+    /// Account the time from the mark to `until_ns` to `component`.
+    fn spend(&mut self, component: Component, until_ns: Ns) {
+        self.chain.add(component, until_ns - self.mark_ns);
+        self.mark_ns = until_ns;
+    }
+
+    /// A transfer from the mark to `until_ns` that takes `unloaded_ns` on
+    /// an idle link or ring: the rest was `wait`.
+    fn spend_transfer(
+        &mut self,
+        wait: Component,
+        transfer: Component,
+        until_ns: Ns,
+        unloaded_ns: Ns,
+    ) {
+        let waited = (until_ns - self.mark_ns).saturating_sub(unloaded_ns);
+        self.spend(wait, self.mark_ns + waited);
+        self.spend(transfer, until_ns);
+    }
 }
 
 /// Counters of the device's components, for reports and the power model.
@@ -200,6 +244,9 @@ impl Device {
                 controller: 0,
                 local_addr: 0,
             },
+            chain: DeviceParts::default(),
+            mark_ns: 0,
+            controller_wait_ns: 0,
         };
         Self {
             capacity_bytes: d.capacity_bytes,
@@ -308,6 +355,10 @@ impl Device {
                 .striping
                 .segment_count(request.addr.0, request.len_bytes),
             segments_done: 0,
+            submitted_ns: now_ns,
+            queued_ns: now_ns + self.pipeline_ns + request.protection_ns,
+            critical_chain: DeviceParts::default(),
+            critical_done_ns: 0,
         });
         self.outbox.push((
             now_ns + self.pipeline_ns + request.protection_ns,
@@ -320,14 +371,21 @@ impl Device {
     pub fn handle(&mut self, now_ns: Ns, event: DeviceEvent) {
         match event {
             DeviceEvent::Enqueue(tag) => {
-                let req = self.request(tag);
-                if self.gate.arrive(tag, req.barrier, self.outstanding) {
+                let barrier = self.request(tag).barrier;
+                if self.gate.arrive(tag, barrier, self.outstanding) {
                     self.admit(now_ns, tag);
                 }
                 self.schedule_segments(now_ns);
             }
             DeviceEvent::WriteDmaDone(buffer) => {
                 let s = self.segments[buffer as usize].segment;
+                let unloaded = self.dma.host_to_device.unloaded_ns(s.bytes);
+                self.segments[buffer as usize].spend_transfer(
+                    Component::DmaWait,
+                    Component::Dma,
+                    now_ns,
+                    unloaded,
+                );
                 let accept =
                     self.controllers[s.controller as usize].write_accept_ns(now_ns, s.bytes);
                 if accept > now_ns {
@@ -343,6 +401,12 @@ impl Device {
             }
             DeviceEvent::SegmentDone(tag) => self.segment_done(now_ns, tag),
             DeviceEvent::ReadDataReady(buffer) => {
+                let state = &mut self.segments[buffer as usize];
+                state.spend(
+                    Component::ControllerQueue,
+                    state.mark_ns + state.controller_wait_ns,
+                );
+                state.spend(Component::Array, now_ns);
                 let bytes = self.segments[buffer as usize].segment.bytes;
                 let t = self.ring.transfer(now_ns, bytes);
                 self.outbox
@@ -350,10 +414,26 @@ impl Device {
             }
             DeviceEvent::ReadToHost(buffer) => {
                 let bytes = self.segments[buffer as usize].segment.bytes;
+                let unloaded = self.ring.unloaded_ns(bytes);
+                self.segments[buffer as usize].spend_transfer(
+                    Component::RingWait,
+                    Component::Ring,
+                    now_ns,
+                    unloaded,
+                );
                 let end = self.dma.device_to_host.transfer(now_ns, bytes);
                 self.outbox.push((end, DeviceEvent::ReadDmaDone(buffer)));
             }
             DeviceEvent::ReadDmaDone(buffer) => {
+                let bytes = self.segments[buffer as usize].segment.bytes;
+                let unloaded = self.dma.device_to_host.unloaded_ns(bytes);
+                self.segments[buffer as usize].spend_transfer(
+                    Component::DmaWait,
+                    Component::Dma,
+                    now_ns,
+                    unloaded,
+                );
+                self.offer_critical(buffer, now_ns);
                 let tag = self.segments[buffer as usize].tag;
                 self.buffers.release(now_ns, buffer);
                 self.segment_done(now_ns, tag);
@@ -362,8 +442,10 @@ impl Device {
         }
     }
 
-    fn request(&self, tag: PhysTag) -> RequestState {
-        self.requests[tag.0 as usize].expect("event for a tag with no request")
+    fn request(&self, tag: PhysTag) -> &RequestState {
+        self.requests[tag.0 as usize]
+            .as_ref()
+            .expect("event for a tag with no request")
     }
 
     fn admit(&mut self, now_ns: Ns, tag: PhysTag) {
@@ -388,9 +470,23 @@ impl Device {
             req.next_offset += segment.bytes;
             let more = req.next_offset < req.len_bytes;
             let op = req.op;
+            let queued_ns = req.queued_ns;
             self.queues.issued(more);
             let buffer = self.buffers.allocate(now_ns).expect("checked has_free");
-            self.segments[buffer as usize] = SegmentState { tag, segment };
+            let mut state = SegmentState {
+                tag,
+                segment,
+                chain: DeviceParts::default(),
+                mark_ns: queued_ns,
+                controller_wait_ns: 0,
+            };
+            // Barriers, the request queue and the wait for this buffer.
+            state.spend(Component::DeviceQueue, now_ns);
+            if op == Op::Read {
+                // The read command's message to the controller.
+                state.spend(Component::Ring, now_ns + self.ring.message_ns());
+            }
+            self.segments[buffer as usize] = state;
             match op {
                 Op::Write => {
                     let end = self.dma.host_to_device.transfer(now_ns, segment.bytes);
@@ -398,6 +494,9 @@ impl Device {
                 }
                 Op::Read => {
                     let arrive = now_ns + self.ring.message_ns();
+                    let controller = &self.controllers[segment.controller as usize];
+                    self.segments[buffer as usize].controller_wait_ns =
+                        controller.read_wait_ns(arrive);
                     let ready = self.controllers[segment.controller as usize].read(
                         arrive,
                         segment.local_addr,
@@ -411,7 +510,8 @@ impl Device {
     }
 
     fn write_to_ring(&mut self, now_ns: Ns, buffer: u16) {
-        let SegmentState { tag, segment } = self.segments[buffer as usize];
+        self.segments[buffer as usize].spend(Component::ControllerQueue, now_ns);
+        let SegmentState { tag, segment, .. } = self.segments[buffer as usize];
         let t = self.ring.transfer(now_ns, segment.bytes);
         let w = self.controllers[segment.controller as usize].write(
             t.first_byte_ns,
@@ -419,17 +519,42 @@ impl Device {
             segment.local_addr,
             segment.bytes,
         );
-        let done_ns = w.ack_ns.max(t.last_byte_ns);
+        let done = w.ack_ns.max(t.last_byte_ns);
+        // The rest of a write's chain is known now (the buffer may be reused
+        // before the segment is done).
+        let unloaded = self.ring.unloaded_ns(segment.bytes);
+        let state = &mut self.segments[buffer as usize];
+        state.spend_transfer(
+            Component::RingWait,
+            Component::Ring,
+            t.last_byte_ns,
+            unloaded,
+        );
+        state.spend(Component::Array, done);
+        self.offer_critical(buffer, done);
         // Onyx holds a write's buffer until the controller's completion
         // (`device.write_buffer_until_ack`, SPEC §5); Moneta frees it once
         // the data has left over the ring (SPEC §1.4).
         let free_ns = if self.write_buffer_until_ack {
-            done_ns
+            done
         } else {
             t.last_byte_ns
         };
         self.outbox.push((free_ns, DeviceEvent::BufferFree(buffer)));
-        self.outbox.push((done_ns, DeviceEvent::SegmentDone(tag)));
+        self.outbox.push((done, DeviceEvent::SegmentDone(tag)));
+    }
+
+    /// The segment in `buffer` finishes at `done_ns`: if no other segment of
+    /// its request finishes later, its chain is the request's critical path.
+    fn offer_critical(&mut self, buffer: u16, done_ns: Ns) {
+        let state = &self.segments[buffer as usize];
+        let req = self.requests[state.tag.0 as usize]
+            .as_mut()
+            .expect("segment of a live request");
+        if done_ns >= req.critical_done_ns {
+            req.critical_done_ns = done_ns;
+            req.critical_chain = state.chain;
+        }
     }
 
     fn segment_done(&mut self, now_ns: Ns, tag: PhysTag) {
@@ -441,10 +566,24 @@ impl Device {
             return;
         }
         let req = self.requests[tag.0 as usize].take().expect("live request");
+        let mut parts = DeviceParts::default();
+        parts.add(Component::Retag, self.pipeline_ns);
+        parts.add(
+            Component::Protection,
+            req.queued_ns - req.submitted_ns - self.pipeline_ns,
+        );
+        parts.add_parts(&req.critical_chain);
+        // A driver on the wall clock may deliver the last event late; the
+        // delay counts as the last segment's array time.
+        parts.add(
+            Component::Array,
+            now_ns.saturating_sub(req.critical_done_ns),
+        );
         self.completions.push(Completion {
             token: req.token,
             tag,
             time_ns: now_ns,
+            parts,
         });
         self.counters.requests_completed += 1;
         match req.op {

@@ -42,11 +42,22 @@ impl Ring {
         }
     }
 
+    /// Ring time `bytes` occupy: a token hop per packet and the data.
+    fn occupancy_ns(&self, bytes: u64) -> Ns {
+        let packets = bytes.div_ceil(self.packet_bytes).max(1);
+        packets * self.hop_ns + transfer_ns(bytes, self.bandwidth_bytes_per_s)
+    }
+
+    /// From sending `bytes` on an idle ring to their last byte arriving;
+    /// anything beyond it was waiting for the token (where time goes).
+    pub fn unloaded_ns(&self, bytes: u64) -> Ns {
+        self.occupancy_ns(bytes) + self.half_round_trip_ns
+    }
+
     /// Send `bytes` as soon as possible at or after `now_ns` (time order).
     pub fn transfer(&mut self, now_ns: Ns, bytes: u64) -> RingTransfer {
-        let packets = bytes.div_ceil(self.packet_bytes).max(1);
         let start = now_ns.max(self.busy_until_ns);
-        let occupancy = packets * self.hop_ns + transfer_ns(bytes, self.bandwidth_bytes_per_s);
+        let occupancy = self.occupancy_ns(bytes);
         self.busy_until_ns = start + occupancy;
         self.busy_ns_total += occupancy;
         RingTransfer {

@@ -20,6 +20,7 @@
 
 pub mod extent_map;
 
+use crate::breakdown::{Component, Parts};
 use crate::config::{Completion, Config, Stack};
 use crate::units::{Ns, Op};
 
@@ -71,6 +72,9 @@ pub enum Step {
 pub struct Plan {
     steps: [Step; Plan::MAX_STEPS],
     len: u8,
+    /// The fixed time of the `Cpu` and `Serial` steps, by component (where
+    /// time goes, SPEC §2.1): their sum is the sum of those steps.
+    software: Parts,
 }
 
 impl Default for Plan {
@@ -78,6 +82,7 @@ impl Default for Plan {
         Plan {
             steps: [Step::Cpu(0); Plan::MAX_STEPS],
             len: 0,
+            software: Parts::default(),
         }
     }
 }
@@ -107,6 +112,16 @@ impl Plan {
 
     pub fn steps(&self) -> &[Step] {
         &self.steps[..self.len as usize]
+    }
+
+    /// The fixed software time of the request, by component.
+    pub fn software(&self) -> &Parts {
+        &self.software
+    }
+
+    /// Label `ns` of the following `Cpu` or `Serial` step as `component`.
+    fn cost(&mut self, component: Component, ns: Ns) -> Ns {
+        self.software.add(component, ns)
     }
 }
 
@@ -151,15 +166,16 @@ fn copies(op: Op, bytes: u64, read_ns_per_kb: u64, write_ns_per_kb: u64) -> (Ns,
 
 /// Build the program of one request.
 pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome) -> Plan {
+    use Component as K;
     let h = &config.host;
     let c = &h.costs;
     let mut p = Plan::default();
-    let entry = rw(op, c.syscall_entry_ns_read, c.syscall_entry_ns_write)
-        + if h.file_system {
-            rw(op, c.file_system_ns_read, c.file_system_ns_write)
-        } else {
-            0
-        };
+    let syscall_entry = rw(op, c.syscall_entry_ns_read, c.syscall_entry_ns_write);
+    let file_system = if h.file_system {
+        rw(op, c.file_system_ns_read, c.file_system_ns_write)
+    } else {
+        0
+    };
     let block = rw(op, c.block_layer_ns_read, c.block_layer_ns_write)
         .saturating_sub(c.io_scheduler_switch_ns);
     let tag = rw(op, c.tag_ns_read, c.tag_ns_write);
@@ -171,6 +187,8 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
     let wake_ns = rw(op, c.wake_ns_read, c.wake_ns_write);
     let ret = rw(op, c.return_ns_read, c.return_ns_write);
     let issue = Step::Issue;
+    // Each cost goes through `p.cost` with its Table 3.1 / 4.2 label, in
+    // the order the request pays it.
     match h.stack {
         Stack::Base => {
             // "The no-op scheduler is single-threaded so it removes any
@@ -178,40 +196,59 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
             // queue, the dispatch (tag, copy, PIO) and the completion run in
             // the one scheduler context, one request at a time.
             let full_block = rw(op, c.block_layer_ns_read, c.block_layer_ns_write);
+            let entry = p.cost(K::SyscallEntry, syscall_entry) + p.cost(K::FileSystem, file_system);
             p.push(Step::Cpu(entry));
-            p.push(Step::Serial(
-                Server::IoScheduler,
-                full_block + tag + copy_in + pio,
-            ));
-            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
+            let dispatch = p.cost(K::BlockLayer, full_block)
+                + p.cost(K::Tag, tag)
+                + p.cost(K::CopyIn, copy_in)
+                + p.cost(K::Pio, pio);
+            p.push(Step::Serial(Server::IoScheduler, dispatch));
+            let lock = p.cost(K::DriverLock, h.driver_lock_ns);
+            p.push(Step::Serial(Server::DriverLock, lock));
             p.push(issue);
             p.push(Step::Sleep {
                 interrupt_ns,
                 lock: Some(Server::IoScheduler),
                 wake_ns,
             });
-            p.push(Step::Cpu(copy_out + ret));
+            let exit = p.cost(K::CopyOut, copy_out) + p.cost(K::Return, ret);
+            p.push(Step::Cpu(exit));
         }
         Stack::NoSched => {
             // The calling thread issues: block layer without the scheduler
             // switch, the tag pool under the data lock, the multi-word PIO and
             // the tag status under the hardware lock.
-            p.push(Step::Cpu(entry + block));
+            let entry = p.cost(K::SyscallEntry, syscall_entry)
+                + p.cost(K::FileSystem, file_system)
+                + p.cost(K::BlockLayer, block);
+            p.push(Step::Cpu(entry));
+            let tag = p.cost(K::Tag, tag);
             p.push(Step::Serial(Server::DataLock, tag));
+            let copy_in = p.cost(K::CopyIn, copy_in);
             p.push(Step::Cpu(copy_in));
+            let pio = p.cost(K::Pio, pio);
             p.push(Step::Serial(Server::HardwareLock, pio));
-            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
+            let lock = p.cost(K::DriverLock, h.driver_lock_ns);
+            p.push(Step::Serial(Server::DriverLock, lock));
             p.push(issue);
             p.push(Step::Sleep {
                 interrupt_ns,
                 lock: Some(Server::HardwareLock),
                 wake_ns,
             });
-            p.push(Step::Cpu(copy_out + ret));
+            let exit = p.cost(K::CopyOut, copy_out) + p.cost(K::Return, ret);
+            p.push(Step::Cpu(exit));
         }
         Stack::Atomic | Stack::Spin | Stack::TwoQueue | Stack::Balance => {
-            p.push(Step::Cpu(entry + block + tag + copy_in + pio_word));
-            p.push(Step::Serial(Server::DriverLock, h.driver_lock_ns));
+            let entry = p.cost(K::SyscallEntry, syscall_entry)
+                + p.cost(K::FileSystem, file_system)
+                + p.cost(K::BlockLayer, block)
+                + p.cost(K::Tag, tag)
+                + p.cost(K::CopyIn, copy_in)
+                + p.cost(K::Pio, pio_word);
+            p.push(Step::Cpu(entry));
+            let lock = p.cost(K::DriverLock, h.driver_lock_ns);
+            p.push(Step::Serial(Server::DriverLock, lock));
             p.push(issue);
             if h.stack != Stack::Atomic && bytes <= h.spin_max_bytes {
                 // The spinning thread reads the tag status register: one PIO word.
@@ -225,7 +262,8 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                     wake_ns,
                 });
             }
-            p.push(Step::Cpu(copy_out + ret));
+            let exit = p.cost(K::CopyOut, copy_out) + p.cost(K::Return, ret);
+            p.push(Step::Cpu(exit));
         }
         Stack::Direct => {
             let d = &config.direct;
@@ -235,17 +273,22 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
             } else {
                 d.extent_lookup_ns_one
             };
-            let mut software = rw(op, d.library_ns_read, d.library_ns_write) + lookup;
+            let mut software = p.cost(
+                K::Library,
+                rw(op, d.library_ns_read, d.library_ns_write) + lookup,
+            );
             if permissions.soft_miss {
-                software += if many {
+                let miss = if many {
                     d.soft_miss_ns_many
                 } else {
                     d.soft_miss_ns_one
                 } + d.permission_update_ns;
+                software += p.cost(K::PermissionMiss, miss);
             }
             let (copy_in, copy_out) =
                 copies(op, bytes, d.copy_ns_per_kb_read, d.copy_ns_per_kb_write);
-            p.push(Step::Cpu(software + copy_in));
+            software += p.cost(K::CopyIn, copy_in);
+            p.push(Step::Cpu(software));
             p.push(issue);
             match d.completion {
                 Completion::Dma => p.push(Step::Spin {
@@ -265,6 +308,7 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                         d.completion_ns_read_issue_sleep,
                         d.completion_ns_write_issue_sleep,
                     );
+                    let syscall = p.cost(K::SyscallEntry, syscall);
                     p.push(Step::Cpu(syscall));
                     p.push(Step::Sleep {
                         interrupt_ns: 0,
@@ -273,6 +317,7 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                     });
                 }
             }
+            let copy_out = p.cost(K::CopyOut, copy_out);
             p.push(Step::Cpu(copy_out));
         }
         Stack::Raw => {
@@ -288,16 +333,35 @@ pub fn plan(config: &Config, op: Op, bytes: u64, permissions: PermissionOutcome)
                     config.memory.latency_ns_read,
                     config.memory.latency_ns_write,
                 );
-            p.push(Step::Cpu(entry + block));
-            p.push(Step::Serial(
-                Server::MemoryBus,
-                crate::units::transfer_ns(bytes, r.memory_bytes_per_s),
-            ));
-            p.push(Step::Cpu(
-                crate::units::transfer_ns(bytes, r.copy_bytes_per_s) + nvm + ret,
-            ));
+            // The CPU copies through the memory bus: into the ramdisk for
+            // writes, out of it for reads.
+            let copy = match op {
+                Op::Write => K::CopyIn,
+                Op::Read => K::CopyOut,
+            };
+            let entry = p.cost(K::SyscallEntry, syscall_entry)
+                + p.cost(K::FileSystem, file_system)
+                + p.cost(K::BlockLayer, block);
+            p.push(Step::Cpu(entry));
+            let bus = p.cost(copy, crate::units::transfer_ns(bytes, r.memory_bytes_per_s));
+            p.push(Step::Serial(Server::MemoryBus, bus));
+            let rest = p.cost(copy, crate::units::transfer_ns(bytes, r.copy_bytes_per_s))
+                + p.cost(K::Array, nvm)
+                + p.cost(K::Return, ret);
+            p.push(Step::Cpu(rest));
         }
     }
+    debug_assert_eq!(
+        p.software.total_ns(),
+        p.steps()
+            .iter()
+            .map(|s| match s {
+                Step::Cpu(ns) | Step::Serial(_, ns) => *ns,
+                _ => 0,
+            })
+            .sum::<Ns>(),
+        "every software cost is labelled"
+    );
     p
 }
 
