@@ -13,7 +13,7 @@
 //! (locks, the single scheduler thread, the memory bus) are FIFO servers.
 //! Everything is a function of the configuration, the workload and the seed.
 
-use crate::config::{Completion, Config, Stack};
+use crate::config::{Config, Stack};
 use crate::device::command::{self, Command};
 use crate::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
 use crate::device::pipeline::{CommandWords, DeviceCounters};
@@ -534,7 +534,8 @@ const VIRTUAL_TAGS: usize = 64;
 /// process with its own channel and file.
 struct DirectLibrary {
     maps: Vec<ExtentMap>,
-    /// Each channel's free virtual tags.
+    /// Each channel's free virtual tags (a `TagPool`, whose numbers are
+    /// virtual tags here: the device retags them).
     virtual_tags: Vec<TagPool>,
     /// Thread holding each (group, virtual tag).
     holder: Vec<u32>,
@@ -623,8 +624,7 @@ fn encode_command(
         len_bytes: bytes,
         host_dma_addr: baseline.then_some(DMA_BUFFER_BASE + tag.0 as u64 * DMA_BUFFER_STRIDE),
         barrier: false,
-        dma_completion: config.host.stack == Stack::Direct
-            && config.direct.completion == Completion::Dma,
+        dma_completion: false,
     };
     let words = if baseline {
         command::encode_baseline(&command).map(CommandWords::Baseline)
