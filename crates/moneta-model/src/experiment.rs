@@ -19,7 +19,7 @@
 //! request's latency, checked for every request.
 
 use crate::breakdown::{Breakdown, Component, DeviceParts, Parts};
-use crate::config::{Completion, Config, Stack};
+use crate::config::{Config, Stack};
 use crate::device::command::{self, Command};
 use crate::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
 use crate::device::pipeline::{CommandWords, DeviceCounters};
@@ -632,7 +632,8 @@ const VIRTUAL_TAGS: usize = 64;
 /// process with its own channel and file.
 struct DirectLibrary {
     maps: Vec<ExtentMap>,
-    /// Each channel's free virtual tags.
+    /// Each channel's free virtual tags (a `TagPool`, whose numbers are
+    /// virtual tags here: the device retags them).
     virtual_tags: Vec<TagPool>,
     /// Thread holding each (group, virtual tag).
     holder: Vec<u32>,
@@ -721,8 +722,7 @@ fn encode_command(
         len_bytes: bytes,
         host_dma_addr: baseline.then_some(DMA_BUFFER_BASE + tag.0 as u64 * DMA_BUFFER_STRIDE),
         barrier: false,
-        dma_completion: config.host.stack == Stack::Direct
-            && config.direct.completion == Completion::Dma,
+        dma_completion: false,
     };
     let words = if baseline {
         command::encode_baseline(&command).map(CommandWords::Baseline)
@@ -739,6 +739,7 @@ const DMA_BUFFER_STRIDE: u64 = 1 << 24;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Completion;
     use crate::workload::OpMix;
 
     fn xdd(op: OpMix, size: u64, threads: u32, ops: u64) -> Workload {

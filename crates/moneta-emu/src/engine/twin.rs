@@ -56,11 +56,18 @@ fn stream(seed: u64, commands: usize) -> Vec<Command> {
             _ => 5_000 + rng.below(45_000),
         };
         for _ in 0..burst.min(commands - out.len()) {
+            let channel = CHANNEL_IDS[rng.below(CHANNEL_IDS.len() as u64) as usize];
             let len_bytes = (1 + rng.below(128)) * 512;
-            let addr = rng.below((CAPACITY_BYTES - len_bytes) / 512) * 512;
+            let mut addr = rng.below((CAPACITY_BYTES - len_bytes) / 512) * 512;
+            // Stay inside one of the channel's records (a range across two
+            // is a missing record, SPEC §3.3).
+            let piece = piece_bytes(channel);
+            if addr / piece != (addr + len_bytes - 1) / piece {
+                addr = (addr + len_bytes - 1) / piece * piece;
+            }
             out.push(Command {
                 time_ns,
-                channel: CHANNEL_IDS[rng.below(CHANNEL_IDS.len() as u64) as usize],
+                channel,
                 op: if rng.below(2) == 0 {
                     Op::Read
                 } else {
@@ -74,11 +81,16 @@ fn stream(seed: u64, commands: usize) -> Vec<Command> {
     out
 }
 
+/// Size of a channel's permission records (the last takes the rest).
+fn piece_bytes(channel: u16) -> u64 {
+    CAPACITY_BYTES / (8 + channel as u64 * 5) / 512 * 512
+}
+
 /// Permission records of a channel: the device cut into pieces of
 /// alternating files (so they do not merge and the tree has depth).
 fn records(channel: u16) -> Vec<Update> {
-    let pieces = 8 + channel as u64 * 5;
-    let piece = CAPACITY_BYTES / pieces;
+    let piece = piece_bytes(channel);
+    let pieces = CAPACITY_BYTES / piece;
     (0..pieces)
         .map(|i| {
             let end = if i + 1 == pieces {

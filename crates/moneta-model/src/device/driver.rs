@@ -165,6 +165,18 @@ impl DeviceDriver {
         Ok(tag)
     }
 
+    /// A decoded request under physical tag `tag` (no retag or protection).
+    pub fn submit(
+        &mut self,
+        now_ns: Ns,
+        tag: PhysTag,
+        request: DeviceRequest,
+    ) -> Result<(), DeviceError> {
+        self.device.submit(now_ns, tag, request)?;
+        self.collect_scheduled();
+        Ok(())
+    }
+
     /// A request of `channel`'s virtual tag through retag and protection
     /// (SPEC §1.4). `move_data` runs once the check allowed the access and
     /// before the request enters the queues (the emulator copies the bytes

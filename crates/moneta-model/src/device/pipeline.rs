@@ -621,20 +621,13 @@ impl Device {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::EventQueue;
+    use crate::device::driver::DeviceDriver;
 
     /// Run the device alone on a virtual clock until idle.
-    fn run(device: &mut Device, mut queue: EventQueue<DeviceEvent>) -> Vec<Completion> {
+    fn run(driver: &mut DeviceDriver) -> Vec<Completion> {
         let mut done = Vec::new();
-        for (t, e) in device.outbox.drain(..) {
-            queue.push(t, e);
-        }
-        while let Some((t, e)) = queue.pop() {
-            device.handle(t, e);
-            for (t, e) in device.outbox.drain(..) {
-                queue.push(t, e);
-            }
-            done.append(&mut device.completions);
+        while let Some(t) = driver.next_event_time() {
+            driver.deliver_due(t, |f| done.push(f.completion));
         }
         done
     }
@@ -653,7 +646,7 @@ mod tests {
     #[test]
     fn bad_requests_are_errors() {
         let c = Config::preset("moneta").unwrap();
-        let mut d = Device::new(&c, 1);
+        let mut d = DeviceDriver::new(&c, 1);
         assert_eq!(
             d.submit(0, PhysTag(64), request(0, Op::Read, 0, 512)),
             Err(DeviceError::TagOutOfRange(64))
@@ -677,7 +670,7 @@ mod tests {
     #[test]
     fn command_words_are_decoded_and_bad_words_rejected() {
         let c = Config::preset("moneta").unwrap();
-        let mut d = Device::new(&c, 1);
+        let mut d = DeviceDriver::new(&c, 1);
         let cmd = command::Command {
             tag: 5,
             op: Op::Write,
@@ -689,15 +682,15 @@ mod tests {
         };
         let word = command::encode_atomic(&cmd).unwrap();
         assert_eq!(
-            d.submit_command(0, CommandWords::Atomic(word), 9, 0),
+            d.submit_command(0, CommandWords::Atomic(word), 9),
             Ok(PhysTag(5))
         );
-        let done = run(&mut d, EventQueue::new());
+        let done = run(&mut d);
         assert_eq!(done[0].token, 9);
         // Garbage never panics: it is an error value, and the device stays usable.
         for word in [0u64, u64::MAX, 0xDEAD_BEEF_DEAD_BEEF] {
             assert!(matches!(
-                d.submit_command(0, CommandWords::Atomic(word), 0, 0),
+                d.submit_command(0, CommandWords::Atomic(word), 0),
                 Err(DeviceError::Command(_))
             ));
         }
@@ -707,7 +700,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(
-            d.submit_command(0, CommandWords::Baseline(baseline), 1, 0),
+            d.submit_command(0, CommandWords::Baseline(baseline), 1),
             Ok(PhysTag(5))
         );
     }
@@ -716,10 +709,10 @@ mod tests {
     fn lone_4kb_requests_take_less_than_table_3_1_hardware_time() {
         let c = Config::preset("moneta").unwrap();
         for (op, published_ns) in [(Op::Read, 8000.0), (Op::Write, 8200.0)] {
-            let mut d = Device::new(&c, 1);
+            let mut d = DeviceDriver::new(&c, 1);
             d.submit(0, PhysTag(0), request(7, op, 1 << 20, 4096))
                 .unwrap();
-            let done = run(&mut d, EventQueue::new());
+            let done = run(&mut d);
             assert_eq!(done.len(), 1);
             assert_eq!(done[0].token, 7);
             let t = done[0].time_ns as f64;
@@ -738,10 +731,10 @@ mod tests {
     #[test]
     fn a_large_request_streams_at_the_link_rate() {
         let c = Config::preset("moneta").unwrap();
-        let mut d = Device::new(&c, 1);
+        let mut d = DeviceDriver::new(&c, 1);
         d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20))
             .unwrap();
-        let done = run(&mut d, EventQueue::new());
+        let done = run(&mut d);
         let bandwidth = (1u64 << 20) as f64 / (done[0].time_ns as f64 * 1e-9);
         assert!(bandwidth > 1.6e9 && bandwidth < 1.75e9, "{bandwidth}");
     }
@@ -753,12 +746,12 @@ mod tests {
             let mut c = Config::preset("onyx-late").unwrap();
             c.device.transfer_buffers = 1;
             c.device.write_buffer_until_ack = hold;
-            let mut d = Device::new(&c, 1);
+            let mut d = DeviceDriver::new(&c, 1);
             d.submit(0, PhysTag(0), request(0, Op::Write, 0, 4096))
                 .unwrap();
             d.submit(0, PhysTag(1), request(1, Op::Write, 4096, 4096))
                 .unwrap();
-            let done = run(&mut d, EventQueue::new());
+            let done = run(&mut d);
             let last = done.iter().map(|c| c.time_ns).max().unwrap();
             assert!((min_ns..max_ns).contains(&last), "hold={hold}: {last} ns");
         }
@@ -767,7 +760,7 @@ mod tests {
     #[test]
     fn barrier_orders_completions() {
         let c = Config::preset("moneta").unwrap();
-        let mut d = Device::new(&c, 1);
+        let mut d = DeviceDriver::new(&c, 1);
         d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20))
             .unwrap();
         let mut b = request(1, Op::Write, 1 << 21, 512);
@@ -775,16 +768,16 @@ mod tests {
         d.submit(1, PhysTag(1), b).unwrap();
         d.submit(2, PhysTag(2), request(2, Op::Read, 1 << 22, 512))
             .unwrap();
-        let done = run(&mut d, EventQueue::new());
+        let done = run(&mut d);
         let order: Vec<u64> = done.iter().map(|c| c.token).collect();
         assert_eq!(order, vec![0, 1, 2]);
         // Without the barrier the small requests finish before the large read.
-        let mut d = Device::new(&c, 1);
+        let mut d = DeviceDriver::new(&c, 1);
         d.submit(0, PhysTag(0), request(0, Op::Read, 0, 1 << 20))
             .unwrap();
         d.submit(1, PhysTag(1), request(1, Op::Write, 1 << 21, 512))
             .unwrap();
-        let done = run(&mut d, EventQueue::new());
+        let done = run(&mut d);
         assert_eq!(done[0].token, 1);
     }
 }
