@@ -54,7 +54,7 @@ bench: build
 	$(MONETA) sim speed --preset moneta --ops 4000000
 	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
 	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
-	$(CARGO) bench -p libmoneta --bench overhead -- --json out/overhead.json
+	$(CARGO) bench -p libmoneta --bench overhead -- --json $(CURDIR)/out/overhead.json
 
 # The emulator's timing against the simulator's on this machine, now: the
 # fidelity floor (smallest modeled QD1 latency reproduced within 5%) and
@@ -62,7 +62,7 @@ bench: build
 # its figures against their goals and does not fail on a loaded machine.
 fidelity: build
 	@mkdir -p out
-	$(CARGO) bench -p libmoneta --bench fidelity -- --json out/fidelity.json
+	$(CARGO) bench -p libmoneta --bench fidelity -- --json $(CURDIR)/out/fidelity.json
 
 # The direct path's randomized torture test, long mode (issue 8): shim and
 # plain processes on one Moneta file system; TORTURE_SEED reproduces a run.

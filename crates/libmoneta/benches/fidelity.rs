@@ -90,7 +90,7 @@ fn main() {
             .set(&format!("memory.latency_ns_read={l}"))
             .expect("a valid key");
         let case = Case {
-            label: format!("null, L = {l} ns"),
+            label: format!("null read, L = {l} ns"),
             config,
             op: OpMix::Read,
             size: 512,
@@ -134,7 +134,7 @@ fn main() {
     };
     for (preset, op, size, queue_depth) in cases {
         let case = Case {
-            label: preset.to_string(),
+            label: format!("{preset} {}", op.name()),
             config: Config::preset(preset).expect("shipped preset"),
             op,
             size,
@@ -161,7 +161,10 @@ fn main() {
             "published": published,
         });
         let text = serde_json::to_string_pretty(&doc).expect("json");
-        std::fs::write(&path, text + "\n").expect("write --json file");
+        if let Err(e) = std::fs::write(&path, text + "\n") {
+            eprintln!("fidelity: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
     }
 }
 
@@ -175,7 +178,7 @@ fn verdict(met: bool) -> &'static str {
 
 fn print_header() {
     println!(
-        "{:<22} {:>6} {:>3} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9}  within 5%",
+        "{:<24} {:>6} {:>3} {:>10} {:>10} {:>8} {:>8} {:>9} {:>9}  within 5%",
         "configuration",
         "size",
         "qd",
@@ -190,7 +193,7 @@ fn print_header() {
 
 fn print_row(o: &Outcome) {
     println!(
-        "{:<22} {:>6} {:>3} {:>10.3} {:>10.3} {:>+7.1}% {:>+7.1}% {:>9.0} {:>9.0}  {}",
+        "{:<24} {:>6} {:>3} {:>10.3} {:>10.3} {:>+7.1}% {:>+7.1}% {:>9.0} {:>9.0}  {}",
         o.label,
         o.size_bytes,
         o.queue_depth,

@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// not measure first-touch page faults).
     #[arg(long, default_value_t = 0)]
     populate_bytes: u64,
+    /// Post completions up to this far ahead of their model time, so they
+    /// reach the client's core by then; the library holds each until its
+    /// due time (README "Fidelity"). 0: post at the model time.
+    #[arg(long, default_value_t = moneta_emu::engine::DEFAULT_POST_AHEAD_NS)]
+    post_ahead_ns: u64,
     /// Watch the file system mounted at DIR (the one on this device's
     /// image) for layout changes by any process from the start (`moneta up`
     /// passes its mount).
@@ -84,6 +89,10 @@ pub struct BenchArgs {
     /// alone, threads × qd closed-loop requesters) and report it as `sim`.
     #[arg(long)]
     compare_sim: bool,
+    /// Embedded device: post completions up to this far ahead of their
+    /// model time (see `serve --post-ahead-ns`).
+    #[arg(long, default_value_t = moneta_emu::engine::DEFAULT_POST_AHEAD_NS, conflicts_with = "daemon")]
+    post_ahead_ns: u64,
 }
 
 fn medium_for(config: &Config, image: Option<&Path>) -> Result<Medium, String> {
@@ -107,6 +116,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         seed: a.model.seed,
         idle_spin_ns: a.idle_spin_us.saturating_mul(1000),
         populate_bytes: a.populate_bytes,
+        post_ahead_ns: a.post_ahead_ns,
         ..EngineOptions::default()
     };
     let (name, capacity) = (config.name.clone(), config.device.capacity_bytes);
@@ -164,6 +174,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
             let options = EngineOptions {
                 seed: a.model.seed,
                 populate_bytes: region(config.device.capacity_bytes),
+                post_ahead_ns: a.post_ahead_ns,
                 ..EngineOptions::default()
             };
             let m = Moneta::embedded(config.clone(), medium, options).map_err(|e| e.to_string())?;

@@ -83,10 +83,10 @@ const ERRORS_PER_CHANNEL: u32 = 64;
 /// How long control operations wait for the device thread to act on them.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The default of [`EngineOptions::post_ahead_ns`]: about one cross-core
-/// cache-line transfer plus a poll on the machines measured (README
-/// "Fidelity").
-pub const DEFAULT_POST_AHEAD_NS: u64 = 300;
+/// The default of [`EngineOptions::post_ahead_ns`]: more than a cross-core
+/// cache-line transfer plus a poll on the machines measured (300 ns still
+/// left completions late here; README "Fidelity").
+pub const DEFAULT_POST_AHEAD_NS: u64 = 1000;
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -97,12 +97,14 @@ pub struct EngineOptions {
     /// The longest nap: bounds what a lost or scribbled-away doorbell ring
     /// costs (a ring ends a nap at once).
     pub max_nap_ns: u64,
-    /// Deliver model events up to this far ahead of the wall clock, so that
-    /// a completion reaches the client's core by its due time (the library
-    /// holds it until then): it hides the hop between cores. A command that
-    /// arrives meanwhile enters the model no earlier than the time already
-    /// delivered, so with other requests in flight it may be delayed by up
-    /// to this much. 0 = post at the model time.
+    /// While a single request is in flight in the device, deliver model
+    /// events up to this far ahead of the wall clock, so that its completion
+    /// reaches the client's core by its due time (the library holds it until
+    /// then): it hides the hop between cores and the poll. A command that
+    /// arrives meanwhile from another client enters the model no earlier
+    /// than the time already delivered, so it may be held back by up to
+    /// this much. With more requests in flight, completions are posted at
+    /// their model time. 0 = always at the model time.
     pub post_ahead_ns: u64,
     /// Fault in the first this-many bytes of the medium before starting, so
     /// that benchmarks do not measure the kernel's first-touch page faults.
@@ -457,6 +459,8 @@ struct DeviceThread<C: StampClock = WallClock> {
     idle_spin_ns: Ns,
     max_nap_ns: u64,
     post_ahead_ns: Ns,
+    /// Requests accepted and not yet finished, all channels.
+    in_flight_total: u32,
     stats: EngineStats,
     lateness: LatencyHistogram,
     accept_delay: LatencyHistogram,
@@ -486,6 +490,7 @@ impl<C: StampClock> DeviceThread<C> {
             idle_spin_ns: options.idle_spin_ns,
             max_nap_ns: options.max_nap_ns,
             post_ahead_ns: options.post_ahead_ns,
+            in_flight_total: 0,
             stats: EngineStats::default(),
             lateness: LatencyHistogram::new(),
             accept_delay: LatencyHistogram::new(),
@@ -554,7 +559,16 @@ impl<C: StampClock> DeviceThread<C> {
         // Take commands first, so that work the model finishes at once
         // (the null device) completes in the same turn.
         let worked = self.poll_channels(now);
-        self.deliver_due_events(now + self.post_ahead_ns) || worked
+        // Ahead only when one request is in flight in the whole device: then
+        // no other request's events move ahead with it, and a command that
+        // arrives meanwhile (from another client) is the only one that can
+        // be held back, by at most `post_ahead_ns`.
+        let ahead = if self.in_flight_total == 1 {
+            self.post_ahead_ns
+        } else {
+            0
+        };
+        self.deliver_due_events(now + ahead) || worked
     }
 
     fn apply_control(&mut self) {
@@ -684,6 +698,7 @@ impl<C: StampClock> DeviceThread<C> {
             .take()
             .expect("completion for a tag in flight");
         ch.in_flight_count -= 1;
+        self.in_flight_total -= 1;
         if ch.closing.is_some() {
             self.free_channel_if_idle(channel);
             return;
@@ -913,6 +928,7 @@ impl<C: StampClock> DeviceThread<C> {
             dma_completion: cmd.dma_completion,
         });
         ch.in_flight_count += 1;
+        self.in_flight_total += 1;
     }
 }
 
