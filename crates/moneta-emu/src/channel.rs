@@ -8,6 +8,7 @@
 //! | 0x0000 | user registers | 64 command slots of 16 B (address word, control word): COMMAND | client |
 //! | 0x0400 | user registers | TAGSTATUSREGISTER: bit per tag, read-and-clear | kernel role sets, client clears |
 //! | 0x0408 | user registers | NEED WAKEUP (u32): the device thread naps; ring the doorbell after submitting | device sets, client clears |
+//! | 0x0440 | user registers | SUBMITTED (u64): bit per tag whose slot holds a new command | client sets, device takes |
 //! | 0x0800 | user registers | 64 submit stamps (u64, CLOCK_MONOTONIC ns): when the client issued the slot's command | client |
 //! | 0x1000 | shared with the kernel | TAGSTATUSTABLE: 64 status words | device (DMA completion), client (forwarding) |
 //! | 0x1200 | shared with the kernel | COMPLETIONCOUNT (u32) | kernel role |
@@ -20,8 +21,11 @@
 //! Submitting a command is one atomic store: the client writes the submit
 //! stamp and the address word, then stores the control word (SPEC §1.2's "one
 //! 64-bit PIO write"; the format is `command::encode_channel`) with a full
-//! barrier. A nonzero control word is a submitted command; the device takes
-//! it with a swap. The stamp says when the client issued it, so the request
+//! barrier, and then sets the tag's bit in SUBMITTED. The device takes the
+//! bits with one swap per channel (instead of reading 64 slots every poll),
+//! and each named command with a swap of its control word: a nonzero
+//! control word is a submitted command; a bit without one is ignored, and a
+//! client that clears bits only hides its own commands. The stamp says when the client issued it, so the request
 //! enters the model at that time rather than when the device thread happened
 //! to look (the device clamps it: never in the future, never before the
 //! tag's previous completion, never before model time already passed).
@@ -62,6 +66,8 @@ const SLOTS_OFFSET: usize = 0;
 const SLOT_BYTES: usize = 16;
 const TAG_STATUS_REGISTER_OFFSET: usize = 0x400;
 const NEED_WAKEUP_OFFSET: usize = 0x408;
+/// On its own cache line: the kernel role writes TAGSTATUSREGISTER.
+const SUBMITTED_OFFSET: usize = 0x440;
 const SLOT_STAMPS_OFFSET: usize = 0x800;
 const TAG_STATUS_TABLE_OFFSET: usize = PAGE_BYTES;
 const COMPLETION_COUNT_OFFSET: usize = PAGE_BYTES + 0x200;
@@ -80,7 +86,8 @@ pub const CHANNEL_BYTES: usize = DMA_BUFFER_OFFSET + DMA_BUFFER_BYTES;
 const _: () = {
     assert!(SLOTS_OFFSET + CHANNEL_TAGS * SLOT_BYTES <= TAG_STATUS_REGISTER_OFFSET);
     assert!(TAG_STATUS_REGISTER_OFFSET + 8 <= NEED_WAKEUP_OFFSET);
-    assert!(NEED_WAKEUP_OFFSET + 4 <= SLOT_STAMPS_OFFSET);
+    assert!(NEED_WAKEUP_OFFSET + 4 <= SUBMITTED_OFFSET);
+    assert!(SUBMITTED_OFFSET + 8 <= SLOT_STAMPS_OFFSET);
     assert!(SLOT_STAMPS_OFFSET + CHANNEL_TAGS * 8 <= TAG_STATUS_TABLE_OFFSET);
     assert!(TAG_STATUS_TABLE_OFFSET + CHANNEL_TAGS * 8 <= COMPLETION_COUNT_OFFSET);
     assert!(SLEEPERS_OFFSET + 4 <= LAYOUT_EPOCH_OFFSET);
@@ -266,6 +273,11 @@ impl ChannelMemory {
         self.u32_at(NEED_WAKEUP_OFFSET)
     }
 
+    /// Bit per tag whose slot holds a new command (see the module header).
+    pub fn submitted(&self) -> &AtomicU64 {
+        self.u64_at(SUBMITTED_OFFSET)
+    }
+
     /// When the client issued `tag`'s current command (CLOCK_MONOTONIC ns).
     pub fn slot_stamp(&self, tag: usize) -> &AtomicU64 {
         assert!(tag < CHANNEL_TAGS);
@@ -278,9 +290,12 @@ impl ChannelMemory {
     pub fn submit(&self, tag: usize, stamp_ns: u64, addr_word: u64, control_word: u64) {
         self.slot_stamp(tag).store(stamp_ns, Ordering::Relaxed);
         self.slot_addr(tag).store(addr_word, Ordering::Relaxed);
-        // A swap is a full barrier: the device's NEED WAKEUP store and this
-        // command cannot both go unseen (the device fences before its last look).
-        self.slot_control(tag).swap(control_word, Ordering::SeqCst);
+        self.slot_control(tag)
+            .store(control_word, Ordering::Release);
+        // A full barrier (a locked RMW): the device's NEED WAKEUP store and
+        // this command cannot both go unseen (the device fences before its
+        // last look).
+        self.submitted().fetch_or(1 << tag, Ordering::SeqCst);
         if self.need_wakeup().load(Ordering::SeqCst) != 0 {
             self.need_wakeup().store(0, Ordering::Relaxed);
             self.doorbell.ring();
@@ -430,6 +445,7 @@ mod tests {
         );
         assert_eq!(device.slot_stamp(4).load(Ordering::Relaxed), 123);
         assert_eq!(device.slot_control(4).load(Ordering::Acquire), 9);
+        assert_eq!(device.submitted().load(Ordering::Acquire), 1 << 4);
         device.need_wakeup().store(1, Ordering::SeqCst);
         client.submit(5, 124, 7, 9);
         assert_eq!(doorbell.word().load(Ordering::SeqCst), before + 1);

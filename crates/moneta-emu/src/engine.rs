@@ -433,6 +433,9 @@ struct OpenChannel {
     memory: Arc<ChannelMemory>,
     in_flight: [Option<InFlight>; CHANNEL_TAGS],
     in_flight_count: u32,
+    /// SUBMITTED bits taken from the channel whose commands wait for a
+    /// physical tag or for the error queue to drain.
+    pending: u64,
     /// When each tag's last completion was posted: its next command cannot
     /// have been issued earlier.
     free_at: [Ns; CHANNEL_TAGS],
@@ -581,6 +584,7 @@ impl<C: StampClock> DeviceThread<C> {
                         memory,
                         in_flight: [None; CHANNEL_TAGS],
                         in_flight_count: 0,
+                        pending: 0,
                         // No command of this channel was issued before it existed.
                         free_at: [self.clock.now(); CHANNEL_TAGS],
                         closing: None,
@@ -788,20 +792,19 @@ impl<C: StampClock> DeviceThread<C> {
                 self.stats.error_queue_stalls += 1;
                 continue;
             }
-            let channel = self.channels[id as usize].as_ref().expect("active");
-            let mut submitted = 0u64;
-            for tag in 0..CHANNEL_TAGS {
-                if channel.memory.slot_control(tag).load(Ordering::Relaxed) != 0 {
-                    submitted |= 1 << tag;
-                }
+            let channel = self.channels[id as usize].as_mut().expect("active");
+            // One load per channel and poll; the swap only when bits are set.
+            let word = channel.memory.submitted();
+            if word.load(Ordering::Relaxed) != 0 {
+                channel.pending |= word.swap(0, Ordering::Acquire);
             }
+            let mut submitted = std::mem::take(&mut channel.pending);
             if submitted == 0 {
                 continue;
             }
             let memory = channel.memory.clone();
             while submitted != 0 {
                 let tag = submitted.trailing_zeros() as usize;
-                submitted &= submitted - 1;
                 if !self.driver.retag_has_free() {
                     self.stats.retag_stalls += 1;
                     break;
@@ -812,11 +815,20 @@ impl<C: StampClock> DeviceThread<C> {
                     self.stats.error_queue_stalls += 1;
                     break;
                 }
+                submitted &= submitted - 1;
                 let control = memory.slot_control(tag).swap(0, Ordering::Acquire);
+                if control == 0 {
+                    // A bit without a command (a client scribbling): nothing to take.
+                    continue;
+                }
                 let addr = memory.slot_addr(tag).load(Ordering::Relaxed);
                 let stamp = memory.slot_stamp(tag).load(Ordering::Relaxed);
                 self.accept(now, id, &memory, tag as u8, [addr, control], stamp);
                 worked = true;
+            }
+            // What a stall left for a later poll.
+            if let Some(ch) = self.channels[id as usize].as_mut() {
+                ch.pending |= submitted;
             }
         }
         worked
