@@ -6,13 +6,13 @@
 //! moment the completion is seen, so it includes the whole software path.
 //!
 //! Where time goes (SPEC §2.1), as far as the emulator sees it
-//! ([`emulator_spans`]): the device's modeled time by component, how late
-//! the device thread posted completions, and the rest of the measured
-//! latency (the client's submission until the device accepted it, plus the
-//! posted completion until the client saw it).
+//! ([`emulator_spans`]): the client's path up to its submit stamp, the
+//! device's modeled time by component, and the model completion until the
+//! client saw it; the spans add up to the measured mean.
 
 use crate::client::{CompletionMode, Io, Moneta};
 use moneta_emu::engine::EngineStats;
+use moneta_emu::wall_clock::monotonic_ns;
 use moneta_emu::{EmuError, ErrorKind};
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::summary::PointSummary;
@@ -41,6 +41,33 @@ pub struct BenchResult {
     pub bytes: u64,
     pub elapsed_ns: u64,
     pub latency: LatencyHistogram,
+    /// Mean time from the client's clock read before submitting to the
+    /// submit stamp the device times the request from (the library's path).
+    pub submit_to_stamp_ns_mean: f64,
+    /// Mean time from each request's model completion (its due word) until
+    /// the client saw it: the device thread's posting, the hop back and
+    /// the client's detection.
+    pub due_to_seen_ns_mean: f64,
+}
+
+/// What one client thread measured.
+#[derive(Default)]
+struct ThreadTotals {
+    done: u64,
+    latency: LatencyHistogram,
+    submit_to_stamp_ns: u64,
+    due_to_seen_ns: u64,
+}
+
+impl ThreadTotals {
+    /// Request `io`, submitted at `t0` (CLOCK_MONOTONIC), was seen done now.
+    fn record(&mut self, m: &Moneta, io: &Io, t0: u64) {
+        let seen = monotonic_ns();
+        self.latency.record(seen.saturating_sub(t0));
+        self.submit_to_stamp_ns += io.issued_at_ns().saturating_sub(t0);
+        self.due_to_seen_ns += seen.saturating_sub(m.due_ns(io));
+        self.done += 1;
+    }
 }
 
 impl BenchResult {
@@ -88,7 +115,7 @@ pub fn run(m: &Moneta, spec: &BenchSpec) -> Result<BenchResult, EmuError> {
     let issued = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
     let start = Instant::now();
-    let results: Vec<Result<(u64, LatencyHistogram), EmuError>> = std::thread::scope(|s| {
+    let results: Vec<Result<ThreadTotals, EmuError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..g.threads)
             .map(|t| {
                 let (issued, stop) = (&issued, &stop);
@@ -108,17 +135,22 @@ pub fn run(m: &Moneta, spec: &BenchSpec) -> Result<BenchResult, EmuError> {
     });
     let elapsed_ns = start.elapsed().as_nanos() as u64;
     let mut latency = LatencyHistogram::new();
-    let mut ops = 0;
+    let (mut ops, mut to_stamp, mut after_due) = (0, 0, 0);
     for r in results {
-        let (n, h) = r?;
-        ops += n;
-        latency.merge(&h);
+        let t = r?;
+        ops += t.done;
+        to_stamp += t.submit_to_stamp_ns;
+        after_due += t.due_to_seen_ns;
+        latency.merge(&t.latency);
     }
+    let per_op = |ns: u64| ns as f64 / ops.max(1) as f64;
     Ok(BenchResult {
         ops,
         bytes: ops * g.size_bytes,
         elapsed_ns,
         latency,
+        submit_to_stamp_ns_mean: per_op(to_stamp),
+        due_to_seen_ns_mean: per_op(after_due),
     })
 }
 
@@ -129,12 +161,12 @@ fn thread(
     issued: &AtomicU64,
     stop: &AtomicBool,
     start: Instant,
-) -> Result<(u64, LatencyHistogram), EmuError> {
+) -> Result<ThreadTotals, EmuError> {
     let g = &spec.group;
     let mut addresses = AddressStream::new(g, spec.seed, thread);
-    let mut latency = LatencyHistogram::new();
-    let mut in_flight: Vec<(Io, Instant)> = Vec::with_capacity(spec.queue_depth as usize);
-    let mut done = 0u64;
+    let mut totals = ThreadTotals::default();
+    // Each request with the CLOCK_MONOTONIC reading just before its submission.
+    let mut in_flight: Vec<(Io, u64)> = Vec::with_capacity(spec.queue_depth as usize);
     let mut turns = 0u32;
     loop {
         // Keep the queue full until the run's end.
@@ -148,21 +180,20 @@ fn thread(
             }
             let (op, addr) = addresses.next(g.op);
             let mut io = m.prepare(op, addr, g.size_bytes, spec.mode)?;
-            let t0 = Instant::now();
+            let t0 = monotonic_ns();
             m.submit(&mut io)?;
             in_flight.push((io, t0));
         }
         if in_flight.is_empty() {
-            return Ok((done, latency));
+            return Ok(totals);
         }
         if spec.mode == CompletionMode::IssueSleep {
             // Sleep on the oldest; collect the others as they come.
-            let (io, t0) = &mut in_flight[0];
+            let (io, _) = &mut in_flight[0];
             m.wait(io)?;
-            latency.record(t0.elapsed().as_nanos() as u64);
-            let (io, _) = in_flight.swap_remove(0);
+            let (io, t0) = in_flight.swap_remove(0);
+            totals.record(m, &io, t0);
             m.release(io);
-            done += 1;
         }
         let mut i = 0;
         while i < in_flight.len() {
@@ -170,10 +201,9 @@ fn thread(
                 None => i += 1,
                 Some(r) => {
                     r?;
-                    latency.record(in_flight[i].1.elapsed().as_nanos() as u64);
-                    let (io, _) = in_flight.swap_remove(i);
+                    let (io, t0) = in_flight.swap_remove(i);
+                    totals.record(m, &io, t0);
                     m.release(io);
-                    done += 1;
                 }
             }
         }
@@ -261,7 +291,7 @@ impl BenchSummary {
             bandwidth_mb_per_s: r.bandwidth_mb_per_s(),
             iops: r.iops(),
             latency_us_mean,
-            breakdown_us: emulator_spans(before, &device, latency_us_mean),
+            breakdown_us: emulator_spans(before, &device, r),
             latency_us_p50: r.latency.percentile_ns(0.5) / 1e3,
             latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
             latency_us_p99_9: r.latency.percentile_ns(0.999) / 1e3,
@@ -324,49 +354,46 @@ mod tests {
     }
 }
 
-/// Where the measured time went, from the device's counters before and
-/// after the run (so a shared daemon's earlier requests do not count):
-/// `device: <component>` (modeled, accept → model completion),
-/// `completion posted late` (the device thread's lateness), and
-/// `client → accept, posted → seen`, the rest of `latency_us_mean`. The
-/// spans sum to `latency_us_mean`; the rest is what the client library, the
-/// channel and the polling add (it can come out slightly negative when the
-/// device completed requests the client did not measure).
+/// Where the measured time went, in spans that add up (µs, means): the
+/// client's path up to the submit stamp (`client: submit → stamp`), the
+/// device's modeled time by component (`device: <component>`, from the
+/// device's counters before and after the run, so a shared daemon's earlier
+/// requests do not count), the model completion until the client saw it
+/// (`completion: due → seen`: the device thread's posting, the hop back,
+/// the client's detection), and `other`, the rest of the mean latency: time
+/// a request entered the model after its stamp (clamped), and the mismatch
+/// when the device completed requests the client did not measure (it can
+/// come out slightly negative).
 pub fn emulator_spans(
     before: &EngineStats,
     after: &EngineStats,
-    latency_us_mean: f64,
+    r: &BenchResult,
 ) -> Vec<(String, f64)> {
+    let latency_us_mean = r.latency.mean_ns() / 1e3;
     let (n0, n1) = (
         before.device_time_requests as f64,
         after.device_time_requests as f64,
     );
     let n = n1 - n0;
-    if n <= 0.0 {
-        return vec![("client → accept, posted → seen".into(), latency_us_mean)];
-    }
+    let mut spans = vec![(
+        "client: submit → stamp".to_string(),
+        r.submit_to_stamp_ns_mean / 1e3,
+    )];
     let mean_since = |mean0: f64, mean1: f64| (mean1 * n1 - mean0 * n0) / n;
-    let mut spans: Vec<(String, f64)> = after
-        .device_time_us
-        .iter()
-        .map(|(key, us1)| {
-            let us0 = before
-                .device_time_us
-                .iter()
-                .find(|(k, _)| k == key)
-                .map_or(0.0, |(_, us)| *us);
-            (format!("device: {key}"), mean_since(us0, *us1))
-        })
-        .collect();
-    spans.push((
-        "completion posted late".into(),
-        mean_since(before.lateness_ns_mean, after.lateness_ns_mean) / 1e3,
-    ));
+    let device = after.device_time_us.iter().map(|(key, us1)| {
+        let us0 = before
+            .device_time_us
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or(0.0, |(_, us)| *us);
+        (format!("device: {key}"), mean_since(us0, *us1))
+    });
+    if n > 0.0 {
+        spans.extend(device);
+    }
+    spans.push(("completion: due → seen".into(), r.due_to_seen_ns_mean / 1e3));
     let seen: f64 = spans.iter().map(|(_, us)| us).sum();
-    spans.push((
-        "client → accept, posted → seen".into(),
-        latency_us_mean - seen,
-    ));
+    spans.push(("other".into(), latency_us_mean - seen));
     spans
 }
 
@@ -392,11 +419,23 @@ mod spans_tests {
             lateness_ns_mean: 2000.0,
             ..EngineStats::default()
         };
-        let spans = emulator_spans(&before, &after, 10.0);
+        let mut latency = LatencyHistogram::new();
+        latency.record(10_000);
+        let r = BenchResult {
+            ops: 1,
+            bytes: 512,
+            elapsed_ns: 10_000,
+            latency,
+            submit_to_stamp_ns_mean: 100.0,
+            due_to_seen_ns_mean: 400.0,
+        };
+        let spans = emulator_spans(&before, &after, &r);
         let get = |k: &str| spans.iter().find(|(n, _)| n == k).unwrap().1;
+        assert_eq!(get("client: submit → stamp"), 0.1);
         assert_eq!(get("device: dma"), 3.5);
         assert_eq!(get("device: array"), 2.25);
-        assert_eq!(get("completion posted late"), 2.5);
+        assert_eq!(get("completion: due → seen"), 0.4);
+        assert!((get("other") - (10.0 - 0.1 - 3.5 - 2.25 - 0.4)).abs() < 1e-12);
         let sum: f64 = spans.iter().map(|(_, us)| us).sum();
         assert!((sum - 10.0).abs() < 1e-12);
     }

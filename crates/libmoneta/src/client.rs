@@ -652,6 +652,15 @@ impl Moneta {
         Ok(())
     }
 
+    /// When, in model time, `io`'s request finished (CLOCK_MONOTONIC ns, the
+    /// tag's due word): valid once it completed, until the tags are reused.
+    pub fn due_ns(&self, io: &Io) -> u64 {
+        self.inner
+            .memory
+            .tag_due(io.tag as usize)
+            .load(Ordering::Acquire)
+    }
+
     /// The request's result if it has finished (never blocks).
     pub fn poll(&self, io: &Io) -> Option<ResultCode> {
         assert!(io.submitted, "poll of an IO that was not submitted");
