@@ -663,6 +663,14 @@ impl Moneta {
 
     /// The request's result if it has finished (never blocks).
     pub fn poll(&self, io: &Io) -> Option<ResultCode> {
+        let (code, due) = self.posted(io)?;
+        // Posted ahead of its model time: not finished until then.
+        (due <= monotonic_ns()).then_some(code)
+    }
+
+    /// The request's result and its due time (CLOCK_MONOTONIC) once the
+    /// device has posted it, whether or not that time has come.
+    fn posted(&self, io: &Io) -> Option<(ResultCode, u64)> {
         assert!(io.submitted, "poll of an IO that was not submitted");
         if io.mode != CompletionMode::Dma {
             self.forward();
@@ -676,16 +684,12 @@ impl Moneta {
         if status & !0xffff_ffff != want {
             return None;
         }
-        // Posted ahead of its model time: not finished until then.
         let due = self
             .inner
             .memory
             .tag_due(io.tag as usize)
             .load(Ordering::Acquire);
-        if due > monotonic_ns() {
-            return None;
-        }
-        Some(ResultCode::from_u32(status as u32))
+        Some((ResultCode::from_u32(status as u32), due))
     }
 
     /// Forwarding (SPEC §3.5): if COMPLETIONCOUNT moved, read and clear
@@ -774,7 +778,9 @@ impl Moneta {
                 let m = &self.inner.memory;
                 let word = m.wake_word().load(Ordering::Acquire);
                 m.sleepers().fetch_add(1, Ordering::AcqRel);
-                if self.poll(io).is_none() {
+                // Posted but not yet due (the device posts at most
+                // `post_ahead_ns` early): no wake-up will come, so spin to it.
+                if self.posted(io).is_none() {
                     // Bounded sleep: a lost wake-up costs a millisecond, not a hang.
                     sys::futex_wait(m.wake_word(), word, Some(1_000_000));
                 }
