@@ -12,13 +12,14 @@
 //!    and posts each finished request: DMA completion writes the tag's status
 //!    word; interrupt completion sets the tag's bit and interrupts the kernel
 //!    role (SPEC §3.5);
-//! 3. takes new commands from the channels' command slots, validating every
+//! 3. takes new commands from the channels' command slots (those the
+//!    channel's SUBMITTED bits name), validating every
 //!    field (the device trusts nothing in shared memory): decode, tag, DMA
 //!    buffer bounds, capacity; then retag (stall if no physical tag is free),
 //!    protection (the channel's permission tree; the walk's steps × 12 ns
 //!    become part of the request's modeled time), the data copy between the
 //!    channel's DMA buffer and the medium, and submission to the model at the
-//!    current wall time.
+//!    time the client stamped on the command (see below).
 //!
 //! Steps 2 and 3 after validation are the model's `DeviceDriver` (retag,
 //! protection, the event queue), the same code the simulator runs; the
@@ -42,7 +43,9 @@
 //! stamped on it (clamped: not in the future, not before the tag's previous
 //! completion was posted, not before model time the device already passed),
 //! so the poll period and the hop between cores do not count as device time.
-//! A completion is posted at the first poll at or after its model time;
+//! A completion is posted at the first poll at or after its model time, or
+//! up to `post_ahead_ns` before it while it is the only request in flight
+//! (its due word tells the library when it may report it);
 //! [`EngineStats::lateness_ns_mean`] and friends report how late (typically
 //! well under a microsecond with the device thread on its own core), and
 //! [`EngineStats::accept_delay_ns_mean`] how long commands waited to be seen.
