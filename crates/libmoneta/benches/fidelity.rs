@@ -24,14 +24,13 @@
 //! `make fidelity` (= `cargo bench -p libmoneta --bench fidelity`; add
 //! `-- --smoke` for a short run, `-- --json PATH` to write the results).
 
-use moneta::bench::{self, cross_core_round_trip_ns, BenchSpec};
+use moneta::bench::{self, cross_core_round_trip_ns, verdict, BenchOptions, BenchSpec};
 use moneta::{CompletionMode, Moneta};
 use moneta_emu::engine::EngineOptions;
 use moneta_emu::medium::Medium;
 use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
 use moneta_model::workload::{OpMix, RunLimit, Workload};
-use std::path::PathBuf;
 
 const REGION_BYTES: u64 = 256 << 20;
 const TOLERANCE: f64 = 0.05;
@@ -65,13 +64,7 @@ struct Outcome {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let smoke = args.iter().any(|a| a == "--smoke");
-    let json = args
-        .iter()
-        .position(|a| a == "--json")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
+    let BenchOptions { smoke, json } = BenchOptions::from_args();
     let duration_ns: u64 = if smoke { 150_000_000 } else { 1_000_000_000 };
     let rtt = cross_core_round_trip_ns(if smoke { 20_000 } else { 200_000 }, 5);
     println!("cross-core cache-line round trip: {rtt:.0} ns (median of 5)");
@@ -165,14 +158,6 @@ fn main() {
             eprintln!("fidelity: cannot write {}: {e}", path.display());
             std::process::exit(1);
         }
-    }
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "NOT met"
     }
 }
 

@@ -20,7 +20,7 @@
 //! `cargo bench -p libmoneta --bench overhead` (add `-- --smoke` for the
 //! short CI run; `-- --json PATH` writes the results as JSON).
 
-use moneta::bench::{self, cross_core_round_trip_ns, BenchSpec};
+use moneta::bench::{self, cross_core_round_trip_ns, verdict, BenchOptions, BenchSpec};
 use moneta::{CompletionMode, Moneta};
 use moneta_emu::control::ControlPlane;
 use moneta_emu::daemon::Daemon;
@@ -43,13 +43,7 @@ fn main() {
     if let Ok(socket) = std::env::var(DAEMON_ENV) {
         return daemon(Path::new(&socket));
     }
-    let args: Vec<String> = std::env::args().collect();
-    let smoke = args.iter().any(|a| a == "--smoke");
-    let json = args
-        .iter()
-        .position(|a| a == "--json")
-        .and_then(|i| args.get(i + 1))
-        .map(PathBuf::from);
+    let BenchOptions { smoke, json } = BenchOptions::from_args();
     let (region, rounds, ops) = if smoke {
         (16u64 << 20, 1, 20_000)
     } else {
@@ -117,14 +111,6 @@ fn main() {
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&results).expect("json");
         std::fs::write(&path, text + "\n").expect("write --json file");
-    }
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "NOT met"
     }
 }
 

@@ -304,6 +304,37 @@ impl BenchSummary {
     }
 }
 
+/// The options of the benchmark binaries (`benches/overhead.rs`,
+/// `benches/fidelity.rs`): `--smoke` for a short run, `--json PATH` to
+/// write the results.
+pub struct BenchOptions {
+    pub smoke: bool,
+    pub json: Option<std::path::PathBuf>,
+}
+
+impl BenchOptions {
+    pub fn from_args() -> BenchOptions {
+        let args: Vec<String> = std::env::args().collect();
+        BenchOptions {
+            smoke: args.iter().any(|a| a == "--smoke"),
+            json: args
+                .iter()
+                .position(|a| a == "--json")
+                .and_then(|i| args.get(i + 1))
+                .map(std::path::PathBuf::from),
+        }
+    }
+}
+
+/// How a benchmark prints a figure against its target.
+pub fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
 /// The raw cross-core cache-line round trip on this machine, now: two
 /// threads hand one cache line back and forth `round_trips` times; the
 /// median of `rounds` runs of the mean, in ns. The floor of any design in

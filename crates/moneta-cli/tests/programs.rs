@@ -31,6 +31,7 @@ fn fio_verifies_its_data_through_the_shim_on_xfs_and_ext4() {
                     "--size=16m",
                     "--verify=crc32c",
                     "--do_verify=1",
+                    "--verify_state_save=0", // no state file left in the working directory
                     "--randrepeat=1",
                     "--output-format=json",
                 ],

@@ -475,6 +475,7 @@ fn o_direct_writes_fill_holes_and_grow_files() {
                 "--size=8m",
                 "--verify=crc32c",
                 "--do_verify=1",
+                "--verify_state_save=0", // no state file left in the working directory
                 "--output-format=json",
             ],
         )
