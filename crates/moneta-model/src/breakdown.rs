@@ -41,6 +41,13 @@ pub enum Component {
     PermissionMiss,
     /// Linux block queue and (no-op) scheduler.
     BlockLayer,
+    /// SAN block transport in host software: the iSCSI initiator and target
+    /// stacks (TCP included), or the Fibre Channel HBA path (SPEC §4.2,
+    /// Table 5.1 "block transport").
+    BlockTransport,
+    /// Waiting for the remote target host's CPU (iSCSI target threads
+    /// serving other clients).
+    TargetWait,
     /// Get the request from the queue, assign a tag.
     Tag,
     /// Copy into the DMA buffer (writes).
@@ -60,6 +67,15 @@ pub enum Component {
     Protection,
     /// Device: barriers, request queues and waiting for a transfer buffer.
     DeviceQueue,
+    /// Device (QuickSAN): waiting for the network port: packets ahead in
+    /// its transmit queue, or the link paused by 802.3x flow control.
+    NetworkWait,
+    /// Device (QuickSAN): NICs, links and switches: fixed latency and wire
+    /// time of the packets on the request's path (SPEC §4.2).
+    Network,
+    /// Device (QuickSAN): writing a packet whole into the receive packet
+    /// buffer before it is processed (A.6: 8 B per 125 MHz cycle).
+    PacketBuffer,
     /// Device: waiting for the host link (other transfers in its direction).
     DmaWait,
     /// Device: DMA over the host link (latency and wire time).
@@ -90,7 +106,7 @@ pub enum Component {
 }
 
 impl Component {
-    pub const COUNT: usize = 27;
+    pub const COUNT: usize = 32;
 
     pub const ALL: [Component; Component::COUNT] = [
         Component::SyscallEntry,
@@ -98,6 +114,8 @@ impl Component {
         Component::Library,
         Component::PermissionMiss,
         Component::BlockLayer,
+        Component::BlockTransport,
+        Component::TargetWait,
         Component::Tag,
         Component::CopyIn,
         Component::Pio,
@@ -107,6 +125,9 @@ impl Component {
         Component::Retag,
         Component::Protection,
         Component::DeviceQueue,
+        Component::NetworkWait,
+        Component::Network,
+        Component::PacketBuffer,
         Component::DmaWait,
         Component::Dma,
         Component::RingWait,
@@ -130,6 +151,8 @@ impl Component {
             Component::Library => "library",
             Component::PermissionMiss => "permission_miss",
             Component::BlockLayer => "block_layer",
+            Component::BlockTransport => "block_transport",
+            Component::TargetWait => "target_wait",
             Component::Tag => "tag",
             Component::CopyIn => "copy_in",
             Component::Pio => "pio",
@@ -139,6 +162,9 @@ impl Component {
             Component::Retag => "retag",
             Component::Protection => "protection",
             Component::DeviceQueue => "device_queue",
+            Component::NetworkWait => "network_wait",
+            Component::Network => "network",
+            Component::PacketBuffer => "packet_buffer",
             Component::DmaWait => "dma_wait",
             Component::Dma => "dma",
             Component::RingWait => "ring_wait",
@@ -163,6 +189,8 @@ impl Component {
             Component::Library => "user-space library",
             Component::PermissionMiss => "permission miss",
             Component::BlockLayer => "block queue + scheduler",
+            Component::BlockTransport => "block transport (iSCSI / FC)",
+            Component::TargetWait => "wait for the target's CPU",
             Component::Tag => "get request, assign tag",
             Component::CopyIn => "copy into DMA buffer",
             Component::Pio => "PIO command writes",
@@ -172,6 +200,9 @@ impl Component {
             Component::Retag => "registers + retag",
             Component::Protection => "protection check",
             Component::DeviceQueue => "device queue / buffer wait",
+            Component::NetworkWait => "network: wait for the port",
+            Component::Network => "network: NICs, links, switch",
+            Component::PacketBuffer => "network: whole-packet receive",
             Component::DmaWait => "DMA: wait for the link",
             Component::Dma => "DMA",
             Component::RingWait => "ring: wait for the token",
@@ -195,6 +226,9 @@ impl Component {
             Component::Retag
                 | Component::Protection
                 | Component::DeviceQueue
+                | Component::NetworkWait
+                | Component::Network
+                | Component::PacketBuffer
                 | Component::DmaWait
                 | Component::Dma
                 | Component::RingWait

@@ -26,6 +26,7 @@ pub mod device;
 pub mod experiment;
 pub mod host;
 pub mod kernel;
+pub mod san;
 pub mod stats;
 pub mod summary;
 pub mod units;

@@ -1,0 +1,14 @@
+//! QuickSAN (SPEC §4, dissertation ch. 5, Appendix A.6): Moneta devices with
+//! a network port, joined by 10 Gb Ethernet switches into one global
+//! storage address space, and the host interfaces that use them.
+//!
+//! - [`system`]: the SAN as the simulator drives it: hosts, their devices
+//!   (QuickSAN SSDs and NICs, each the `device::pipeline` with its network
+//!   port), the switch fabric, the global address map and mirroring, on one
+//!   event queue. Its API is the boundary the host interfaces use.
+//!
+//! The device's network port and packets are device components
+//! (`device::network`, `device::packet`): the simulator and, later, the
+//! emulator on real frames share them.
+
+pub mod system;
