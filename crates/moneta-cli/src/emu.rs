@@ -13,6 +13,7 @@ use moneta_emu::medium::Medium;
 use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
 use moneta_model::workload::{OpMix, RunLimit, Workload};
+use moneta_nbd::{Export, Listen, NbdServer};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -48,6 +49,17 @@ pub struct ServeArgs {
     /// passes its mount).
     #[arg(long)]
     watch_fs: Option<PathBuf>,
+    /// Also serve the device over NBD here: tcp://HOST:PORT or unix:PATH
+    /// (repeatable). Clients reach it as nbd://HOST:PORT/NAME or
+    /// nbd+unix:///NAME?socket=PATH.
+    #[arg(long)]
+    nbd: Vec<String>,
+    /// An NBD export: NAME (the whole device), NAME:START:LEN (a range;
+    /// sizes take K/M/G/T), with :ro for read-only (repeatable). Default:
+    /// one export "moneta", the whole device; the empty name selects the
+    /// first export.
+    #[arg(long)]
+    nbd_export: Vec<String>,
 }
 
 #[derive(Args)]
@@ -132,6 +144,28 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             );
         }
     }
+    let nbd = if a.nbd.is_empty() {
+        if !a.nbd_export.is_empty() {
+            return Err("--nbd-export needs --nbd (where to listen)".into());
+        }
+        None
+    } else {
+        let listen = a
+            .nbd
+            .iter()
+            .map(|l| Listen::parse(l))
+            .collect::<Result<Vec<_>, _>>()?;
+        let specs = if a.nbd_export.is_empty() {
+            vec!["moneta".to_string()]
+        } else {
+            a.nbd_export.clone()
+        };
+        let exports = specs
+            .iter()
+            .map(|s| Export::parse(s, capacity))
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(NbdServer::bind(plane.clone(), exports, &listen)?)
+    };
     let daemon = Daemon::bind(&a.socket, plane).map_err(|e| e.to_string())?;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
@@ -145,7 +179,17 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             .map_or("anonymous memory".to_string(), |p| p.display().to_string()),
         daemon.path().display()
     );
-    daemon.run(&STOP).map_err(|e| e.to_string())?;
+    let served = std::thread::scope(|scope| {
+        if let Some(server) = &nbd {
+            eprintln!("monetad: NBD on {}", a.nbd.join(", "));
+            scope.spawn(|| server.run(&STOP));
+        }
+        let r = daemon.run(&STOP).map_err(|e| e.to_string());
+        // Whatever ended the daemon ends the NBD listener too.
+        STOP.store(true, Ordering::Release);
+        r
+    });
+    served?;
     eprintln!("monetad: stopping");
     Ok(())
 }

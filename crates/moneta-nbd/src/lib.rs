@@ -1,0 +1,17 @@
+//! # moneta-nbd
+//!
+//! An NBD server for the emulated Moneta (issue "Standard clients"):
+//! standard block clients (nbdinfo, nbdcopy, qemu-img, fio's nbd engine,
+//! nbdfuse and through it the kernel) reach the device through the same
+//! channels, device model and wall clock as the user-space library, so they
+//! see the preset's timing and move real bytes.
+//!
+//! - [`proto`]: the wire protocol (NetworkBlockDevice/nbd `doc/proto.md`)
+//!   as checked parsing and encoding.
+//! - [`server`]: listeners, fixed newstyle negotiation, and the
+//!   transmission phase on a channel per connection.
+
+pub mod proto;
+pub mod server;
+
+pub use server::{negotiate, Export, Listen, NbdServer, Negotiated};

@@ -1,0 +1,841 @@
+//! The NBD server: listeners, negotiation, and the transmission phase on
+//! the emulated device.
+//!
+//! Each connection is a client of the device like any other process: it
+//! opens its own channel on the control plane (`Moneta::attach`), takes a
+//! raw grant for its export's range, and turns NBD commands into channel
+//! requests, so every read and write is timed by the device model on the
+//! wall clock and moves real bytes. A reader thread parses requests and
+//! submits them (a command is split into pieces of at most [`PIECE`] so
+//! many are in flight); a completer thread waits for the pieces in
+//! submission order and writes the replies, so replies of one connection
+//! have a single writer. `FLUSH` is queued behind everything submitted
+//! before it and makes the medium durable (msync of an image); `FUA`
+//! writes do the same before their reply. Exports are ranges of the one
+//! device, shared by all connections (`NBD_FLAG_CAN_MULTI_CONN`: the
+//! device has no cache, and a flush syncs the whole medium).
+
+use crate::proto::{self, ProtoError, RequestHeader};
+use moneta::{CompletionMode, Io, Moneta};
+use moneta_emu::control::ControlPlane;
+use moneta_model::units::Op;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Largest channel request one NBD command is split into.
+pub const PIECE: u64 = 128 << 10;
+
+/// How long a client may take over one negotiation message.
+const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Commands parsed but not yet answered, per connection, beyond which the
+/// reader waits (a client that sends without reading replies).
+const QUEUE_BOUND: usize = 1024;
+
+/// A named range of the device served over NBD.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    pub name: String,
+    pub description: String,
+    pub start: u64,
+    pub size: u64,
+    pub read_only: bool,
+}
+
+impl Export {
+    /// Parse `NAME[:START:LEN][:ro]` (sizes in bytes or with K/M/G/T
+    /// suffixes) against a device of `capacity` bytes.
+    pub fn parse(spec: &str, capacity: u64) -> Result<Export, String> {
+        let mut parts: Vec<&str> = spec.split(':').collect();
+        let read_only = parts.last() == Some(&"ro");
+        if read_only {
+            parts.pop();
+        }
+        let (name, start, size) = match parts.as_slice() {
+            [name] => (*name, 0, capacity),
+            [name, start, len] => (*name, parse_size(start)?, parse_size(len)?),
+            _ => {
+                return Err(format!(
+                    "export '{spec}': expected NAME, NAME:ro, NAME:START:LEN or NAME:START:LEN:ro"
+                ))
+            }
+        };
+        if name.is_empty() || name.len() > proto::MAX_STRING {
+            return Err(format!("export '{spec}': the name must be 1..=4096 bytes"));
+        }
+        if size == 0 || start.checked_add(size).is_none_or(|e| e > capacity) {
+            return Err(format!(
+                "export '{spec}': [{start}, +{size}) is empty or outside the device's {capacity} bytes"
+            ));
+        }
+        Ok(Export {
+            name: name.to_string(),
+            description: format!("emulated Moneta, bytes [{start}, {})", start + size),
+            start,
+            size,
+            read_only,
+        })
+    }
+
+    fn transmission_flags(&self, structured: bool) -> u16 {
+        let mut f = proto::FLAG_HAS_FLAGS
+            | proto::FLAG_SEND_FLUSH
+            | proto::FLAG_SEND_FUA
+            | proto::FLAG_SEND_TRIM
+            | proto::FLAG_SEND_WRITE_ZEROES
+            | proto::FLAG_SEND_FAST_ZERO
+            | proto::FLAG_CAN_MULTI_CONN
+            | proto::FLAG_SEND_CACHE;
+        if structured {
+            f |= proto::FLAG_SEND_DF;
+        }
+        if self.read_only {
+            f |= proto::FLAG_READ_ONLY;
+        }
+        f
+    }
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
+        Some(b'T' | b't') => (&s[..s.len() - 1], 40),
+        _ => (s, 0),
+    };
+    let v: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (bytes, or with K/M/G/T)"))?;
+    v.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// Where to listen: `tcp://HOST:PORT` or `unix:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+impl Listen {
+    pub fn parse(s: &str) -> Result<Listen, String> {
+        if let Some(addr) = s.strip_prefix("tcp://") {
+            if addr.is_empty() {
+                return Err(format!("'{s}': tcp://HOST:PORT"));
+            }
+            Ok(Listen::Tcp(addr.to_string()))
+        } else if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(format!("'{s}': unix:PATH"));
+            }
+            Ok(Listen::Unix(PathBuf::from(path)))
+        } else {
+            Err(format!(
+                "'{s}': expected tcp://HOST:PORT or unix:PATH (as nbd URIs nbd://HOST:PORT and nbd+unix:///?socket=PATH reach them)"
+            ))
+        }
+    }
+}
+
+/// A connected client, over TCP or a Unix socket.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(t),
+            Stream::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+/// Counters over the server's life (for tests and the log).
+#[derive(Debug, Default)]
+pub struct ServerCounters {
+    pub connections: AtomicUsize,
+    pub refused: AtomicUsize,
+    pub commands: AtomicUsize,
+}
+
+/// An NBD server bound to its listeners; `run` serves until `stop`.
+pub struct NbdServer {
+    plane: Arc<ControlPlane>,
+    exports: Arc<Vec<Export>>,
+    listeners: Vec<Listener>,
+    pub counters: Arc<ServerCounters>,
+}
+
+impl NbdServer {
+    pub fn bind(
+        plane: Arc<ControlPlane>,
+        exports: Vec<Export>,
+        listen: &[Listen],
+    ) -> Result<NbdServer, String> {
+        if exports.is_empty() {
+            return Err("no NBD export".into());
+        }
+        for (i, e) in exports.iter().enumerate() {
+            if exports[..i].iter().any(|o| o.name == e.name) {
+                return Err(format!("export name '{}' given twice", e.name));
+            }
+        }
+        let mut listeners = Vec::new();
+        for l in listen {
+            listeners.push(match l {
+                Listen::Tcp(addr) => Listener::Tcp(
+                    TcpListener::bind(addr).map_err(|e| format!("NBD on tcp://{addr}: {e}"))?,
+                ),
+                Listen::Unix(path) => {
+                    if let Ok(meta) = std::fs::symlink_metadata(path) {
+                        use std::os::unix::fs::FileTypeExt;
+                        if !meta.file_type().is_socket() || UnixStream::connect(path).is_ok() {
+                            return Err(format!(
+                                "NBD on unix:{}: exists and is not a stale socket",
+                                path.display()
+                            ));
+                        }
+                        let _ = std::fs::remove_file(path);
+                    }
+                    let l = UnixListener::bind(path)
+                        .map_err(|e| format!("NBD on unix:{}: {e}", path.display()))?;
+                    Listener::Unix(l, path.clone())
+                }
+            });
+        }
+        if listeners.is_empty() {
+            return Err("no NBD listener".into());
+        }
+        Ok(NbdServer {
+            plane,
+            exports: Arc::new(exports),
+            listeners,
+            counters: Arc::default(),
+        })
+    }
+
+    /// The TCP ports actually bound (port 0 asks for any).
+    pub fn tcp_ports(&self) -> Vec<u16> {
+        self.listeners
+            .iter()
+            .filter_map(|l| match l {
+                Listener::Tcp(t) => t.local_addr().ok().map(|a| a.port()),
+                Listener::Unix(..) => None,
+            })
+            .collect()
+    }
+
+    /// Accept connections until `stop` is set (checked every 100 ms); each
+    /// connection runs on its own threads.
+    pub fn run(&self, stop: &AtomicBool) {
+        let mut fds: Vec<libc::pollfd> = self
+            .listeners
+            .iter()
+            .map(|l| libc::pollfd {
+                fd: match l {
+                    Listener::Tcp(t) => t.as_raw_fd(),
+                    Listener::Unix(u, _) => u.as_raw_fd(),
+                },
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        while !stop.load(Ordering::Acquire) {
+            // SAFETY: `fds` is a valid array of pollfd for the call.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+            if ready <= 0 {
+                continue;
+            }
+            for (i, fd) in fds.iter_mut().enumerate() {
+                if fd.revents & libc::POLLIN == 0 {
+                    continue;
+                }
+                fd.revents = 0;
+                let stream = match &self.listeners[i] {
+                    Listener::Tcp(t) => t.accept().map(|(s, _)| {
+                        let _ = s.set_nodelay(true);
+                        Stream::Tcp(s)
+                    }),
+                    Listener::Unix(u, _) => u.accept().map(|(s, _)| Stream::Unix(s)),
+                };
+                let Ok(stream) = stream else { continue };
+                self.counters.connections.fetch_add(1, Ordering::Relaxed);
+                let plane = self.plane.clone();
+                let exports = self.exports.clone();
+                let counters = self.counters.clone();
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("moneta-nbd".into())
+                        .spawn(move || {
+                            if let Err(e) = serve(stream, &plane, &exports, &counters) {
+                                if std::env::var_os("MONETA_NBD_DEBUG").is_some() {
+                                    eprintln!("monetad: NBD connection: {e}");
+                                }
+                            }
+                        });
+                if spawned.is_err() {
+                    self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        for l in &self.listeners {
+            if let Listener::Unix(_, path) = l {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// What negotiation settled on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    pub export: usize,
+    pub structured: bool,
+    pub meta: bool,
+}
+
+fn read_exact_or<S: Read>(s: &mut S, buf: &mut [u8]) -> Result<(), String> {
+    s.read_exact(buf).map_err(|e| format!("reading: {e}"))
+}
+
+fn send<S: Write>(s: &mut S, bytes: &[u8]) -> Result<(), String> {
+    s.write_all(bytes).map_err(|e| format!("writing: {e}"))
+}
+
+fn find(exports: &[Export], name: &str) -> Option<usize> {
+    if name.is_empty() {
+        Some(0)
+    } else {
+        exports.iter().position(|e| e.name == name)
+    }
+}
+
+/// Fixed newstyle negotiation (proto.md "Fixed newstyle negotiation").
+/// Ok(None): the client aborted; Err: it broke the protocol (close).
+pub fn negotiate<S: Read + Write>(
+    s: &mut S,
+    exports: &[Export],
+) -> Result<Option<Negotiated>, String> {
+    let mut hello = proto::NBDMAGIC.to_be_bytes().to_vec();
+    hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
+    send(s, &hello)?;
+    let mut b4 = [0u8; 4];
+    read_exact_or(s, &mut b4)?;
+    let client_flags = u32::from_be_bytes(b4);
+    if client_flags & !(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES) != 0 {
+        return Err(format!("unknown client flags {client_flags:#x}"));
+    }
+    let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
+    let mut structured = false;
+    let mut meta = false;
+    loop {
+        let mut h = [0u8; 16];
+        read_exact_or(s, &mut h)?;
+        let magic = u64::from_be_bytes(h[0..8].try_into().expect("8"));
+        if magic != proto::IHAVEOPT {
+            return Err(format!("option magic {magic:#x}"));
+        }
+        let option = u32::from_be_bytes(h[8..12].try_into().expect("4"));
+        let len = u32::from_be_bytes(h[12..16].try_into().expect("4"));
+        if len > proto::MAX_OPTION_BYTES {
+            return Err(format!("option {option} with {len} bytes of data"));
+        }
+        let mut data = vec![0u8; len as usize];
+        read_exact_or(s, &mut data)?;
+        let reply = |kind: u32, d: &[u8]| proto::option_reply(option, kind, d);
+        match option {
+            proto::OPT_EXPORT_NAME => {
+                let name = String::from_utf8(data).map_err(|_| "export name not UTF-8")?;
+                let Some(i) = find(exports, &name) else {
+                    return Err(format!("no export '{name}'"));
+                };
+                let e = &exports[i];
+                let mut out = e.size.to_be_bytes().to_vec();
+                out.extend_from_slice(&e.transmission_flags(structured).to_be_bytes());
+                if !no_zeroes {
+                    out.extend_from_slice(&[0u8; 124]);
+                }
+                send(s, &out)?;
+                return Ok(Some(Negotiated {
+                    export: i,
+                    structured,
+                    meta,
+                }));
+            }
+            proto::OPT_ABORT => {
+                let _ = send(s, &reply(proto::REP_ACK, &[]));
+                return Ok(None);
+            }
+            proto::OPT_LIST => {
+                if !data.is_empty() {
+                    send(s, &reply(proto::REP_ERR_INVALID, b"LIST takes no data"))?;
+                    continue;
+                }
+                for e in exports {
+                    send(
+                        s,
+                        &reply(proto::REP_SERVER, &proto::length_prefixed(None, &e.name)),
+                    )?;
+                }
+                send(s, &reply(proto::REP_ACK, &[]))?;
+            }
+            proto::OPT_INFO | proto::OPT_GO => {
+                let request = match proto::parse_info(&data) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        send(s, &reply(proto::REP_ERR_INVALID, e.0.as_bytes()))?;
+                        continue;
+                    }
+                };
+                let Some(i) = find(exports, &request.name) else {
+                    let m = format!("no export '{}'", request.name);
+                    send(s, &reply(proto::REP_ERR_UNKNOWN, m.as_bytes()))?;
+                    continue;
+                };
+                let e = &exports[i];
+                let flags = e.transmission_flags(structured);
+                send(
+                    s,
+                    &reply(proto::REP_INFO, &proto::info_export(e.size, flags)),
+                )?;
+                send(s, &reply(proto::REP_INFO, &proto::info_block_size()))?;
+                if request.requests.contains(&proto::INFO_NAME) {
+                    let d = proto::info_string(proto::INFO_NAME, &e.name);
+                    send(s, &reply(proto::REP_INFO, &d))?;
+                }
+                if request.requests.contains(&proto::INFO_DESCRIPTION) {
+                    let d = proto::info_string(proto::INFO_DESCRIPTION, &e.description);
+                    send(s, &reply(proto::REP_INFO, &d))?;
+                }
+                send(s, &reply(proto::REP_ACK, &[]))?;
+                if option == proto::OPT_GO {
+                    return Ok(Some(Negotiated {
+                        export: i,
+                        structured,
+                        meta,
+                    }));
+                }
+            }
+            proto::OPT_STRUCTURED_REPLY => {
+                if !data.is_empty() || structured {
+                    send(
+                        s,
+                        &reply(proto::REP_ERR_INVALID, b"structured replies: no data, once"),
+                    )?;
+                    continue;
+                }
+                structured = true;
+                send(s, &reply(proto::REP_ACK, &[]))?;
+            }
+            proto::OPT_LIST_META_CONTEXT | proto::OPT_SET_META_CONTEXT => {
+                let setting = option == proto::OPT_SET_META_CONTEXT;
+                if setting && !structured {
+                    send(
+                        s,
+                        &reply(
+                            proto::REP_ERR_INVALID,
+                            b"negotiate structured replies first",
+                        ),
+                    )?;
+                    continue;
+                }
+                let request = match proto::parse_meta(&data) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        send(s, &reply(proto::REP_ERR_INVALID, e.0.as_bytes()))?;
+                        continue;
+                    }
+                };
+                if find(exports, &request.export).is_none() {
+                    let m = format!("no export '{}'", request.export);
+                    send(s, &reply(proto::REP_ERR_UNKNOWN, m.as_bytes()))?;
+                    continue;
+                }
+                let matched = proto::meta_matches(&request.queries, !setting);
+                if matched {
+                    let d = proto::length_prefixed(
+                        Some(proto::BASE_ALLOCATION_ID),
+                        proto::BASE_ALLOCATION,
+                    );
+                    send(s, &reply(proto::REP_META_CONTEXT, &d))?;
+                }
+                if setting {
+                    meta = matched;
+                }
+                send(s, &reply(proto::REP_ACK, &[]))?;
+            }
+            proto::OPT_STARTTLS => {
+                send(s, &reply(proto::REP_ERR_UNSUP, b"TLS is not offered"))?;
+            }
+            _ => {
+                send(s, &reply(proto::REP_ERR_UNSUP, b"unknown option"))?;
+            }
+        }
+    }
+}
+
+/// One command as the completer finishes it.
+struct Command {
+    header: RequestHeader,
+    /// Pieces not yet complete.
+    remaining: AtomicUsize,
+    /// First error of any piece (0: none).
+    error: AtomicU32,
+    /// A read's data, filled piece by piece.
+    data: Mutex<Vec<u8>>,
+}
+
+enum Job {
+    /// A piece in flight: `at` is its offset in the command.
+    Piece {
+        command: Arc<Command>,
+        io: Io,
+        at: usize,
+    },
+    /// A command whose pieces could not all be issued: answered once the
+    /// ones before it are done.
+    Failed(Arc<Command>),
+    /// Make everything before durable, then answer.
+    Flush(RequestHeader),
+    /// Bytes to send as they are (error and no-op replies).
+    Reply(Vec<u8>),
+}
+
+struct Connection {
+    moneta: Moneta,
+    plane: Arc<ControlPlane>,
+    export: Export,
+    negotiated: Negotiated,
+}
+
+fn serve(
+    mut stream: Stream,
+    plane: &Arc<ControlPlane>,
+    exports: &[Export],
+    counters: &ServerCounters,
+) -> Result<(), String> {
+    stream
+        .set_read_timeout(Some(NEGOTIATION_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let Some(negotiated) = negotiate(&mut stream, exports)? else {
+        return Ok(());
+    };
+    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
+    let export = exports[negotiated.export].clone();
+    let moneta = Moneta::attach(plane, None).map_err(|e| e.to_string())?;
+    moneta
+        .grant_raw(export.start, export.size, !export.read_only)
+        .map_err(|e| e.to_string())?;
+    let connection = Arc::new(Connection {
+        moneta,
+        plane: plane.clone(),
+        export,
+        negotiated,
+    });
+    let writer = stream.try_clone().map_err(|e| e.to_string())?;
+    let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE_BOUND);
+    let completer = {
+        let c = connection.clone();
+        std::thread::Builder::new()
+            .name("moneta-nbd-done".into())
+            .spawn(move || complete(&c, queue, writer))
+            .map_err(|e| e.to_string())?
+    };
+    let result = transmit(&connection, &mut stream, &jobs, counters);
+    drop(jobs);
+    let _ = completer.join();
+    stream.shutdown();
+    result
+}
+
+/// The reader side of the transmission phase.
+fn transmit(
+    c: &Connection,
+    stream: &mut Stream,
+    jobs: &SyncSender<Job>,
+    counters: &ServerCounters,
+) -> Result<(), String> {
+    let structured = c.negotiated.structured;
+    let queue = |job: Job| {
+        jobs.send(job)
+            .map_err(|_| "the reply writer stopped".to_string())
+    };
+    loop {
+        let mut raw = [0u8; proto::REQUEST_BYTES];
+        match stream.read_exact(&mut raw) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(format!("reading a request: {e}")),
+        }
+        let h = proto::parse_request(&raw).map_err(|ProtoError(m)| m)?;
+        counters.commands.fetch_add(1, Ordering::Relaxed);
+        if h.kind == proto::CMD_WRITE && h.length > proto::MAX_PAYLOAD {
+            // Its payload cannot be skipped safely: close.
+            return Err(format!("write of {} bytes", h.length));
+        }
+        let mut payload = Vec::new();
+        if h.kind == proto::CMD_WRITE {
+            payload = vec![0u8; h.length as usize];
+            stream
+                .read_exact(&mut payload)
+                .map_err(|e| format!("reading a write's data: {e}"))?;
+        }
+        let checked = proto::check_request(
+            &h,
+            c.export.size,
+            c.export.read_only,
+            structured,
+            c.negotiated.meta,
+        );
+        if let Err(error) = checked {
+            queue(Job::Reply(error_reply(
+                structured, h.cookie, error, "refused",
+            )))?;
+            continue;
+        }
+        match h.kind {
+            proto::CMD_DISC => return Ok(()),
+            proto::CMD_READ => issue(c, h, Op::Read, None, &queue)?,
+            proto::CMD_WRITE => issue(c, h, Op::Write, Some(&payload), &queue)?,
+            proto::CMD_WRITE_ZEROES => {
+                if h.flags & proto::CMD_FLAG_FAST_ZERO != 0 {
+                    // Zeroes cost the device as much as any write.
+                    let m = "zeroing is not faster than writing";
+                    queue(Job::Reply(error_reply(
+                        structured,
+                        h.cookie,
+                        proto::ENOTSUP,
+                        m,
+                    )))?;
+                } else {
+                    issue(c, h, Op::Write, None, &queue)?;
+                }
+            }
+            proto::CMD_FLUSH => queue(Job::Flush(h))?,
+            // Trim is advisory and the device keeps every byte; cache has
+            // nothing to warm.
+            proto::CMD_TRIM | proto::CMD_CACHE => {
+                if h.flags & proto::CMD_FLAG_FUA != 0 {
+                    queue(Job::Flush(h))?;
+                } else {
+                    queue(Job::Reply(proto::simple_reply(0, h.cookie).to_vec()))?;
+                }
+            }
+            proto::CMD_BLOCK_STATUS => {
+                queue(Job::Reply(proto::block_status_chunk(h.cookie, h.length)))?;
+            }
+            _ => unreachable!("check_request lets known commands through only"),
+        }
+    }
+}
+
+fn error_reply(structured: bool, cookie: u64, error: u32, message: &str) -> Vec<u8> {
+    if structured {
+        proto::error_chunk(cookie, error, message)
+    } else {
+        proto::simple_reply(error, cookie).to_vec()
+    }
+}
+
+/// Split a read, write or write-zeroes into pieces and issue them. With
+/// `data` None a write writes zeroes.
+fn issue(
+    c: &Connection,
+    h: RequestHeader,
+    op: Op,
+    data: Option<&[u8]>,
+    queue: &dyn Fn(Job) -> Result<(), String>,
+) -> Result<(), String> {
+    let len = h.length as u64;
+    let pieces = len.div_ceil(PIECE) as usize;
+    let command = Arc::new(Command {
+        header: h,
+        remaining: AtomicUsize::new(pieces),
+        error: AtomicU32::new(0),
+        data: Mutex::new(if op == Op::Read {
+            vec![0u8; len as usize]
+        } else {
+            Vec::new()
+        }),
+    });
+    let mut at = 0u64;
+    while at < len {
+        let n = PIECE.min(len - at);
+        let addr = c.export.start + h.offset + at;
+        let mut io = match c.moneta.prepare(op, addr, n, CompletionMode::Dma) {
+            Ok(io) => io,
+            Err(_) => {
+                command.error.store(proto::EIO, Ordering::Relaxed);
+                break;
+            }
+        };
+        if op == Op::Write {
+            let buf = c.moneta.buffer_mut(&mut io);
+            match data {
+                Some(d) => buf.copy_from_slice(&d[at as usize..(at + n) as usize]),
+                None => buf.fill(0),
+            }
+        }
+        if c.moneta.submit(&mut io).is_err() {
+            c.moneta.release(io);
+            command.error.store(proto::EIO, Ordering::Relaxed);
+            break;
+        }
+        queue(Job::Piece {
+            command: command.clone(),
+            io,
+            at: at as usize,
+        })?;
+        at += n;
+    }
+    if at < len {
+        // The pieces never issued count as done (failed).
+        let missing = (len - at).div_ceil(PIECE) as usize;
+        if command.remaining.fetch_sub(missing, Ordering::AcqRel) == missing {
+            queue(Job::Failed(command))?;
+        }
+    }
+    Ok(())
+}
+
+/// The completer: waits for pieces in order, answers commands.
+fn complete(c: &Connection, queue: Receiver<Job>, mut writer: Stream) {
+    let structured = c.negotiated.structured;
+    let mut broken = false;
+    let mut send = |bytes: &[u8], broken: &mut bool| {
+        if !*broken && writer.write_all(bytes).is_err() {
+            *broken = true;
+            writer.shutdown();
+        }
+    };
+    for job in queue {
+        let finished = match job {
+            Job::Reply(bytes) => {
+                send(&bytes, &mut broken);
+                continue;
+            }
+            Job::Flush(h) => {
+                let error = match c.plane.engine().medium().flush() {
+                    Ok(()) => 0,
+                    Err(_) => proto::EIO,
+                };
+                send(&reply_bytes(structured, h.cookie, error), &mut broken);
+                continue;
+            }
+            Job::Failed(command) => command,
+            Job::Piece {
+                command,
+                mut io,
+                at,
+            } => {
+                let ok = c.moneta.wait(&mut io).is_ok();
+                if !ok {
+                    command.error.store(proto::EIO, Ordering::Relaxed);
+                } else if io.op() == Op::Read {
+                    let mut data = command.data.lock().expect("data");
+                    data[at..at + io.len() as usize].copy_from_slice(c.moneta.buffer(&io));
+                }
+                c.moneta.release(io);
+                if command.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
+                    continue;
+                }
+                command
+            }
+        };
+        let h = finished.header;
+        let mut error = finished.error.load(Ordering::Relaxed);
+        if error == 0
+            && h.flags & proto::CMD_FLAG_FUA != 0
+            && c.plane.engine().medium().flush().is_err()
+        {
+            error = proto::EIO;
+        }
+        if h.kind == proto::CMD_READ && error == 0 {
+            let data = finished.data.lock().expect("data");
+            let mut out = if structured {
+                let mut o = proto::chunk_header(
+                    proto::REPLY_FLAG_DONE,
+                    proto::REPLY_TYPE_OFFSET_DATA,
+                    h.cookie,
+                    8 + h.length,
+                )
+                .to_vec();
+                o.extend_from_slice(&h.offset.to_be_bytes());
+                o
+            } else {
+                proto::simple_reply(0, h.cookie).to_vec()
+            };
+            out.extend_from_slice(&data);
+            send(&out, &mut broken);
+        } else if error != 0 {
+            send(
+                &error_reply(structured, h.cookie, error, "device error"),
+                &mut broken,
+            );
+        } else {
+            send(&reply_bytes(structured, h.cookie, 0), &mut broken);
+        }
+    }
+}
+
+fn reply_bytes(structured: bool, cookie: u64, error: u32) -> Vec<u8> {
+    if error == 0 {
+        proto::simple_reply(0, cookie).to_vec()
+    } else {
+        error_reply(structured, cookie, error, "flush failed")
+    }
+}
