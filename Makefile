@@ -8,7 +8,8 @@ all: build
 
 # Toolchain pieces and system packages the tests use (xfsprogs for moneta up;
 # fio, sqlite3, Berkeley DB and PostgreSQL for the workloads on its file
-# system; python3 for the torture test); idempotent.
+# system; python3 for the torture test; libnbd-bin, nbdkit and qemu-utils
+# for the NBD conformance tests); idempotent.
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
@@ -21,6 +22,9 @@ setup:
 	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && command -v pg_amcheck >/dev/null \
 		|| (apt-get update && apt-get install -y postgresql postgresql-contrib)
 	@command -v python3 >/dev/null || (apt-get update && apt-get install -y python3)
+	@command -v nbdcopy >/dev/null && command -v nbdfuse >/dev/null || (apt-get update && apt-get install -y libnbd-bin)
+	@command -v nbdkit >/dev/null || (apt-get update && apt-get install -y nbdkit)
+	@command -v qemu-img >/dev/null || (apt-get update && apt-get install -y qemu-utils)
 
 build:
 	$(CARGO) build --release
