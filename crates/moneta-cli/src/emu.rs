@@ -60,6 +60,11 @@ pub struct ServeArgs {
     /// first export.
     #[arg(long)]
     nbd_export: Vec<String>,
+    /// How NBD connections wait for the device: issue-sleep (sleep until
+    /// the completion interrupt; kind to a loaded machine) or dma (spin on
+    /// the status word; lowest latency on idle cores) (SPEC §3.5).
+    #[arg(long, default_value = "issue-sleep")]
+    nbd_completion: String,
 }
 
 #[derive(Args)]
@@ -164,7 +169,14 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             .iter()
             .map(|s| Export::parse(s, capacity))
             .collect::<Result<Vec<_>, _>>()?;
-        Some(NbdServer::bind(plane.clone(), exports, &listen)?)
+        let mut server = NbdServer::bind(plane.clone(), exports, &listen)?;
+        server.completion = CompletionMode::parse(&a.nbd_completion).ok_or_else(|| {
+            format!(
+                "--nbd-completion {}: expected dma, forwarding or issue-sleep",
+                a.nbd_completion
+            )
+        })?;
+        Some(server)
     };
     let daemon = Daemon::bind(&a.socket, plane).map_err(|e| e.to_string())?;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.

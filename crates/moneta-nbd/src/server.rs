@@ -25,12 +25,15 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Largest channel request one NBD command is split into.
 pub const PIECE: u64 = 128 << 10;
+
+/// Bytes of requests read from a client per system call at most.
+const INPUT_BYTES: usize = 256 << 10;
 
 /// How long a client may take over one negotiation message.
 const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -209,6 +212,8 @@ pub struct ServerCounters {
 /// An NBD server bound to its listeners; `run` serves until `stop`.
 pub struct NbdServer {
     plane: Arc<ControlPlane>,
+    /// How connections wait for their device requests (SPEC §3.5).
+    pub completion: CompletionMode,
     exports: Arc<Vec<Export>>,
     listeners: Vec<Listener>,
     pub counters: Arc<ServerCounters>,
@@ -256,6 +261,7 @@ impl NbdServer {
         }
         Ok(NbdServer {
             plane,
+            completion: CompletionMode::IssueSleep,
             exports: Arc::new(exports),
             listeners,
             counters: Arc::default(),
@@ -311,11 +317,12 @@ impl NbdServer {
                 let plane = self.plane.clone();
                 let exports = self.exports.clone();
                 let counters = self.counters.clone();
+                let mode = self.completion;
                 let spawned =
                     std::thread::Builder::new()
                         .name("moneta-nbd".into())
                         .spawn(move || {
-                            if let Err(e) = serve(stream, &plane, &exports, &counters) {
+                            if let Err(e) = serve(stream, &plane, &exports, &counters, mode) {
                                 if std::env::var_os("MONETA_NBD_DEBUG").is_some() {
                                     eprintln!("monetad: NBD connection: {e}");
                                 }
@@ -560,6 +567,7 @@ struct Connection {
     plane: Arc<ControlPlane>,
     export: Export,
     negotiated: Negotiated,
+    mode: CompletionMode,
 }
 
 fn serve(
@@ -567,6 +575,7 @@ fn serve(
     plane: &Arc<ControlPlane>,
     exports: &[Export],
     counters: &ServerCounters,
+    mode: CompletionMode,
 ) -> Result<(), String> {
     stream
         .set_read_timeout(Some(NEGOTIATION_TIMEOUT))
@@ -585,6 +594,7 @@ fn serve(
         plane: plane.clone(),
         export,
         negotiated,
+        mode,
     });
     let writer = stream.try_clone().map_err(|e| e.to_string())?;
     let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE_BOUND);
@@ -595,7 +605,9 @@ fn serve(
             .spawn(move || complete(&c, queue, writer))
             .map_err(|e| e.to_string())?
     };
-    let result = transmit(&connection, &mut stream, &jobs, counters);
+    let mut reader =
+        io::BufReader::with_capacity(INPUT_BYTES, stream.try_clone().map_err(|e| e.to_string())?);
+    let result = transmit(&connection, &mut reader, &jobs, counters);
     drop(jobs);
     let _ = completer.join();
     stream.shutdown();
@@ -605,7 +617,7 @@ fn serve(
 /// The reader side of the transmission phase.
 fn transmit(
     c: &Connection,
-    stream: &mut Stream,
+    stream: &mut impl Read,
     jobs: &SyncSender<Job>,
     counters: &ServerCounters,
 ) -> Result<(), String> {
@@ -716,7 +728,7 @@ fn issue(
     while at < len {
         let n = PIECE.min(len - at);
         let addr = c.export.start + h.offset + at;
-        let mut io = match c.moneta.prepare(op, addr, n, CompletionMode::Dma) {
+        let mut io = match c.moneta.prepare(op, addr, n, c.mode) {
             Ok(io) => io,
             Err(_) => {
                 command.error.store(proto::EIO, Ordering::Relaxed);
@@ -753,27 +765,39 @@ fn issue(
 }
 
 /// The completer: waits for pieces in order, answers commands.
-fn complete(c: &Connection, queue: Receiver<Job>, mut writer: Stream) {
+fn complete(c: &Connection, queue: Receiver<Job>, writer: Stream) {
     let structured = c.negotiated.structured;
-    let mut broken = false;
-    let mut send = |bytes: &[u8], broken: &mut bool| {
-        if !*broken && writer.write_all(bytes).is_err() {
-            *broken = true;
-            writer.shutdown();
-        }
+    // Replies gather here while more work is ready, and go out in one
+    // write before the completer would wait for anything.
+    let mut out = Output {
+        writer,
+        buffer: Vec::with_capacity(OUTPUT_BYTES),
+        broken: false,
     };
-    for job in queue {
+    loop {
+        let job = match queue.try_recv() {
+            Ok(job) => job,
+            Err(TryRecvError::Empty) => {
+                out.flush();
+                match queue.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            }
+            Err(TryRecvError::Disconnected) => break,
+        };
         let finished = match job {
             Job::Reply(bytes) => {
-                send(&bytes, &mut broken);
+                out.send(&bytes);
                 continue;
             }
             Job::Flush(h) => {
+                out.flush();
                 let error = match c.plane.engine().medium().flush() {
                     Ok(()) => 0,
                     Err(_) => proto::EIO,
                 };
-                send(&reply_bytes(structured, h.cookie, error), &mut broken);
+                out.send(&reply_bytes(structured, h.cookie, error));
                 continue;
             }
             Job::Failed(command) => command,
@@ -782,6 +806,9 @@ fn complete(c: &Connection, queue: Receiver<Job>, mut writer: Stream) {
                 mut io,
                 at,
             } => {
+                if c.moneta.poll(&io).is_none() {
+                    out.flush();
+                }
                 let ok = c.moneta.wait(&mut io).is_ok();
                 if !ok {
                     command.error.store(proto::EIO, Ordering::Relaxed);
@@ -798,37 +825,60 @@ fn complete(c: &Connection, queue: Receiver<Job>, mut writer: Stream) {
         };
         let h = finished.header;
         let mut error = finished.error.load(Ordering::Relaxed);
-        if error == 0
-            && h.flags & proto::CMD_FLAG_FUA != 0
-            && c.plane.engine().medium().flush().is_err()
-        {
-            error = proto::EIO;
+        if error == 0 && h.flags & proto::CMD_FLAG_FUA != 0 {
+            out.flush();
+            if c.plane.engine().medium().flush().is_err() {
+                error = proto::EIO;
+            }
         }
         if h.kind == proto::CMD_READ && error == 0 {
             let data = finished.data.lock().expect("data");
-            let mut out = if structured {
-                let mut o = proto::chunk_header(
+            if structured {
+                let header = proto::chunk_header(
                     proto::REPLY_FLAG_DONE,
                     proto::REPLY_TYPE_OFFSET_DATA,
                     h.cookie,
                     8 + h.length,
-                )
-                .to_vec();
-                o.extend_from_slice(&h.offset.to_be_bytes());
-                o
+                );
+                out.send(&header);
+                out.send(&h.offset.to_be_bytes());
             } else {
-                proto::simple_reply(0, h.cookie).to_vec()
-            };
-            out.extend_from_slice(&data);
-            send(&out, &mut broken);
+                out.send(&proto::simple_reply(0, h.cookie));
+            }
+            out.send(&data);
         } else if error != 0 {
-            send(
-                &error_reply(structured, h.cookie, error, "device error"),
-                &mut broken,
-            );
+            out.send(&error_reply(structured, h.cookie, error, "device error"));
         } else {
-            send(&reply_bytes(structured, h.cookie, 0), &mut broken);
+            out.send(&reply_bytes(structured, h.cookie, 0));
         }
+    }
+    out.flush();
+}
+
+/// Bytes gathered before one write to the client.
+const OUTPUT_BYTES: usize = 256 << 10;
+
+struct Output {
+    writer: Stream,
+    buffer: Vec<u8>,
+    /// The client stopped reading: later replies are dropped.
+    broken: bool,
+}
+
+impl Output {
+    fn send(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+        if self.buffer.len() >= OUTPUT_BYTES {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.broken && !self.buffer.is_empty() && self.writer.write_all(&self.buffer).is_err() {
+            self.broken = true;
+            self.writer.shutdown();
+        }
+        self.buffer.clear();
     }
 }
 

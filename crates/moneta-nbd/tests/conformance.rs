@@ -538,19 +538,28 @@ fn hostile_clients_are_disconnected_and_change_nothing() {
 
 #[test]
 fn reads_pay_the_modeled_device_time() {
-    // A slow memory makes the device time dominate: every NBD read takes
-    // at least the array latency, so the path really goes through the model.
+    // A slow memory makes the device time dominate: NBD reads take about
+    // the array latency, so the path really goes through the model (a
+    // path around it would answer in tens of µs). The median is checked:
+    // a read that finds its row open in the controller is faster.
     let mut c = Config::preset("moneta").unwrap();
     c.device.capacity_bytes = 64 * MIB;
     c.memory.latency_ns_read = 200_000;
     let s = Server::start(c, &["moneta"]);
     let mut client = Client::connect(&s.socket, "moneta");
-    for i in 0..20u64 {
+    let mut took = Vec::new();
+    for i in 0..21u64 {
         let t = Instant::now();
         client.request(proto::CMD_READ, 0, i, i * 65536, 4096, &[]);
         let (cookie, error, data) = client.reply();
-        let took = t.elapsed();
+        took.push(t.elapsed());
         assert_eq!((cookie, error, data.len()), (i, 0, 4096));
-        assert!(took >= Duration::from_micros(200), "read {i} took {took:?}");
     }
+    took.sort();
+    eprintln!("NBD 4 KiB reads with a 200 µs array: {took:?}");
+    assert!(
+        took[10] >= Duration::from_micros(200),
+        "median {:?}",
+        took[10]
+    );
 }
