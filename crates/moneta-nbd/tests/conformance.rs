@@ -69,7 +69,7 @@ impl Server {
         let dir = std::env::temp_dir().join(format!(
             "moneta-nbd-{}-{}",
             std::process::id(),
-            Instant::now().elapsed().as_nanos() ^ rand_suffix()
+            rand_suffix()
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("nbd.sock");
@@ -112,9 +112,10 @@ impl Drop for Server {
     }
 }
 
-fn rand_suffix() -> u128 {
+/// Distinct per server of this process.
+fn rand_suffix() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed) as u128
+    N.fetch_add(1, Ordering::Relaxed)
 }
 
 fn null(capacity: u64) -> Config {
