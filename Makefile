@@ -49,6 +49,7 @@ test: setup
 	$(MONETA) sim speed --preset moneta --ops 200000
 	$(CARGO) bench -p libmoneta --bench overhead -- --smoke
 	$(CARGO) bench -p libmoneta --bench fidelity -- --smoke
+	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
 # emulator software overhead against pread(2) on tmpfs and against the raw
@@ -59,6 +60,7 @@ bench: build
 	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
 	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
 	$(CARGO) bench -p libmoneta --bench overhead -- --json $(CURDIR)/out/overhead.json
+	$(CARGO) bench -p moneta-nbd --bench nbd -- --json $(CURDIR)/out/nbd.json
 
 # The emulator's timing against the simulator's on this machine, now: the
 # fidelity floor (smallest modeled QD1 latency reproduced within 5%) and
