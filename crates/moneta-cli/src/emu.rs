@@ -122,6 +122,22 @@ fn medium_for(config: &Config, image: Option<&Path>) -> Result<Medium, String> {
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
+/// How long `--watch-fs` waits for its directory to become a mount point.
+const MOUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Whether `dir` is the root of a mounted file system (its device differs
+/// from its parent's, or it is `/`).
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return false;
+    };
+    match std::fs::metadata(dir.join("..")) {
+        Ok(parent) => parent.dev() != meta.dev() || parent.ino() == meta.ino(),
+        Err(_) => false,
+    }
+}
+
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Release);
 }
@@ -142,11 +158,32 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     let owner = unsafe { libc::geteuid() };
     let plane = Arc::new(ControlPlane::new(engine, owner));
     if let Some(dir) = &a.watch_fs {
-        if let Err(e) = plane.file_table().watch_file_system(dir) {
-            eprintln!(
-                "monetad: {e}; layout changes by processes outside the shim are not seen \
-                 (README, \"Direct-path semantics\")"
-            );
+        // With the kernel path through NBD (`moneta up --kernel-path
+        // device`) the file system is mounted after the daemon starts:
+        // watch it once it is there.
+        let (plane, dir) = (plane.clone(), dir.clone());
+        let watch = move || {
+            let deadline = std::time::Instant::now() + MOUNT_WAIT;
+            while !is_mount_point(&dir) && std::time::Instant::now() < deadline {
+                if STOP.load(Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if let Err(e) = plane.file_table().watch_file_system(&dir) {
+                eprintln!(
+                    "monetad: {e}; layout changes by processes outside the shim are not seen \
+                     (README, \"Direct-path semantics\")"
+                );
+            }
+        };
+        if is_mount_point(&a.watch_fs.clone().unwrap_or_default()) {
+            watch();
+        } else {
+            std::thread::Builder::new()
+                .name("moneta-watch-fs".into())
+                .spawn(watch)
+                .map_err(|e| format!("starting the file-system watch: {e}"))?;
         }
     }
     let nbd = if a.nbd.is_empty() {

@@ -56,6 +56,30 @@ const MAX_NAME: usize = 77;
 /// the rollback can be tested at every step.
 const FAULT_ENV: &str = "MONETA_UP_FAULT";
 
+/// How the kernel's own reads and writes (page cache write-back,
+/// O_DIRECT, mmap, programs outside the shim) reach the medium.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KernelPath {
+    /// A loop device over the image: no device timing (the page cache and
+    /// the image file are as fast as this machine).
+    #[default]
+    Loop,
+    /// A loop device (direct I/O) over an `nbdfuse` file backed by the
+    /// daemon's NBD export: every kernel read and write is a device request
+    /// and pays the emulated device's timing.
+    Device,
+}
+
+impl KernelPath {
+    fn name(self) -> &'static str {
+        match self {
+            KernelPath::Loop => "loop",
+            KernelPath::Device => "device",
+        }
+    }
+}
+
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fs {
@@ -115,6 +139,11 @@ pub struct UpArgs {
     /// Make a new image and file system even if one exists (its files are lost).
     #[arg(long)]
     fresh: bool,
+    /// How the kernel's own IO reaches the medium: `loop` (over the image,
+    /// no device timing) or `device` (through the daemon's NBD export and
+    /// nbdfuse, paying the device's timing) [default: loop].
+    #[arg(long, value_enum)]
+    kernel_path: Option<KernelPath>,
 }
 
 #[derive(Args)]
@@ -179,9 +208,22 @@ struct Instance {
     state: PathBuf,
     socket: PathBuf,
     log: PathBuf,
+    /// Kernel path `device`: the daemon's NBD socket, the FUSE mount
+    /// nbdfuse serves the export in, the file there, nbdfuse's log.
+    nbd_socket: PathBuf,
+    fuse_dir: PathBuf,
+    fuse_file: PathBuf,
+    fuse_log: PathBuf,
 }
 
 impl Instance {
+    /// Loop devices of this instance, over the image or the nbdfuse file.
+    fn loops(&self) -> Vec<PathBuf> {
+        let mut l = loops_for(&self.image);
+        l.extend(loops_for(&self.fuse_file));
+        l
+    }
+
     fn for_mount(mount: &Path) -> Result<Instance, String> {
         let mount = canonical(mount)?;
         let name = instance_name(&mount);
@@ -198,6 +240,10 @@ impl Instance {
             state: dir.join("state.json"),
             socket: dir.join("monetad.sock"),
             log: dir.join("monetad.log"),
+            nbd_socket: dir.join("nbd.sock"),
+            fuse_dir: dir.join("nbd"),
+            fuse_file: dir.join("nbd").join("device"),
+            fuse_log: dir.join("nbdfuse.log"),
             dir,
         }
     }
@@ -288,6 +334,11 @@ struct State {
     socket: PathBuf,
     daemon_pid: u32,
     sets: Vec<String>,
+    #[serde(default)]
+    kernel_path: KernelPath,
+    /// Kernel path `device`: the nbdfuse process serving the loop's file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nbdfuse_pid: Option<u32>,
 }
 
 /// What `device.img` holds, and how it was last served.
@@ -714,16 +765,31 @@ fn detach(dev: &Path) -> Result<(), String> {
 
 /// Stop the daemon, unmount and detach whatever of `inst` is still there;
 /// the image stays. Returns what it did.
+///
+/// With the kernel path `device` the file system's blocks go through
+/// nbdfuse and the daemon's NBD export, so those stop last: the file
+/// system is unmounted (and its last writes land) while they still serve.
+/// Over a plain loop device the daemon stops first (it may hold files of
+/// the mount open).
 fn teardown(inst: &Instance) -> Result<Vec<String>, String> {
     let mut done = Vec::new();
-    for pid in daemon_pids(&inst.socket) {
-        if stop_daemon(pid, &inst.socket)? {
-            done.push(format!("stopped monetad (pid {pid})"));
+    let device_path = mounted_at(&inst.fuse_dir).is_some()
+        || !loops_for(&inst.fuse_file).is_empty()
+        || !nbdfuse_pids(inst).is_empty();
+    let stop_daemons = |done: &mut Vec<String>| -> Result<(), String> {
+        for pid in daemon_pids(&inst.socket) {
+            if stop_daemon(pid, &inst.socket)? {
+                done.push(format!("stopped monetad (pid {pid})"));
+            }
         }
+        Ok(())
+    };
+    if !device_path {
+        stop_daemons(&mut done)?;
     }
     // SAFETY: sync(2) has no preconditions.
     unsafe { libc::sync() };
-    let loops = loops_for(&inst.image);
+    let loops = inst.loops();
     // Innermost first: mounts stacked on the mount point come later in the table.
     for m in mounts()
         .into_iter()
@@ -733,17 +799,83 @@ fn teardown(inst: &Instance) -> Result<Vec<String>, String> {
         unmount(&m.point)?;
         done.push(format!("unmounted {}", m.point.display()));
     }
-    for dev in loops_for(&inst.image) {
+    for dev in inst.loops() {
         detach(&dev)?;
         done.push(format!("detached {}", dev.display()));
     }
-    match fs::remove_file(&inst.socket) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(format!("removing {}: {e}", inst.socket.display()))
+    if device_path {
+        if stop_nbdfuse(inst)? {
+            done.push("stopped nbdfuse".to_string());
         }
-        _ => {}
+        stop_daemons(&mut done)?;
+    }
+    for socket in [&inst.socket, &inst.nbd_socket] {
+        match fs::remove_file(socket) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(format!("removing {}: {e}", socket.display()))
+            }
+            _ => {}
+        }
     }
     Ok(done)
+}
+
+/// nbdfuse processes serving this instance's file.
+fn nbdfuse_pids(inst: &Instance) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| {
+            cmdline(pid).is_some_and(|args| {
+                args.first()
+                    .is_some_and(|a| Path::new(a).file_name() == Some("nbdfuse".as_ref()))
+                    && args.iter().any(|a| Path::new(a) == inst.fuse_file)
+            })
+        })
+        .collect();
+    pids.sort();
+    pids
+}
+
+/// Unmount nbdfuse's FUSE mount (nbdfuse then exits), or kill nbdfuse if
+/// it does not go; remove the mount directory. Whether there was one.
+fn stop_nbdfuse(inst: &Instance) -> Result<bool, String> {
+    let mut any = false;
+    if mounted_at(&inst.fuse_dir).is_some() {
+        any = true;
+        if run(Command::new("umount").arg(&inst.fuse_dir)).is_err() {
+            run(Command::new("umount").arg("-l").arg(&inst.fuse_dir))?;
+        }
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    loop {
+        let pids = nbdfuse_pids(inst);
+        if pids.is_empty() {
+            break;
+        }
+        any = true;
+        for &pid in &pids {
+            reap(pid);
+        }
+        if Instant::now() >= deadline {
+            for pid in pids {
+                // SAFETY: kill(2) of a pid just checked to be our nbdfuse.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                reap(pid);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            if !nbdfuse_pids(inst).is_empty() {
+                return Err("nbdfuse survived SIGKILL".into());
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = fs::remove_dir(&inst.fuse_dir);
+    Ok(any)
 }
 
 /// Which pieces of an instance run.
@@ -753,11 +885,14 @@ struct Alive {
     loop_device: bool,
     daemon: bool,
     socket: bool,
+    /// Kernel path `device`: nbdfuse serves the loop device's file (null
+    /// when the kernel path is the plain loop device).
+    nbdfuse: Option<bool>,
 }
 
 impl Alive {
     fn probe(inst: &Instance, state: Option<&State>) -> Alive {
-        let loops = loops_for(&inst.image);
+        let loops = inst.loops();
         let mounted = mounted_at(&inst.mount).is_some_and(|m| loops.contains(&m.source));
         let (loop_device, daemon) = match state {
             Some(s) => (
@@ -766,20 +901,30 @@ impl Alive {
             ),
             None => (!loops.is_empty(), !daemon_pids(&inst.socket).is_empty()),
         };
+        let device_path = state.map_or(
+            mounted_at(&inst.fuse_dir).is_some() || !nbdfuse_pids(inst).is_empty(),
+            |s| s.kernel_path == KernelPath::Device,
+        );
         Alive {
             mounted,
             loop_device,
             daemon,
             socket: UnixStream::connect(&inst.socket).is_ok(),
+            nbdfuse: device_path
+                .then(|| mounted_at(&inst.fuse_dir).is_some() && !nbdfuse_pids(inst).is_empty()),
         }
     }
 
     fn all(&self) -> bool {
-        self.mounted && self.loop_device && self.daemon && self.socket
+        self.mounted
+            && self.loop_device
+            && self.daemon
+            && self.socket
+            && self.nbdfuse != Some(false)
     }
 
     fn any(&self) -> bool {
-        self.mounted || self.loop_device || self.daemon || self.socket
+        self.mounted || self.loop_device || self.daemon || self.socket || self.nbdfuse == Some(true)
     }
 
     /// The pieces that do not run, and state.json when pieces run without
@@ -791,6 +936,7 @@ impl Alive {
             (self.loop_device, "loop device"),
             (self.daemon, "daemon"),
             (self.socket, "socket"),
+            (self.nbdfuse != Some(false), "nbdfuse"),
         ]
         .into_iter()
         .filter(|(ok, _)| !ok)
@@ -1028,6 +1174,13 @@ fn differences(a: &UpArgs, s: &State) -> Vec<String> {
             ));
         }
     }
+    if let Some(k) = a.kernel_path.filter(|&k| k != s.kernel_path) {
+        d.push(format!(
+            "kernel path {} (asked {})",
+            s.kernel_path.name(),
+            k.name()
+        ));
+    }
     if a.preset.is_some() || a.config.is_some() || !a.set.is_empty() {
         let preset = a.preset.as_deref().unwrap_or(DEFAULT_PRESET);
         if a.config.is_none() && (preset != s.preset || s.config.is_some()) {
@@ -1163,44 +1316,30 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         "reused"
     };
 
-    // Buffered (no --direct-io): the daemon maps the same file, and only
-    // the page cache makes the two views one.
-    let dev = PathBuf::from(
-        run(Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&inst.image))?
-        .trim(),
-    );
-    {
-        let dev = dev.clone();
-        rb.push(format!("detached {}", dev.display()), move || detach(&dev));
-    }
-    checkpoint("loop")?;
-
-    for dir in make_dirs(&inst.mount)?.into_iter() {
-        rb.push(format!("removed {}", dir.display()), move || {
-            fs::remove_dir(&dir).map_err(|e| e.to_string())
-        });
-    }
-    run(Command::new("mount")
-        .args(["-t", want.fs.name()])
-        .arg(&dev)
-        .arg(&inst.mount))?;
-    {
-        let dir = inst.mount.clone();
-        // A rollback must not leave a mount behind: lazily if need be.
-        rb.push(format!("unmounted {}", dir.display()), move || {
-            unmount(&dir).or_else(|e| {
-                run(Command::new("umount").arg("-l").arg(&dir))
-                    .map(drop)
-                    .map_err(|l| format!("{e}; lazily: {l}"))
-            })
-        });
-    }
-    checkpoint("mount")?;
-
-    let pid = start_daemon(&inst, &want, &mut rb)?;
-    checkpoint("daemon")?;
+    let kernel_path = a.kernel_path.unwrap_or_default();
+    let (dev, pid, nbdfuse_pid) = match kernel_path {
+        KernelPath::Loop => {
+            // Buffered (no --direct-io): the daemon maps the same file, and
+            // only the page cache makes the two views one.
+            let dev = attach_loop(&inst.image, false, &mut rb)?;
+            mount_fs(&inst, &want, &dev, &mut rb)?;
+            let pid = start_daemon(&inst, &want, false, &mut rb)?;
+            checkpoint("daemon")?;
+            (dev, pid, None)
+        }
+        KernelPath::Device => {
+            // The daemon first: the loop device's blocks come from its NBD
+            // export through nbdfuse. The loop uses direct I/O, so no page
+            // cache sits between the file system and the device.
+            let pid = start_daemon(&inst, &want, true, &mut rb)?;
+            checkpoint("daemon")?;
+            let fuse = start_nbdfuse(&inst, want.size, &mut rb)?;
+            checkpoint("nbdfuse")?;
+            let dev = attach_loop(&inst.fuse_file, true, &mut rb)?;
+            mount_fs(&inst, &want, &dev, &mut rb)?;
+            (dev, pid, Some(fuse))
+        }
+    };
 
     let state = State {
         mount: inst.mount.clone(),
@@ -1213,6 +1352,8 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         socket: inst.socket.clone(),
         daemon_pid: pid,
         sets: want.sets.clone(),
+        kernel_path,
+        nbdfuse_pid,
     };
     write_json(&inst.state, &state)?;
     {
@@ -1227,12 +1368,20 @@ pub fn up(a: UpArgs) -> Result<(), String> {
     rb.commit();
 
     println!(
-        "{mount}: {} {} up ({} image {})\n  loop device {}\n  monetad pid {} ({}{}) on {}, log {}",
+        "{mount}: {} {} up ({} image {})\n  loop device {}{}\n  monetad pid {} ({}{}) on {}, log {}",
         want.fs.name(),
         human(want.size),
         image_note,
         inst.image.display(),
         dev.display(),
+        match nbdfuse_pid {
+            Some(f) => format!(
+                " over {} (nbdfuse pid {f}, NBD {}): the kernel path pays the device's timing",
+                inst.fuse_file.display(),
+                inst.nbd_socket.display()
+            ),
+            None => " over the image: the kernel path has no device timing".to_string(),
+        },
         pid,
         match &want.config {
             Some(file) => format!("{} from {}", want.preset, file.display()),
@@ -1246,6 +1395,120 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         inst.log.display()
     );
     Ok(())
+}
+
+/// A loop device over `backing` (direct I/O or buffered), detached on rollback.
+fn attach_loop(backing: &Path, direct_io: bool, rb: &mut Rollback) -> Result<PathBuf, String> {
+    let mut cmd = Command::new("losetup");
+    cmd.args(["--find", "--show"]);
+    if direct_io {
+        cmd.arg("--direct-io=on");
+    }
+    let dev = PathBuf::from(run(cmd.arg(backing))?.trim());
+    {
+        let dev = dev.clone();
+        rb.push(format!("detached {}", dev.display()), move || detach(&dev));
+    }
+    checkpoint("loop")?;
+    Ok(dev)
+}
+
+/// Mount the file system on `dev` at the mount point (made if missing),
+/// unmounted on rollback.
+fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Result<(), String> {
+    for dir in make_dirs(&inst.mount)?.into_iter() {
+        rb.push(format!("removed {}", dir.display()), move || {
+            fs::remove_dir(&dir).map_err(|e| e.to_string())
+        });
+    }
+    run(Command::new("mount")
+        .args(["-t", want.fs.name()])
+        .arg(dev)
+        .arg(&inst.mount))?;
+    {
+        let dir = inst.mount.clone();
+        // A rollback must not leave a mount behind: lazily if need be.
+        rb.push(format!("unmounted {}", dir.display()), move || {
+            unmount(&dir).or_else(|e| {
+                run(Command::new("umount").arg("-l").arg(&dir))
+                    .map(drop)
+                    .map_err(|l| format!("{e}; lazily: {l}"))
+            })
+        });
+    }
+    checkpoint("mount")
+}
+
+/// nbdfuse serving the daemon's NBD export as `inst.fuse_file`, detached
+/// like the daemon; returns its pid once the file is there with the
+/// device's size.
+fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, String> {
+    if Command::new("nbdfuse").arg("--version").output().is_err() {
+        return Err(
+            "--kernel-path device needs nbdfuse (Debian: apt-get install libnbd-bin)".into(),
+        );
+    }
+    let _ = fs::remove_dir(&inst.fuse_dir);
+    fs::create_dir(&inst.fuse_dir)
+        .map_err(|e| format!("creating {}: {e}", inst.fuse_dir.display()))?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&inst.fuse_log)
+        .map_err(|e| format!("{}: {e}", inst.fuse_log.display()))?;
+    let err_log = log
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", inst.fuse_log.display()))?;
+    let uri = format!("nbd+unix:///moneta?socket={}", inst.nbd_socket.display());
+    let mut cmd = Command::new("nbdfuse");
+    cmd.arg(&inst.fuse_file)
+        .arg(&uri)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log);
+    // SAFETY: as in start_daemon.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+    }
+    let child = cmd.spawn().map_err(|e| format!("starting nbdfuse: {e}"))?;
+    let pid = child.id();
+    drop(child);
+    {
+        let (dir, mount) = (inst.dir.clone(), inst.mount.clone());
+        rb.push(format!("stopped nbdfuse (pid {pid})"), move || {
+            stop_nbdfuse(&Instance::at(dir, mount)).map(drop)
+        });
+    }
+    let started = Instant::now();
+    loop {
+        if let Some(status) = reap(pid as i32) {
+            return Err(format!(
+                "nbdfuse exited (status {status}) before serving {}; see {}",
+                inst.fuse_file.display(),
+                inst.fuse_log.display()
+            ));
+        }
+        if fs::metadata(&inst.fuse_file).is_ok_and(|m| m.len() == size) {
+            return Ok(pid);
+        }
+        if started.elapsed() > SOCKET_WAIT {
+            return Err(format!(
+                "nbdfuse (pid {pid}) did not serve {} within {} s; see {}",
+                inst.fuse_file.display(),
+                SOCKET_WAIT.as_secs(),
+                inst.fuse_log.display()
+            ));
+        }
+        interrupted()?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// `mkdir -p` returning the directories it made, outermost first.
@@ -1281,7 +1544,12 @@ fn make_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
 /// `moneta serve` on the image, detached: its own session (no terminal
 /// signals, survives the shell), cwd `/` (never keeps a mount busy), output
 /// to the log. Returns once it accepts connections.
-fn start_daemon(inst: &Instance, want: &Wanted, rb: &mut Rollback) -> Result<u32, String> {
+fn start_daemon(
+    inst: &Instance,
+    want: &Wanted,
+    nbd: bool,
+    rb: &mut Rollback,
+) -> Result<u32, String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
     let mut log = OpenOptions::new()
         .create(true)
@@ -1307,6 +1575,10 @@ fn start_daemon(inst: &Instance, want: &Wanted, rb: &mut Rollback) -> Result<u32
         .arg(&inst.socket)
         .arg("--watch-fs")
         .arg(&inst.mount);
+    if nbd {
+        cmd.arg("--nbd")
+            .arg(format!("unix:{}", inst.nbd_socket.display()));
+    }
     let _ = writeln!(
         log,
         "---- moneta up {}: {} {}",
@@ -1531,6 +1803,8 @@ fn status_row(dir: PathBuf) -> serde_json::Value {
         "image": inst.image,
         "image_exists": inst.image.exists(),
         "loop_device": state.map(|s| &s.loop_device),
+        "kernel_path": state.map(|s| s.kernel_path.name()),
+        "nbdfuse_pid": state.and_then(|s| s.nbdfuse_pid),
         "socket": inst.socket,
         "daemon_pid": state.map(|s| s.daemon_pid),
         "log": inst.log,

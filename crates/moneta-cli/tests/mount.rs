@@ -113,6 +113,11 @@ fn assert_nothing_left(mount: &Path) {
     assert_eq!(loops_under(&dir), "", "loop devices left");
     assert!(!daemon_runs(&dir.join("monetad.sock")), "a daemon is left");
     assert!(!dir.join("state.json").exists(), "state.json left");
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !info.contains(dir.join("nbd").to_str().unwrap()),
+        "nbdfuse's mount is left"
+    );
 }
 
 /// A mount point under /tmp for one test; on drop, whatever `up` left is
@@ -470,6 +475,34 @@ fn failed_up_leaves_nothing_behind() {
         assert!(!state_dir(&deep).exists(), "{fault}: state directory left");
         assert!(!t.at("x").exists(), "{fault}: mount point directories left");
     }
+    // The kernel path through NBD has its own order and one more step.
+    for step in ["daemon", "nbdfuse", "loop", "mount", "state"] {
+        let fault = format!("fail@{step}");
+        let o = moneta_with(
+            &[
+                "up",
+                "--mount",
+                deep.to_str().unwrap(),
+                "--fs",
+                "ext4",
+                "--size",
+                "64M",
+                "--kernel-path",
+                "device",
+            ],
+            &[("MONETA_UP_FAULT", &fault)],
+        );
+        refused(&o, &format!("after step {step}"));
+        assert_nothing_left(&deep);
+        assert!(
+            !state_dir(&deep).exists(),
+            "device {fault}: state directory left"
+        );
+        assert!(
+            !t.at("x").exists(),
+            "device {fault}: mount point directories left"
+        );
+    }
     let o = moneta_with(
         &[
             "up",
@@ -634,4 +667,95 @@ fn busy_mount_is_not_forced() {
     sleeper.wait().unwrap();
     ok(&down(&m, &["--purge"]));
     assert_nothing_left(&m);
+}
+
+/// Median time of `n` O_DIRECT 4 KiB reads of `path` at different offsets.
+fn direct_read_median(path: &Path, n: usize) -> std::time::Duration {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap();
+    let layout = std::alloc::Layout::from_size_align(4096, 4096).unwrap();
+    // SAFETY: a 4096-byte, 4096-aligned allocation, freed below.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    // SAFETY: `ptr` holds 4096 bytes for the slice's life.
+    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 4096) };
+    let mut took: Vec<std::time::Duration> = (0..n)
+        .map(|i| {
+            let t = std::time::Instant::now();
+            f.read_exact_at(buf, (i as u64 * 8192) % (1 << 20)).unwrap();
+            t.elapsed()
+        })
+        .collect();
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+    took.sort();
+    took[n / 2]
+}
+
+#[test]
+fn kernel_path_device_pays_the_device_timing_and_cleans_up() {
+    let t = Scratch::new("kpath");
+    let mount = t.mount.clone();
+    // A slow array makes the device's time plain to see.
+    let slow = ["--set", "memory.latency_ns_read=200000"];
+    let mut args = vec!["--fs", "ext4", "--size", "64M", "--kernel-path", "device"];
+    args.extend(slow);
+    let said = ok(&up(&mount, &args));
+    assert!(said.contains("pays the device's timing"), "{said}");
+    let e = entry(&mount).unwrap();
+    assert_eq!(e["state"], "up", "{e}");
+    assert_eq!(e["kernel_path"], "device", "{e}");
+    for piece in ["mounted", "loop_device", "daemon", "socket", "nbdfuse"] {
+        assert_eq!(e["alive"][piece], true, "{piece}: {e}");
+    }
+    // Asking for the other kernel path while up is refused, naming it.
+    refused(
+        &up(&mount, &["--kernel-path", "loop"]),
+        "kernel path device",
+    );
+
+    // The kernel's writes reach the device through NBD.
+    let marker = format!("kernel path through NBD {}", std::process::id());
+    let file = mount.join("k.txt");
+    let mut data = marker.clone().into_bytes();
+    data.resize(1 << 20, b'.');
+    std::fs::write(&file, &data).unwrap();
+    std::fs::File::open(&file).unwrap().sync_all().unwrap();
+    let socket = PathBuf::from(e["socket"].as_str().unwrap());
+    assert!(
+        daemon_serves(&socket, marker.as_bytes()),
+        "device lacks the bytes"
+    );
+    // And its O_DIRECT reads pay the 200 µs array (a loop device over the
+    // image answers from memory in a few µs).
+    let median = direct_read_median(&file, 21);
+    assert!(
+        median >= std::time::Duration::from_micros(200),
+        "O_DIRECT 4 KiB read median {median:?}"
+    );
+
+    // Killed nbdfuse: status says what is missing; up repairs it.
+    let pid = e["nbdfuse_pid"].as_u64().unwrap() as i32;
+    // SAFETY: kill(2) of the pid status reported as our nbdfuse.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let e = entry(&mount).unwrap();
+    assert_eq!(e["state"], "broken", "{e}");
+    assert!(e["missing"].to_string().contains("nbdfuse"), "{e}");
+    let _ = Command::new("umount").arg("-l").arg(&mount).status();
+    let said = ok(&up(&mount, &args));
+    assert!(said.contains("reused"), "{said}");
+
+    ok(&down(&mount, &[]));
+    assert_nothing_left(&mount);
+    // The files are on the image: a plain up (loop kernel path) shows them.
+    ok(&up(&mount, &[]));
+    let back = std::fs::read(&file).unwrap();
+    assert!(back == data, "file differs after down and up");
+    ok(&down(&mount, &["--purge"]));
+    assert_nothing_left(&mount);
 }
