@@ -1,14 +1,30 @@
 #!/usr/bin/env python3
 """Real programs on the Moneta file system, direct path against kernel path
-(issue 4, README "Unmodified programs"): fio 512 B / 4 KiB random reads and
-writes, SQLite transactions, Berkeley DB transactions, and the growth suite
-of issue 8 (creating and extending files: tar extract, cp into the mount,
-SQLite with a WAL and with a rollback journal), each through `moneta run`
-(libmoneta_preload.so → channel → emulated Moneta-D) and through the kernel
-on the same mount (XFS on a loop device over the same image), in one run.
-Prints a table and writes JSON.
+(issues 4, 8 and 11; README "Unmodified programs" and "NBD and the kernel
+path"): fio 512 B / 4 KiB random reads and writes, SQLite transactions,
+Berkeley DB transactions, and the growth suite of issue 8 (creating and
+extending files: tar extract, cp into the mount, SQLite with a WAL and with
+a rollback journal, pgbench -i), on the same preset, in one run, on these
+sides:
+
+- direct path: through `moneta run` (libmoneta_preload.so → channel →
+  emulated device), on an instance whose kernel path is the loop device;
+- kernel, device timing: plain programs on an instance brought up with
+  `--kernel-path device` (loop device with direct I/O over nbdfuse over
+  monetad's NBD export: every block the kernel moves pays the device);
+- kernel, no timing: plain programs on the first instance (loop device over
+  the image: the page cache and memory, no device timing);
+- transport alone: plain programs on a `null`-preset instance with
+  `--kernel-path device`: what the NBD + FUSE + loop transport costs by
+  itself, to read beside the device-timing side.
+
+fio rows also carry the simulator's prediction of the same comparison:
+Moneta-D's direct stack against the Moneta kernel stack with a file system
+(`moneta sim run --set host.stack=direct` / `host.stack=2q
+host.file_system=true`, one thread, QD1). Prints tables and writes JSON.
 
     python3 scripts/bench_programs.py [--seconds 3] [--suites fio,sqlite,bdb,growth]
+                                      [--sides direct,device,loop,transport]
                                       [--json out/programs.json]
 
 Needs root (it runs `moneta up` / `moneta down`), fio, sqlite3, gcc and
@@ -87,10 +103,10 @@ def timed(cmd, **kw):
     return time.monotonic() - t0
 
 
-def growth_workloads(mount, work):
-    """(name, what it does, a function running it with a command prefix and
-    returning seconds) for the growth suite. Inputs are made once, off the
-    mount."""
+def growth_workloads(work):
+    """(name, what it does, a function running it with a command prefix on a
+    mount and returning seconds) for the growth suite. Inputs are made once,
+    off the mounts."""
     r = random.Random(11)
     tree = os.path.join(work, "tree")
     for d in range(20):
@@ -109,23 +125,23 @@ def growth_workloads(mount, work):
         f"INSERT INTO t(v) VALUES('{'x' * 200}');\n" for _ in range(inserts))
     rollback = wal.replace("PRAGMA journal_mode=WAL;", "PRAGMA journal_mode=DELETE;")
 
-    def fresh(name):
+    def fresh(mount, name):
         d = os.path.join(mount, name)
         subprocess.run(["rm", "-rf", d], check=True)
         os.makedirs(d)
         return d
 
-    def tar(prefix):
-        d = fresh("tar")
+    def tar(prefix, mount):
+        d = fresh(mount, "tar")
         return timed(prefix + ["tar", "-xf", archive, "-C", d])
 
-    def cp(prefix):
-        d = fresh("cp")
+    def cp(prefix, mount):
+        d = fresh(mount, "cp")
         return timed(prefix + ["cp", "-r", tree, big, d])
 
     def sqlite_script(script):
-        def go(prefix):
-            d = fresh("sqlite")
+        def go(prefix, mount):
+            d = fresh(mount, "sqlite")
             return timed(prefix + ["sqlite3", os.path.join(d, "g.db")], input=script)
         return go
 
@@ -139,7 +155,7 @@ def growth_workloads(mount, work):
     pg = postgres_bin()
     if pg:
         workloads.append(("pgbench -i", "pgbench -i -s 8 (server through the shim or not)",
-                          lambda prefix: pgbench_init(pg, mount, prefix)))
+                          lambda prefix, mount: pgbench_init(pg, mount, prefix)))
     return workloads
 
 
@@ -178,22 +194,44 @@ def pgbench_init(bin_dir, mount, prefix):
         subprocess.run(["rm", "-rf", sockets])
 
 
-def growth(shim, mount, repeats):
+def growth(sides, repeats):
     work = tempfile.mkdtemp(prefix="moneta-growth-")
     try:
         rows = []
-        for name, what, go in growth_workloads(mount, work):
-            direct, kernel = [], []
+        for name, what, go in growth_workloads(work):
+            times = {side: [] for side, _, _ in sides}
             for _ in range(repeats):
-                # Alternate, so drift on a shared machine hits both alike.
-                direct.append(go(shim))
-                kernel.append(go([]))
-            d, k = sorted(direct)[repeats // 2], sorted(kernel)[repeats // 2]
-            rows.append({"workload": name, "what": what, "direct_path_s": d, "kernel_s": k,
-                         "ratio": d / k})
+                # Alternate, so drift on a shared machine hits every side alike.
+                for side, prefix, mount in sides:
+                    times[side].append(go(prefix, mount))
+            rows.append({"workload": name, "what": what,
+                         "seconds": {side: sorted(t)[repeats // 2] for side, t in times.items()}})
         return rows
     finally:
         subprocess.run(["rm", "-rf", work], check=True)
+
+
+def predict(preset, rw, bs):
+    """The simulator's QD1 mean latency (µs) of the direct stack and of the
+    Moneta kernel stack with a file system, for this fio point."""
+    op = "read" if rw == "randread" else "write"
+    out = {}
+    for name, sets in (("direct", ["host.stack=direct"]),
+                       ("kernel", ["host.stack=2q", "host.file_system=true"])):
+        cmd = [MONETA, "sim", "run", "--preset", preset, "--op", op, "--size", str(bs),
+               "--threads", "1", "--ops", "3000", "--format", "json"]
+        for kv in sets:
+            cmd += ["--set", kv]
+        out[name] = json.loads(run(cmd))["latency_us_mean"]
+    return out
+
+
+SIDES = {
+    "direct": "direct path",
+    "device": "kernel, device timing",
+    "loop": "kernel, no timing",
+    "transport": "transport alone (null)",
+}
 
 
 def main():
@@ -202,73 +240,92 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--preset", default="moneta-d")
     ap.add_argument("--suites", default="fio,sqlite,bdb,growth")
+    ap.add_argument("--sides", default="direct,device,loop,transport",
+                    help="which of direct, device, loop, transport to run")
     ap.add_argument("--repeats", type=int, default=5, help="growth suite: runs per side (median)")
     a = ap.parse_args()
     suites = set(a.suites.split(","))
-    mount = tempfile.mkdtemp(prefix="moneta-bench-")
-    run([MONETA, "up", "--mount", mount, "--size", "2G", "--preset", a.preset])
+    wanted = a.sides.split(",")
+    unknown = [w for w in wanted if w not in SIDES]
+    if unknown:
+        sys.exit(f"bench_programs: unknown side(s) {unknown}; expected some of {list(SIDES)}")
+    mounts = {}
     try:
-        shim = [MONETA, "run", "--mount", mount, "--"]
-        results = {"preset": a.preset, "fio": [], "sqlite": {}, "bdb": {}, "growth": []}
-        data = os.path.join(mount, "fio.dat")
+        def bring_up(key, preset, kernel_path):
+            m = tempfile.mkdtemp(prefix=f"moneta-bench-{key}-")
+            mounts[key] = m
+            run([MONETA, "up", "--mount", m, "--size", "2G", "--preset", preset,
+                 "--kernel-path", kernel_path])
+            return m
+        main_mount = bring_up("main", a.preset, "loop") if {"direct", "loop"} & set(wanted) else None
+        device_mount = bring_up("device", a.preset, "device") if "device" in wanted else None
+        null_mount = bring_up("null", "null", "device") if "transport" in wanted else None
+        shim = [MONETA, "run", "--mount", main_mount or "", "--"]
+        all_sides = {"direct": (shim, main_mount), "device": ([], device_mount),
+                     "loop": ([], main_mount), "transport": ([], null_mount)}
+        sides = [(SIDES[w], *all_sides[w]) for w in wanted]
+        results = {"preset": a.preset, "sides": [s for s, _, _ in sides], "fio": [],
+                   "sqlite": {}, "bdb": {}, "growth": []}
         if "fio" in suites:
-            run(["fio", "--name=layout", f"--filename={data}", "--size=256m", "--rw=write",
-                 "--bs=1m", "--output-format=json"])
+            for m in set(m for _, _, m in sides):
+                run(["fio", "--name=layout", f"--filename={os.path.join(m, 'fio.dat')}",
+                     "--size=256m", "--rw=write", "--bs=1m", "--output-format=json"])
         for bs in (512, 4096) if "fio" in suites else ():
             for rw in ("randread", "randwrite"):
-                row = {"bs": bs, "rw": rw,
-                       "direct_path": fio(shim, data, rw, bs, a.seconds, False),
-                       "kernel_o_direct": fio([], data, rw, bs, a.seconds, True),
-                       "kernel_buffered": fio([], data, rw, bs, a.seconds, False)}
+                row = {"bs": bs, "rw": rw, "predicted_us": predict(a.preset, rw, bs)}
+                for side, prefix, m in sides:
+                    # The kernel sides use O_DIRECT: the page cache would hide the device.
+                    row[side] = fio(prefix, os.path.join(m, "fio.dat"), rw, bs, a.seconds,
+                                    side != SIDES["direct"])
                 results["fio"].append(row)
         if "sqlite" in suites:
             setup, updates = sqlite_scripts(20000, 300)
             results["sqlite"] = {
-                "direct_path": sqlite(shim, os.path.join(mount, "d.db"), setup, updates, 300),
-                "kernel": sqlite([], os.path.join(mount, "k.db"), setup, updates, 300),
-            }
+                side: sqlite(prefix, os.path.join(m, f"s{i}.db"), setup, updates, 300)
+                for i, (side, prefix, m) in enumerate(sides)}
         program = os.path.join(tempfile.gettempdir(), f"bdb_updates-{os.getpid()}")
         if "bdb" in suites:
             run(["gcc", "-O2", "-o", program, os.path.join(ROOT, "examples/bdb/bdb_updates.c"),
                  "-ldb"])
         for kind in ("btree", "hash") if "bdb" in suites else ():
-            d = bdb(shim, program, os.path.join(mount, f"{kind}-d"), kind, 3000)
-            k = bdb([], program, os.path.join(mount, f"{kind}-k"), kind, 3000)
-            if d["checksum"] != k["checksum"]:
-                sys.exit(f"bench_programs: Berkeley DB {kind} contents differ")
-            results["bdb"][kind] = {"direct_path": d["transactions_per_s"],
-                                    "kernel": k["transactions_per_s"]}
+            runs = {side: bdb(prefix, program, os.path.join(m, f"{kind}-{i}"), kind, 3000)
+                    for i, (side, prefix, m) in enumerate(sides)}
+            if len({r["checksum"] for r in runs.values()}) != 1:
+                sys.exit(f"bench_programs: Berkeley DB {kind} contents differ between sides")
+            results["bdb"][kind] = {side: r["transactions_per_s"] for side, r in runs.items()}
         if "bdb" in suites:
             os.remove(program)
         if "growth" in suites:
-            results["growth"] = growth(shim, mount, a.repeats)
+            results["growth"] = growth(sides, a.repeats)
     finally:
-        subprocess.run([MONETA, "down", "--purge", "--mount", mount], capture_output=True)
-        os.rmdir(mount)
+        for m in mounts.values():
+            subprocess.run([MONETA, "down", "--purge", "--mount", m], capture_output=True)
+            os.rmdir(m)
 
-    print(f"preset {a.preset}; fio psync, QD1, 256 MiB file, {a.seconds} s per point")
-    print(f"{'':18} {'direct path':>22} {'kernel O_DIRECT':>22} {'kernel buffered':>22}")
+    names = results["sides"]
+    print(f"preset {a.preset}; fio psync QD1 on a 256 MiB file, {a.seconds} s per point; "
+          "kernel sides O_DIRECT; mean µs (IOPS)")
+    print(f"{'':18}" + "".join(f"{n:>24}" for n in names)
+          + f"{'sim: direct':>13}{'sim: kernel+fs':>16}")
     for r in results["fio"]:
-        cells = [f"{r[k]['iops']:>9.0f} IOPS {r[k]['latency_us_mean']:>6.2f} µs"
-                 for k in ("direct_path", "kernel_o_direct", "kernel_buffered")]
-        print(f"fio {r['rw']:<9} {r['bs']:>4} B " + " ".join(f"{c:>22}" for c in cells))
-    s = results["sqlite"]
-    if s:
-        print(f"sqlite3 transactions/s: direct {s['direct_path']['transactions_per_s']:.0f}, "
-              f"kernel {s['kernel']['transactions_per_s']:.0f}")
+        cells = "".join(f"{r[n]['latency_us_mean']:>12.2f} ({r[n]['iops']:>8.0f})" for n in names)
+        p = r["predicted_us"]
+        print(f"fio {r['rw']:<9} {r['bs']:>4} B{cells}{p['direct']:>13.2f}{p['kernel']:>16.2f}")
+    if results["sqlite"]:
+        print("sqlite3 5-update transactions/s: " + ", ".join(
+            f"{n} {v['transactions_per_s']:.0f}" for n, v in results["sqlite"].items()))
     for kind, v in results["bdb"].items():
-        print(f"Berkeley DB {kind} transactions/s: direct {v['direct_path']:.0f}, kernel {v['kernel']:.0f} "
-              f"({v['direct_path'] / v['kernel']:.2f}×)")
+        print(f"Berkeley DB {kind} transactions/s: "
+              + ", ".join(f"{n} {t:.0f}" for n, t in v.items()))
     if results["growth"]:
-        print(f"growth (median of {a.repeats}, alternating): {'direct path':>12} {'kernel':>9} {'ratio':>7}")
+        print(f"growth, seconds (median of {a.repeats}, alternating):")
         for g in results["growth"]:
-            print(f"  {g['workload']:<28} {g['direct_path_s']:>10.3f} s {g['kernel_s']:>7.3f} s "
-                  f"{g['ratio']:>6.2f}×   ({g['what']})")
+            print(f"  {g['workload']:<26}" + "".join(
+                f"  {n} {t:.3f}" for n, t in g["seconds"].items()) + f"   ({g['what']})")
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(results, f, indent=2)
-
 
 if __name__ == "__main__":
     main()
