@@ -1456,30 +1456,11 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
         .append(true)
         .open(&inst.fuse_log)
         .map_err(|e| format!("{}: {e}", inst.fuse_log.display()))?;
-    let err_log = log
-        .try_clone()
-        .map_err(|e| format!("{}: {e}", inst.fuse_log.display()))?;
     let uri = format!("nbd+unix:///moneta?socket={}", inst.nbd_socket.display());
     let mut cmd = Command::new("nbdfuse");
-    cmd.arg(&inst.fuse_file)
-        .arg(&uri)
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err_log);
-    // SAFETY: as in start_daemon.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
-        });
-    }
-    let child = cmd.spawn().map_err(|e| format!("starting nbdfuse: {e}"))?;
-    let pid = child.id();
-    drop(child);
+    cmd.arg(&inst.fuse_file).arg(&uri);
+    let pid = spawn_detached(&mut cmd, log, &inst.fuse_log)
+        .map_err(|e| format!("starting nbdfuse: {e}"))?;
     {
         let (dir, mount) = (inst.dir.clone(), inst.mount.clone());
         rb.push(format!("stopped nbdfuse (pid {pid})"), move || {
@@ -1589,31 +1570,8 @@ fn start_daemon(
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let err_log = log
-        .try_clone()
-        .map_err(|e| format!("{}: {e}", inst.log.display()))?;
-    cmd.current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err_log);
-    // SAFETY: setsid(2) is async-signal-safe, and the closure touches
-    // nothing else between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
-        });
-    }
-    let child = cmd
-        .spawn()
+    let pid = spawn_detached(&mut cmd, log, &inst.log)
         .map_err(|e| format!("starting {} serve: {e}", exe.display()))?;
-    let pid = child.id();
-    // The process is managed by pid from here (the handle would neither
-    // kill nor reap it on drop).
-    drop(child);
     {
         let socket = inst.socket.clone();
         rb.push(format!("stopped monetad (pid {pid})"), move || {
@@ -1648,6 +1606,33 @@ fn start_daemon(
         interrupted()?;
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Start `cmd` detached: its own session (no terminal signals, survives the
+/// shell), cwd `/` (never keeps a mount busy), output to `log` (at
+/// `log_path`). Returns its pid: the process is managed by pid from here
+/// (the handle would neither kill nor reap it on drop).
+fn spawn_detached(cmd: &mut Command, log: fs::File, log_path: &Path) -> Result<u32, String> {
+    let err_log = log
+        .try_clone()
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    cmd.current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log);
+    // SAFETY: setsid(2) is async-signal-safe, and the closure touches
+    // nothing else between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() == -1 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        });
+    }
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
+    Ok(child.id())
 }
 
 /// The last lines the daemon wrote since `from`.

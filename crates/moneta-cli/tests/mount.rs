@@ -456,52 +456,40 @@ fn failed_up_leaves_nothing_behind() {
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a directory");
 
     let deep = t.at("x/y/mnt");
-    for step in ["image", "mkfs", "loop", "mount", "daemon", "state"] {
-        let fault = format!("fail@{step}");
-        let o = moneta_with(
-            &[
-                "up",
-                "--mount",
-                deep.to_str().unwrap(),
-                "--fs",
-                "ext4",
-                "--size",
-                "64M",
-            ],
-            &[("MONETA_UP_FAULT", &fault)],
-        );
-        refused(&o, &format!("after step {step}"));
-        assert_nothing_left(&deep);
-        assert!(!state_dir(&deep).exists(), "{fault}: state directory left");
-        assert!(!t.at("x").exists(), "{fault}: mount point directories left");
-    }
     // The kernel path through NBD has its own order and one more step.
-    for step in ["daemon", "nbdfuse", "loop", "mount", "state"] {
-        let fault = format!("fail@{step}");
-        let o = moneta_with(
-            &[
-                "up",
-                "--mount",
-                deep.to_str().unwrap(),
-                "--fs",
-                "ext4",
-                "--size",
-                "64M",
-                "--kernel-path",
-                "device",
-            ],
-            &[("MONETA_UP_FAULT", &fault)],
-        );
-        refused(&o, &format!("after step {step}"));
-        assert_nothing_left(&deep);
-        assert!(
-            !state_dir(&deep).exists(),
-            "device {fault}: state directory left"
-        );
-        assert!(
-            !t.at("x").exists(),
-            "device {fault}: mount point directories left"
-        );
+    let steps = [
+        (
+            "loop",
+            &["image", "mkfs", "loop", "mount", "daemon", "state"][..],
+        ),
+        (
+            "device",
+            &["daemon", "nbdfuse", "loop", "mount", "state"][..],
+        ),
+    ];
+    for (kernel_path, steps) in steps {
+        for step in steps {
+            let fault = format!("fail@{step}");
+            let o = moneta_with(
+                &[
+                    "up",
+                    "--mount",
+                    deep.to_str().unwrap(),
+                    "--fs",
+                    "ext4",
+                    "--size",
+                    "64M",
+                    "--kernel-path",
+                    kernel_path,
+                ],
+                &[("MONETA_UP_FAULT", &fault)],
+            );
+            refused(&o, &format!("after step {step}"));
+            assert_nothing_left(&deep);
+            let what = format!("{kernel_path} {fault}");
+            assert!(!state_dir(&deep).exists(), "{what}: state directory left");
+            assert!(!t.at("x").exists(), "{what}: mount point directories left");
+        }
     }
     let o = moneta_with(
         &[
