@@ -889,3 +889,144 @@ fn reply_bytes(structured: bool, cookie: u64, error: u32) -> Vec<u8> {
         error_reply(structured, cookie, error, "flush failed")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    /// A client's bytes in, the server's bytes out.
+    struct Duplex {
+        input: Cursor<Vec<u8>>,
+        output: Vec<u8>,
+    }
+
+    impl Read for Duplex {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+
+    impl Write for Duplex {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.output.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn exports() -> Vec<Export> {
+        vec![
+            Export::parse("moneta", 1 << 20).unwrap(),
+            Export::parse("half:512K:512K:ro", 1 << 20).unwrap(),
+        ]
+    }
+
+    fn option(kind: u32, data: &[u8]) -> Vec<u8> {
+        let mut m = proto::IHAVEOPT.to_be_bytes().to_vec();
+        m.extend_from_slice(&kind.to_be_bytes());
+        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        m.extend_from_slice(data);
+        m
+    }
+
+    fn go(name: &str) -> Vec<u8> {
+        let mut d = proto::length_prefixed(None, name);
+        d.extend_from_slice(&1u16.to_be_bytes());
+        d.extend_from_slice(&proto::INFO_BLOCK_SIZE.to_be_bytes());
+        option(proto::OPT_GO, &d)
+    }
+
+    fn run(input: Vec<u8>) -> (Result<Option<Negotiated>, String>, Vec<u8>) {
+        let mut d = Duplex {
+            input: Cursor::new(input),
+            output: Vec::new(),
+        };
+        let r = negotiate(&mut d, &exports());
+        (r, d.output)
+    }
+
+    #[test]
+    fn a_well_behaved_client_reaches_its_export() {
+        let mut input = 3u32.to_be_bytes().to_vec();
+        input.extend(option(proto::OPT_STRUCTURED_REPLY, &[]));
+        let mut meta = proto::length_prefixed(None, "half");
+        meta.extend_from_slice(&1u32.to_be_bytes());
+        meta.extend(proto::length_prefixed(None, proto::BASE_ALLOCATION));
+        input.extend(option(proto::OPT_SET_META_CONTEXT, &meta));
+        input.extend(option(99, b"unknown"));
+        input.extend(go("nosuch"));
+        input.extend(go("half"));
+        let (r, out) = run(input);
+        assert_eq!(
+            r,
+            Ok(Some(Negotiated {
+                export: 1,
+                structured: true,
+                meta: true
+            }))
+        );
+        let has = |kind: u32| out.windows(4).any(|w| w == kind.to_be_bytes());
+        assert!(
+            has(proto::REP_ERR_UNSUP)
+                && has(proto::REP_ERR_UNKNOWN)
+                && has(proto::REP_META_CONTEXT)
+        );
+        // The old way: EXPORT_NAME, size and flags and (without NO_ZEROES) 124 zeroes.
+        let mut input = 1u32.to_be_bytes().to_vec();
+        input.extend(option(proto::OPT_EXPORT_NAME, b"moneta"));
+        let (r, out) = run(input);
+        assert_eq!(r.unwrap().unwrap().export, 0);
+        assert_eq!(out.len(), 18 + 8 + 2 + 124);
+    }
+
+    #[test]
+    fn broken_negotiations_are_errors_not_panics() {
+        let seed = std::env::var("MONETA_NBD_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0x0bad_5eed_u64 ^ std::process::id() as u64);
+        eprintln!("negotiation garbage seed {seed} (MONETA_NBD_SEED replays it)");
+        let mut x = seed | 1;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let valid = [
+            option(proto::OPT_STRUCTURED_REPLY, &[]),
+            option(proto::OPT_LIST, &[]),
+            go("moneta"),
+            option(proto::OPT_LIST_META_CONTEXT, &[0, 0, 0, 0, 0, 0, 0, 0]),
+            option(proto::OPT_STARTTLS, &[]),
+            option(proto::OPT_ABORT, &[]),
+        ];
+        for _ in 0..5000 {
+            let mut input = (next() as u32 & 3).to_be_bytes().to_vec();
+            for _ in 0..next() % 4 {
+                let mut m = valid[(next() % valid.len() as u64) as usize].clone();
+                // Corrupt some of them: a byte, or a cut.
+                match next() % 4 {
+                    0 => {
+                        let i = (next() % m.len() as u64) as usize;
+                        m[i] ^= next() as u8 | 1;
+                    }
+                    1 => m.truncate((next() % m.len() as u64) as usize),
+                    _ => {}
+                }
+                input.extend(m);
+            }
+            let garbage: Vec<u8> = (0..next() % 40).map(|_| next() as u8).collect();
+            input.extend(garbage);
+            let (r, out) = run(input);
+            // Whatever happened, the server said a bounded amount and ended.
+            assert!(out.len() < 1 << 16, "{} bytes out", out.len());
+            if let Ok(Some(n)) = r {
+                assert!(n.export < 2);
+            }
+        }
+    }
+}
