@@ -65,6 +65,12 @@ struct Server {
 
 impl Server {
     fn start(config: Config, exports: &[&str]) -> Server {
+        Server::start_on(config, exports, false)
+    }
+
+    /// With `image`, the medium is the file `device.img` in the server's
+    /// directory.
+    fn start_on(config: Config, exports: &[&str], image: bool) -> Server {
         let capacity = config.device.capacity_bytes;
         let dir = std::env::temp_dir().join(format!(
             "moneta-nbd-{}-{}",
@@ -73,7 +79,11 @@ impl Server {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("nbd.sock");
-        let medium = Medium::anonymous(capacity).unwrap();
+        let medium = if image {
+            Medium::image(&dir.join("device.img"), capacity).unwrap()
+        } else {
+            Medium::anonymous(capacity).unwrap()
+        };
         let engine = Arc::new(Engine::start(config, medium, EngineOptions::default()).unwrap());
         // SAFETY: geteuid has no preconditions.
         let plane = Arc::new(ControlPlane::new(engine, unsafe { libc::geteuid() }));
@@ -562,5 +572,28 @@ fn reads_pay_the_modeled_device_time() {
         took[10] >= Duration::from_micros(200),
         "median {:?}",
         took[10]
+    );
+}
+
+#[test]
+fn flushed_and_fua_writes_are_in_the_image_file() {
+    let s = Server::start_on(null(4 * MIB), &["moneta"], true);
+    let mut c = Client::connect(&s.socket, "moneta");
+    let a = vec![0x5Au8; 8192];
+    let b = vec![0xC3u8; 4096];
+    c.request(proto::CMD_WRITE, 0, 1, 65536, 8192, &a);
+    assert_eq!(c.reply().1, 0);
+    c.request(proto::CMD_FLUSH, 0, 2, 0, 0, &[]);
+    assert_eq!(c.reply().1, 0);
+    c.request(proto::CMD_WRITE, proto::CMD_FLAG_FUA, 3, 3 * MIB, 4096, &b);
+    assert_eq!(c.reply().1, 0);
+    let image = std::fs::read(s.file("device.img")).unwrap();
+    assert!(
+        image[65536..65536 + 8192] == a[..],
+        "flushed write not in the image"
+    );
+    assert!(
+        image[3 * MIB as usize..3 * MIB as usize + 4096] == b[..],
+        "FUA write not in the image"
     );
 }
