@@ -692,10 +692,11 @@ impl San {
                 }
             }
             Ev::PortArrive(id) => {
-                let mut packet = *self.packet_mut(id);
+                let Some(Frame::Packet(packet)) = self.frames[id as usize].as_mut() else {
+                    unreachable!("frame {id} is a device packet")
+                };
                 let d = packet.to_node;
-                let ready = self.devices[d as usize].device.port_arrive(t, &mut packet);
-                *self.packet_mut(id) = packet;
+                let ready = self.devices[d as usize].device.port_arrive(t, packet);
                 self.queue.push(ready, Ev::RxReady(id));
                 self.collect(t, d);
             }
@@ -776,6 +777,9 @@ impl San {
         let dev = &mut self.devices[d as usize];
         for (t, e) in dev.device.outbox.drain(..) {
             self.queue.push(t, Ev::Device(d, e));
+        }
+        if dev.device.port_out.is_empty() && dev.device.completions.is_empty() {
+            return;
         }
         let mut port_out = std::mem::take(&mut dev.device.port_out);
         for (t, out) in port_out.drain(..) {
