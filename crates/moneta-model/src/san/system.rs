@@ -115,8 +115,10 @@ pub struct SanCounters {
     /// Bytes on the wire (headers, framing, payload) over all links.
     pub wire_bytes: u64,
     pub packets: u64,
-    /// 802.3x pause frames sent, and the largest receive-buffer occupancy
-    /// any port reached.
+    /// 802.3x pause requests sent by ports and switch inputs (each later
+    /// cancelled by a zero-time pause frame; both frames are in
+    /// `wire_bytes`), and the largest receive-buffer occupancy any port
+    /// reached.
     pub pauses: u64,
     pub max_rx_buffer_bytes: u64,
 }
@@ -590,6 +592,19 @@ impl San {
         }
     }
 
+    /// One device's component counters (DMA, ring, controllers, buffers,
+    /// peers served), for the energy model.
+    pub fn device_counters(
+        &self,
+        device: DeviceId,
+        now: Ns,
+    ) -> Result<crate::device::pipeline::DeviceCounters, SanError> {
+        self.devices
+            .get(device.0 as usize)
+            .map(|d| d.device.counters(now))
+            .ok_or(SanError::NoSuchDevice(device))
+    }
+
     /// Largest occupancy any switch input buffer reached.
     pub fn max_switch_buffer_bytes(&self) -> u64 {
         self.switch.max_ingress_bytes()
@@ -674,6 +689,7 @@ impl San {
                 self.actions = actions;
             }
             Ev::SwitchOutputPause { port, paused } => {
+                self.pause_frames += 1;
                 let mut actions = std::mem::take(&mut self.actions);
                 self.switch.set_paused(t, port, paused, &mut actions);
                 self.switch_actions(&mut actions);
