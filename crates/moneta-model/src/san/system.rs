@@ -263,6 +263,20 @@ impl San {
                 device_config.name
             )));
         }
+        let d = &device_config.device;
+        if d.transfer_buffers < 2 {
+            return Err(SanError::BadConfig(
+                "device.transfer_buffers must be at least 2 in a SAN: remote reads may hold all but one"
+                    .into(),
+            ));
+        }
+        if d.buffer_bytes > crate::device::packet::MAX_PAYLOAD_BYTES {
+            return Err(SanError::BadConfig(format!(
+                "device.buffer_bytes {} exceeds the {}-byte payload a packet carries",
+                d.buffer_bytes,
+                crate::device::packet::MAX_PAYLOAD_BYTES
+            )));
+        }
         let (ssds, nics, host_count) = match config.topology {
             Topology::Centralized { ssds, clients } => (ssds, clients, 1 + clients as u32),
             Topology::Distributed { nodes } => (nodes, 0, nodes as u32),
@@ -513,7 +527,7 @@ impl San {
         let mtu = self.network.message_mtu_bytes;
         let frames = bytes.div_ceil(mtu).max(1);
         for i in 0..frames {
-            let payload = mtu.min(bytes - i * mtu.min(bytes));
+            let payload = (bytes - i * mtu).min(mtu);
             let frame_bytes = self.network.message_header_bytes + payload;
             let id = self.new_frame(Frame::Message {
                 from,
@@ -1230,6 +1244,19 @@ mod tests {
             bad(Topology::Distributed { nodes: 2 }, false, "quicksan-nic"),
             Some(SanError::BadConfig(_))
         ));
+        for (key, value) in [("transfer_buffers", 1), ("buffer_bytes", 16384)] {
+            let mut c = Config::preset("quicksan-ssd").unwrap();
+            c.set(&format!("device.{key}={value}")).unwrap();
+            let config = SanConfig {
+                device: c,
+                topology: Topology::Distributed { nodes: 2 },
+                mirroring: false,
+            };
+            assert!(
+                matches!(San::new(&config, 1), Err(SanError::BadConfig(ref m)) if m.contains(key)),
+                "{key}"
+            );
+        }
         // Nothing was submitted by the refused calls.
         assert!(drain(&mut s).is_empty());
     }
