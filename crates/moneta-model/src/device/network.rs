@@ -396,19 +396,30 @@ impl RxPacketBuffer {
         header.frame_bytes().div_ceil(self.word_bytes) * self.cycle_ns
     }
 
-    /// A packet has arrived whole at `now_ns`: returns when it is in the
-    /// buffer and can be processed, and a pause request if it crossed the
-    /// threshold. Payload packets count against the buffer; small packets
-    /// have their guaranteed space.
-    pub fn arrive(&mut self, now_ns: Ns, header: &PacketHeader) -> (Ns, Option<bool>) {
-        let start = now_ns.max(self.write_busy_until_ns);
+    /// A packet arrives whole at `arrival_ns` (the packets of the one link
+    /// into the port are announced in their order on it): returns when it
+    /// is written into the buffer and can be processed.
+    pub fn schedule_write(&mut self, arrival_ns: Ns, header: &PacketHeader) -> Ns {
+        let start = arrival_ns.max(self.write_busy_until_ns);
         self.write_busy_until_ns = start + self.write_ns(header);
-        let pause = if header.kind.has_payload() {
+        self.write_busy_until_ns
+    }
+
+    /// The packet is here: a payload packet takes its space (small packets
+    /// have their guaranteed space); `Some(true)` if that crossed the
+    /// pause threshold.
+    pub fn fill(&mut self, header: &PacketHeader) -> Option<bool> {
+        if header.kind.has_payload() {
             self.gauge.fill(self.stored_bytes(header))
         } else {
             None
-        };
-        (self.write_busy_until_ns, pause)
+        }
+    }
+
+    /// A packet has arrived whole at `now_ns`: [`Self::schedule_write`]
+    /// and [`Self::fill`] at once.
+    pub fn arrive(&mut self, now_ns: Ns, header: &PacketHeader) -> (Ns, Option<bool>) {
+        (self.schedule_write(now_ns, header), self.fill(header))
     }
 
     /// A payload packet's data has left the buffer.

@@ -943,15 +943,33 @@ impl Device {
         }
     }
 
-    /// A packet has arrived whole at the port at `now_ns` (its chain is
-    /// accounted to its arrival): it is written into the receive packet
-    /// buffer. Returns when it can be processed ([`Device::receive`]).
-    pub fn port_arrive(&mut self, now_ns: Ns, packet: &mut Packet) -> Ns {
-        let (ready_ns, pause) = self.port_mut().rx.arrive(now_ns, &packet.header);
+    /// A packet will arrive whole at the port at `arrival_ns` (its chain is
+    /// accounted to its arrival; packets are announced in their order on
+    /// the link): it is written into the receive packet buffer. Returns
+    /// when it can be processed ([`Device::receive`]). A payload packet
+    /// also takes its buffer space on arrival ([`Device::port_fill`]).
+    pub fn port_expect(&mut self, arrival_ns: Ns, packet: &mut Packet) -> Ns {
+        let ready_ns = self
+            .port_mut()
+            .rx
+            .schedule_write(arrival_ns, &packet.header);
         packet.chain.spend(Component::PacketBuffer, ready_ns);
-        if let Some(pause) = pause {
+        ready_ns
+    }
+
+    /// A payload packet has arrived at `now_ns`: it takes its space in the
+    /// receive packet buffer, and may make the port pause the link.
+    pub fn port_fill(&mut self, now_ns: Ns, header: &PacketHeader) {
+        if let Some(pause) = self.port_mut().rx.fill(header) {
             self.port_out.push((now_ns, PortOutput::Pause(pause)));
         }
+    }
+
+    /// A packet has arrived whole at `now_ns`: [`Device::port_expect`] and
+    /// [`Device::port_fill`] at once.
+    pub fn port_arrive(&mut self, now_ns: Ns, packet: &mut Packet) -> Ns {
+        let ready_ns = self.port_expect(now_ns, packet);
+        self.port_fill(now_ns, &packet.header);
         ready_ns
     }
 

@@ -243,7 +243,7 @@ enum Ev {
         port: u16,
         paused: bool,
     },
-    /// A packet has arrived whole at its device's port.
+    /// A payload packet has arrived whole at its device's port.
     PortArrive(u32),
     /// A packet is in the receive packet buffer, ready to be processed.
     RxReady(u32),
@@ -651,13 +651,6 @@ impl San {
         self.frames[id as usize].take().expect("a live frame")
     }
 
-    fn packet_mut(&mut self, id: u32) -> &mut Packet {
-        match self.frames[id as usize].as_mut() {
-            Some(Frame::Packet(p)) => p,
-            _ => unreachable!("frame {id} is a device packet"),
-        }
-    }
-
     /// Switch port of a host's NIC.
     fn host_port(&self, host: HostId) -> u16 {
         (self.devices.len() + host.0 as usize) as u16
@@ -722,12 +715,9 @@ impl San {
                 }
             }
             Ev::PortArrive(id) => {
-                let Some(Frame::Packet(packet)) = self.frames[id as usize].as_mut() else {
-                    unreachable!("frame {id} is a device packet")
-                };
-                let d = packet.to_node;
-                let ready = self.devices[d as usize].device.port_arrive(t, packet);
-                self.queue.push(ready, Ev::RxReady(id));
+                let packet = packet_of(&mut self.frames, id);
+                let (d, header) = (packet.to_node, packet.header);
+                self.devices[d as usize].device.port_fill(t, &header);
                 self.collect(t, d);
             }
             Ev::RxReady(id) => {
@@ -784,10 +774,17 @@ impl San {
                         started.sent_ns + self.timing.extra_hops_ns + self.timing.nic_rx_ns;
                     let id = started.item.id;
                     if (port as usize) < self.devices.len() {
-                        let chain = &mut self.packet_mut(id).chain;
-                        chain.spend(Component::NetworkWait, started.start_ns);
-                        chain.spend(Component::Network, arrive);
-                        self.queue.push(arrive, Ev::PortArrive(id));
+                        let packet = packet_of(&mut self.frames, id);
+                        packet.chain.spend(Component::NetworkWait, started.start_ns);
+                        packet.chain.spend(Component::Network, arrive);
+                        let device = &mut self.devices[port as usize].device;
+                        let ready = device.port_expect(arrive, packet);
+                        // Only a payload packet takes buffer space when it
+                        // arrives; a small one is simply ready later.
+                        if packet.header.kind.has_payload() {
+                            self.queue.push(arrive, Ev::PortArrive(id));
+                        }
+                        self.queue.push(ready, Ev::RxReady(id));
                     } else {
                         self.queue.push(arrive, Ev::HostArrive(id));
                     }
@@ -856,6 +853,14 @@ impl San {
         if freed {
             self.start_waiting(now, d);
         }
+    }
+}
+
+/// The device packet in frame `id`.
+fn packet_of(frames: &mut [Option<Frame>], id: u32) -> &mut Packet {
+    match frames[id as usize].as_mut() {
+        Some(Frame::Packet(p)) => p,
+        _ => unreachable!("frame {id} is a device packet"),
     }
 }
 
