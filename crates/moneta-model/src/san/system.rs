@@ -15,10 +15,10 @@
 //! host. The switch has one port per device and one per host NIC.
 //!
 //! Everything runs on one [`EventQueue`] (ties broken by insertion order),
-//! so the same seed and the same calls give the same events. A call with a
-//! time earlier than events still pending first runs the model up to it
-//! (their `SanEvent`s wait for the next `deliver_due`); a call in the past
-//! of the model is taken at the model's current time.
+//! so the same seed and the same calls give the same events. A call at a
+//! time later than pending events first runs the model up to it (their
+//! `SanEvent`s wait for the next `deliver_due`); a call in the model's past
+//! is taken at the model's current time.
 
 use super::address_map::AddressMap;
 use super::fabric::{FabricTiming, Switch, SwitchAction, SwitchFrame};
