@@ -2,6 +2,10 @@
 //! a network port, joined by 10 Gb Ethernet switches into one global
 //! storage address space, and the host interfaces that use them.
 //!
+//! - [`fabric`]: links, the switch and 802.3x pause between the ports,
+//!   with the per-element latencies derived from the published ones.
+//! - [`address_map`]: the configuration utility: the global space on the
+//!   SSDs, mirroring, and the routing registers it programs.
 //! - [`system`]: the SAN as the simulator drives it: hosts, their devices
 //!   (QuickSAN SSDs and NICs, each the `device::pipeline` with its network
 //!   port), the switch fabric, the global address map and mirroring, on one
@@ -11,4 +15,6 @@
 //! (`device::network`, `device::packet`): the simulator and, later, the
 //! emulator on real frames share them.
 
+pub mod address_map;
+pub mod fabric;
 pub mod system;
