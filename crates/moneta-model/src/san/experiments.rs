@@ -30,6 +30,7 @@ use crate::breakdown::{Breakdown, Component, Parts};
 use crate::config::Config;
 use crate::kernel::rng::Rng;
 use crate::kernel::EventQueue;
+use crate::san::energy::{per_op, EnergyPerOp, HostPower};
 use crate::san::interfaces::{
     device_path, host_config, transport_path, DevicePath, FifoServers, Interface, InterfaceCosts,
     TransportPath,
@@ -40,6 +41,7 @@ use crate::san::system::{
 use crate::stats::LatencyHistogram;
 use crate::units::{transfer_ns, Ns, Op};
 use crate::workload::{OpMix, RunLimit};
+use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 
 /// Which addresses a random source picks, relative to the requesting host.
@@ -96,6 +98,9 @@ pub struct Experiment {
     /// For random sources (scripts end by themselves).
     pub limit: RunLimit,
     pub seed: u64,
+    /// Run the workload on the first this-many client hosts only (the
+    /// single-thread latency test uses one); `None`: all of them.
+    pub active_hosts: Option<u16>,
 }
 
 /// What a run measured.
@@ -214,7 +219,16 @@ impl<'a> Engine<'a> {
             return Err("threads per host must be at least 1".into());
         }
         let san = San::new(&x.san, x.seed).map_err(|e| e.to_string())?;
-        let hosts = client_hosts(x.san.topology);
+        let mut hosts = client_hosts(x.san.topology);
+        if let Some(n) = x.active_hosts {
+            if n == 0 || n as usize > hosts.len() {
+                return Err(format!(
+                    "{n} active hosts requested, the topology has {} client hosts",
+                    hosts.len()
+                ));
+            }
+            hosts.truncate(n as usize);
+        }
         let host_config = host_config(&x.san.device, x.interface, &x.costs);
         let mut threads = Vec::new();
         for &host in &hosts {
@@ -396,8 +410,10 @@ impl<'a> Engine<'a> {
         let host = self.threads[t as usize].host;
         match &self.x.source {
             RequestSource::Script(_) => {
-                let hosts = client_hosts(self.x.san.topology);
-                let i = hosts.iter().position(|&h| h == host).expect("a client");
+                let i = client_hosts(self.x.san.topology)
+                    .iter()
+                    .position(|&h| h == host)
+                    .expect("a client");
                 Ok(self.scripts[i]
                     .pop_front()
                     .map(|s| (s.op, s.addr, s.len_bytes)))
@@ -681,4 +697,497 @@ impl<'a> Engine<'a> {
         self.queue.push(now, HostEvent::Start(t));
         Ok(())
     }
+}
+
+// ---------------------------------------------------------------------------
+// The §5.4 experiments as tables of rows (the CLI prints them).
+
+/// What every experiment shares.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// The QuickSAN SSD preset (with its network parameters).
+    pub device: Config,
+    pub costs: InterfaceCosts,
+    pub seed: u64,
+    /// Requests per measured point (all threads together).
+    pub ops: u64,
+    /// Closed-loop threads per host for the bandwidth-type experiments: 8,
+    /// one per core of the paper's dual E5520 hosts (our choice: §5.4 does
+    /// not say).
+    pub threads_per_host: u32,
+}
+
+/// Called before each point: (points done, points in all, what is next).
+pub type Progress<'p> = &'p mut dyn FnMut(usize, usize, &str);
+
+impl Setup {
+    fn san(&self, topology: Topology, mirroring: bool) -> SanConfig {
+        SanConfig {
+            device: self.device.clone(),
+            topology,
+            mirroring,
+        }
+    }
+
+    fn run_point(
+        &self,
+        san: SanConfig,
+        interface: Interface,
+        source: RequestSource,
+        threads_per_host: u32,
+        active_hosts: Option<u16>,
+    ) -> Result<RunResult, String> {
+        run(&Experiment {
+            san,
+            costs: self.costs.clone(),
+            interface,
+            threads_per_host,
+            source,
+            limit: RunLimit::Ops(self.ops),
+            seed: self.seed,
+            active_hosts,
+        })
+    }
+}
+
+/// The topologies of §5.4.1 with `nodes` machines: distributed, one SSD per
+/// node; centralized, `nodes` SSDs in one server and `nodes` clients.
+pub fn topology(centralized: bool, nodes: u16) -> Result<Topology, String> {
+    if nodes == 0 {
+        return Err("--nodes must be at least 1".into());
+    }
+    Ok(if centralized {
+        Topology::Centralized {
+            ssds: nodes,
+            clients: nodes,
+        }
+    } else {
+        Topology::Distributed { nodes }
+    })
+}
+
+pub fn topology_key(t: Topology) -> &'static str {
+    match t {
+        Topology::Distributed { .. } => "distributed",
+        Topology::Centralized { .. } => "centralized",
+    }
+}
+
+fn op_key(op: Op) -> &'static str {
+    op.as_str()
+}
+
+pub fn mix_key(mix: OpMix) -> &'static str {
+    match mix {
+        OpMix::Read => "read",
+        OpMix::Write => "write",
+        OpMix::Mixed(_) => "mixed",
+    }
+}
+
+/// Mean µs per request grouped as the rows of Table 5.1.
+#[derive(Debug, Clone, Serialize)]
+pub struct Table51Rows {
+    /// OS entry/exit, block layer, or Moneta-D's library.
+    pub os_entry_exit_block_io_us: f64,
+    /// GFS2.
+    pub file_system_us: f64,
+    /// Everything between the block interface and the media: driver,
+    /// completion, transport software, network, device (not the array).
+    pub block_transport_us: f64,
+    /// The memory array itself (excluded from Table 5.1).
+    pub media_us: f64,
+    /// Table 5.1's block transport for this interface and operation (a
+    /// remote 4 KB access), beside ours.
+    pub paper_block_transport_us: f64,
+}
+
+fn table_5_1_rows(b: &Breakdown, interface: Interface, op: Op) -> Table51Rows {
+    use Component as K;
+    let us = |cs: &[Component]| cs.iter().map(|&c| b.mean_ns(c)).sum::<f64>() / 1e3;
+    let os = us(&[
+        K::SyscallEntry,
+        K::Return,
+        K::BlockLayer,
+        K::Library,
+        K::PermissionMiss,
+    ]);
+    let fs = us(&[K::FileSystem]);
+    let media = us(&[K::Array]);
+    let paper = match (interface, op) {
+        (Interface::Iscsi, Op::Read) => 284.0,
+        (Interface::Iscsi, Op::Write) => 207.7,
+        (Interface::FibreChannel, Op::Read) => 86.0,
+        (Interface::FibreChannel, Op::Write) => 85.9,
+        (_, Op::Read) => 17.0,
+        (_, Op::Write) => 16.9,
+    };
+    Table51Rows {
+        os_entry_exit_block_io_us: os,
+        file_system_us: fs,
+        block_transport_us: b.total_mean_ns() / 1e3 - os - fs - media,
+        media_us: media,
+        paper_block_transport_us: paper,
+    }
+}
+
+/// One row of `moneta san sim latency` (§5.4.2, Table 5.2's layout).
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyRow {
+    pub interface: Interface,
+    pub topology: &'static str,
+    pub locality: &'static str,
+    pub op: &'static str,
+    pub size_bytes: u64,
+    pub latency_us_mean: f64,
+    pub latency_us_p99: f64,
+    /// Mean µs per component; sums to the mean latency.
+    pub breakdown_us: Breakdown,
+    pub table_5_1: Table51Rows,
+}
+
+/// One thread issuing serially (§5.4.2), for every interface × {local,
+/// remote} × {read, write}, distributed over `nodes` (centralized: remote
+/// only).
+pub fn latency(
+    setup: &Setup,
+    interfaces: &[Interface],
+    topology: Topology,
+    size_bytes: u64,
+    progress: Progress,
+) -> Result<Vec<LatencyRow>, String> {
+    let localities: &[Locality] = match topology {
+        Topology::Distributed { nodes: 1 } => &[Locality::Local],
+        Topology::Distributed { .. } => &[Locality::Local, Locality::Remote],
+        Topology::Centralized { .. } => &[Locality::Remote],
+    };
+    let mut points = Vec::new();
+    for &i in interfaces {
+        for &l in localities {
+            for op in [Op::Read, Op::Write] {
+                points.push((i, l, op));
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (k, &(interface, locality, op)) in points.iter().enumerate() {
+        progress(
+            k,
+            points.len(),
+            &format!("{} {} {}", interface.key(), locality.key(), op_key(op)),
+        );
+        let mix = if op == Op::Read {
+            OpMix::Read
+        } else {
+            OpMix::Write
+        };
+        let r = setup.run_point(
+            setup.san(topology, false),
+            interface,
+            RequestSource::Random {
+                mix,
+                size_bytes,
+                locality,
+            },
+            1,
+            Some(1),
+        )?;
+        rows.push(LatencyRow {
+            interface,
+            topology: topology_key(topology),
+            locality: locality.key(),
+            op: op_key(op),
+            size_bytes,
+            latency_us_mean: r.latency.mean_ns() / 1e3,
+            latency_us_p99: r.latency.percentile_ns(0.99) / 1e3,
+            table_5_1: table_5_1_rows(&r.breakdown, interface, op),
+            breakdown_us: r.breakdown,
+        });
+    }
+    progress(points.len(), points.len(), "done");
+    Ok(rows)
+}
+
+/// One row of `moneta san sim bandwidth` (§5.4.3, Figure 5.5).
+#[derive(Debug, Clone, Serialize)]
+pub struct BandwidthRow {
+    pub interface: Interface,
+    pub topology: &'static str,
+    pub nodes: u16,
+    pub mirroring: bool,
+    pub op: &'static str,
+    pub size_bytes: u64,
+    pub threads_per_host: u32,
+    /// Mean per-host bandwidth, 10^6 B/s.
+    pub mb_per_s_per_host: f64,
+    pub latency_us_mean: f64,
+    /// Mean µs the requests waited for an iSCSI target's CPU.
+    pub target_wait_us_mean: f64,
+}
+
+fn bandwidth_row(
+    r: &RunResult,
+    interface: Interface,
+    topology: Topology,
+    mirroring: bool,
+    mix: OpMix,
+    size_bytes: u64,
+    threads_per_host: u32,
+) -> BandwidthRow {
+    BandwidthRow {
+        interface,
+        topology: topology_key(topology),
+        nodes: r.active_hosts,
+        mirroring,
+        op: mix_key(mix),
+        size_bytes,
+        threads_per_host,
+        mb_per_s_per_host: r.mb_per_s_per_host(),
+        latency_us_mean: r.latency.mean_ns() / 1e3,
+        target_wait_us_mean: r.breakdown.mean_ns(Component::TargetWait) / 1e3,
+    }
+}
+
+/// Random requests over the whole global space from every client host.
+pub fn bandwidth(
+    setup: &Setup,
+    interfaces: &[Interface],
+    topology: Topology,
+    mirroring: bool,
+    mixes: &[OpMix],
+    sizes: &[u64],
+    progress: Progress,
+) -> Result<Vec<BandwidthRow>, String> {
+    let mut points = Vec::new();
+    for &i in interfaces {
+        for &m in mixes {
+            for &s in sizes {
+                points.push((i, m, s));
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (k, &(interface, mix, size_bytes)) in points.iter().enumerate() {
+        progress(
+            k,
+            points.len(),
+            &format!("{} {} {size_bytes} B", interface.key(), mix_key(mix)),
+        );
+        let r = setup.run_point(
+            setup.san(topology, mirroring),
+            interface,
+            RequestSource::Random {
+                mix,
+                size_bytes,
+                locality: Locality::Any,
+            },
+            setup.threads_per_host,
+            None,
+        )?;
+        rows.push(bandwidth_row(
+            &r,
+            interface,
+            topology,
+            mirroring,
+            mix,
+            size_bytes,
+            setup.threads_per_host,
+        ));
+    }
+    progress(points.len(), points.len(), "done");
+    Ok(rows)
+}
+
+/// One row of `moneta san sim scaling` (§5.4.4, Figure 5.6).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingRow {
+    pub interface: Interface,
+    pub nodes: u16,
+    pub op: &'static str,
+    pub size_bytes: u64,
+    pub capacity_bytes_per_node: u64,
+    /// Aggregate 10^6 B/s served by each requester's own SSD, by the
+    /// network (other SSDs), and both.
+    pub local_mb_per_s: f64,
+    pub network_mb_per_s: f64,
+    pub total_mb_per_s: f64,
+}
+
+/// 16 GB per node, as §5.4.4.
+pub const SCALING_BYTES_PER_NODE: u64 = 16 << 30;
+
+/// 4 KB random requests on 1…16 distributed nodes with 16 GB each.
+pub fn scaling(
+    setup: &Setup,
+    interface: Interface,
+    node_counts: &[u16],
+    mix: OpMix,
+    size_bytes: u64,
+    progress: Progress,
+) -> Result<Vec<ScalingRow>, String> {
+    let mut small = setup.clone();
+    small.device.device.capacity_bytes = SCALING_BYTES_PER_NODE;
+    let mut rows = Vec::new();
+    for (k, &nodes) in node_counts.iter().enumerate() {
+        progress(k, node_counts.len(), &format!("{nodes} nodes"));
+        let t = topology(false, nodes)?;
+        // The same requests per node at every size of the cluster.
+        let mut per_node = small.clone();
+        per_node.ops = setup.ops * nodes as u64;
+        let r = per_node.run_point(
+            small.san(t, false),
+            interface,
+            RequestSource::Random {
+                mix,
+                size_bytes,
+                locality: Locality::Any,
+            },
+            setup.threads_per_host,
+            None,
+        )?;
+        rows.push(ScalingRow {
+            interface,
+            nodes,
+            op: mix_key(mix),
+            size_bytes,
+            capacity_bytes_per_node: SCALING_BYTES_PER_NODE,
+            local_mb_per_s: r.mb_per_s(r.local_bytes),
+            network_mb_per_s: r.mb_per_s(r.remote_bytes),
+            total_mb_per_s: r.mb_per_s(r.bytes),
+        });
+    }
+    progress(node_counts.len(), node_counts.len(), "done");
+    Ok(rows)
+}
+
+/// One row of `moneta san sim replication` (§5.4.5, Figure 5.7).
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicationRow {
+    pub interface: Interface,
+    pub mirroring: bool,
+    pub op: &'static str,
+    pub size_bytes: u64,
+    /// One thread, random addresses over the global space.
+    pub latency_us_mean: f64,
+    /// `threads_per_host` threads on every node.
+    pub mb_per_s_per_host: f64,
+}
+
+/// Latency and bandwidth with and without mirroring, distributed.
+pub fn replication(
+    setup: &Setup,
+    interfaces: &[Interface],
+    nodes: u16,
+    mixes: &[OpMix],
+    size_bytes: u64,
+    progress: Progress,
+) -> Result<Vec<ReplicationRow>, String> {
+    let t = topology(false, nodes)?;
+    let mut points = Vec::new();
+    for &i in interfaces {
+        for &m in mixes {
+            for mirroring in [false, true] {
+                points.push((i, m, mirroring));
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (k, &(interface, mix, mirroring)) in points.iter().enumerate() {
+        progress(
+            k,
+            points.len(),
+            &format!(
+                "{} {} mirroring {}",
+                interface.key(),
+                mix_key(mix),
+                if mirroring { "on" } else { "off" }
+            ),
+        );
+        let source = RequestSource::Random {
+            mix,
+            size_bytes,
+            locality: Locality::Any,
+        };
+        let one = setup.run_point(setup.san(t, mirroring), interface, source.clone(), 1, Some(1))?;
+        let all = setup.run_point(
+            setup.san(t, mirroring),
+            interface,
+            source,
+            setup.threads_per_host,
+            None,
+        )?;
+        rows.push(ReplicationRow {
+            interface,
+            mirroring,
+            op: mix_key(mix),
+            size_bytes,
+            latency_us_mean: one.latency.mean_ns() / 1e3,
+            mb_per_s_per_host: all.mb_per_s_per_host(),
+        });
+    }
+    progress(points.len(), points.len(), "done");
+    Ok(rows)
+}
+
+/// One row of `moneta san sim energy` (§5.4.7, Figure 5.10).
+#[derive(Debug, Clone, Serialize)]
+pub struct EnergyRow {
+    pub interface: Interface,
+    pub topology: &'static str,
+    pub op: &'static str,
+    pub size_bytes: u64,
+    pub iops: f64,
+    #[serde(flatten)]
+    pub energy: EnergyPerOp,
+}
+
+/// Energy per request under the bandwidth load.
+pub fn energy(
+    setup: &Setup,
+    interfaces: &[Interface],
+    topology: Topology,
+    mixes: &[OpMix],
+    size_bytes: u64,
+    power: &HostPower,
+    progress: Progress,
+) -> Result<Vec<EnergyRow>, String> {
+    let hosts = match topology {
+        Topology::Distributed { nodes } => nodes,
+        Topology::Centralized { clients, .. } => clients + 1,
+    };
+    let mut points = Vec::new();
+    for &i in interfaces {
+        for &m in mixes {
+            points.push((i, m));
+        }
+    }
+    let mut rows = Vec::new();
+    for (k, &(interface, mix)) in points.iter().enumerate() {
+        progress(
+            k,
+            points.len(),
+            &format!("{} {}", interface.key(), mix_key(mix)),
+        );
+        let r = setup.run_point(
+            setup.san(topology, false),
+            interface,
+            RequestSource::Random {
+                mix,
+                size_bytes,
+                locality: Locality::Any,
+            },
+            setup.threads_per_host,
+            None,
+        )?;
+        rows.push(EnergyRow {
+            interface,
+            topology: topology_key(topology),
+            op: mix_key(mix),
+            size_bytes,
+            iops: crate::experiment::rate(r.ops, r.elapsed_ns),
+            energy: per_op(&r, hosts, power)?,
+        });
+    }
+    progress(points.len(), points.len(), "done");
+    Ok(rows)
 }

@@ -163,6 +163,7 @@ fn stage_io(setup: &SortSetup, scripts: Vec<VecDeque<Scripted>>) -> Result<Ns, S
         source: RequestSource::Script(scripts),
         limit: RunLimit::Ops(u64::MAX),
         seed: setup.seed,
+        active_hosts: None,
     })?;
     Ok(r.elapsed_ns)
 }
