@@ -1108,7 +1108,13 @@ pub fn replication(
             size_bytes,
             locality: Locality::Any,
         };
-        let one = setup.run_point(setup.san(t, mirroring), interface, source.clone(), 1, Some(1))?;
+        let one = setup.run_point(
+            setup.san(t, mirroring),
+            interface,
+            source.clone(),
+            1,
+            Some(1),
+        )?;
         let all = setup.run_point(
             setup.san(t, mirroring),
             interface,

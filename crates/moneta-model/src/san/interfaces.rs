@@ -275,10 +275,12 @@ pub fn device_path(host: &Config, op: Op, bytes: u64) -> Result<DevicePath, Stri
                     + c.add(Component::Interrupt, interrupt_ns)
                     + c.add(Component::WakeUp, wake_ns);
             }
-            Step::Serial(..) | Step::Sleep { .. } => return Err(format!(
+            Step::Serial(..) | Step::Sleep { .. } => {
+                return Err(format!(
                 "stack {:?} has serialized sections; the SAN hosts run the optimized stacks only",
                 host.host.stack
-            )),
+            ))
+            }
         }
     }
     if host.host.stack == Stack::Direct {
