@@ -163,6 +163,7 @@ pub struct Config {
     pub direct: DirectConfig,
     pub ramdisk: RamdiskConfig,
     pub power: PowerConfig,
+    pub network: NetworkConfig,
 }
 
 /// Scheduler, tags, buffers (SPEC §1.2–1.4).
@@ -378,6 +379,44 @@ pub struct RamdiskConfig {
     pub access_bytes: u64,
 }
 
+/// QuickSAN's network port and the Ethernet fabric (SPEC §4.2, Appendix
+/// A.6). Used only when devices are joined into a SAN (`san::system`); a
+/// lone Moneta ignores it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// The device has memory (a QuickSAN SSD) or only the port (a NIC).
+    pub has_memory: bool,
+    /// Line rate of every link, per direction.
+    pub link_bits_per_s: f64,
+    /// Published minimum one-way latency through two NICs, two links and
+    /// one switch, for a small packet; the fabric derives the per-element
+    /// latencies from it and `extra_hop_ns` (`san::fabric`).
+    pub min_one_way_ns: u64,
+    /// Published extra one-way latency per additional switch hop.
+    pub extra_hop_ns: u64,
+    /// Switches on every path between two ports (1: one switch).
+    pub switch_hops: u32,
+    /// Receive packet buffer of a port.
+    pub rx_buffer_bytes: u64,
+    /// Occupancy at which the port sends 802.3x pause requests upstream.
+    pub pause_on_bytes: u64,
+    /// Occupancy below which it cancels them.
+    pub pause_off_bytes: u64,
+    /// Width of the packet buffer's write port, bytes per port clock.
+    pub packet_buffer_bytes_per_cycle: u64,
+    /// Port clock period (125 MHz).
+    pub port_clock_ns: u64,
+    /// Rate of the network "DMA" from the packet buffer into a transfer buffer.
+    pub buffer_move_bytes_per_s: f64,
+    /// Buffer a switch holds per input port before pausing that link.
+    pub switch_port_buffer_bytes: u64,
+    /// Host NICs (iSCSI's TCP traffic): payload per frame and the
+    /// Ethernet/IP/TCP headers each frame carries.
+    pub message_mtu_bytes: u64,
+    pub message_header_bytes: u64,
+}
+
 /// Power model (SPEC §1.9, MICRO'10 Table I).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -588,8 +627,90 @@ impl Config {
             self.ramdisk.memory_bytes_per_s,
         )?;
         positive("ramdisk.access_bytes", self.ramdisk.access_bytes)?;
+        self.network.validate()?;
         Ok(())
     }
+}
+
+impl NetworkConfig {
+    /// The largest packet a port stores: header and one buffer of payload.
+    pub fn max_stored_bytes(&self) -> u64 {
+        crate::device::packet::HEADER_BYTES + crate::device::packet::MAX_PAYLOAD_BYTES
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let n = self;
+        if !(n.link_bits_per_s.is_finite() && n.link_bits_per_s >= 1e6) {
+            return Err(err("network.link_bits_per_s", "must be at least 1e6"));
+        }
+        positive_f("network.buffer_move_bytes_per_s", n.buffer_move_bytes_per_s)?;
+        range("network.switch_hops", n.switch_hops as u64, 1, 64)?;
+        range("network.port_clock_ns", n.port_clock_ns, 1, 1000)?;
+        range(
+            "network.packet_buffer_bytes_per_cycle",
+            n.packet_buffer_bytes_per_cycle,
+            1,
+            1024,
+        )?;
+        range("network.rx_buffer_bytes", n.rx_buffer_bytes, 1024, 1 << 30)?;
+        positive("network.pause_off_bytes", n.pause_off_bytes)?;
+        if n.pause_off_bytes >= n.pause_on_bytes {
+            return Err(err(
+                "network.pause_off_bytes",
+                "must be below network.pause_on_bytes",
+            ));
+        }
+        // After the pause request, the upstream link may finish the packet
+        // it is sending and start one more before the request reaches it:
+        // that must still fit, or packets would be lost.
+        let headroom = 2 * n.max_stored_bytes();
+        if n.pause_on_bytes + headroom > n.rx_buffer_bytes {
+            return Err(err(
+                "network.pause_on_bytes",
+                format!(
+                    "leaves less than two {}-byte packets of room in network.rx_buffer_bytes",
+                    n.max_stored_bytes()
+                ),
+            ));
+        }
+        let switch_pause_on = n.switch_pause_on_bytes();
+        if switch_pause_on == 0 || switch_pause_on + headroom > n.switch_port_buffer_bytes {
+            return Err(err(
+                "network.switch_port_buffer_bytes",
+                "too small to pause in time at the port's pause fraction",
+            ));
+        }
+        range("network.message_mtu_bytes", n.message_mtu_bytes, 64, 65536)?;
+        range(
+            "network.message_header_bytes",
+            n.message_header_bytes,
+            0,
+            1024,
+        )?;
+        crate::san::fabric::FabricTiming::derive(n).map(|_| ())
+    }
+
+    /// A switch input pauses at the same fraction of its buffer as a port.
+    pub fn switch_pause_on_bytes(&self) -> u64 {
+        scale(
+            self.switch_port_buffer_bytes,
+            self.pause_on_bytes,
+            self.rx_buffer_bytes,
+        )
+    }
+
+    pub fn switch_pause_off_bytes(&self) -> u64 {
+        scale(
+            self.switch_port_buffer_bytes,
+            self.pause_off_bytes,
+            self.rx_buffer_bytes,
+        )
+    }
+}
+
+/// `value × numerator / denominator` without overflow.
+fn scale(value: u64, numerator: u64, denominator: u64) -> u64 {
+    (u128::from(value) * u128::from(numerator) / u128::from(denominator.max(1))) as u64
 }
 
 fn positive(key: &str, v: u64) -> Result<(), ConfigError> {

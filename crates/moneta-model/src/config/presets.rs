@@ -18,6 +18,14 @@ pub const PRESETS: &[(&str, &str)] = &[
         include_str!("../../presets/ddr-ramdisk.toml"),
     ),
     ("null", include_str!("../../presets/null.toml")),
+    (
+        "quicksan-ssd",
+        include_str!("../../presets/quicksan-ssd.toml"),
+    ),
+    (
+        "quicksan-nic",
+        include_str!("../../presets/quicksan-nic.toml"),
+    ),
 ];
 
 pub fn preset_names() -> impl Iterator<Item = &'static str> {

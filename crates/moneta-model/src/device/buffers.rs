@@ -89,6 +89,10 @@ impl BufferPool {
         !self.free.is_empty()
     }
 
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
     pub fn busy_ns(&self) -> u64 {
         self.busy_ns_total
     }

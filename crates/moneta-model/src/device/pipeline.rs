@@ -28,12 +28,15 @@ use super::command::{self, CommandError, CommandFormat, CommandLimits};
 use super::dma::Dma;
 use super::memory::{ControllerActivity, MemoryTiming};
 use super::moneta_controller::MonetaController;
+use super::network::{Chain, HeaderFields, NetworkPort, Packet, PortOutput, Started, Target};
 use super::onyx_pcm::OnyxController;
+use super::packet::{PacketHeader, PacketKind};
 use super::queues::{BarrierGate, RequestQueues};
 use super::ring::Ring;
 use crate::breakdown::{Component, DeviceParts};
 use crate::config::{Config, ControllerKind};
 use crate::units::{DeviceAddr, Ns, Op, PhysTag};
+use std::collections::VecDeque;
 use std::fmt;
 
 /// A request as the host stack hands it to the device (already decoded).
@@ -59,6 +62,10 @@ pub struct Completion {
     /// component, along the critical path (in virtual time the parts sum
     /// exactly to that interval).
     pub parts: DeviceParts,
+    /// Bytes served by this device's own memory and by network peers
+    /// (QuickSAN; a lone device serves everything locally).
+    pub local_bytes: u64,
+    pub remote_bytes: u64,
 }
 
 /// The words a host wrote to the command registers (SPEC §1.2).
@@ -108,17 +115,35 @@ impl fmt::Display for DeviceError {
 
 impl std::error::Error for DeviceError {}
 
-/// Events the device schedules for itself.
+/// Events the device schedules for itself. Segments are named by their
+/// slot: the transfer buffer they hold, or (a remote write whose data has
+/// left) a slot past the buffers; requests by their index (physical tags
+/// first, then requests from network peers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceEvent {
     Enqueue(PhysTag),
     WriteDmaDone(u16),
     WriteToRing(u16),
     BufferFree(u16),
-    SegmentDone(PhysTag),
+    SegmentDone(u16),
     ReadDataReady(u16),
     ReadToHost(u16),
     ReadDmaDone(u16),
+    /// The network port's frame on the wire has finished (QuickSAN).
+    PortTxDone,
+    /// A packet's payload has moved from the receive packet buffer into
+    /// the segment's transfer buffer (QuickSAN).
+    PacketDataIn(u16),
+}
+
+/// Who asked for a request.
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    /// This device's host, under a physical tag.
+    Host,
+    /// A network peer: its request packet (for the reply) and the chain it
+    /// carried (where the time went up to its arrival here).
+    Peer { request: PacketHeader, from: u16 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -128,49 +153,45 @@ struct RequestState {
     addr: u64,
     len_bytes: u64,
     barrier: bool,
+    origin: Origin,
+    /// The address is global: each segment is routed (QuickSAN's `submit`).
+    routed: bool,
+    /// 2 for a mirrored write (each segment issued to both copies).
+    copies: u8,
+    pass: u8,
     next_offset: u64,
     segments_total: u32,
     segments_done: u32,
+    local_bytes: u64,
+    remote_bytes: u64,
     /// Where time goes: accepted at `submitted_ns`, past retag and
     /// protection at `queued_ns`; the chain of the segment that finishes
-    /// last so far and when it finishes.
+    /// last so far and when it finishes. A peer's request starts with the
+    /// chain its packet brought.
     submitted_ns: Ns,
     queued_ns: Ns,
+    start_chain: Chain,
     critical_chain: DeviceParts,
     critical_done_ns: Ns,
 }
 
+/// A segment on its way through the device.
 #[derive(Debug, Clone, Copy)]
 struct SegmentState {
-    tag: PhysTag,
+    request: u16,
     segment: Segment,
-    /// This segment's time so far by component, accounted up to `mark_ns`.
-    chain: DeviceParts,
-    mark_ns: Ns,
+    target: Target,
+    /// The transfer buffer it holds (a remote write's slot past the
+    /// buffers keeps the number of the buffer its packet leaves from).
+    buffer: u16,
+    /// This segment's time so far by component.
+    chain: Chain,
     /// A read's wait in the controller's queue before its access.
     controller_wait_ns: Ns,
-}
-
-impl SegmentState {
-    /// Account the time from the mark to `until_ns` to `component`.
-    fn spend(&mut self, component: Component, until_ns: Ns) {
-        self.chain.add(component, until_ns - self.mark_ns);
-        self.mark_ns = until_ns;
-    }
-
-    /// A transfer from the mark to `until_ns` that takes `unloaded_ns` on
-    /// an idle link or ring: the rest was `wait`.
-    fn spend_transfer(
-        &mut self,
-        wait: Component,
-        transfer: Component,
-        until_ns: Ns,
-        unloaded_ns: Ns,
-    ) {
-        let waited = (until_ns - self.mark_ns).saturating_sub(unloaded_ns);
-        self.spend(wait, self.mark_ns + waited);
-        self.spend(transfer, until_ns);
-    }
+    /// Bytes its packet holds in the receive packet buffer, if any.
+    rx_stored_bytes: u64,
+    /// Waiting for a peer's completion packet of this kind.
+    awaiting: Option<PacketKind>,
 }
 
 /// Counters of the device's components, for reports and the power model.
@@ -185,6 +206,8 @@ pub struct DeviceCounters {
     pub scheduler_busy_ns: u64,
     pub buffer_busy_ns: u64,
     pub controllers: Vec<ControllerActivity>,
+    /// Requests served for network peers (QuickSAN).
+    pub peer_requests_served: u64,
 }
 
 pub struct Device {
@@ -196,20 +219,31 @@ pub struct Device {
     ring: Ring,
     controllers: Vec<Box<dyn MemoryTiming>>,
     buffers: BufferPool,
-    queues: RequestQueues,
+    /// Transfer buffers only incoming network writes may take (SPEC §4.2:
+    /// a dedicated buffer for incoming writes guarantees progress).
+    reserved_buffers: usize,
+    queues: RequestQueues<u16>,
     gate: BarrierGate,
     requests: Vec<Option<RequestState>>,
+    free_peer_requests: Vec<u16>,
     segments: Vec<SegmentState>,
-    /// Admitted (past the barrier gate) and not yet completed.
+    free_remote_slots: Vec<u16>,
+    /// Admitted (past the barrier gate) and not yet completed host requests.
     outstanding: u32,
     busy_since_ns: Ns,
     counters: DeviceCounters,
     admitted: Vec<PhysTag>,
     write_buffer_until_ack: bool,
+    /// QuickSAN: the network port, and peers' write requests waiting for a
+    /// transfer buffer (their data waits in the receive packet buffer).
+    port: Option<NetworkPort>,
+    incoming_writes: VecDeque<u16>,
     /// Events to deliver back to `handle` at their time.
     pub outbox: Vec<(Ns, DeviceEvent)>,
     /// Requests finished since the driver last drained this.
     pub completions: Vec<Completion>,
+    /// What the network port hands to the fabric (QuickSAN).
+    pub port_out: Vec<(Ns, PortOutput)>,
 }
 
 impl Device {
@@ -237,16 +271,19 @@ impl Device {
             })
             .collect();
         let empty_segment = SegmentState {
-            tag: PhysTag(0),
+            request: 0,
             segment: Segment {
                 offset_bytes: 0,
                 bytes: 0,
                 controller: 0,
                 local_addr: 0,
             },
-            chain: DeviceParts::default(),
-            mark_ns: 0,
+            target: Target::Local(0),
+            buffer: 0,
+            chain: Chain::default(),
             controller_wait_ns: 0,
+            rx_stored_bytes: 0,
+            awaiting: None,
         };
         Self {
             capacity_bytes: d.capacity_bytes,
@@ -261,22 +298,48 @@ impl Device {
             ring: Ring::new(&config.ring, m.controllers + 1),
             controllers,
             buffers: BufferPool::new(d.transfer_buffers),
+            reserved_buffers: 0,
             queues: RequestQueues::new(d.queue_policy, d.tags),
             gate: BarrierGate::new(d.tags),
             requests: vec![None; d.tags as usize],
+            free_peer_requests: Vec::new(),
             segments: vec![empty_segment; d.transfer_buffers as usize],
+            free_remote_slots: Vec::new(),
             outstanding: 0,
             busy_since_ns: 0,
             counters: DeviceCounters::default(),
             admitted: Vec::with_capacity(d.tags as usize),
             write_buffer_until_ack: d.write_buffer_until_ack,
+            port: None,
+            incoming_writes: VecDeque::new(),
             outbox: Vec::with_capacity(64),
             completions: Vec::with_capacity(64),
+            port_out: Vec::new(),
         }
+    }
+
+    /// A QuickSAN device: the array with its network port (SPEC §4.1). One
+    /// more transfer buffer is dedicated to incoming network writes.
+    pub fn with_port(config: &Config, seed: u64, port: NetworkPort) -> Self {
+        let mut device = Self::new(config, seed);
+        let buffers = config.device.transfer_buffers + 1;
+        device.buffers = BufferPool::new(buffers);
+        device.reserved_buffers = 1;
+        device.segments = vec![device.segments[0]; buffers as usize];
+        device.port = Some(port);
+        device
     }
 
     pub fn capacity_bytes(&self) -> u64 {
         self.capacity_bytes
+    }
+
+    pub fn port(&self) -> Option<&NetworkPort> {
+        self.port.as_ref()
+    }
+
+    fn port_mut(&mut self) -> &mut NetworkPort {
+        self.port.as_mut().expect("a QuickSAN device has a port")
     }
 
     /// Decode the command words the host wrote at `now_ns` and accept the
@@ -327,6 +390,30 @@ impl Device {
         tag: PhysTag,
         request: DeviceRequest,
     ) -> Result<(), DeviceError> {
+        self.accept(now_ns, tag, request, self.capacity_bytes, false)
+    }
+
+    /// QuickSAN: accept a request whose address is global; each segment
+    /// goes to this device's memory or over the port to the peer that owns
+    /// it (both copies of a mirrored write).
+    pub fn submit_global(
+        &mut self,
+        now_ns: Ns,
+        tag: PhysTag,
+        request: DeviceRequest,
+    ) -> Result<(), DeviceError> {
+        let global_bytes = self.port_mut().routes.global_bytes();
+        self.accept(now_ns, tag, request, global_bytes, true)
+    }
+
+    fn accept(
+        &mut self,
+        now_ns: Ns,
+        tag: PhysTag,
+        request: DeviceRequest,
+        capacity_bytes: u64,
+        routed: bool,
+    ) -> Result<(), DeviceError> {
         if tag.0 as u32 >= self.tags {
             return Err(DeviceError::TagOutOfRange(tag.0));
         }
@@ -337,33 +424,43 @@ impl Device {
             return Err(DeviceError::ZeroLength);
         }
         let end = request.addr.0.checked_add(request.len_bytes);
-        if end.is_none_or(|e| e > self.capacity_bytes) {
+        if end.is_none_or(|e| e > capacity_bytes) {
             return Err(DeviceError::OutOfRange {
                 addr: request.addr.0,
                 len_bytes: request.len_bytes,
-                capacity_bytes: self.capacity_bytes,
+                capacity_bytes,
             });
         }
+        let copies = match (routed, request.op) {
+            (true, Op::Write) if self.port_mut().routes.mirrored() => 2,
+            _ => 1,
+        };
+        let queued_ns = now_ns + self.pipeline_ns + request.protection_ns;
         self.requests[tag.0 as usize] = Some(RequestState {
             token: request.token,
             op: request.op,
             addr: request.addr.0,
             len_bytes: request.len_bytes,
             barrier: request.barrier,
+            origin: Origin::Host,
+            routed,
+            copies,
+            pass: 0,
             next_offset: 0,
             segments_total: self
                 .striping
-                .segment_count(request.addr.0, request.len_bytes),
+                .segment_count(request.addr.0, request.len_bytes)
+                * copies as u32,
             segments_done: 0,
+            local_bytes: 0,
+            remote_bytes: 0,
             submitted_ns: now_ns,
-            queued_ns: now_ns + self.pipeline_ns + request.protection_ns,
+            queued_ns,
+            start_chain: Chain::starting(queued_ns),
             critical_chain: DeviceParts::default(),
             critical_done_ns: 0,
         });
-        self.outbox.push((
-            now_ns + self.pipeline_ns + request.protection_ns,
-            DeviceEvent::Enqueue(tag),
-        ));
+        self.outbox.push((queued_ns, DeviceEvent::Enqueue(tag)));
         Ok(())
     }
 
@@ -371,81 +468,106 @@ impl Device {
     pub fn handle(&mut self, now_ns: Ns, event: DeviceEvent) {
         match event {
             DeviceEvent::Enqueue(tag) => {
-                let barrier = self.request(tag).barrier;
+                let barrier = self.request(tag.0 as u16).barrier;
                 if self.gate.arrive(tag, barrier, self.outstanding) {
                     self.admit(now_ns, tag);
                 }
                 self.schedule_segments(now_ns);
             }
-            DeviceEvent::WriteDmaDone(buffer) => {
-                let s = self.segments[buffer as usize].segment;
+            DeviceEvent::WriteDmaDone(slot) => {
+                let s = self.segments[slot as usize].segment;
                 let unloaded = self.dma.host_to_device.unloaded_ns(s.bytes);
-                self.segments[buffer as usize].spend_transfer(
+                self.segments[slot as usize].chain.spend_transfer(
                     Component::DmaWait,
                     Component::Dma,
                     now_ns,
                     unloaded,
                 );
-                let accept =
-                    self.controllers[s.controller as usize].write_accept_ns(now_ns, s.bytes);
-                if accept > now_ns {
-                    self.outbox.push((accept, DeviceEvent::WriteToRing(buffer)));
-                } else {
-                    self.write_to_ring(now_ns, buffer);
+                match self.segments[slot as usize].target {
+                    Target::Local(_) => self.write_to_controller(now_ns, slot),
+                    Target::Remote { .. } => self.send_remote_write(now_ns, slot),
                 }
             }
-            DeviceEvent::WriteToRing(buffer) => self.write_to_ring(now_ns, buffer),
+            DeviceEvent::WriteToRing(slot) => self.write_to_ring(now_ns, slot),
             DeviceEvent::BufferFree(buffer) => {
                 self.buffers.release(now_ns, buffer);
                 self.schedule_segments(now_ns);
             }
-            DeviceEvent::SegmentDone(tag) => self.segment_done(now_ns, tag),
-            DeviceEvent::ReadDataReady(buffer) => {
-                let state = &mut self.segments[buffer as usize];
-                state.spend(
+            DeviceEvent::SegmentDone(request) => self.segment_done(now_ns, request),
+            DeviceEvent::ReadDataReady(slot) => {
+                let state = &mut self.segments[slot as usize];
+                state.chain.spend(
                     Component::ControllerQueue,
-                    state.mark_ns + state.controller_wait_ns,
+                    state.chain.mark_ns + state.controller_wait_ns,
                 );
-                state.spend(Component::Array, now_ns);
-                let bytes = self.segments[buffer as usize].segment.bytes;
+                state.chain.spend(Component::Array, now_ns);
+                let bytes = self.segments[slot as usize].segment.bytes;
                 let t = self.ring.transfer(now_ns, bytes);
                 self.outbox
-                    .push((t.last_byte_ns, DeviceEvent::ReadToHost(buffer)));
+                    .push((t.last_byte_ns, DeviceEvent::ReadToHost(slot)));
             }
-            DeviceEvent::ReadToHost(buffer) => {
-                let bytes = self.segments[buffer as usize].segment.bytes;
+            DeviceEvent::ReadToHost(slot) => {
+                let bytes = self.segments[slot as usize].segment.bytes;
                 let unloaded = self.ring.unloaded_ns(bytes);
-                self.segments[buffer as usize].spend_transfer(
+                self.segments[slot as usize].chain.spend_transfer(
                     Component::RingWait,
                     Component::Ring,
                     now_ns,
                     unloaded,
                 );
-                let end = self.dma.device_to_host.transfer(now_ns, bytes);
-                self.outbox.push((end, DeviceEvent::ReadDmaDone(buffer)));
+                let request = self.segments[slot as usize].request;
+                match self.request(request).origin {
+                    Origin::Host => self.dma_to_host(now_ns, slot),
+                    Origin::Peer { .. } => self.send_read_completion(now_ns, slot),
+                }
             }
             DeviceEvent::ReadDmaDone(buffer) => {
                 let bytes = self.segments[buffer as usize].segment.bytes;
                 let unloaded = self.dma.device_to_host.unloaded_ns(bytes);
-                self.segments[buffer as usize].spend_transfer(
+                self.segments[buffer as usize].chain.spend_transfer(
                     Component::DmaWait,
                     Component::Dma,
                     now_ns,
                     unloaded,
                 );
                 self.offer_critical(buffer, now_ns);
-                let tag = self.segments[buffer as usize].tag;
+                let request = self.segments[buffer as usize].request;
                 self.buffers.release(now_ns, buffer);
-                self.segment_done(now_ns, tag);
+                self.segment_done(now_ns, request);
                 self.schedule_segments(now_ns);
+            }
+            DeviceEvent::PortTxDone => {
+                let (sent, next) = self.port_mut().tx.done(now_ns);
+                if let Some(next) = next {
+                    self.frame_started(next);
+                }
+                if let Some(buffer) = sent.release_buffer {
+                    self.buffers.release(now_ns, buffer);
+                    self.schedule_segments(now_ns);
+                }
+            }
+            DeviceEvent::PacketDataIn(slot) => {
+                let state = &mut self.segments[slot as usize];
+                state.chain.spend(Component::PacketBuffer, now_ns);
+                let stored = std::mem::take(&mut state.rx_stored_bytes);
+                let request = state.request;
+                if let Some(pause) = self.port_mut().rx.gauge.drain(stored) {
+                    self.port_out.push((now_ns, PortOutput::Pause(pause)));
+                }
+                match self.request(request).origin {
+                    // A peer's write: on to the controller as a local write.
+                    Origin::Peer { .. } => self.write_to_controller(now_ns, slot),
+                    // A read completion's data: on to the host.
+                    Origin::Host => self.dma_to_host(now_ns, slot),
+                }
             }
         }
     }
 
-    fn request(&self, tag: PhysTag) -> &RequestState {
-        self.requests[tag.0 as usize]
+    fn request(&self, request: u16) -> &RequestState {
+        self.requests[request as usize]
             .as_ref()
-            .expect("event for a tag with no request")
+            .expect("event for a request that is not live")
     }
 
     fn admit(&mut self, now_ns: Ns, tag: PhysTag) {
@@ -453,65 +575,146 @@ impl Device {
             self.busy_since_ns = now_ns;
         }
         self.outstanding += 1;
-        let op = self.request(tag).op;
-        self.queues.push(tag, op);
+        let op = self.request(tag.0 as u16).op;
+        self.queues.push(tag.0 as u16, op);
     }
 
-    /// Give free buffers to segments, in the order the queue policy picks.
+    /// Give free buffers to segments: peers' writes first (their data holds
+    /// receive buffer space; the dedicated buffer is theirs), then the
+    /// queues in the order their policy picks.
     fn schedule_segments(&mut self, now_ns: Ns) {
-        while self.buffers.has_free() {
-            let Some(tag) = self.queues.peek() else { break };
-            let req = self.requests[tag.0 as usize]
+        while let Some(&request) = self.incoming_writes.front() {
+            let Some(buffer) = self.buffers.allocate(now_ns) else {
+                break;
+            };
+            self.incoming_writes.pop_front();
+            self.start_peer_write(now_ns, request, buffer);
+        }
+        while self.buffers.free_count() > self.reserved_buffers {
+            let Some(request) = self.queues.peek() else {
+                break;
+            };
+            let req = self.requests[request as usize]
                 .as_mut()
-                .expect("queued tag has a request");
-            let segment = self
+                .expect("queued request is live");
+            let piece = self
                 .striping
                 .segment(req.addr, req.len_bytes, req.next_offset);
-            req.next_offset += segment.bytes;
+            let copy = req.pass;
+            req.next_offset += piece.bytes;
+            if req.next_offset == req.len_bytes && req.pass + 1 < req.copies {
+                req.pass += 1;
+                req.next_offset = 0;
+            }
             let more = req.next_offset < req.len_bytes;
-            let op = req.op;
-            let queued_ns = req.queued_ns;
+            let (op, routed, start_chain) = (req.op, req.routed, req.start_chain);
             self.queues.issued(more);
-            let buffer = self.buffers.allocate(now_ns).expect("checked has_free");
+            let at = req.addr + piece.offset_bytes;
+            let target = match (routed, op) {
+                (false, _) => Target::Local(at),
+                (true, Op::Write) => self.port_mut().routes.route_write(at, copy),
+                (true, Op::Read) => self.port_mut().routes.route_read(at),
+            };
+            let segment = match target {
+                // Stripes of the device's own address space.
+                Target::Local(local) if routed => Segment {
+                    offset_bytes: piece.offset_bytes,
+                    ..self.striping.segment(local, piece.bytes, 0)
+                },
+                _ => piece,
+            };
+            let req = self.requests[request as usize].as_mut().expect("live");
+            match target {
+                Target::Local(_) => req.local_bytes += segment.bytes,
+                Target::Remote { .. } => req.remote_bytes += segment.bytes,
+            }
+            let buffer = self.buffers.allocate(now_ns).expect("checked free_count");
             let mut state = SegmentState {
-                tag,
+                request,
                 segment,
-                chain: DeviceParts::default(),
-                mark_ns: queued_ns,
+                target,
+                buffer,
+                chain: start_chain,
                 controller_wait_ns: 0,
+                rx_stored_bytes: 0,
+                awaiting: None,
             };
             // Barriers, the request queue and the wait for this buffer.
-            state.spend(Component::DeviceQueue, now_ns);
-            if op == Op::Read {
-                // The read command's message to the controller.
-                state.spend(Component::Ring, now_ns + self.ring.message_ns());
-            }
+            state.chain.spend(Component::DeviceQueue, now_ns);
             self.segments[buffer as usize] = state;
-            match op {
-                Op::Write => {
+            match (op, target) {
+                (Op::Write, _) => {
                     let end = self.dma.host_to_device.transfer(now_ns, segment.bytes);
                     self.outbox.push((end, DeviceEvent::WriteDmaDone(buffer)));
                 }
-                Op::Read => {
-                    let arrive = now_ns + self.ring.message_ns();
-                    let controller = &self.controllers[segment.controller as usize];
-                    self.segments[buffer as usize].controller_wait_ns =
-                        controller.read_wait_ns(arrive);
-                    let ready = self.controllers[segment.controller as usize].read(
-                        arrive,
-                        segment.local_addr,
-                        segment.bytes,
+                (Op::Read, Target::Local(_)) => self.read_from_controller(now_ns, buffer),
+                (Op::Read, Target::Remote { node, addr }) => {
+                    // The buffer is allocated before the request leaves
+                    // (SPEC §4.2): the completion lands in it.
+                    self.segments[buffer as usize].awaiting = Some(PacketKind::ReadCompletion);
+                    let header = self.port_mut().header(
+                        PacketKind::ReadRequest,
+                        node,
+                        HeaderFields {
+                            addr,
+                            cmd: CMD_READ,
+                            offsets: buffer,
+                            tag: request,
+                            size: segment.bytes as u16,
+                        },
                     );
-                    self.outbox
-                        .push((ready, DeviceEvent::ReadDataReady(buffer)));
+                    self.port_send(now_ns, header, node, state.chain, None);
                 }
             }
         }
     }
 
-    fn write_to_ring(&mut self, now_ns: Ns, buffer: u16) {
-        self.segments[buffer as usize].spend(Component::ControllerQueue, now_ns);
-        let SegmentState { tag, segment, .. } = self.segments[buffer as usize];
+    /// A read segment's command crosses the ring to its controller.
+    fn read_from_controller(&mut self, now_ns: Ns, slot: u16) {
+        let arrive = now_ns + self.ring.message_ns();
+        let state = &mut self.segments[slot as usize];
+        // The read command's message to the controller.
+        state.chain.spend(Component::Ring, arrive);
+        let segment = state.segment;
+        let controller = &self.controllers[segment.controller as usize];
+        state.controller_wait_ns = controller.read_wait_ns(arrive);
+        let ready = self.controllers[segment.controller as usize].read(
+            arrive,
+            segment.local_addr,
+            segment.bytes,
+        );
+        self.outbox.push((ready, DeviceEvent::ReadDataReady(slot)));
+    }
+
+    /// A write segment's data is in its buffer: once the controller's
+    /// in-queue has room (scoreboard), over the ring.
+    fn write_to_controller(&mut self, now_ns: Ns, slot: u16) {
+        let s = self.segments[slot as usize].segment;
+        let accept = self.controllers[s.controller as usize].write_accept_ns(now_ns, s.bytes);
+        if accept > now_ns {
+            self.outbox.push((accept, DeviceEvent::WriteToRing(slot)));
+        } else {
+            self.write_to_ring(now_ns, slot);
+        }
+    }
+
+    /// A read segment's data is in its buffer: DMA to the host.
+    fn dma_to_host(&mut self, now_ns: Ns, slot: u16) {
+        let bytes = self.segments[slot as usize].segment.bytes;
+        let end = self.dma.device_to_host.transfer(now_ns, bytes);
+        self.outbox.push((end, DeviceEvent::ReadDmaDone(slot)));
+    }
+
+    fn write_to_ring(&mut self, now_ns: Ns, slot: u16) {
+        self.segments[slot as usize]
+            .chain
+            .spend(Component::ControllerQueue, now_ns);
+        let SegmentState {
+            request,
+            segment,
+            buffer,
+            ..
+        } = self.segments[slot as usize];
         let t = self.ring.transfer(now_ns, segment.bytes);
         let w = self.controllers[segment.controller as usize].write(
             t.first_byte_ns,
@@ -523,15 +726,15 @@ impl Device {
         // The rest of a write's chain is known now (the buffer may be reused
         // before the segment is done).
         let unloaded = self.ring.unloaded_ns(segment.bytes);
-        let state = &mut self.segments[buffer as usize];
-        state.spend_transfer(
+        let state = &mut self.segments[slot as usize];
+        state.chain.spend_transfer(
             Component::RingWait,
             Component::Ring,
             t.last_byte_ns,
             unloaded,
         );
-        state.spend(Component::Array, done);
-        self.offer_critical(buffer, done);
+        state.chain.spend(Component::Array, done);
+        self.offer_critical(slot, done);
         // Onyx holds a write's buffer until the controller's completion
         // (`device.write_buffer_until_ack`, SPEC §5); Moneta frees it once
         // the data has left over the ring (SPEC §1.4).
@@ -541,31 +744,42 @@ impl Device {
             t.last_byte_ns
         };
         self.outbox.push((free_ns, DeviceEvent::BufferFree(buffer)));
-        self.outbox.push((done, DeviceEvent::SegmentDone(tag)));
+        self.outbox.push((done, DeviceEvent::SegmentDone(request)));
     }
 
-    /// The segment in `buffer` finishes at `done_ns`: if no other segment of
+    /// The segment in `slot` finishes at `done_ns`: if no other segment of
     /// its request finishes later, its chain is the request's critical path.
-    fn offer_critical(&mut self, buffer: u16, done_ns: Ns) {
-        let state = &self.segments[buffer as usize];
-        let req = self.requests[state.tag.0 as usize]
+    fn offer_critical(&mut self, slot: u16, done_ns: Ns) {
+        let state = &self.segments[slot as usize];
+        let req = self.requests[state.request as usize]
             .as_mut()
             .expect("segment of a live request");
         if done_ns >= req.critical_done_ns {
             req.critical_done_ns = done_ns;
-            req.critical_chain = state.chain;
+            req.critical_chain = state.chain.parts;
         }
     }
 
-    fn segment_done(&mut self, now_ns: Ns, tag: PhysTag) {
-        let req = self.requests[tag.0 as usize]
+    fn segment_done(&mut self, now_ns: Ns, request: u16) {
+        let req = self.requests[request as usize]
             .as_mut()
             .expect("segment of a live request");
         req.segments_done += 1;
         if req.segments_done < req.segments_total {
             return;
         }
-        let req = self.requests[tag.0 as usize].take().expect("live request");
+        let req = self.requests[request as usize]
+            .take()
+            .expect("live request");
+        if let Origin::Peer {
+            request: header,
+            from,
+        } = req.origin
+        {
+            self.peer_request_done(now_ns, request, &req, header, from);
+            return;
+        }
+        let tag = PhysTag(request as u8);
         let mut parts = DeviceParts::default();
         parts.add(Component::Retag, self.pipeline_ns);
         parts.add(
@@ -584,6 +798,8 @@ impl Device {
             tag,
             time_ns: now_ns,
             parts,
+            local_bytes: req.local_bytes,
+            remote_bytes: req.remote_bytes,
         });
         self.counters.requests_completed += 1;
         match req.op {
@@ -616,7 +832,317 @@ impl Device {
         c.controllers = self.controllers.iter().map(|m| m.activity()).collect();
         c
     }
+
+    // ---- QuickSAN: the network port in the pipeline (SPEC §4.2, A.6) ----
+
+    /// Queue a packet on the port; `chain` is its segment's chain up to now.
+    fn port_send(
+        &mut self,
+        now_ns: Ns,
+        header: PacketHeader,
+        to_node: u16,
+        chain: Chain,
+        release_buffer: Option<u16>,
+    ) {
+        debug_assert_eq!(chain.mark_ns, now_ns);
+        let port = self.port_mut();
+        let packet = Packet {
+            header,
+            from_node: port.node(),
+            to_node,
+            chain,
+            release_buffer,
+        };
+        if let Some(started) = port.tx.push(now_ns, packet, header.frame_bytes()) {
+            self.frame_started(started);
+        }
+    }
+
+    /// A frame went on the wire: account its wait and its trip to the
+    /// switch, hand it to the fabric, and free the link after its gap.
+    fn frame_started(&mut self, started: Started<Packet>) {
+        let port = self.port.as_ref().expect("a port");
+        let mut packet = started.item;
+        packet.chain.spend(Component::NetworkWait, started.start_ns);
+        let at_switch_ns = started.sent_ns + port.nic_tx_ns;
+        packet.chain.spend(Component::Network, at_switch_ns);
+        self.port_out
+            .push((at_switch_ns, PortOutput::Packet(packet)));
+        self.outbox.push((started.free_ns, DeviceEvent::PortTxDone));
+    }
+
+    /// The switch asks this port's transmitter to pause, or to resume.
+    pub fn port_pause(&mut self, now_ns: Ns, paused: bool) {
+        if let Some(started) = self.port_mut().tx.set_paused(now_ns, paused) {
+            self.frame_started(started);
+        }
+    }
+
+    /// A packet has arrived whole at the port at `now_ns` (its chain is
+    /// accounted to its arrival): it is written into the receive packet
+    /// buffer. Returns when it can be processed ([`Device::receive`]).
+    pub fn port_arrive(&mut self, now_ns: Ns, packet: &mut Packet) -> Ns {
+        let (ready_ns, pause) = self.port_mut().rx.arrive(now_ns, &packet.header);
+        packet.chain.spend(Component::PacketBuffer, ready_ns);
+        if let Some(pause) = pause {
+            self.port_out.push((now_ns, PortOutput::Pause(pause)));
+        }
+        ready_ns
+    }
+
+    /// Process a packet from the receive packet buffer (A.6: four types).
+    pub fn receive(&mut self, now_ns: Ns, packet: Packet) {
+        let header = packet.header;
+        let accepted = match header.kind {
+            PacketKind::ReadRequest | PacketKind::WriteRequest => {
+                self.receive_request(now_ns, packet)
+            }
+            PacketKind::ReadCompletion | PacketKind::WriteCompletion => {
+                self.receive_completion(now_ns, packet)
+            }
+        };
+        if !accepted {
+            let port = self.port_mut();
+            port.dropped_packets += 1;
+            if header.kind.has_payload() {
+                let stored = port.rx.stored_bytes(&header);
+                if let Some(pause) = port.rx.gauge.drain(stored) {
+                    self.port_out.push((now_ns, PortOutput::Pause(pause)));
+                }
+            }
+        }
+        self.schedule_segments(now_ns);
+    }
+
+    /// A peer's request: reads join the request queue (no payload), writes
+    /// wait for a transfer buffer. Destinations trust their peers (SPEC
+    /// §4.1): no permission check, only the bounds of the memory.
+    fn receive_request(&mut self, now_ns: Ns, packet: Packet) -> bool {
+        let h = packet.header;
+        let bytes = u64::from(h.size);
+        let in_memory = h
+            .addr
+            .checked_add(bytes)
+            .is_some_and(|end| end <= self.capacity_bytes)
+            && bytes > 0
+            && self.striping.segment_count(h.addr, bytes) == 1;
+        if !in_memory || !self.port_mut().routes_have_memory() {
+            return false;
+        }
+        let op = match h.kind {
+            PacketKind::ReadRequest => Op::Read,
+            _ => Op::Write,
+        };
+        let request = match self.free_peer_requests.pop() {
+            Some(r) => r,
+            None => {
+                let r = self.requests.len();
+                assert!(
+                    r < u16::MAX as usize,
+                    "peer requests are bounded by the peers' buffers"
+                );
+                self.requests.push(None);
+                r as u16
+            }
+        };
+        self.requests[request as usize] = Some(RequestState {
+            token: 0,
+            op,
+            addr: h.addr,
+            len_bytes: bytes,
+            barrier: false,
+            origin: Origin::Peer {
+                request: h,
+                from: packet.from_node,
+            },
+            routed: false,
+            copies: 1,
+            pass: 0,
+            next_offset: 0,
+            segments_total: 1,
+            segments_done: 0,
+            local_bytes: bytes,
+            remote_bytes: 0,
+            submitted_ns: now_ns,
+            queued_ns: now_ns,
+            start_chain: packet.chain,
+            critical_chain: DeviceParts::default(),
+            critical_done_ns: 0,
+        });
+        match op {
+            Op::Read => self.queues.push(request, Op::Read),
+            Op::Write => self.incoming_writes.push_back(request),
+        }
+        true
+    }
+
+    /// A peer's write got `buffer`: the network "DMA" moves its data out of
+    /// the packet buffer (A.6), then it goes to the controller.
+    fn start_peer_write(&mut self, now_ns: Ns, request: u16, buffer: u16) {
+        let req = self.requests[request as usize].as_mut().expect("live");
+        req.next_offset = req.len_bytes;
+        let Origin::Peer {
+            request: header, ..
+        } = req.origin
+        else {
+            unreachable!("incoming writes come from peers")
+        };
+        let segment = self.striping.segment(req.addr, req.len_bytes, 0);
+        let local_addr = req.addr;
+        let mut chain = req.start_chain;
+        chain.spend(Component::DeviceQueue, now_ns);
+        let port = self.port_mut();
+        let stored = port.rx.stored_bytes(&header);
+        let end = port.move_to_buffer(now_ns, segment.bytes);
+        self.segments[buffer as usize] = SegmentState {
+            request,
+            segment,
+            target: Target::Local(local_addr),
+            buffer,
+            chain,
+            controller_wait_ns: 0,
+            rx_stored_bytes: stored,
+            awaiting: None,
+        };
+        self.outbox.push((end, DeviceEvent::PacketDataIn(buffer)));
+    }
+
+    /// A write segment for a peer: its data is in the buffer; the write
+    /// request packet carries it. The segment waits for the completion in
+    /// a slot past the buffers; the buffer is free once the frame is sent.
+    fn send_remote_write(&mut self, now_ns: Ns, buffer: u16) {
+        let slot = match self.free_remote_slots.pop() {
+            Some(s) => s,
+            None => {
+                let s = self.segments.len();
+                assert!(
+                    s < u16::MAX as usize,
+                    "remote segments are bounded by tags × segments"
+                );
+                self.segments.push(self.segments[buffer as usize]);
+                s as u16
+            }
+        };
+        let mut state = self.segments[buffer as usize];
+        state.awaiting = Some(PacketKind::WriteCompletion);
+        self.segments[slot as usize] = state;
+        let Target::Remote { node, addr } = state.target else {
+            unreachable!("a remote segment")
+        };
+        let header = self.port_mut().header(
+            PacketKind::WriteRequest,
+            node,
+            HeaderFields {
+                addr,
+                cmd: CMD_WRITE,
+                offsets: slot,
+                tag: state.request,
+                size: state.segment.bytes as u16,
+            },
+        );
+        self.port_send(now_ns, header, node, state.chain, Some(buffer));
+    }
+
+    /// A peer's read has its data in `slot`'s buffer: the completion packet
+    /// carries it back; the buffer is free once the frame is sent.
+    fn send_read_completion(&mut self, now_ns: Ns, slot: u16) {
+        let state = self.segments[slot as usize];
+        let Origin::Peer { request: h, from } = self.request(state.request).origin else {
+            unreachable!("a peer's request")
+        };
+        let header = self.port_mut().header(
+            PacketKind::ReadCompletion,
+            from,
+            HeaderFields {
+                addr: h.addr,
+                cmd: h.cmd,
+                offsets: h.offsets,
+                tag: h.tag,
+                size: h.size,
+            },
+        );
+        self.port_send(now_ns, header, from, state.chain, Some(state.buffer));
+        self.offer_critical(slot, now_ns);
+        self.segment_done(now_ns, state.request);
+    }
+
+    /// A peer's request is done here: a write's completion goes back (a
+    /// read's went with its data).
+    fn peer_request_done(
+        &mut self,
+        now_ns: Ns,
+        request: u16,
+        req: &RequestState,
+        h: PacketHeader,
+        from: u16,
+    ) {
+        self.counters.peer_requests_served += 1;
+        self.free_peer_requests.push(request);
+        if req.op == Op::Write {
+            let header = self.port_mut().header(
+                PacketKind::WriteCompletion,
+                from,
+                HeaderFields {
+                    addr: h.addr,
+                    cmd: h.cmd,
+                    offsets: h.offsets,
+                    tag: h.tag,
+                    size: h.size,
+                },
+            );
+            let mut chain = Chain {
+                parts: req.critical_chain,
+                mark_ns: req.critical_done_ns,
+            };
+            chain.spend(Component::Array, now_ns);
+            self.port_send(now_ns, header, from, chain, None);
+        }
+    }
+
+    /// A completion for one of this device's remote segments.
+    fn receive_completion(&mut self, now_ns: Ns, packet: Packet) -> bool {
+        let h = packet.header;
+        let slot = h.offsets as usize;
+        let live = self.segments.get(slot).is_some_and(|s| {
+            s.awaiting
+                == Some(match h.kind {
+                    PacketKind::ReadCompletion => PacketKind::ReadCompletion,
+                    _ => PacketKind::WriteCompletion,
+                })
+                && s.request == h.tag
+                && matches!(s.target, Target::Remote { node, .. } if node == packet.from_node)
+                && (h.kind == PacketKind::WriteCompletion || u64::from(h.size) == s.segment.bytes)
+        });
+        if !live {
+            return false;
+        }
+        let slot = slot as u16;
+        let state = &mut self.segments[slot as usize];
+        state.awaiting = None;
+        state.chain = packet.chain;
+        match h.kind {
+            PacketKind::ReadCompletion => {
+                // The payload goes straight into the buffer allocated when
+                // the request left, then to the host.
+                let stored = self.port_mut().rx.stored_bytes(&h);
+                self.segments[slot as usize].rx_stored_bytes = stored;
+                let end = self.port_mut().move_to_buffer(now_ns, u64::from(h.size));
+                self.outbox.push((end, DeviceEvent::PacketDataIn(slot)));
+            }
+            _ => {
+                self.offer_critical(slot, now_ns);
+                let request = self.segments[slot as usize].request;
+                self.free_remote_slots.push(slot);
+                self.segment_done(now_ns, request);
+            }
+        }
+        true
+    }
 }
+
+/// The command byte of SPEC §1.2 a packet carries (opcode bits).
+const CMD_READ: u8 = 0b01;
+const CMD_WRITE: u8 = 0b10;
 
 #[cfg(test)]
 mod tests {

@@ -25,17 +25,19 @@ enum Lane {
 }
 
 /// The request queues in front of the scheduler.
+/// `T` names a request: a physical tag, or the pipeline's request index
+/// (which also covers requests from network peers).
 #[derive(Debug, Clone)]
-pub struct RequestQueues {
+pub struct RequestQueues<T = PhysTag> {
     policy: QueuePolicy,
-    read_lane: VecDeque<PhysTag>,
-    write_lane: VecDeque<PhysTag>,
+    read_lane: VecDeque<T>,
+    write_lane: VecDeque<T>,
     last_served: Lane,
     /// Lane of the request returned by the last `peek`.
     peeked: Option<Lane>,
 }
 
-impl RequestQueues {
+impl<T: Copy> RequestQueues<T> {
     pub fn new(policy: QueuePolicy, tags: u32) -> Self {
         Self {
             policy,
@@ -50,7 +52,7 @@ impl RequestQueues {
         self.policy
     }
 
-    pub fn push(&mut self, tag: PhysTag, op: Op) {
+    pub fn push(&mut self, tag: T, op: Op) {
         match (self.policy, op) {
             (QueuePolicy::Fifo, _) | (_, Op::Read) => self.read_lane.push_back(tag),
             (_, Op::Write) => self.write_lane.push_back(tag),
@@ -66,7 +68,7 @@ impl RequestQueues {
     }
 
     /// The request whose next segment should get the next free buffer.
-    pub fn peek(&mut self) -> Option<PhysTag> {
+    pub fn peek(&mut self) -> Option<T> {
         let lane = match (self.read_lane.is_empty(), self.write_lane.is_empty()) {
             (true, true) => return None,
             (false, true) => Lane::Read,
@@ -100,7 +102,7 @@ impl RequestQueues {
         }
     }
 
-    fn lane(&mut self, lane: Lane) -> &mut VecDeque<PhysTag> {
+    fn lane(&mut self, lane: Lane) -> &mut VecDeque<T> {
         match lane {
             Lane::Read => &mut self.read_lane,
             Lane::Write => &mut self.write_lane,

@@ -8,10 +8,28 @@
 //! iSCSI, Fibre Channel) drive: they turn an application request into host
 //! software time and calls here; the SAN returns when the device (and the
 //! network behind it) finished, with the device-side breakdown.
+//!
+//! Devices are numbered (their `DeviceId` is also their index in every
+//! device's MAC table): distributed, device i is host i's SSD; centralized,
+//! devices 0..k are the server's SSDs (host 0) and then one NIC per client
+//! host. The switch has one port per device and one per host NIC.
+//!
+//! Everything runs on one [`EventQueue`] (ties broken by insertion order),
+//! so the same seed and the same calls give the same events. A call with a
+//! time earlier than events still pending first runs the model up to it
+//! (their `SanEvent`s wait for the next `deliver_due`); a call in the past
+//! of the model is taken at the model's current time.
 
-use crate::breakdown::DeviceParts;
-use crate::config::Config;
-use crate::units::{Ns, Op};
+use super::address_map::AddressMap;
+use super::fabric::{FabricTiming, Switch, SwitchAction, SwitchFrame};
+use crate::breakdown::{Component, DeviceParts};
+use crate::config::{Config, NetworkConfig};
+use crate::device::network::{NetworkPort, Packet, PortOutput, Started, Transmitter};
+use crate::device::packet::MAX_NODES;
+use crate::device::pipeline::{Device, DeviceEvent, DeviceRequest};
+use crate::kernel::EventQueue;
+use crate::units::{DeviceAddr, Ns, Op, PhysTag};
+use std::collections::VecDeque;
 use std::fmt;
 
 /// A host (server or client machine).
@@ -148,46 +166,226 @@ impl std::error::Error for SanError {}
 /// - Events come out of `deliver_due` in time order; same seed, same calls,
 ///   same events.
 pub struct San {
-    _private: (),
+    devices: Vec<SanDevice>,
+    hosts: Vec<Vec<DeviceId>>,
+    map: AddressMap,
+    switch: Switch,
+    timing: FabricTiming,
+    network: NetworkConfig,
+    host_nics: Vec<Transmitter<u32>>,
+    queue: EventQueue<Ev>,
+    frames: Vec<Option<Frame>>,
+    free_frames: Vec<u32>,
+    actions: Vec<SwitchAction>,
+    /// SAN events produced while running the model inside a call other than
+    /// `deliver_due`; delivered first by the next `deliver_due`.
+    ready: VecDeque<SanEvent>,
+    model_time_ns: Ns,
+    requests_completed: u64,
+    local_bytes: u64,
+    remote_bytes: u64,
+    pause_frames: u64,
+    message_frames: u64,
+}
+
+struct SanDevice {
+    device: Device,
+    host: HostId,
+    kind: DeviceKind,
+    free_tags: Vec<u8>,
+    in_flight: Vec<TagUse>,
+    waiting: VecDeque<Waiting>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct TagUse {
+    token: u64,
+    submitted_ns: Ns,
+    device_submitted_ns: Ns,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    request: SanRequest,
+    submitted_ns: Ns,
+    global: bool,
+}
+
+/// Something on the fabric: a QuickSAN packet, or a frame of a host message.
+#[derive(Debug, Clone, Copy)]
+enum Frame {
+    Packet(Packet),
+    Message {
+        from: HostId,
+        to: HostId,
+        token: u64,
+        frame_bytes: u64,
+        last: bool,
+    },
+}
+
+/// The SAN's events: the devices' own, and the fabric's.
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    Device(u16, DeviceEvent),
+    /// A frame has been switched and joins its output queue.
+    Switched(u32),
+    SwitchTxDone(u16),
+    /// The device (or host NIC) behind switch port `port` pauses that link.
+    SwitchOutputPause {
+        port: u16,
+        paused: bool,
+    },
+    /// The switch pauses the transmitter of the device or host NIC at `port`.
+    SenderPause {
+        port: u16,
+        paused: bool,
+    },
+    /// A packet has arrived whole at its device's port.
+    PortArrive(u32),
+    /// A packet is in the receive packet buffer, ready to be processed.
+    RxReady(u32),
+    HostTxDone(u16),
+    HostArrive(u32),
 }
 
 impl San {
     pub fn new(config: &SanConfig, seed: u64) -> Result<San, SanError> {
-        let _ = (config, seed);
-        todo!("san-core")
+        let device_config = &config.device;
+        device_config
+            .validate()
+            .map_err(|e| SanError::BadConfig(e.to_string()))?;
+        if !device_config.network.has_memory {
+            return Err(SanError::BadConfig(format!(
+                "SanConfig.device must be an SSD preset (network.has_memory = true), not '{}'",
+                device_config.name
+            )));
+        }
+        let (ssds, nics, host_count) = match config.topology {
+            Topology::Centralized { ssds, clients } => (ssds, clients, 1 + clients as u32),
+            Topology::Distributed { nodes } => (nodes, 0, nodes as u32),
+        };
+        let device_count = ssds as u32 + nics as u32;
+        if ssds == 0 {
+            return Err(SanError::BadConfig("a SAN needs at least one SSD".into()));
+        }
+        if device_count + host_count > u32::from(MAX_NODES) {
+            return Err(SanError::BadConfig(format!(
+                "{device_count} devices and {host_count} hosts exceed the {MAX_NODES}-entry MAC table"
+            )));
+        }
+        let ssd_ids: Vec<u16> = (0..ssds).collect();
+        let map = AddressMap::new(
+            &ssd_ids,
+            device_config.device.capacity_bytes,
+            config.mirroring,
+        )?;
+        let timing = FabricTiming::derive(&device_config.network)
+            .map_err(|e| SanError::BadConfig(e.to_string()))?;
+        let mut nic_config = device_config.clone();
+        nic_config.network.has_memory = false;
+        let mut hosts = vec![Vec::new(); host_count as usize];
+        let tags = device_config.device.tags;
+        let devices = (0..device_count as u16)
+            .map(|id| {
+                let (kind, host, c) = match config.topology {
+                    Topology::Distributed { .. } => (DeviceKind::Ssd, id, device_config),
+                    Topology::Centralized { ssds, .. } if id < ssds => {
+                        (DeviceKind::Ssd, 0, device_config)
+                    }
+                    Topology::Centralized { ssds, .. } => {
+                        (DeviceKind::Nic, 1 + id - ssds, &nic_config)
+                    }
+                };
+                hosts[host as usize].push(DeviceId(id));
+                let port = NetworkPort::new(
+                    &c.network,
+                    map.route_table(id, kind == DeviceKind::Ssd),
+                    timing.nic_tx_ns,
+                );
+                let device_seed = seed ^ (0x5A4E_u64 << 48 | u64::from(id) << 16);
+                SanDevice {
+                    device: Device::with_port(c, device_seed, port),
+                    host: HostId(host),
+                    kind,
+                    free_tags: (0..tags).rev().map(|t| t as u8).collect(),
+                    in_flight: vec![TagUse::default(); tags as usize],
+                    waiting: VecDeque::new(),
+                }
+            })
+            .collect();
+        let n = &device_config.network;
+        Ok(San {
+            devices,
+            hosts,
+            map,
+            switch: Switch::new(n, timing, (device_count + host_count) as u16),
+            timing,
+            network: n.clone(),
+            host_nics: (0..host_count)
+                .map(|_| Transmitter::new(n.link_bits_per_s))
+                .collect(),
+            queue: EventQueue::new(),
+            frames: Vec::new(),
+            free_frames: Vec::new(),
+            actions: Vec::new(),
+            ready: VecDeque::new(),
+            model_time_ns: 0,
+            requests_completed: 0,
+            local_bytes: 0,
+            remote_bytes: 0,
+            pause_frames: 0,
+            message_frames: 0,
+        })
     }
 
     pub fn hosts(&self) -> u16 {
-        todo!("san-core")
+        self.hosts.len() as u16
     }
 
-    /// The devices in `host`'s PCIe slots.
+    /// The devices in `host`'s PCIe slots (none for a host that does not exist).
     pub fn devices_of(&self, host: HostId) -> &[DeviceId] {
-        let _ = host;
-        todo!("san-core")
+        self.hosts
+            .get(host.0 as usize)
+            .map_or(&[], |d| d.as_slice())
     }
 
+    /// Every device, in id order.
+    pub fn devices(&self) -> impl Iterator<Item = DeviceId> + '_ {
+        (0..self.devices.len() as u16).map(DeviceId)
+    }
+
+    /// Panics on a device that does not exist (ids come from `devices_of`).
     pub fn kind(&self, device: DeviceId) -> DeviceKind {
-        let _ = device;
-        todo!("san-core")
+        self.devices[device.0 as usize].kind
     }
 
+    /// Panics on a device that does not exist (ids come from `devices_of`).
     pub fn host_of(&self, device: DeviceId) -> HostId {
-        let _ = device;
-        todo!("san-core")
+        self.devices[device.0 as usize].host
     }
 
     /// Size of the global address space (primary data; half the raw
     /// capacity when mirrored).
     pub fn capacity_bytes(&self) -> u64 {
-        todo!("san-core")
+        self.map.capacity_bytes()
     }
 
     /// The SSD holding the primary copy of global address `addr`, and the
-    /// device-local address there.
+    /// device-local address there. `addr` must be below `capacity_bytes`.
     pub fn primary(&self, addr: u64) -> (DeviceId, u64) {
-        let _ = addr;
-        todo!("san-core")
+        let (node, local) = self.map.primary(addr);
+        (DeviceId(node), local)
+    }
+
+    /// The SSD holding the mirror copy of `addr`, when mirrored.
+    pub fn replica(&self, addr: u64) -> Option<(DeviceId, u64)> {
+        self.map.replica(addr).map(|(n, a)| (DeviceId(n), a))
+    }
+
+    /// The fabric's fixed latencies, derived from the published numbers.
+    pub fn fabric_timing(&self) -> FabricTiming {
+        self.timing
     }
 
     /// Submit through `device` (QuickSAN-D or QuickSAN-OS): global address,
@@ -198,8 +396,9 @@ impl San {
         device: DeviceId,
         request: SanRequest,
     ) -> Result<(), SanError> {
-        let _ = (now, device, request);
-        todo!("san-core")
+        self.check(device, &request, self.map.capacity_bytes())?;
+        self.enqueue(now, device, request, true);
+        Ok(())
     }
 
     /// Submit to `device`'s own memory with a device-local address, the
@@ -211,8 +410,76 @@ impl San {
         device: DeviceId,
         request: SanRequest,
     ) -> Result<(), SanError> {
-        let _ = (now, device, request);
-        todo!("san-core")
+        let d = self
+            .devices
+            .get(device.0 as usize)
+            .ok_or(SanError::NoSuchDevice(device))?;
+        if d.kind != DeviceKind::Ssd {
+            return Err(SanError::NotAnSsd(device));
+        }
+        self.check(device, &request, d.device.capacity_bytes())?;
+        self.enqueue(now, device, request, false);
+        Ok(())
+    }
+
+    fn check(&self, device: DeviceId, r: &SanRequest, capacity_bytes: u64) -> Result<(), SanError> {
+        if device.0 as usize >= self.devices.len() {
+            return Err(SanError::NoSuchDevice(device));
+        }
+        if r.len_bytes == 0 {
+            return Err(SanError::ZeroLength);
+        }
+        if r.addr
+            .checked_add(r.len_bytes)
+            .is_none_or(|end| end > capacity_bytes)
+        {
+            return Err(SanError::OutOfRange {
+                addr: r.addr,
+                len_bytes: r.len_bytes,
+                capacity_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn enqueue(&mut self, now: Ns, device: DeviceId, request: SanRequest, global: bool) {
+        let now = self.catch_up(now);
+        let d = &mut self.devices[device.0 as usize];
+        d.waiting.push_back(Waiting {
+            request,
+            submitted_ns: now,
+            global,
+        });
+        self.start_waiting(now, device.0);
+    }
+
+    /// Give free tags to waiting requests, in FIFO order.
+    fn start_waiting(&mut self, now: Ns, device: u16) {
+        let d = &mut self.devices[device as usize];
+        while !d.waiting.is_empty() {
+            let Some(tag) = d.free_tags.pop() else { break };
+            let w = d.waiting.pop_front().expect("checked non-empty");
+            d.in_flight[tag as usize] = TagUse {
+                token: w.request.token,
+                submitted_ns: w.submitted_ns,
+                device_submitted_ns: now,
+            };
+            let request = DeviceRequest {
+                token: w.request.token,
+                op: w.request.op,
+                addr: DeviceAddr(w.request.addr),
+                len_bytes: w.request.len_bytes,
+                barrier: false,
+                protection_ns: w.request.protection_ns,
+            };
+            let result = if w.global {
+                d.device.submit_global(now, PhysTag(tag), request)
+            } else {
+                d.device.submit(now, PhysTag(tag), request)
+            };
+            result.expect("the SAN checked the request and owns the tags");
+        }
+        self.collect(now, device);
     }
 
     /// A message of `bytes` payload from `from`'s own Ethernet NIC to
@@ -225,22 +492,426 @@ impl San {
         bytes: u64,
         token: u64,
     ) -> Result<(), SanError> {
-        let _ = (now, from, to, bytes, token);
-        todo!("san-core")
+        for h in [from, to] {
+            if h.0 as usize >= self.hosts.len() {
+                return Err(SanError::NoSuchHost(h));
+            }
+        }
+        let now = self.catch_up(now);
+        if from == to {
+            // Loopback: never on the wire.
+            self.ready.push_back(SanEvent::Message {
+                from,
+                to,
+                token,
+                time_ns: now,
+            });
+            return Ok(());
+        }
+        let mtu = self.network.message_mtu_bytes;
+        let frames = bytes.div_ceil(mtu).max(1);
+        for i in 0..frames {
+            let payload = mtu.min(bytes - i * mtu.min(bytes));
+            let frame_bytes = self.network.message_header_bytes + payload;
+            let id = self.new_frame(Frame::Message {
+                from,
+                to,
+                token,
+                frame_bytes,
+                last: i + 1 == frames,
+            });
+            if let Some(started) = self.host_nics[from.0 as usize].push(now, id, frame_bytes) {
+                self.host_frame_started(from.0, started);
+            }
+        }
+        self.message_frames += frames;
+        Ok(())
     }
 
     pub fn next_event_time(&self) -> Option<Ns> {
-        todo!("san-core")
+        if !self.ready.is_empty() {
+            return Some(self.model_time_ns);
+        }
+        self.queue.peek_time()
     }
 
-    /// Deliver everything due at or before `now`, in time order.
-    pub fn deliver_due(&mut self, now: Ns, on_event: impl FnMut(SanEvent)) -> u64 {
-        let _ = (now, on_event);
-        todo!("san-core")
+    /// Deliver everything due at or before `now`, in time order. Returns
+    /// the number of model events run.
+    pub fn deliver_due(&mut self, now: Ns, mut on_event: impl FnMut(SanEvent)) -> u64 {
+        let mut delivered = 0;
+        loop {
+            while let Some(e) = self.ready.pop_front() {
+                on_event(e);
+            }
+            if !self.queue.peek_time().is_some_and(|t| t <= now) {
+                break;
+            }
+            let (t, event) = self.queue.pop().expect("peeked");
+            self.run(t, event);
+            delivered += 1;
+        }
+        delivered
+    }
+
+    /// Run the model's events before `now` (their SAN events wait in
+    /// `ready`); returns the time a call at `now` takes effect.
+    fn catch_up(&mut self, now: Ns) -> Ns {
+        while self.queue.peek_time().is_some_and(|t| t < now) {
+            let (t, event) = self.queue.pop().expect("peeked");
+            self.run(t, event);
+        }
+        now.max(self.model_time_ns)
     }
 
     pub fn counters(&self, now: Ns) -> SanCounters {
         let _ = now;
-        todo!("san-core")
+        let ports = self.devices.iter().filter_map(|d| d.device.port());
+        let mut wire_bytes = self.switch.wire_bytes()
+            + self.host_nics.iter().map(|t| t.wire_bytes()).sum::<u64>()
+            + self.pause_frames
+                * crate::device::packet::wire_bytes(crate::device::packet::HEADER_BYTES);
+        let mut packets = 0;
+        let mut pauses = self.switch.pauses();
+        let mut max_rx = 0;
+        for p in ports {
+            wire_bytes += p.tx.wire_bytes();
+            packets += p.tx.frames();
+            pauses += p.rx.gauge.pauses();
+            max_rx = max_rx.max(p.rx.gauge.max_occupancy_bytes());
+        }
+        SanCounters {
+            requests_completed: self.requests_completed,
+            local_bytes: self.local_bytes,
+            remote_bytes: self.remote_bytes,
+            wire_bytes,
+            packets: packets + self.message_frames,
+            pauses,
+            max_rx_buffer_bytes: max_rx,
+        }
+    }
+
+    /// Largest occupancy any switch input buffer reached.
+    pub fn max_switch_buffer_bytes(&self) -> u64 {
+        self.switch.max_ingress_bytes()
+    }
+
+    /// Packets the devices dropped as malformed or stale (0 in a healthy run).
+    pub fn dropped_packets(&self) -> u64 {
+        self.devices
+            .iter()
+            .filter_map(|d| d.device.port())
+            .map(|p| p.dropped_packets)
+            .sum()
+    }
+
+    fn new_frame(&mut self, frame: Frame) -> u32 {
+        match self.free_frames.pop() {
+            Some(id) => {
+                self.frames[id as usize] = Some(frame);
+                id
+            }
+            None => {
+                self.frames.push(Some(frame));
+                (self.frames.len() - 1) as u32
+            }
+        }
+    }
+
+    fn take_frame(&mut self, id: u32) -> Frame {
+        self.free_frames.push(id);
+        self.frames[id as usize].take().expect("a live frame")
+    }
+
+    fn packet_mut(&mut self, id: u32) -> &mut Packet {
+        match self.frames[id as usize].as_mut() {
+            Some(Frame::Packet(p)) => p,
+            _ => unreachable!("frame {id} is a device packet"),
+        }
+    }
+
+    /// Switch port of a host's NIC.
+    fn host_port(&self, host: HostId) -> u16 {
+        (self.devices.len() + host.0 as usize) as u16
+    }
+
+    fn run(&mut self, t: Ns, event: Ev) {
+        debug_assert!(t >= self.model_time_ns, "events run in time order");
+        self.model_time_ns = t;
+        match event {
+            Ev::Device(d, e) => {
+                self.devices[d as usize].device.handle(t, e);
+                self.collect(t, d);
+            }
+            Ev::Switched(id) => {
+                let (in_port, out_port, frame_bytes) = match self.frames[id as usize] {
+                    Some(Frame::Packet(ref mut p)) => {
+                        p.chain.spend(Component::Network, t);
+                        (p.from_node, p.to_node, p.header.frame_bytes())
+                    }
+                    Some(Frame::Message {
+                        from,
+                        to,
+                        frame_bytes,
+                        ..
+                    }) => (self.host_port(from), self.host_port(to), frame_bytes),
+                    None => unreachable!("switched frame {id} is live"),
+                };
+                let frame = SwitchFrame {
+                    id,
+                    in_port,
+                    stored_bytes: frame_bytes,
+                };
+                let mut actions = std::mem::take(&mut self.actions);
+                self.switch
+                    .forward(t, frame, frame_bytes, out_port, &mut actions);
+                self.switch_actions(&mut actions);
+                self.actions = actions;
+            }
+            Ev::SwitchTxDone(port) => {
+                let mut actions = std::mem::take(&mut self.actions);
+                self.switch.tx_done(t, port, &mut actions);
+                self.switch_actions(&mut actions);
+                self.actions = actions;
+            }
+            Ev::SwitchOutputPause { port, paused } => {
+                let mut actions = std::mem::take(&mut self.actions);
+                self.switch.set_paused(t, port, paused, &mut actions);
+                self.switch_actions(&mut actions);
+                self.actions = actions;
+            }
+            Ev::SenderPause { port, paused } => {
+                self.pause_frames += 1;
+                if (port as usize) < self.devices.len() {
+                    self.devices[port as usize].device.port_pause(t, paused);
+                    self.collect(t, port);
+                } else {
+                    let host = port - self.devices.len() as u16;
+                    if let Some(started) = self.host_nics[host as usize].set_paused(t, paused) {
+                        self.host_frame_started(host, started);
+                    }
+                }
+            }
+            Ev::PortArrive(id) => {
+                let mut packet = *self.packet_mut(id);
+                let d = packet.to_node;
+                let ready = self.devices[d as usize].device.port_arrive(t, &mut packet);
+                *self.packet_mut(id) = packet;
+                self.queue.push(ready, Ev::RxReady(id));
+                self.collect(t, d);
+            }
+            Ev::RxReady(id) => {
+                let Frame::Packet(packet) = self.take_frame(id) else {
+                    unreachable!("a device packet")
+                };
+                let d = packet.to_node;
+                self.devices[d as usize].device.receive(t, packet);
+                self.collect(t, d);
+            }
+            Ev::HostTxDone(host) => {
+                let (_, next) = self.host_nics[host as usize].done(t);
+                if let Some(started) = next {
+                    self.host_frame_started(host, started);
+                }
+            }
+            Ev::HostArrive(id) => {
+                let Frame::Message {
+                    from,
+                    to,
+                    token,
+                    last,
+                    ..
+                } = self.take_frame(id)
+                else {
+                    unreachable!("a host message frame")
+                };
+                if last {
+                    self.ready.push_back(SanEvent::Message {
+                        from,
+                        to,
+                        token,
+                        time_ns: t,
+                    });
+                }
+            }
+        }
+    }
+
+    fn host_frame_started(&mut self, host: u16, started: Started<u32>) {
+        self.queue.push(started.free_ns, Ev::HostTxDone(host));
+        self.queue.push(
+            started.sent_ns + self.timing.nic_tx_ns + self.timing.switch_ns,
+            Ev::Switched(started.item),
+        );
+    }
+
+    fn switch_actions(&mut self, actions: &mut Vec<SwitchAction>) {
+        for action in actions.drain(..) {
+            match action {
+                SwitchAction::Started { port, started } => {
+                    self.queue.push(started.free_ns, Ev::SwitchTxDone(port));
+                    let arrive =
+                        started.sent_ns + self.timing.extra_hops_ns + self.timing.nic_rx_ns;
+                    let id = started.item.id;
+                    if (port as usize) < self.devices.len() {
+                        let chain = &mut self.packet_mut(id).chain;
+                        chain.spend(Component::NetworkWait, started.start_ns);
+                        chain.spend(Component::Network, arrive);
+                        self.queue.push(arrive, Ev::PortArrive(id));
+                    } else {
+                        self.queue.push(arrive, Ev::HostArrive(id));
+                    }
+                }
+                SwitchAction::Pause {
+                    port,
+                    at_ns,
+                    paused,
+                } => self.queue.push(at_ns, Ev::SenderPause { port, paused }),
+            }
+        }
+    }
+
+    /// Move what device `d` produced into the SAN: its events, its port's
+    /// frames and pause requests, its completions.
+    fn collect(&mut self, now: Ns, d: u16) {
+        let dev = &mut self.devices[d as usize];
+        for (t, e) in dev.device.outbox.drain(..) {
+            self.queue.push(t, Ev::Device(d, e));
+        }
+        let mut port_out = std::mem::take(&mut dev.device.port_out);
+        for (t, out) in port_out.drain(..) {
+            match out {
+                PortOutput::Packet(packet) => {
+                    let id = self.new_frame(Frame::Packet(packet));
+                    self.queue.push(t + self.timing.switch_ns, Ev::Switched(id));
+                }
+                PortOutput::Pause(paused) => self.queue.push(
+                    t + self.timing.pause_delay_ns,
+                    Ev::SwitchOutputPause { port: d, paused },
+                ),
+            }
+        }
+        let dev = &mut self.devices[d as usize];
+        dev.device.port_out = port_out;
+        if dev.device.completions.is_empty() {
+            return;
+        }
+        let mut freed = false;
+        for c in dev.device.completions.drain(..) {
+            let tag = c.tag.0;
+            let used = dev.in_flight[tag as usize];
+            dev.free_tags.push(tag);
+            freed = true;
+            let mut parts = c.parts;
+            parts.add(
+                Component::DeviceQueue,
+                used.device_submitted_ns - used.submitted_ns,
+            );
+            debug_assert_eq!(parts.total_ns(), c.time_ns - used.submitted_ns);
+            self.requests_completed += 1;
+            self.local_bytes += c.local_bytes;
+            self.remote_bytes += c.remote_bytes;
+            self.ready.push_back(SanEvent::Completed {
+                device: DeviceId(d),
+                token: used.token,
+                time_ns: c.time_ns,
+                parts,
+                local_bytes: c.local_bytes,
+                remote_bytes: c.remote_bytes,
+            });
+        }
+        if freed {
+            self.start_waiting(now, d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn san(topology: Topology, mirroring: bool, seed: u64) -> San {
+        let config = SanConfig {
+            device: Config::preset("quicksan-ssd").unwrap(),
+            topology,
+            mirroring,
+        };
+        San::new(&config, seed).unwrap()
+    }
+
+    fn request(token: u64, op: Op, addr: u64, len_bytes: u64) -> SanRequest {
+        SanRequest {
+            token,
+            op,
+            addr,
+            len_bytes,
+            protection_ns: 0,
+        }
+    }
+
+    /// Run until idle; every event, in order.
+    fn drain(s: &mut San) -> Vec<SanEvent> {
+        let mut events = Vec::new();
+        while let Some(t) = s.next_event_time() {
+            s.deliver_due(t, |e| events.push(e));
+        }
+        events
+    }
+
+    fn print_parts(label: &str, parts: &DeviceParts) {
+        let mut line = format!("{label}:");
+        for c in Component::ALL {
+            if c.is_device() && parts.get(c) > 0 {
+                line += &format!(" {}={}", c.key(), parts.get(c));
+            }
+        }
+        eprintln!("{line} total={}", parts.total_ns());
+    }
+
+    #[test]
+    fn a_lone_remote_4kb_request_decomposes_exactly() {
+        for op in [Op::Read, Op::Write] {
+            let mut s = san(Topology::Distributed { nodes: 2 }, false, 1);
+            let remote = s.capacity_bytes() / 2 + (1 << 20);
+            assert_eq!(s.primary(remote).0, DeviceId(1));
+            s.submit(1000, DeviceId(0), request(7, op, remote, 4096))
+                .unwrap();
+            let mut local = san(Topology::Distributed { nodes: 2 }, false, 1);
+            local
+                .submit(1000, DeviceId(0), request(8, op, 1 << 20, 4096))
+                .unwrap();
+            let events = drain(&mut s);
+            let local_events = drain(&mut local);
+            let [SanEvent::Completed {
+                token: 7,
+                time_ns,
+                parts,
+                local_bytes: 0,
+                remote_bytes: 4096,
+                ..
+            }] = events[..]
+            else {
+                panic!("{events:?}")
+            };
+            assert_eq!(parts.total_ns(), time_ns - 1000);
+            print_parts(&format!("remote 4 KB {}", op.as_str()), &parts);
+            let SanEvent::Completed {
+                time_ns: local_ns,
+                parts: local_parts,
+                ..
+            } = local_events[0]
+            else {
+                panic!()
+            };
+            print_parts(&format!("local 4 KB {}", op.as_str()), &local_parts);
+            // The network adds two one-way trips (≥ 2 µs) and the packet
+            // buffer's store of the 4 KB payload (516 cycles of 8 ns).
+            let added = time_ns - local_ns;
+            eprintln!("network adds {added} ns");
+            assert!(added >= 2000 + 4128, "{added}");
+            assert!(parts.get(Component::Network) >= 2 * (1000 - 32 - 64));
+            assert!(parts.get(Component::PacketBuffer) >= 4128);
+            assert_eq!(s.counters(time_ns).packets, 2);
+            assert_eq!(s.dropped_packets(), 0);
+        }
     }
 }

@@ -1,0 +1,333 @@
+//! The Ethernet fabric between QuickSAN ports, and between the hosts' own
+//! NICs (SPEC §4.2): 10 Gb/s full-duplex links into an output-queued
+//! switch, lossless through IEEE 802.3x pause hop by hop.
+//!
+//! ## Fixed latencies, derived from the two published numbers
+//!
+//! SPEC §4.2 gives a minimum one-way latency of 1 µs "through two NICs, two
+//! links and a switch", and +450 ns per extra hop each way. The smallest
+//! packet is a request or write completion: a 32-byte header, padded to
+//! the 64-byte minimum frame. With `w` = the time a minimum frame takes on
+//! a 10 Gb/s link until its last bit (8 B preamble + 64 B frame = 72 B,
+//! 57.6 ns → 58 ns) and `b` = writing the 32-byte packet into the receive
+//! packet buffer (4 words × 8 ns = 32 ns, A.6):
+//!
+//! - one extra hop is one more switch and one more link, a store-and-forward
+//!   element: `switch_ns + w = 450`, so **switch_ns = 450 − 58 = 392 ns**
+//!   (cable propagation, a few ns on CX4 copper, is folded in);
+//! - the minimum path is `nic_tx + w + switch + w + nic_rx + b = 1000`, so
+//!   **nic_tx + nic_rx = 1000 − 2·58 − 392 − 32 = 460 ns**, 230 ns per NIC.
+//!
+//! [`FabricTiming::derive`] does this arithmetic from the configuration, so
+//! other published numbers (`network.min_one_way_ns`, `extra_hop_ns`, the
+//! link rate) change the derived latencies, and impossible ones are errors.
+//!
+//! ## The switch
+//!
+//! One switch port per QuickSAN device and per host NIC. A frame arrives
+//! whole (store and forward), is switched after `switch_ns`, and waits in
+//! its output port's FIFO for the link ([`Transmitter`]). The switch counts
+//! each frame against the buffer of the input port it came from until the
+//! frame has left: when an input's share reaches the pause fraction
+//! (`network.pause_on_bytes / rx_buffer_bytes`), the switch pauses that
+//! input link, and cancels below the release fraction. Buffers are
+//! bounded, nothing is dropped, and a congested output backs up into its
+//! senders (head-of-line blocking, as 802.3x does). Paths through more than
+//! one switch (`network.switch_hops` > 1) pay the extra hops' fixed
+//! latency; only the last switch is modelled with queues.
+//!
+//! A pause request takes effect at the far transmitter one minimum frame
+//! later (the pause frame on the reverse link); the transmitter finishes
+//! the frame it is sending and then stops.
+//!
+//! Left out: pause quanta (a pause is held until cancelled), the switch's
+//! shared-memory details, cable length differences, TCP's own behaviour
+//! for host messages (frames of `message_mtu_bytes`, no loss, no acks).
+
+use crate::config::{ConfigError, NetworkConfig};
+use crate::device::network::{PauseGauge, Started, Transmitter};
+use crate::device::packet::{self, HEADER_BYTES};
+use crate::units::{transfer_ns, Ns};
+
+/// Fixed latencies of the fabric's elements (derivation in the header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricTiming {
+    pub nic_tx_ns: Ns,
+    pub nic_rx_ns: Ns,
+    pub switch_ns: Ns,
+    /// Fixed latency of the switches beyond the first on every path.
+    pub extra_hops_ns: Ns,
+    /// A pause request reaching the far transmitter (one minimum frame).
+    pub pause_delay_ns: Ns,
+    /// A minimum frame on a link until its last bit.
+    pub min_frame_ns: Ns,
+    /// Writing a header-only packet into the receive packet buffer.
+    pub min_packet_buffer_ns: Ns,
+}
+
+impl FabricTiming {
+    pub fn derive(n: &NetworkConfig) -> Result<FabricTiming, ConfigError> {
+        let bytes_per_s = n.link_bits_per_s / 8.0;
+        let min_frame_ns = transfer_ns(packet::arrival_bytes(HEADER_BYTES), bytes_per_s);
+        let min_packet_buffer_ns =
+            HEADER_BYTES.div_ceil(n.packet_buffer_bytes_per_cycle) * n.port_clock_ns;
+        let switch_ns = n
+            .extra_hop_ns
+            .checked_sub(min_frame_ns)
+            .ok_or_else(|| ConfigError {
+                key: "network.extra_hop_ns".into(),
+                message: format!(
+                    "{} ns is less than a minimum frame on the link ({min_frame_ns} ns)",
+                    n.extra_hop_ns
+                ),
+            })?;
+        let nics_ns = n
+            .min_one_way_ns
+            .checked_sub(2 * min_frame_ns + switch_ns + min_packet_buffer_ns)
+            .ok_or_else(|| ConfigError {
+                key: "network.min_one_way_ns".into(),
+                message: format!(
+                    "{} ns is less than two links, a switch and the packet buffer take ({} ns)",
+                    n.min_one_way_ns,
+                    2 * min_frame_ns + switch_ns + min_packet_buffer_ns
+                ),
+            })?;
+        Ok(FabricTiming {
+            nic_tx_ns: nics_ns.div_ceil(2),
+            nic_rx_ns: nics_ns / 2,
+            switch_ns,
+            extra_hops_ns: u64::from(n.switch_hops - 1) * n.extra_hop_ns,
+            pause_delay_ns: min_frame_ns,
+            min_frame_ns,
+            min_packet_buffer_ns,
+        })
+    }
+
+    /// One-way latency of a header-only packet on an idle fabric: what
+    /// SPEC §4.2 publishes (1 µs, +450 ns per extra hop).
+    pub fn min_one_way_ns(&self) -> Ns {
+        self.nic_tx_ns
+            + self.min_frame_ns
+            + self.switch_ns
+            + self.extra_hops_ns
+            + self.min_frame_ns
+            + self.nic_rx_ns
+            + self.min_packet_buffer_ns
+    }
+}
+
+/// A frame in the switch: its id in the owner's table, where it came in,
+/// and what it holds of that input's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwitchFrame {
+    pub id: u32,
+    pub in_port: u16,
+    pub stored_bytes: u64,
+}
+
+/// What the switch asks its owner to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwitchAction {
+    /// A frame started on output `port`'s link: deliver it, and call
+    /// [`Switch::tx_done`] at its `free_ns`.
+    Started {
+        port: u16,
+        started: Started<SwitchFrame>,
+    },
+    /// Pause (or resume) the transmitter feeding input `port`, at the time.
+    Pause { port: u16, at_ns: Ns, paused: bool },
+}
+
+struct SwitchPort {
+    output: Transmitter<SwitchFrame>,
+    ingress: PauseGauge,
+}
+
+/// An output-queued switch with per-input buffer accounting and 802.3x.
+pub struct Switch {
+    ports: Vec<SwitchPort>,
+    timing: FabricTiming,
+    /// Frames the switch holds at most per input (for reports).
+    port_buffer_bytes: u64,
+}
+
+impl Switch {
+    pub fn new(n: &NetworkConfig, timing: FabricTiming, ports: u16) -> Switch {
+        Switch {
+            ports: (0..ports)
+                .map(|_| SwitchPort {
+                    output: Transmitter::new(n.link_bits_per_s),
+                    ingress: PauseGauge::new(
+                        n.switch_port_buffer_bytes,
+                        n.switch_pause_on_bytes(),
+                        n.switch_pause_off_bytes(),
+                    ),
+                })
+                .collect(),
+            timing,
+            port_buffer_bytes: n.switch_port_buffer_bytes,
+        }
+    }
+
+    pub fn timing(&self) -> &FabricTiming {
+        &self.timing
+    }
+
+    /// A frame has been switched (arrived whole at `in_port`, `switch_ns`
+    /// ago) toward `out_port` at `now_ns`.
+    pub fn forward(
+        &mut self,
+        now_ns: Ns,
+        frame: SwitchFrame,
+        frame_bytes: u64,
+        out_port: u16,
+        actions: &mut Vec<SwitchAction>,
+    ) {
+        if let Some(paused) = self.ports[frame.in_port as usize]
+            .ingress
+            .fill(frame.stored_bytes)
+        {
+            actions.push(SwitchAction::Pause {
+                port: frame.in_port,
+                at_ns: now_ns + self.timing.pause_delay_ns,
+                paused,
+            });
+        }
+        if let Some(started) = self.ports[out_port as usize]
+            .output
+            .push(now_ns, frame, frame_bytes)
+        {
+            actions.push(SwitchAction::Started {
+                port: out_port,
+                started,
+            });
+        }
+    }
+
+    /// Output `port`'s frame has left (its `free_ns`).
+    pub fn tx_done(&mut self, now_ns: Ns, port: u16, actions: &mut Vec<SwitchAction>) {
+        let (frame, next) = self.ports[port as usize].output.done(now_ns);
+        if let Some(paused) = self.ports[frame.in_port as usize]
+            .ingress
+            .drain(frame.stored_bytes)
+        {
+            actions.push(SwitchAction::Pause {
+                port: frame.in_port,
+                at_ns: now_ns + self.timing.pause_delay_ns,
+                paused,
+            });
+        }
+        if let Some(started) = next {
+            actions.push(SwitchAction::Started { port, started });
+        }
+    }
+
+    /// The device behind output `port` pauses (or resumes) that link.
+    pub fn set_paused(
+        &mut self,
+        now_ns: Ns,
+        port: u16,
+        paused: bool,
+        actions: &mut Vec<SwitchAction>,
+    ) {
+        if let Some(started) = self.ports[port as usize].output.set_paused(now_ns, paused) {
+            actions.push(SwitchAction::Started { port, started });
+        }
+    }
+
+    pub fn wire_bytes(&self) -> u64 {
+        self.ports.iter().map(|p| p.output.wire_bytes()).sum()
+    }
+
+    pub fn frames(&self) -> u64 {
+        self.ports.iter().map(|p| p.output.frames()).sum()
+    }
+
+    pub fn pauses(&self) -> u64 {
+        self.ports.iter().map(|p| p.ingress.pauses()).sum()
+    }
+
+    pub fn max_ingress_bytes(&self) -> u64 {
+        let max = self
+            .ports
+            .iter()
+            .map(|p| p.ingress.max_occupancy_bytes())
+            .max()
+            .unwrap_or(0);
+        debug_assert!(max <= self.port_buffer_bytes);
+        max
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn derived_latencies_reproduce_the_published_one_way_numbers() {
+        let mut c = Config::preset("quicksan-ssd").unwrap();
+        let t = FabricTiming::derive(&c.network).unwrap();
+        eprintln!("{t:?}");
+        assert_eq!((t.min_frame_ns, t.min_packet_buffer_ns), (58, 32));
+        assert_eq!(t.switch_ns, 392);
+        assert_eq!((t.nic_tx_ns, t.nic_rx_ns), (230, 230));
+        assert_eq!(t.min_one_way_ns(), 1000);
+        c.network.switch_hops = 3;
+        let t3 = FabricTiming::derive(&c.network).unwrap();
+        assert_eq!(t3.min_one_way_ns(), 1000 + 2 * 450);
+        // Numbers no element split can give are configuration errors.
+        let e = c.set("network.min_one_way_ns=400").unwrap_err();
+        assert_eq!(e.key, "network.min_one_way_ns");
+        let e = c.set("network.extra_hop_ns=20").unwrap_err();
+        assert_eq!(e.key, "network.extra_hop_ns");
+    }
+
+    #[test]
+    fn a_congested_output_pauses_its_inputs_and_releases_them() {
+        let c = Config::preset("quicksan-ssd").unwrap();
+        let t = FabricTiming::derive(&c.network).unwrap();
+        let mut s = Switch::new(&c.network, t, 3);
+        let mut actions = Vec::new();
+        // Output 2 is paused by its device; input 0 keeps sending 8 KB frames.
+        s.set_paused(0, 2, true, &mut actions);
+        let frame = |id| SwitchFrame {
+            id,
+            in_port: 0,
+            stored_bytes: 8224,
+        };
+        // The input pauses at a quarter of its 64 KB: on the second frame.
+        s.forward(0, frame(0), 8224, 2, &mut actions);
+        assert!(actions.is_empty());
+        s.forward(0, frame(1), 8224, 2, &mut actions);
+        assert_eq!(
+            actions,
+            vec![SwitchAction::Pause {
+                port: 0,
+                at_ns: 58,
+                paused: true
+            }]
+        );
+        actions.clear();
+        s.set_paused(100, 2, false, &mut actions);
+        let SwitchAction::Started { started, .. } = actions[0] else {
+            panic!("{actions:?}")
+        };
+        let mut now = started.free_ns;
+        let mut resumed = false;
+        for _ in 0..2 {
+            actions.clear();
+            s.tx_done(now, 2, &mut actions);
+            for a in &actions {
+                match *a {
+                    SwitchAction::Started { started, .. } => now = started.free_ns,
+                    SwitchAction::Pause { paused: false, .. } => resumed = true,
+                    SwitchAction::Pause { .. } => panic!("paused twice"),
+                }
+            }
+        }
+        assert!(resumed);
+        assert_eq!(s.pauses(), 1);
+        assert_eq!(s.max_ingress_bytes(), 2 * 8224);
+    }
+}
