@@ -376,8 +376,15 @@ impl<'a> Engine<'a> {
         }
         let pending = self.threads.iter().filter(|t| !t.done).count();
         if pending > 0 {
+            let now = self.result.elapsed_ns;
+            let c = self.san.counters(now);
             return Err(format!(
-                "{pending} threads still wait for a request the SAN never completed"
+                "{pending} threads still wait for a request the SAN never completed (SAN stalled after {} requests at {now} ns: {} pause frames, {} packets, largest receive buffer {} B, {} packets dropped)",
+                c.requests_completed,
+                c.pauses,
+                c.packets,
+                c.max_rx_buffer_bytes,
+                self.san.dropped_packets()
             ));
         }
         self.result.target_cpu_ns = self.target_cpu.iter().map(|s| s.busy_ns()).sum();
