@@ -1204,3 +1204,192 @@ pub fn energy(
     progress(points.len(), points.len(), "done");
     Ok(rows)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(ops: u64) -> Setup {
+        Setup {
+            device: Config::preset("quicksan-ssd").unwrap(),
+            costs: InterfaceCosts::default(),
+            seed: 3,
+            ops,
+            threads_per_host: 4,
+        }
+    }
+
+    fn random(mix: OpMix, size_bytes: u64, locality: Locality) -> RequestSource {
+        RequestSource::Random {
+            mix,
+            size_bytes,
+            locality,
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-6 * b.abs().max(1.0)
+    }
+
+    /// Every request's parts sum to its latency (checked per request by the
+    /// run, an error otherwise); here also the means, for every interface,
+    /// both topologies, reads, writes and mixed, one thread and loaded.
+    #[test]
+    fn parts_sum_to_the_latency_for_every_interface() {
+        let s = setup(600);
+        for interface in Interface::ALL {
+            for centralized in [false, true] {
+                let t = topology(centralized, 3).unwrap();
+                for (mix, threads) in [(OpMix::Read, 1), (OpMix::Write, 1), (OpMix::Mixed(0.5), 4)]
+                {
+                    let r = s
+                        .run_point(
+                            s.san(t, false),
+                            interface,
+                            random(mix, 4096, Locality::Any),
+                            threads,
+                            None,
+                        )
+                        .unwrap();
+                    let what = format!("{interface:?} {t:?} {mix:?}");
+                    assert_eq!(r.ops, 600, "{what}");
+                    assert!(
+                        close(r.breakdown.total_mean_ns(), r.latency.mean_ns()),
+                        "{what}"
+                    );
+                    assert_eq!(r.local_bytes + r.remote_bytes, r.bytes, "{what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn local_requests_stay_off_the_network_and_remote_ones_pay_it() {
+        let s = setup(200);
+        let t = topology(false, 4).unwrap();
+        for interface in [
+            Interface::QuicksanD,
+            Interface::QuicksanOs,
+            Interface::Iscsi,
+        ] {
+            let run = |l| {
+                s.run_point(
+                    s.san(t, false),
+                    interface,
+                    random(OpMix::Read, 4096, l),
+                    1,
+                    Some(1),
+                )
+                .unwrap()
+            };
+            let (local, remote) = (run(Locality::Local), run(Locality::Remote));
+            assert_eq!(local.remote_bytes, 0, "{interface:?}");
+            assert_eq!(remote.local_bytes, 0, "{interface:?}");
+            assert_eq!(local.breakdown.mean_ns(Component::Network), 0.0);
+            assert!(remote.breakdown.mean_ns(Component::Network) > 0.0);
+            assert!(remote.latency.mean_ns() > local.latency.mean_ns());
+        }
+    }
+
+    #[test]
+    fn the_iscsi_target_cpu_queues_under_load() {
+        let s = setup(800);
+        let t = topology(true, 4).unwrap();
+        let wait = |threads, cores| {
+            let mut s = s.clone();
+            s.costs.iscsi_target_cores = cores;
+            let r = s
+                .run_point(
+                    s.san(t, false),
+                    Interface::Iscsi,
+                    random(OpMix::Read, 4096, Locality::Any),
+                    threads,
+                    None,
+                )
+                .unwrap();
+            (r.breakdown.mean_ns(Component::TargetWait), r)
+        };
+        let (one, _) = wait(1, 1);
+        let (four, _) = wait(4, 1);
+        let (eight, r8) = wait(8, 1);
+        assert!(one < four && four < eight, "{one} {four} {eight}");
+        // The one target core is the bottleneck: close to fully busy.
+        assert!(r8.target_cpu_ns as f64 > 0.9 * r8.elapsed_ns as f64);
+        // More target cores, less waiting.
+        let (eight_on_four, _) = wait(8, 4);
+        assert!(eight_on_four < eight);
+    }
+
+    #[test]
+    fn same_seed_same_numbers_other_seed_other_numbers() {
+        let s = setup(500);
+        let t = topology(false, 4).unwrap();
+        for interface in Interface::ALL {
+            let run = |seed| {
+                let mut s = s.clone();
+                s.seed = seed;
+                s.run_point(
+                    s.san(t, false),
+                    interface,
+                    random(OpMix::Mixed(0.5), 4096, Locality::Any),
+                    4,
+                    None,
+                )
+                .unwrap()
+            };
+            let (a, b, c) = (run(1), run(1), run(2));
+            assert_eq!(a.elapsed_ns, b.elapsed_ns, "{interface:?}");
+            assert_eq!(a.breakdown, b.breakdown, "{interface:?}");
+            assert_ne!(a.elapsed_ns, c.elapsed_ns, "{interface:?}");
+        }
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let s = setup(10);
+        let central = topology(true, 2).unwrap();
+        let point = |t, threads, active, source| {
+            s.run_point(
+                s.san(t, false),
+                Interface::QuicksanD,
+                source,
+                threads,
+                active,
+            )
+        };
+        let any = random(OpMix::Read, 4096, Locality::Any);
+        assert!(topology(false, 0).is_err());
+        assert!(point(central, 0, None, any.clone()).is_err());
+        assert!(point(central, 1, Some(0), any.clone()).is_err());
+        assert!(point(central, 1, Some(3), any.clone()).is_err());
+        let e = point(central, 1, None, random(OpMix::Read, 4096, Locality::Local)).unwrap_err();
+        assert!(e.contains("no SSD of its own"), "{e}");
+        let one = topology(false, 1).unwrap();
+        assert!(point(one, 1, None, random(OpMix::Read, 4096, Locality::Remote)).is_err());
+        assert!(point(central, 1, None, random(OpMix::Read, 0, Locality::Any)).is_err());
+        let script = RequestSource::Script(vec![VecDeque::new()]);
+        assert!(point(central, 1, None, script).is_err());
+    }
+
+    #[test]
+    fn scaling_counts_local_and_network_bytes_and_grows_the_network_share() {
+        let s = setup(300);
+        let rows = scaling(
+            &s,
+            Interface::QuicksanD,
+            &[1, 4],
+            OpMix::Mixed(0.5),
+            4096,
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        assert_eq!(rows[0].network_mb_per_s, 0.0, "one node: all local");
+        assert!(rows[1].network_mb_per_s > rows[1].local_mb_per_s);
+        for r in &rows {
+            assert!(close(
+                r.local_mb_per_s + r.network_mb_per_s,
+                r.total_mb_per_s
+            ));
+        }
+    }
+}
