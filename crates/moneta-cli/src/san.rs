@@ -404,7 +404,8 @@ fn emit<T: Serialize>(
     Ok(())
 }
 
-/// Columns of the rows' JSON: numbers with two decimals (integers whole).
+/// Columns of the rows' JSON: integers whole, other numbers to three
+/// significant digits (at least two decimals).
 fn table<T: Serialize>(
     rows: &[T],
     columns: &[&str],
@@ -419,7 +420,14 @@ fn table<T: Serialize>(
                     let cell = c.split('.').try_fold(&v, |v, k| v.get(k));
                     match cell {
                         Some(Value::Number(n)) if n.is_f64() => {
-                            format!("{:.2}", n.as_f64().unwrap_or(f64::NAN))
+                            let x = n.as_f64().unwrap_or(f64::NAN);
+                            // Three significant digits below 100, else two decimals.
+                            if x.abs() < 100.0 && x != 0.0 {
+                                let decimals = (2 - x.abs().log10().floor() as i32).clamp(2, 6);
+                                format!("{x:.*}", decimals as usize)
+                            } else {
+                                format!("{x:.2}")
+                            }
                         }
                         Some(Value::String(s)) => s.clone(),
                         Some(v) => v.to_string(),
