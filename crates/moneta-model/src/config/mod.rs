@@ -660,16 +660,12 @@ impl NetworkConfig {
                 "must be below network.pause_on_bytes",
             ));
         }
-        // After the pause request, the upstream link may finish the packet
-        // it is sending and start one more before the request reaches it:
-        // that must still fit, or packets would be lost.
-        let headroom = 2 * n.max_stored_bytes();
+        let headroom = n.pause_headroom_bytes()?;
         if n.pause_on_bytes + headroom > n.rx_buffer_bytes {
             return Err(err(
                 "network.pause_on_bytes",
                 format!(
-                    "leaves less than two {}-byte packets of room in network.rx_buffer_bytes",
-                    n.max_stored_bytes()
+                    "leaves less than {headroom} bytes (two largest packets and what is in flight) above it in network.rx_buffer_bytes"
                 ),
             ));
         }
@@ -677,7 +673,7 @@ impl NetworkConfig {
         if switch_pause_on == 0 || switch_pause_on + headroom > n.switch_port_buffer_bytes {
             return Err(err(
                 "network.switch_port_buffer_bytes",
-                "too small to pause in time at the port's pause fraction",
+                format!("too small to pause in time: needs {headroom} bytes above the pause level"),
             ));
         }
         range("network.message_mtu_bytes", n.message_mtu_bytes, 64, 65536)?;
@@ -687,7 +683,18 @@ impl NetworkConfig {
             0,
             1024,
         )?;
-        crate::san::fabric::FabricTiming::derive(n).map(|_| ())
+        Ok(())
+    }
+
+    /// Room a buffer needs above its pause level so nothing is lost: after
+    /// the pause is requested the upstream link may finish the packet it is
+    /// sending and start one more before the request reaches it, and what
+    /// was already sent but not yet counted still arrives.
+    pub fn pause_headroom_bytes(&self) -> Result<u64, ConfigError> {
+        let timing = crate::san::fabric::FabricTiming::derive(self)?;
+        let in_flight_bytes =
+            (timing.pause_in_flight_ns() as f64 * self.link_bits_per_s / 8e9).ceil() as u64;
+        Ok(2 * self.max_stored_bytes() + in_flight_bytes.next_multiple_of(8))
     }
 
     /// A switch input pauses at the same fraction of its buffer as a port.

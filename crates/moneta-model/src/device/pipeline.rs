@@ -238,6 +238,15 @@ pub struct Device {
     /// transfer buffer (their data waits in the receive packet buffer).
     port: Option<NetworkPort>,
     incoming_writes: VecDeque<u16>,
+    /// Peers' read requests: the request queue's lane for the network,
+    /// served before the host's requests.
+    incoming_reads: VecDeque<u16>,
+    /// Buffers held by this device's remote reads (waiting on peers), and
+    /// how many they may hold: all but one of the shared buffers, so a
+    /// peer's read always finds one (no cycle of devices whose buffers all
+    /// wait on each other).
+    remote_reads_holding: usize,
+    remote_read_buffer_limit: usize,
     /// Events to deliver back to `handle` at their time.
     pub outbox: Vec<(Ns, DeviceEvent)>,
     /// Requests finished since the driver last drained this.
@@ -312,6 +321,9 @@ impl Device {
             write_buffer_until_ack: d.write_buffer_until_ack,
             port: None,
             incoming_writes: VecDeque::new(),
+            incoming_reads: VecDeque::new(),
+            remote_reads_holding: 0,
+            remote_read_buffer_limit: 0,
             outbox: Vec::with_capacity(64),
             completions: Vec::with_capacity(64),
             port_out: Vec::new(),
@@ -325,6 +337,8 @@ impl Device {
         let buffers = config.device.transfer_buffers + 1;
         device.buffers = BufferPool::new(buffers);
         device.reserved_buffers = 1;
+        device.remote_read_buffer_limit =
+            (config.device.transfer_buffers as usize).saturating_sub(1);
         device.segments = vec![device.segments[0]; buffers as usize];
         device.port = Some(port);
         device
@@ -532,6 +546,9 @@ impl Device {
                 );
                 self.offer_critical(buffer, now_ns);
                 let request = self.segments[buffer as usize].request;
+                if matches!(self.segments[buffer as usize].target, Target::Remote { .. }) {
+                    self.remote_reads_holding -= 1;
+                }
                 self.buffers.release(now_ns, buffer);
                 self.segment_done(now_ns, request);
                 self.schedule_segments(now_ns);
@@ -588,33 +605,48 @@ impl Device {
                 break;
             };
             self.incoming_writes.pop_front();
-            self.start_peer_write(now_ns, request, buffer);
+            self.start_peer_segment(now_ns, request, buffer);
+        }
+        while self.buffers.free_count() > self.reserved_buffers {
+            let Some(request) = self.incoming_reads.pop_front() else {
+                break;
+            };
+            let buffer = self.buffers.allocate(now_ns).expect("checked free_count");
+            self.start_peer_segment(now_ns, request, buffer);
         }
         while self.buffers.free_count() > self.reserved_buffers {
             let Some(request) = self.queues.peek() else {
                 break;
             };
             let req = self.requests[request as usize]
-                .as_mut()
+                .as_ref()
                 .expect("queued request is live");
             let piece = self
                 .striping
                 .segment(req.addr, req.len_bytes, req.next_offset);
-            let copy = req.pass;
-            req.next_offset += piece.bytes;
-            if req.next_offset == req.len_bytes && req.pass + 1 < req.copies {
-                req.pass += 1;
-                req.next_offset = 0;
-            }
-            let more = req.next_offset < req.len_bytes;
-            let (op, routed, start_chain) = (req.op, req.routed, req.start_chain);
-            self.queues.issued(more);
+            let (op, routed, copy) = (req.op, req.routed, req.pass);
             let at = req.addr + piece.offset_bytes;
             let target = match (routed, op) {
                 (false, _) => Target::Local(at),
                 (true, Op::Write) => self.port_mut().routes.route_write(at, copy),
                 (true, Op::Read) => self.port_mut().routes.route_read(at),
             };
+            if matches!((op, target), (Op::Read, Target::Remote { .. }))
+                && self.remote_reads_holding >= self.remote_read_buffer_limit
+            {
+                // Deadlock rule: buffers waiting on peers never take the
+                // last one, which serves peers' reads.
+                break;
+            }
+            let req = self.requests[request as usize].as_mut().expect("live");
+            req.next_offset += piece.bytes;
+            if req.next_offset == req.len_bytes && req.pass + 1 < req.copies {
+                req.pass += 1;
+                req.next_offset = 0;
+            }
+            let more = req.next_offset < req.len_bytes;
+            let start_chain = req.start_chain;
+            self.queues.issued(more);
             let segment = match target {
                 // Stripes of the device's own address space.
                 Target::Local(local) if routed => Segment {
@@ -623,7 +655,6 @@ impl Device {
                 },
                 _ => piece,
             };
-            let req = self.requests[request as usize].as_mut().expect("live");
             match target {
                 Target::Local(_) => req.local_bytes += segment.bytes,
                 Target::Remote { .. } => req.remote_bytes += segment.bytes,
@@ -651,6 +682,7 @@ impl Device {
                 (Op::Read, Target::Remote { node, addr }) => {
                     // The buffer is allocated before the request leaves
                     // (SPEC §4.2): the completion lands in it.
+                    self.remote_reads_holding += 1;
                     self.segments[buffer as usize].awaiting = Some(PacketKind::ReadCompletion);
                     let header = self.port_mut().header(
                         PacketKind::ReadRequest,
@@ -970,30 +1002,28 @@ impl Device {
             critical_done_ns: 0,
         });
         match op {
-            Op::Read => self.queues.push(request, Op::Read),
+            Op::Read => self.incoming_reads.push_back(request),
             Op::Write => self.incoming_writes.push_back(request),
         }
         true
     }
 
-    /// A peer's write got `buffer`: the network "DMA" moves its data out of
-    /// the packet buffer (A.6), then it goes to the controller.
-    fn start_peer_write(&mut self, now_ns: Ns, request: u16, buffer: u16) {
+    /// A peer's request got `buffer`. A read goes to its controller; a
+    /// write's data first moves out of the packet buffer by the network
+    /// "DMA" (A.6), then goes to the controller.
+    fn start_peer_segment(&mut self, now_ns: Ns, request: u16, buffer: u16) {
         let req = self.requests[request as usize].as_mut().expect("live");
         req.next_offset = req.len_bytes;
         let Origin::Peer {
             request: header, ..
         } = req.origin
         else {
-            unreachable!("incoming writes come from peers")
+            unreachable!("incoming requests come from peers")
         };
         let segment = self.striping.segment(req.addr, req.len_bytes, 0);
-        let local_addr = req.addr;
+        let (local_addr, op) = (req.addr, req.op);
         let mut chain = req.start_chain;
         chain.spend(Component::DeviceQueue, now_ns);
-        let port = self.port_mut();
-        let stored = port.rx.stored_bytes(&header);
-        let end = port.move_to_buffer(now_ns, segment.bytes);
         self.segments[buffer as usize] = SegmentState {
             request,
             segment,
@@ -1001,10 +1031,19 @@ impl Device {
             buffer,
             chain,
             controller_wait_ns: 0,
-            rx_stored_bytes: stored,
+            rx_stored_bytes: 0,
             awaiting: None,
         };
-        self.outbox.push((end, DeviceEvent::PacketDataIn(buffer)));
+        match op {
+            Op::Read => self.read_from_controller(now_ns, buffer),
+            Op::Write => {
+                let port = self.port_mut();
+                let stored = port.rx.stored_bytes(&header);
+                let end = port.move_to_buffer(now_ns, segment.bytes);
+                self.segments[buffer as usize].rx_stored_bytes = stored;
+                self.outbox.push((end, DeviceEvent::PacketDataIn(buffer)));
+            }
+        }
     }
 
     /// A write segment for a peer: its data is in the buffer; the write

@@ -103,6 +103,15 @@ impl FabricTiming {
         })
     }
 
+    /// From a frame leaving its sender until a pause it provokes stops
+    /// that sender: counted at the receiver (after the receiving NIC and
+    /// any extra hops at a port; after the sending NIC and the switching
+    /// at a switch input), then the pause frame back.
+    pub fn pause_in_flight_ns(&self) -> Ns {
+        self.pause_delay_ns
+            + (self.nic_rx_ns + self.extra_hops_ns).max(self.nic_tx_ns + self.switch_ns)
+    }
+
     /// One-way latency of a header-only packet on an idle fabric: what
     /// SPEC §4.2 publishes (1 µs, +450 ns per extra hop).
     pub fn min_one_way_ns(&self) -> Ns {
