@@ -60,7 +60,10 @@ fn every_command_prints_json_csv_and_a_table_from_the_same_rows() {
 
 #[test]
 fn latency_rows_cover_interfaces_localities_and_ops_with_their_breakdown() {
-    let json = ok(run(&[&quick("latency")[..], &["--format", "json"]].concat()), "latency");
+    let json = ok(
+        run(&[&quick("latency")[..], &["--format", "json"]].concat()),
+        "latency",
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
     assert_eq!(rows.len(), 4 * 2 * 2);
     for r in &rows {
@@ -78,7 +81,10 @@ fn latency_rows_cover_interfaces_localities_and_ops_with_their_breakdown() {
         }
     }
     let iscsi = rows.iter().find(|r| r["interface"] == "iscsi").unwrap();
-    let direct = rows.iter().find(|r| r["interface"] == "quicksan-d").unwrap();
+    let direct = rows
+        .iter()
+        .find(|r| r["interface"] == "quicksan-d")
+        .unwrap();
     assert!(iscsi["latency_us_mean"].as_f64() > direct["latency_us_mean"].as_f64());
 }
 
@@ -98,17 +104,29 @@ fn same_seed_same_output_other_seed_other_output() {
 #[test]
 fn bad_input_is_a_clear_error_listing_what_is_allowed() {
     for (args, needle) in [
-        (vec!["san", "sim", "latency", "--interfaces", "nfs"], "quicksan-d"),
+        (
+            vec!["san", "sim", "latency", "--interfaces", "nfs"],
+            "quicksan-d",
+        ),
         (vec!["san", "sim", "latency", "--nodes", "0"], "--nodes"),
         (vec!["san", "sim", "latency", "--size", "0"], "--size"),
-        (vec!["san", "sim", "bandwidth", "--topology", "ring"], "centralized"),
+        (
+            vec!["san", "sim", "bandwidth", "--topology", "ring"],
+            "centralized",
+        ),
         (vec!["san", "sim", "bandwidth", "--op", "erase"], "mixed"),
         (vec!["san", "sim", "bandwidth", "--sizes", "4k"], "--sizes"),
         (vec!["san", "sim", "scaling", "--nodes", "2,0"], "--nodes"),
-        (vec!["san", "sim", "scaling", "--interface", "scsi"], "fibre-channel"),
+        (
+            vec!["san", "sim", "scaling", "--interface", "scsi"],
+            "fibre-channel",
+        ),
         (vec!["san", "sim", "energy", "--threads", "0"], "--threads"),
         (vec!["san", "sim", "sort", "--scale", "2"], "--scale"),
-        (vec!["san", "sim", "latency", "--preset", "nope"], "unknown preset"),
+        (
+            vec!["san", "sim", "latency", "--preset", "nope"],
+            "unknown preset",
+        ),
     ] {
         let o = run(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

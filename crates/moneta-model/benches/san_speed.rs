@@ -9,9 +9,7 @@
 
 use moneta_model::config::Config;
 use moneta_model::kernel::Rng;
-use moneta_model::san::system::{
-    DeviceId, San, SanConfig, SanEvent, SanRequest, Topology,
-};
+use moneta_model::san::system::{DeviceId, San, SanConfig, SanEvent, SanRequest, Topology};
 use moneta_model::units::{Ns, Op};
 use std::time::Instant;
 
@@ -26,7 +24,11 @@ fn remote_request(rng: &mut Rng, token: u64, device: u16, slice_bytes: u64) -> S
     let offset = rng.below(slice_bytes / REQUEST_BYTES) * REQUEST_BYTES;
     SanRequest {
         token,
-        op: if rng.below(2) == 0 { Op::Read } else { Op::Write },
+        op: if rng.below(2) == 0 {
+            Op::Read
+        } else {
+            Op::Write
+        },
         addr: u64::from(other) * slice_bytes + offset,
         len_bytes: REQUEST_BYTES,
         protection_ns: 0,
@@ -64,7 +66,9 @@ fn main() {
     let mut last_ns = 0;
     let start = Instant::now();
     while completed < total {
-        let Some(t) = san.next_event_time() else { break };
+        let Some(t) = san.next_event_time() else {
+            break;
+        };
         events += san.deliver_due(t, |e| {
             if let SanEvent::Completed {
                 device,
