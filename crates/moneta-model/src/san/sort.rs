@@ -55,7 +55,7 @@ pub fn generate_records(n: usize, seed: u64) -> Vec<Record> {
 /// The destination node of a record: its key's leading 16 bits, scaled.
 pub fn destination(record: &Record, nodes: usize) -> usize {
     let prefix = u16::from_be_bytes([record[0], record[1]]) as usize;
-    prefix * nodes >> 16
+    (prefix * nodes) >> 16
 }
 
 /// Stage 1's CPU kernel: copy each record into its destination's buffer.
@@ -202,10 +202,10 @@ pub fn run(setup: &SortSetup) -> Result<SortResult, String> {
         .map(|i| {
             let mut s = VecDeque::new();
             let mut sent = vec![0usize; n as usize];
-            for r in 0..reads {
+            for (r, &addr) in chunks[i][..reads].iter().enumerate() {
                 s.push_back(Scripted {
                     op: Op::Read,
-                    addr: chunks[i][r],
+                    addr,
                     len_bytes: io,
                 });
                 // Each read fills 1/n of a buffer per destination; a full
@@ -238,10 +238,10 @@ pub fn run(setup: &SortSetup) -> Result<SortResult, String> {
                     });
                 }
             }
-            for r in 0..reads {
+            for &addr in &chunks[i][..reads] {
                 s.push_back(Scripted {
                     op: Op::Write,
-                    addr: chunks[i][r],
+                    addr,
                     len_bytes: io,
                 });
             }
