@@ -191,7 +191,7 @@ impl RouteTable {
             return self.target(replica, offset);
         }
         self.read_turn += 1;
-        if self.read_turn % 2 == 0 {
+        if self.read_turn.is_multiple_of(2) {
             self.target(owners.primary, offset)
         } else {
             self.target(replica, offset)

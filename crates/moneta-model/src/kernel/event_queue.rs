@@ -1,22 +1,30 @@
 //! A time-ordered queue of events with deterministic tie-breaking.
 //!
-//! A binary min-heap keyed by (time, insertion sequence). The sequence number
-//! makes the order of simultaneous events a function of the order in which
-//! they were scheduled, never of heap internals.
+//! A binary min-heap keyed by (time, insertion sequence), packed into one
+//! 128-bit key (time in the upper half) so a comparison is one integer
+//! compare. The sequence number makes the order of simultaneous events a
+//! function of the order in which they were scheduled, never of heap
+//! internals.
 
 use crate::units::Ns;
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 struct Entry<E> {
-    time_ns: Ns,
-    sequence: u64,
+    /// `time_ns << 64 | sequence`.
+    key: u128,
     event: E,
+}
+
+impl<E> Entry<E> {
+    fn time_ns(&self) -> Ns {
+        (self.key >> 64) as Ns
+    }
 }
 
 impl<E> PartialEq for Entry<E> {
     fn eq(&self, other: &Self) -> bool {
-        self.time_ns == other.time_ns && self.sequence == other.sequence
+        self.key == other.key
     }
 }
 impl<E> Eq for Entry<E> {}
@@ -28,7 +36,7 @@ impl<E> PartialOrd for Entry<E> {
 impl<E> Ord for Entry<E> {
     fn cmp(&self, other: &Self) -> Ordering {
         // Reversed: BinaryHeap is a max-heap, we want the earliest first.
-        (other.time_ns, other.sequence).cmp(&(self.time_ns, self.sequence))
+        other.key.cmp(&self.key)
     }
 }
 
@@ -58,8 +66,7 @@ impl<E> EventQueue<E> {
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         self.heap.push(Entry {
-            time_ns,
-            sequence,
+            key: u128::from(time_ns) << 64 | u128::from(sequence),
             event,
         });
     }
@@ -67,12 +74,12 @@ impl<E> EventQueue<E> {
     /// Remove and return the earliest event.
     #[inline]
     pub fn pop(&mut self) -> Option<(Ns, E)> {
-        self.heap.pop().map(|e| (e.time_ns, e.event))
+        self.heap.pop().map(|e| (e.time_ns(), e.event))
     }
 
     /// Time of the earliest event, if any.
     pub fn peek_time(&self) -> Option<Ns> {
-        self.heap.peek().map(|e| e.time_ns)
+        self.heap.peek().map(Entry::time_ns)
     }
 
     pub fn len(&self) -> usize {
