@@ -757,6 +757,31 @@ impl Setup {
     }
 }
 
+impl Setup {
+    /// `threads_per_host` threads on every client host, random `mix`
+    /// requests of `size_bytes` over the whole global space: the load of
+    /// the bandwidth, scaling, replication and energy experiments.
+    fn loaded(
+        &self,
+        san: SanConfig,
+        interface: Interface,
+        mix: OpMix,
+        size_bytes: u64,
+    ) -> Result<RunResult, String> {
+        self.run_point(
+            san,
+            interface,
+            RequestSource::Random {
+                mix,
+                size_bytes,
+                locality: Locality::Any,
+            },
+            self.threads_per_host,
+            None,
+        )
+    }
+}
+
 /// The topologies of §5.4.1 with `nodes` machines: distributed, one SSD per
 /// node; centralized, `nodes` SSDs in one server and `nodes` clients.
 pub fn topology(centralized: bool, nodes: u16) -> Result<Topology, String> {
@@ -980,17 +1005,7 @@ pub fn bandwidth(
             points.len(),
             &format!("{} {} {size_bytes} B", interface.key(), mix_key(mix)),
         );
-        let r = setup.run_point(
-            setup.san(topology, mirroring),
-            interface,
-            RequestSource::Random {
-                mix,
-                size_bytes,
-                locality: Locality::Any,
-            },
-            setup.threads_per_host,
-            None,
-        )?;
+        let r = setup.loaded(setup.san(topology, mirroring), interface, mix, size_bytes)?;
         rows.push(bandwidth_row(
             &r,
             interface,
@@ -1041,17 +1056,7 @@ pub fn scaling(
         // The same requests per node at every size of the cluster.
         let mut per_node = small.clone();
         per_node.ops = setup.ops * nodes as u64;
-        let r = per_node.run_point(
-            small.san(t, false),
-            interface,
-            RequestSource::Random {
-                mix,
-                size_bytes,
-                locality: Locality::Any,
-            },
-            setup.threads_per_host,
-            None,
-        )?;
+        let r = per_node.loaded(small.san(t, false), interface, mix, size_bytes)?;
         rows.push(ScalingRow {
             interface,
             nodes,
@@ -1115,20 +1120,8 @@ pub fn replication(
             size_bytes,
             locality: Locality::Any,
         };
-        let one = setup.run_point(
-            setup.san(t, mirroring),
-            interface,
-            source.clone(),
-            1,
-            Some(1),
-        )?;
-        let all = setup.run_point(
-            setup.san(t, mirroring),
-            interface,
-            source,
-            setup.threads_per_host,
-            None,
-        )?;
+        let one = setup.run_point(setup.san(t, mirroring), interface, source, 1, Some(1))?;
+        let all = setup.loaded(setup.san(t, mirroring), interface, mix, size_bytes)?;
         rows.push(ReplicationRow {
             interface,
             mirroring,
@@ -1181,17 +1174,7 @@ pub fn energy(
             points.len(),
             &format!("{} {}", interface.key(), mix_key(mix)),
         );
-        let r = setup.run_point(
-            setup.san(topology, false),
-            interface,
-            RequestSource::Random {
-                mix,
-                size_bytes,
-                locality: Locality::Any,
-            },
-            setup.threads_per_host,
-            None,
-        )?;
+        let r = setup.loaded(setup.san(topology, false), interface, mix, size_bytes)?;
         rows.push(EnergyRow {
             interface,
             topology: topology_key(topology),
