@@ -335,6 +335,16 @@ enum Figure {
     Bars(StackedBars),
 }
 
+/// Stacked bars, one per (label, segments), in the given unit.
+fn bars(title: String, y_label: &str, bars: Vec<(String, Vec<(String, f64)>)>) -> Figure {
+    Figure::Bars(StackedBars {
+        title,
+        y_label: y_label.into(),
+        bars,
+        percent: false,
+    })
+}
+
 /// Print `rows` as the format asks (the table shows `columns`, dotted paths
 /// into each row's JSON), then write the plot and the report.
 fn emit<T: Serialize>(
@@ -448,11 +458,10 @@ fn latency(a: LatencyArgs) -> Result<(), String> {
     let mut meter = Meter::new();
     let progress: Progress = &mut |d, n, w| meter.tick(d, n, w);
     let rows = experiments::latency(&setup, &interfaces, t, positive_size(a.size)?, progress)?;
-    let bars = StackedBars {
-        title: format!("where time goes: {} B, one thread", a.size),
-        y_label: "mean latency (µs)".into(),
-        bars: rows
-            .iter()
+    let bars = bars(
+        format!("where time goes: {} B, one thread", a.size),
+        "mean latency (µs)",
+        rows.iter()
             .map(|r| {
                 (
                     format!("{} {} {}", r.interface.key(), r.locality, r.op),
@@ -464,8 +473,7 @@ fn latency(a: LatencyArgs) -> Result<(), String> {
                 )
             })
             .collect(),
-        percent: false,
-    };
+    );
     emit(
         &a.common,
         &format!(
@@ -485,7 +493,7 @@ fn latency(a: LatencyArgs) -> Result<(), String> {
             "table_5_1.paper_block_transport_us",
             "table_5_1.media_us",
         ],
-        Figure::Bars(bars),
+        bars,
     )
 }
 
@@ -619,11 +627,10 @@ fn replication(a: ReplicationArgs) -> Result<(), String> {
         positive_size(a.size)?,
         progress,
     )?;
-    let bars = StackedBars {
-        title: "per-host bandwidth with and without mirroring".into(),
-        y_label: "MB/s per host".into(),
-        bars: rows
-            .iter()
+    let bars = bars(
+        "per-host bandwidth with and without mirroring".into(),
+        "MB/s per host",
+        rows.iter()
             .map(|r| {
                 (
                     format!(
@@ -636,8 +643,7 @@ fn replication(a: ReplicationArgs) -> Result<(), String> {
                 )
             })
             .collect(),
-        percent: false,
-    };
+    );
     emit(
         &a.common,
         &format!(
@@ -653,7 +659,7 @@ fn replication(a: ReplicationArgs) -> Result<(), String> {
             "latency_us_mean",
             "mb_per_s_per_host",
         ],
-        Figure::Bars(bars),
+        bars,
     )
 }
 
@@ -789,11 +795,10 @@ fn sort_command(a: SortArgs) -> Result<(), String> {
             .find(|(t, _)| *t == r.topology)
             .map(|(_, s)| s / r.result.total_s);
     }
-    let bars = StackedBars {
-        title: format!("sort of {:.1} GB", input_bytes as f64 / 1e9),
-        y_label: "seconds".into(),
-        bars: rows
-            .iter()
+    let bars = bars(
+        format!("sort of {:.1} GB", input_bytes as f64 / 1e9),
+        "seconds",
+        rows.iter()
             .map(|r| {
                 (
                     format!("{} {}", r.topology, r.result.interface.key()),
@@ -804,8 +809,7 @@ fn sort_command(a: SortArgs) -> Result<(), String> {
                 )
             })
             .collect(),
-        percent: false,
-    };
+    );
     emit(
         &a.common,
         &format!(
@@ -829,7 +833,7 @@ fn sort_command(a: SortArgs) -> Result<(), String> {
             "total_s",
             "speedup_vs_iscsi",
         ],
-        Figure::Bars(bars),
+        bars,
     )
 }
 
@@ -857,11 +861,10 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
         &power,
         progress,
     )?;
-    let bars = StackedBars {
-        title: format!("energy per {} B request", a.size),
-        y_label: "J per request".into(),
-        bars: rows
-            .iter()
+    let bars = bars(
+        format!("energy per {} B request", a.size),
+        "J per request",
+        rows.iter()
             .map(|r| {
                 (
                     format!("{} {}", r.interface.key(), r.op),
@@ -873,8 +876,7 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
                 )
             })
             .collect(),
-        percent: false,
-    };
+    );
     emit(
         &a.common,
         &format!(
@@ -891,7 +893,7 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
             "host_joules_per_op",
             "host_cpu_utilization",
         ],
-        Figure::Bars(bars),
+        bars,
     )
 }
 
