@@ -118,18 +118,37 @@ impl CommonArgs {
     }
 }
 
+/// Which interfaces, on which SAN.
+#[derive(Args, Clone)]
+pub struct ScopeArgs {
+    /// Interfaces, comma-separated (quicksan-d, quicksan-os, iscsi,
+    /// fibre-channel), or all.
+    #[arg(long, default_value = "all")]
+    interfaces: String,
+    /// distributed (one SSD per node: local and remote accesses) or
+    /// centralized (the SSDs in one server, remote only).
+    #[arg(long, default_value = "distributed")]
+    topology: String,
+    /// Nodes (distributed), or SSDs and clients (centralized).
+    #[arg(long, default_value_t = 4)]
+    nodes: u16,
+}
+
+impl ScopeArgs {
+    fn parse(&self) -> Result<(Vec<Interface>, Topology), String> {
+        Ok((
+            Interface::parse_list(&self.interfaces)?,
+            parse_topology(&self.topology, self.nodes)?,
+        ))
+    }
+}
+
 #[derive(Args)]
 pub struct LatencyArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Interfaces, comma-separated, or all.
-    #[arg(long, default_value = "all")]
-    interfaces: String,
-    /// distributed (local and remote) or centralized (remote only).
-    #[arg(long, default_value = "distributed")]
-    topology: String,
-    #[arg(long, default_value_t = 4)]
-    nodes: u16,
+    #[command(flatten)]
+    scope: ScopeArgs,
     /// Request size in bytes.
     #[arg(long, default_value_t = 4096)]
     size: u64,
@@ -139,12 +158,8 @@ pub struct LatencyArgs {
 pub struct BandwidthArgs {
     #[command(flatten)]
     common: CommonArgs,
-    #[arg(long, default_value = "all")]
-    interfaces: String,
-    #[arg(long, default_value = "distributed")]
-    topology: String,
-    #[arg(long, default_value_t = 4)]
-    nodes: u16,
+    #[command(flatten)]
+    scope: ScopeArgs,
     /// Comma-separated: read, write, mixed (50/50).
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
@@ -224,12 +239,8 @@ pub struct SortArgs {
 pub struct EnergyArgs {
     #[command(flatten)]
     common: CommonArgs,
-    #[arg(long, default_value = "all")]
-    interfaces: String,
-    #[arg(long, default_value = "distributed")]
-    topology: String,
-    #[arg(long, default_value_t = 4)]
-    nodes: u16,
+    #[command(flatten)]
+    scope: ScopeArgs,
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
     #[arg(long, default_value_t = 4096)]
@@ -453,8 +464,7 @@ fn table<T: Serialize>(
 
 fn latency(a: LatencyArgs) -> Result<(), String> {
     let setup = a.common.setup(2_000)?;
-    let interfaces = Interface::parse_list(&a.interfaces)?;
-    let t = parse_topology(&a.topology, a.nodes)?;
+    let (interfaces, t) = a.scope.parse()?;
     let mut meter = Meter::new();
     let progress: Progress = &mut |d, n, w| meter.tick(d, n, w);
     let rows = experiments::latency(&setup, &interfaces, t, positive_size(a.size)?, progress)?;
@@ -478,7 +488,7 @@ fn latency(a: LatencyArgs) -> Result<(), String> {
         &a.common,
         &format!(
             "QuickSAN latency, {} B, one thread, {} {} nodes",
-            a.size, a.topology, a.nodes
+            a.size, a.scope.topology, a.scope.nodes
         ),
         "Mean µs per request (§5.4.2); Table 5.1 grouping beside Table 5.1's block transport.",
         &rows,
@@ -499,8 +509,7 @@ fn latency(a: LatencyArgs) -> Result<(), String> {
 
 fn bandwidth(a: BandwidthArgs) -> Result<(), String> {
     let setup = a.common.setup(20_000)?;
-    let interfaces = Interface::parse_list(&a.interfaces)?;
-    let t = parse_topology(&a.topology, a.nodes)?;
+    let (interfaces, t) = a.scope.parse()?;
     let mixes = parse_mixes(&a.op)?;
     let sizes: Vec<u64> = parse_numbers("--sizes", &a.sizes)?;
     for &s in &sizes {
@@ -529,7 +538,10 @@ fn bandwidth(a: BandwidthArgs) -> Result<(), String> {
         }
     }
     let chart = Chart {
-        title: format!("per-host bandwidth, {} {} nodes", a.topology, a.nodes),
+        title: format!(
+            "per-host bandwidth, {} {} nodes",
+            a.scope.topology, a.scope.nodes
+        ),
         x_label: "request size (bytes)".into(),
         y_label: "MB/s per host".into(),
         x_log2: true,
@@ -541,8 +553,8 @@ fn bandwidth(a: BandwidthArgs) -> Result<(), String> {
         &a.common,
         &format!(
             "QuickSAN bandwidth, {} {} nodes, {} threads per host{}",
-            a.topology,
-            a.nodes,
+            a.scope.topology,
+            a.scope.nodes,
             setup.threads_per_host,
             if a.mirroring { ", mirrored" } else { "" }
         ),
@@ -839,8 +851,7 @@ fn sort_command(a: SortArgs) -> Result<(), String> {
 
 fn energy(a: EnergyArgs) -> Result<(), String> {
     let setup = a.common.setup(20_000)?;
-    let interfaces = Interface::parse_list(&a.interfaces)?;
-    let t = parse_topology(&a.topology, a.nodes)?;
+    let (interfaces, t) = a.scope.parse()?;
     let mixes = parse_mixes(&a.op)?;
     if !(a.host_idle_w >= 0.0 && a.host_busy_w >= a.host_idle_w) {
         return Err("host power: need 0 ≤ --host-idle-w ≤ --host-busy-w".into());
@@ -881,7 +892,7 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
         &a.common,
         &format!(
             "Energy per {} B request, {} {} nodes (hosts {}–{} W assumed)",
-            a.size, a.topology, a.nodes, power.idle_w, power.busy_w
+            a.size, a.scope.topology, a.scope.nodes, power.idle_w, power.busy_w
         ),
         "SSD 24 W and switch 150 W are the paper's (§5.4.7); host power is our assumption, linear in core utilization.",
         &rows,
