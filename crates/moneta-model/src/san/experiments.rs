@@ -1301,6 +1301,22 @@ mod tests {
         // More target cores, less waiting.
         let (eight_on_four, _) = wait(8, 4);
         assert!(eight_on_four < eight);
+        // More clients of the one target, one thread each: more waiting.
+        let clients = |n| {
+            let t = topology(true, n).unwrap();
+            s.run_point(
+                s.san(t, false),
+                Interface::Iscsi,
+                random(OpMix::Write, 4096, Locality::Any),
+                1,
+                None,
+            )
+            .unwrap()
+            .breakdown
+            .mean_ns(Component::TargetWait)
+        };
+        let (c1, c2, c4) = (clients(1), clients(2), clients(4));
+        assert!(c1 == 0.0 && c1 < c2 && c2 < c4, "{c1} {c2} {c4}");
     }
 
     #[test]

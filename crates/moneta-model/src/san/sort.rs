@@ -292,6 +292,59 @@ mod tests {
         assert_eq!(generate_records(10, 5), generate_records(10, 5));
     }
 
+    fn setup(interface: Interface, centralized: bool, input_bytes: u64) -> SortSetup {
+        let topology = crate::san::experiments::topology(centralized, 2).unwrap();
+        SortSetup {
+            san: SanConfig {
+                device: crate::config::Config::preset("quicksan-ssd").unwrap(),
+                topology,
+                mirroring: false,
+            },
+            costs: InterfaceCosts::default(),
+            interface,
+            input_bytes,
+            io_bytes: 65_536,
+            threads_per_host: 4,
+            cpu: CpuCosts {
+                partition_ns_per_record: 100.0,
+                sort_ns_per_record: 300.0,
+                cores: 8,
+                source: "test".into(),
+            },
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn both_stages_run_on_both_topologies_reproducibly() {
+        for interface in [Interface::QuicksanD, Interface::Iscsi] {
+            for centralized in [false, true] {
+                let s = setup(interface, centralized, 8 << 20);
+                let a = run(&s).unwrap();
+                assert!(a.stage1.io_s > 0.0 && a.stage2.io_s > 0.0);
+                assert_eq!(a.total_s, a.stage1.seconds + a.stage2.seconds);
+                // 8 MiB over 2 nodes at 100 ns per record on 8 cores.
+                let records = (4u64 << 20) / RECORD_BYTES as u64;
+                assert!((a.stage1.cpu_s - records as f64 * 100.0 / 8.0 / 1e9).abs() < 1e-9);
+                assert_eq!(run(&s).unwrap().total_s, a.total_s);
+            }
+        }
+        // Twice the data, about twice the IO time.
+        let one = run(&setup(Interface::QuicksanD, false, 8 << 20)).unwrap();
+        let two = run(&setup(Interface::QuicksanD, false, 16 << 20)).unwrap();
+        let ratio = two.stage2.io_s / one.stage2.io_s;
+        assert!((1.8..2.2).contains(&ratio), "{ratio}");
+    }
+
+    #[test]
+    fn an_input_beyond_the_space_is_an_error() {
+        let e = run(&setup(Interface::QuicksanD, false, 1 << 40)).unwrap_err();
+        assert!(e.contains("lower --scale"), "{e}");
+        let mut s = setup(Interface::QuicksanD, false, 1 << 20);
+        s.io_bytes = 10;
+        assert!(run(&s).is_err());
+    }
+
     #[test]
     fn clock_scaling_is_proportional() {
         assert!((scale_to_paper_host(10.0, 2270.0) - 10.0).abs() < 1e-12);
