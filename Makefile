@@ -51,6 +51,7 @@ test: setup
 	$(MONETA) san sim energy --ops 500
 	$(CARGO) bench -p libmoneta --bench overhead -- --smoke
 	$(CARGO) bench -p libmoneta --bench fidelity -- --smoke
+	$(CARGO) bench -p moneta-model --bench san_speed -- --smoke
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
 # emulator software overhead against pread(2) on tmpfs and against the raw
@@ -59,6 +60,7 @@ bench: build
 	@mkdir -p out
 	$(MONETA) sim speed --preset moneta --ops 4000000
 	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
+	$(CARGO) bench -p moneta-model --bench san_speed
 	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
 	$(CARGO) bench -p libmoneta --bench overhead -- --json $(CURDIR)/out/overhead.json
 

@@ -14,6 +14,10 @@
 //!   over PCIe, ring, memory controllers, start-gap, the Onyx PCM
 //!   controller, the power model (SPEC §1, §3.3, §5), and the driver that
 //!   delivers its events on any clock.
+//! - [`san`]: QuickSAN (SPEC §4): devices with a network port joined by an
+//!   Ethernet fabric into one global address space, with mirroring; the
+//!   port and its packets are device components (`device::network`,
+//!   `device::packet`).
 //! - [`kernel`]: the event kernel, clocks and seeded randomness.
 //! - [`config`]: presets as data, overrides, validation.
 //! - [`experiment`]: runs one configured experiment and reports its results.

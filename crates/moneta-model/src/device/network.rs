@@ -582,4 +582,27 @@ mod tests {
             Target::Remote { node: 2, addr: 0 }
         );
     }
+
+    #[test]
+    fn network_section_is_validated_naming_the_key() {
+        let mut c = Config::preset("quicksan-ssd").unwrap();
+        for (assignment, key) in [
+            ("network.pause_off_bytes=8192", "network.pause_off_bytes"),
+            ("network.rx_buffer_bytes=16384", "network.pause_on_bytes"),
+            (
+                "network.switch_port_buffer_bytes=16384",
+                "network.switch_port_buffer_bytes",
+            ),
+            ("network.link_bits_per_s=0", "network.link_bits_per_s"),
+            ("network.switch_hops=0", "network.switch_hops"),
+            ("network.bogus=1", "network.bogus"),
+        ] {
+            let e = c.set(assignment).unwrap_err();
+            assert_eq!(e.key, key, "{assignment}: {e}");
+        }
+        assert_eq!(c, Config::preset("quicksan-ssd").unwrap());
+        let nic = Config::preset("quicksan-nic").unwrap();
+        assert!(!nic.network.has_memory);
+        assert_eq!(nic.device, c.device);
+    }
 }

@@ -63,7 +63,7 @@ pub fn arrival_bytes(frame_bytes_without_fcs: u64) -> u64 {
     wire_bytes(frame_bytes_without_fcs) - INTER_FRAME_GAP_BYTES
 }
 
-/// The four packet types (OP[3:0]).
+/// The four packet types (the OP field, bits 3..0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PacketKind {
     ReadRequest,

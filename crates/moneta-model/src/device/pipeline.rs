@@ -12,16 +12,49 @@
 //! - read segment: command to the controller; memory access; ring →
 //!   buffer; DMA buffer → host; buffer free; segment done.
 //!
+//! QuickSAN (SPEC §4.1–4.2, Appendix A.6; `Device::with_port`): the network
+//! port (`network.rs`) stands beside the DMA engine and the ring. A request
+//! submitted with a global address is routed segment by segment
+//! (LOCALREQUESTMASK/TAG, then the MAC table); a segment whose memory is on
+//! a peer uses the port instead of the ring and the controllers:
+//!
+//! - remote write: DMA host → buffer; a write-request packet carries the
+//!   data (the buffer is free once the frame is on the wire); the segment
+//!   is done when the peer's write completion arrives.
+//! - remote read: the buffer is allocated *before* the read request leaves;
+//!   the read completion's payload moves from the receive packet buffer
+//!   into it, then DMA to the host.
+//! - at the peer, a read request joins the request queues' network lane
+//!   (no payload) and is read like a local segment, its data going back in
+//!   a read completion; a write request waits in the receive packet buffer
+//!   for a transfer buffer, the network "DMA" moves its data in, then ring
+//!   → controller, then a write completion goes back. Peers are trusted: no
+//!   permission check, only the memory's bounds (a malformed packet is
+//!   dropped and counted, never a panic).
+//! - a mirrored write issues every segment twice, once per copy (SPEC §4.3).
+//!
+//! Deadlock avoidance (SPEC §4.2): small packets (requests without payload,
+//! completions) always have room; a remote read's buffer is taken before
+//! it is sent; one transfer buffer is dedicated to incoming writes (which
+//! are served first, as their data holds receive-buffer space); and, this
+//! model's addition for the same rule, a device's outgoing remote reads may
+//! hold all shared buffers but one, and peers' reads are served before the
+//! host's queues, so a peer's read always finds a buffer even when every
+//! device waits on its own remote reads.
+//!
 //! A request completes when all its segments are done; its completion
 //! carries where its device time went (`breakdown`): the fixed pipeline and
 //! protection time, then the chain of the segment that finished last (the
-//! critical path): queue and buffer wait, DMA, ring, controller queue, array.
+//! critical path): queue and buffer wait, DMA, ring, controller queue,
+//! array, and for a remote segment the network, packet buffer and the
+//! peer's own components, carried along in the packets.
 //!
 //! The device is clock
 //! agnostic: it is handed `now` and writes the events it wants delivered into
-//! `outbox` and finished requests into `completions`; `driver::DeviceDriver`
-//! delivers them, for the simulator's event loop and the emulator's polling
-//! thread alike.
+//! `outbox` and finished requests into `completions` (and, with a port, the
+//! frames and pause requests for the fabric into `port_out`);
+//! `driver::DeviceDriver` delivers them, for the simulator's event loop and
+//! the emulator's polling thread alike; `san::system` for a SAN.
 
 use super::buffers::{BufferPool, Segment, Striping};
 use super::command::{self, CommandError, CommandFormat, CommandLimits};
@@ -965,18 +998,8 @@ impl Device {
             PacketKind::ReadRequest => Op::Read,
             _ => Op::Write,
         };
-        let request = match self.free_peer_requests.pop() {
-            Some(r) => r,
-            None => {
-                let r = self.requests.len();
-                assert!(
-                    r < u16::MAX as usize,
-                    "peer requests are bounded by the peers' buffers"
-                );
-                self.requests.push(None);
-                r as u16
-            }
-        };
+        // Bounded by the peers' buffers and receive space.
+        let request = free_or_new(&mut self.free_peer_requests, &mut self.requests, None);
         self.requests[request as usize] = Some(RequestState {
             token: 0,
             op,
@@ -1050,18 +1073,9 @@ impl Device {
     /// request packet carries it. The segment waits for the completion in
     /// a slot past the buffers; the buffer is free once the frame is sent.
     fn send_remote_write(&mut self, now_ns: Ns, buffer: u16) {
-        let slot = match self.free_remote_slots.pop() {
-            Some(s) => s,
-            None => {
-                let s = self.segments.len();
-                assert!(
-                    s < u16::MAX as usize,
-                    "remote segments are bounded by tags × segments"
-                );
-                self.segments.push(self.segments[buffer as usize]);
-                s as u16
-            }
-        };
+        // Bounded by the tags and their requests' segments.
+        let fill = self.segments[buffer as usize];
+        let slot = free_or_new(&mut self.free_remote_slots, &mut self.segments, fill);
         let mut state = self.segments[buffer as usize];
         state.awaiting = Some(PacketKind::WriteCompletion);
         self.segments[slot as usize] = state;
@@ -1089,18 +1103,13 @@ impl Device {
         let Origin::Peer { request: h, from } = self.request(state.request).origin else {
             unreachable!("a peer's request")
         };
-        let header = self.port_mut().header(
+        self.send_completion(
+            now_ns,
             PacketKind::ReadCompletion,
-            from,
-            HeaderFields {
-                addr: h.addr,
-                cmd: h.cmd,
-                offsets: h.offsets,
-                tag: h.tag,
-                size: h.size,
-            },
+            (h, from),
+            state.chain,
+            Some(state.buffer),
         );
-        self.port_send(now_ns, header, from, state.chain, Some(state.buffer));
         self.offer_critical(slot, now_ns);
         self.segment_done(now_ns, state.request);
     }
@@ -1118,24 +1127,37 @@ impl Device {
         self.counters.peer_requests_served += 1;
         self.free_peer_requests.push(request);
         if req.op == Op::Write {
-            let header = self.port_mut().header(
-                PacketKind::WriteCompletion,
-                from,
-                HeaderFields {
-                    addr: h.addr,
-                    cmd: h.cmd,
-                    offsets: h.offsets,
-                    tag: h.tag,
-                    size: h.size,
-                },
-            );
             let mut chain = Chain {
                 parts: req.critical_chain,
                 mark_ns: req.critical_done_ns,
             };
             chain.spend(Component::Array, now_ns);
-            self.port_send(now_ns, header, from, chain, None);
+            self.send_completion(now_ns, PacketKind::WriteCompletion, (h, from), chain, None);
         }
+    }
+
+    /// Answer a peer's `request` (from node `from`): the completion
+    /// returns its tag and slot (Table A.3), with the data for a read.
+    fn send_completion(
+        &mut self,
+        now_ns: Ns,
+        kind: PacketKind,
+        (request, from): (PacketHeader, u16),
+        chain: Chain,
+        release_buffer: Option<u16>,
+    ) {
+        let header = self.port_mut().header(
+            kind,
+            from,
+            HeaderFields {
+                addr: request.addr,
+                cmd: request.cmd,
+                offsets: request.offsets,
+                tag: request.tag,
+                size: request.size,
+            },
+        );
+        self.port_send(now_ns, header, from, chain, release_buffer);
     }
 
     /// A completion for one of this device's remote segments.
@@ -1143,11 +1165,7 @@ impl Device {
         let h = packet.header;
         let slot = h.offsets as usize;
         let live = self.segments.get(slot).is_some_and(|s| {
-            s.awaiting
-                == Some(match h.kind {
-                    PacketKind::ReadCompletion => PacketKind::ReadCompletion,
-                    _ => PacketKind::WriteCompletion,
-                })
+            s.awaiting == Some(h.kind)
                 && s.request == h.tag
                 && matches!(s.target, Target::Remote { node, .. } if node == packet.from_node)
                 && (h.kind == PacketKind::WriteCompletion || u64::from(h.size) == s.segment.bytes)
@@ -1177,6 +1195,15 @@ impl Device {
         }
         true
     }
+}
+
+/// A free index from `free`, or a new one at the end of `slots`.
+fn free_or_new<T>(free: &mut Vec<u16>, slots: &mut Vec<T>, fill: T) -> u16 {
+    free.pop().unwrap_or_else(|| {
+        assert!(slots.len() < u16::MAX as usize, "more than 64K slots");
+        slots.push(fill);
+        (slots.len() - 1) as u16
+    })
 }
 
 /// The command byte of SPEC §1.2 a packet carries (opcode bits).

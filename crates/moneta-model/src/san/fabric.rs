@@ -192,16 +192,10 @@ impl Switch {
         out_port: u16,
         actions: &mut Vec<SwitchAction>,
     ) {
-        if let Some(paused) = self.ports[frame.in_port as usize]
+        let change = self.ports[frame.in_port as usize]
             .ingress
-            .fill(frame.stored_bytes)
-        {
-            actions.push(SwitchAction::Pause {
-                port: frame.in_port,
-                at_ns: now_ns + self.timing.pause_delay_ns,
-                paused,
-            });
-        }
+            .fill(frame.stored_bytes);
+        self.pause_input(now_ns, frame.in_port, change, actions);
         if let Some(started) = self.ports[out_port as usize]
             .output
             .push(now_ns, frame, frame_bytes)
@@ -213,19 +207,30 @@ impl Switch {
         }
     }
 
-    /// Output `port`'s frame has left (its `free_ns`).
-    pub fn tx_done(&mut self, now_ns: Ns, port: u16, actions: &mut Vec<SwitchAction>) {
-        let (frame, next) = self.ports[port as usize].output.done(now_ns);
-        if let Some(paused) = self.ports[frame.in_port as usize]
-            .ingress
-            .drain(frame.stored_bytes)
-        {
+    /// An input buffer's pause state changed: tell the link's sender.
+    fn pause_input(
+        &self,
+        now_ns: Ns,
+        port: u16,
+        change: Option<bool>,
+        actions: &mut Vec<SwitchAction>,
+    ) {
+        if let Some(paused) = change {
             actions.push(SwitchAction::Pause {
-                port: frame.in_port,
+                port,
                 at_ns: now_ns + self.timing.pause_delay_ns,
                 paused,
             });
         }
+    }
+
+    /// Output `port`'s frame has left (its `free_ns`).
+    pub fn tx_done(&mut self, now_ns: Ns, port: u16, actions: &mut Vec<SwitchAction>) {
+        let (frame, next) = self.ports[port as usize].output.done(now_ns);
+        let change = self.ports[frame.in_port as usize]
+            .ingress
+            .drain(frame.stored_bytes);
+        self.pause_input(now_ns, frame.in_port, change, actions);
         if let Some(started) = next {
             actions.push(SwitchAction::Started { port, started });
         }

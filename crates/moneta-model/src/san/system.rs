@@ -115,8 +115,10 @@ pub struct SanCounters {
     /// Bytes on the wire (headers, framing, payload) over all links.
     pub wire_bytes: u64,
     pub packets: u64,
-    /// 802.3x pause frames sent, and the largest receive-buffer occupancy
-    /// any port reached.
+    /// 802.3x pause requests sent by ports and switch inputs (each later
+    /// cancelled by a zero-time pause frame; both frames are in
+    /// `wire_bytes`), and the largest receive-buffer occupancy any port
+    /// reached.
     pub pauses: u64,
     pub max_rx_buffer_bytes: u64,
 }
@@ -259,6 +261,20 @@ impl San {
             return Err(SanError::BadConfig(format!(
                 "SanConfig.device must be an SSD preset (network.has_memory = true), not '{}'",
                 device_config.name
+            )));
+        }
+        let d = &device_config.device;
+        if d.transfer_buffers < 2 {
+            return Err(SanError::BadConfig(
+                "device.transfer_buffers must be at least 2 in a SAN: remote reads may hold all but one"
+                    .into(),
+            ));
+        }
+        if d.buffer_bytes > crate::device::packet::MAX_PAYLOAD_BYTES {
+            return Err(SanError::BadConfig(format!(
+                "device.buffer_bytes {} exceeds the {}-byte payload a packet carries",
+                d.buffer_bytes,
+                crate::device::packet::MAX_PAYLOAD_BYTES
             )));
         }
         let (ssds, nics, host_count) = match config.topology {
@@ -511,7 +527,7 @@ impl San {
         let mtu = self.network.message_mtu_bytes;
         let frames = bytes.div_ceil(mtu).max(1);
         for i in 0..frames {
-            let payload = mtu.min(bytes - i * mtu.min(bytes));
+            let payload = (bytes - i * mtu).min(mtu);
             let frame_bytes = self.network.message_header_bytes + payload;
             let id = self.new_frame(Frame::Message {
                 from,
@@ -588,6 +604,19 @@ impl San {
             pauses,
             max_rx_buffer_bytes: max_rx,
         }
+    }
+
+    /// One device's component counters (DMA, ring, controllers, buffers,
+    /// peers served), for the energy model.
+    pub fn device_counters(
+        &self,
+        device: DeviceId,
+        now: Ns,
+    ) -> Result<crate::device::pipeline::DeviceCounters, SanError> {
+        self.devices
+            .get(device.0 as usize)
+            .map(|d| d.device.counters(now))
+            .ok_or(SanError::NoSuchDevice(device))
     }
 
     /// Largest occupancy any switch input buffer reached.
@@ -674,6 +703,7 @@ impl San {
                 self.actions = actions;
             }
             Ev::SwitchOutputPause { port, paused } => {
+                self.pause_frames += 1;
                 let mut actions = std::mem::take(&mut self.actions);
                 self.switch.set_paused(t, port, paused, &mut actions);
                 self.switch_actions(&mut actions);
@@ -998,7 +1028,10 @@ mod tests {
     fn same_seed_same_events() {
         let run = |seed| {
             let mut s = san(Topology::Distributed { nodes: 4 }, true, seed);
-            format!("{:?}", all_to_all(&mut s, 50, 3))
+            let events = all_to_all(&mut s, 50, 3);
+            // Mirrored, saturated: everything completes too.
+            assert_eq!(events.len(), 4 * 50);
+            format!("{events:?}")
         };
         assert_eq!(run(5), run(5));
     }
@@ -1214,6 +1247,19 @@ mod tests {
             bad(Topology::Distributed { nodes: 2 }, false, "quicksan-nic"),
             Some(SanError::BadConfig(_))
         ));
+        for (key, value) in [("transfer_buffers", 1), ("buffer_bytes", 16384)] {
+            let mut c = Config::preset("quicksan-ssd").unwrap();
+            c.set(&format!("device.{key}={value}")).unwrap();
+            let config = SanConfig {
+                device: c,
+                topology: Topology::Distributed { nodes: 2 },
+                mirroring: false,
+            };
+            assert!(
+                matches!(San::new(&config, 1), Err(SanError::BadConfig(ref m)) if m.contains(key)),
+                "{key}"
+            );
+        }
         // Nothing was submitted by the refused calls.
         assert!(drain(&mut s).is_empty());
     }
