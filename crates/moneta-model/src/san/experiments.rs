@@ -25,6 +25,13 @@
 //! parts from the SAN) sum exactly to its latency: checked per request.
 //! Each thread holds its own core (threads per host ≤ the E5520 pair's 8
 //! cores in every experiment here), so no core waits are modeled.
+//!
+//! On top of [`run`], one function per experiment returns its rows:
+//! [`latency`] (§5.4.2, one thread; Table 5.1's grouping beside the
+//! paper's block transport), [`bandwidth`] (§5.4.3), [`scaling`] (§5.4.4,
+//! 16 GB per node), [`replication`] (§5.4.5), [`energy`] (§5.4.7); the sort
+//! (§5.4.6) is `sort`. Left out: host core contention, the issue-sleep
+//! completion's system call overlapping the device (it is counted after).
 
 use crate::breakdown::{Breakdown, Component, Parts};
 use crate::config::Config;
