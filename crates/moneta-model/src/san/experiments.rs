@@ -15,7 +15,7 @@
 //! - iSCSI: OS entry, GFS2 and initiator software; the command PDU as
 //!   `San::send_message` to the target host (none when the target is the
 //!   host itself: TCP loopback, its cost is in the software); the target's
-//!   software on its CPU ([`interfaces::TargetCpu`], FIFO);
+//!   software on its CPU (`interfaces::TargetCpu`, FIFO);
 //!   `San::submit_local` on the target SSD; the response PDU back; OS return.
 //! - Fibre Channel: OS entry and GFS2; the payload on the 8GFC ports of
 //!   the client and the target (FIFO each direction); the fixed transport
