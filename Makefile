@@ -2,7 +2,7 @@
 CARGO ?= cargo
 MONETA := target/release/moneta
 
-.PHONY: all setup build run test bench fidelity calibrate torture clean
+.PHONY: all setup build run test bench fidelity calibrate torture san clean
 
 all: build
 
@@ -47,6 +47,12 @@ test: setup
 	$(CARGO) build --release
 	$(CARGO) test --workspace --release
 	$(MONETA) sim speed --preset moneta --ops 200000
+	$(MONETA) san sim latency --ops 200
+	$(MONETA) san sim bandwidth --ops 500 --sizes 512,262144 --op read,write
+	$(MONETA) san sim scaling --ops 500 --nodes 2,4
+	$(MONETA) san sim replication --ops 500 --op read,write
+	$(MONETA) san sim sort --scale 0.0005 --measure-records 200000
+	$(MONETA) san sim energy --ops 500
 	$(CARGO) bench -p libmoneta --bench overhead -- --smoke
 	$(CARGO) bench -p libmoneta --bench fidelity -- --smoke
 	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
@@ -87,6 +93,18 @@ torture: build
 # The calibration table of README.
 calibrate: build
 	$(MONETA) calibrate
+
+# The QuickSAN predictions of README ("QuickSAN"): every §5.4 experiment
+# at its defaults, as JSON under out/san/ with SVG plots (several minutes).
+san: build
+	@mkdir -p out/san
+	$(MONETA) san sim latency --format json --plot out/san/latency.svg > out/san/latency.json
+	$(MONETA) san sim bandwidth --topology distributed --format json --plot out/san/bw_dist.svg > out/san/bw_dist.json
+	$(MONETA) san sim bandwidth --topology centralized --format json --plot out/san/bw_central.svg > out/san/bw_central.json
+	$(MONETA) san sim scaling --nodes 1,2,4,8,16 --format json --plot out/san/scaling.svg > out/san/scaling.json
+	$(MONETA) san sim replication --format json --plot out/san/replication.svg > out/san/replication.json
+	$(MONETA) san sim energy --format json --plot out/san/energy.svg > out/san/energy.json
+	$(MONETA) san sim sort --scale 0.01 --format json --plot out/san/sort.svg > out/san/sort.json
 
 clean:
 	$(CARGO) clean

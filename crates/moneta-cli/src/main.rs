@@ -8,6 +8,8 @@
 //! - `moneta sim fairness` runs SPEC §2.2's mixed-size workload.
 //! - `moneta sim run --breakdown` shows where time goes (SPEC §2.1 Table 3.1);
 //!   `moneta sim compare` puts several presets or stacks side by side.
+//! - `moneta san sim latency|bandwidth|scaling|replication|sort|energy`:
+//!   the QuickSAN experiments of §5.4 (SPEC §4.4) on the SAN model.
 //! - `moneta sim speed` measures simulated requests per wall-clock second.
 //! - `moneta serve` runs monetad; `moneta bench` runs XDD on the emulator.
 //! - `moneta up`, `down`, `status`: the Moneta file system (an image, XFS or
@@ -17,6 +19,7 @@ mod emu;
 mod mount;
 mod output;
 mod plot;
+mod san;
 
 use clap::{Args, Parser, Subcommand};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};
@@ -74,6 +77,9 @@ enum Command {
     /// Configuration files: print one to start from.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// QuickSAN (SPEC §4): the SAN of Moneta SSDs with network ports.
+    #[command(subcommand)]
+    San(Box<san::SanCommand>),
     /// Compare the model with the published numbers (SPEC §1.9, §2).
     Calibrate {
         #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -134,6 +140,11 @@ impl DeviceArgs {
             || self.stack.is_some()
             || self.tech.is_some()
             || !self.set.is_empty()
+    }
+
+    /// Whether a configuration file was given (instead of a preset).
+    pub(crate) fn given_file(&self) -> bool {
+        self.config.is_some()
     }
 
     pub(crate) fn config(&self) -> Result<Config, String> {
@@ -364,7 +375,11 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> Result<(), String> {
     if matches!(
         cli.command,
-        Command::Presets { .. } | Command::Sim(_) | Command::Config(_) | Command::Calibrate { .. }
+        Command::Presets { .. }
+            | Command::Sim(_)
+            | Command::San(_)
+            | Command::Config(_)
+            | Command::Calibrate { .. }
     ) {
         quiet_on_closed_stdout();
     }
@@ -385,6 +400,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Status(a) => mount::status(a),
         Command::Run(a) => emu::run_program(a),
         Command::Calibrate { format } => calibrate(format),
+        Command::San(c) => san::dispatch(*c),
         Command::Config(ConfigCommand::Dump(a)) => config_dump(&a),
     }
 }

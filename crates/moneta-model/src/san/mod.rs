@@ -10,11 +10,21 @@
 //!   (QuickSAN SSDs and NICs, each the `device::pipeline` with its network
 //!   port), the switch fabric, the global address map and mirroring, on one
 //!   event queue. Its API is the boundary the host interfaces use.
+//! - [`interfaces`]: the host interfaces of §5.4 (QuickSAN-D, QuickSAN-OS,
+//!   iSCSI, Fibre Channel) as host-stack models on top of `system`.
+//! - [`experiments`]: the §5.4 experiments: closed-loop threads on the
+//!   SAN's event queue (latency, bandwidth, scaling, replication, energy).
+//! - [`sort`]: the two-stage distributed sort of §5.4.6 (SPEC §4.4).
+//! - [`energy`]: energy per operation (§5.4.7).
 //!
 //! The device's network port and packets are device components
 //! (`device::network`, `device::packet`): the simulator and, later, the
 //! emulator on real frames share them.
 
 pub mod address_map;
+pub mod energy;
+pub mod experiments;
 pub mod fabric;
+pub mod interfaces;
+pub mod sort;
 pub mod system;

@@ -1,0 +1,121 @@
+//! Energy per operation of a SAN run (§5.4.7, SPEC §4.4): the hosts, the
+//! SSDs and the switch, over the run's virtual time, per request.
+//!
+//! The paper measured the servers at the power supply and assumed 24 W per
+//! QuickSAN SSD (the FusionIO ioDrive's maximum, constant under load) and
+//! 150 W for the switch (it hardly varies with load); those two are its
+//! figures. The host figures are ours (the paper gives none): a dual
+//! Xeon E5520 server drawing [`HostPower::idle_w`] idle and rising linearly
+//! with the busy fraction of its cores to [`HostPower::busy_w`]. The busy
+//! time is the model's: client software, spinning and interrupts, and the
+//! iSCSI targets' software.
+//!
+//! Left out: NIC and HBA power, DRAM activity, the power the PSU loses.
+
+use crate::san::experiments::RunResult;
+use serde::Serialize;
+
+/// Power assumptions, in W.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostPower {
+    /// A host with idle cores: our assumption for a 2-socket E5520
+    /// (2 × 80 W TDP) server with disks and fans: 150 W.
+    pub idle_w: f64,
+    /// All cores busy: idle + the two sockets' TDP ≈ 310 W; we take 300 W.
+    pub busy_w: f64,
+    /// Cores per host: 2 × 4 (E5520, hyper-threads not counted).
+    pub cores: u32,
+    /// Per QuickSAN SSD (§5.4.7): 24 W.
+    pub ssd_w: f64,
+    /// The switch (§5.4.7): 150 W.
+    pub switch_w: f64,
+}
+
+impl Default for HostPower {
+    fn default() -> Self {
+        HostPower {
+            idle_w: 150.0,
+            busy_w: 300.0,
+            cores: 8,
+            ssd_w: 24.0,
+            switch_w: 150.0,
+        }
+    }
+}
+
+/// Where a run's energy went, per request.
+#[derive(Debug, Clone, Serialize)]
+pub struct EnergyPerOp {
+    pub joules_per_op: f64,
+    pub host_joules_per_op: f64,
+    pub ssd_joules_per_op: f64,
+    pub switch_joules_per_op: f64,
+    /// Mean busy fraction of the hosts' cores.
+    pub host_cpu_utilization: f64,
+}
+
+/// Energy per request of `run` on `hosts` machines (all hosts of the SAN,
+/// including a centralized server).
+pub fn per_op(run: &RunResult, hosts: u16, power: &HostPower) -> Result<EnergyPerOp, String> {
+    if run.ops == 0 || run.elapsed_ns == 0 {
+        return Err("no requests completed: no energy per request".into());
+    }
+    if hosts == 0 || power.cores == 0 {
+        return Err("energy needs at least one host with one core".into());
+    }
+    let seconds = run.elapsed_ns as f64 / 1e9;
+    let core_seconds = hosts as f64 * power.cores as f64 * seconds;
+    let busy_seconds = (run.client_cpu_ns + run.target_cpu_ns) as f64 / 1e9;
+    let utilization = (busy_seconds / core_seconds).min(1.0);
+    let host_w = hosts as f64 * (power.idle_w + (power.busy_w - power.idle_w) * utilization);
+    let ops = run.ops as f64;
+    let host = host_w * seconds / ops;
+    let ssd = run.ssds as f64 * power.ssd_w * seconds / ops;
+    let switch = power.switch_w * seconds / ops;
+    Ok(EnergyPerOp {
+        joules_per_op: host + ssd + switch,
+        host_joules_per_op: host,
+        ssd_joules_per_op: ssd,
+        switch_joules_per_op: switch,
+        host_cpu_utilization: utilization,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breakdown::Breakdown;
+    use crate::san::system::SanCounters;
+    use crate::stats::LatencyHistogram;
+
+    fn run(ops: u64, elapsed_ns: u64, cpu_ns: u64) -> RunResult {
+        RunResult {
+            elapsed_ns,
+            ops,
+            bytes: ops * 4096,
+            latency: LatencyHistogram::new(),
+            breakdown: Breakdown::default(),
+            active_hosts: 4,
+            local_bytes: 0,
+            remote_bytes: 0,
+            client_cpu_ns: cpu_ns,
+            target_cpu_ns: 0,
+            counters: SanCounters::default(),
+            ssds: 4,
+        }
+    }
+
+    #[test]
+    fn idle_hosts_ssds_and_switch_over_the_run() {
+        let p = HostPower::default();
+        let e = per_op(&run(1000, 1_000_000_000, 0), 4, &p).unwrap();
+        assert!((e.host_joules_per_op - 4.0 * 150.0 / 1000.0).abs() < 1e-12);
+        assert!((e.ssd_joules_per_op - 4.0 * 24.0 / 1000.0).abs() < 1e-12);
+        assert!((e.switch_joules_per_op - 150.0 / 1000.0).abs() < 1e-12);
+        // Busy cores cost more per request at the same rate.
+        let busy = per_op(&run(1000, 1_000_000_000, 16_000_000_000), 4, &p).unwrap();
+        assert!(busy.joules_per_op > e.joules_per_op);
+        assert!((busy.host_cpu_utilization - 0.5).abs() < 1e-12);
+        assert!(per_op(&run(0, 1, 0), 4, &p).is_err());
+    }
+}

@@ -1,0 +1,541 @@
+//! The four host interfaces of the QuickSAN evaluation (SPEC §4.1, §4.4;
+//! dissertation §5.1, Table 5.1, §5.4.1) as host-stack models: what runs on
+//! the client's cores before a request reaches storage and after it comes
+//! back, and, for iSCSI and Fibre Channel, the block transport between the
+//! client and the target.
+//!
+//! - **QuickSAN-D**: Moneta-D's user-space library (`host::plan` with the
+//!   `direct` stack and the `direct` costs of the device preset: library,
+//!   extent lookup, copy, DMA completion); the permission check runs at the
+//!   *source* device (`SanRequest::protection_ns`, the mean tree walk of
+//!   Table 4.2), the destination trusts its peers (§5.2.2).
+//! - **QuickSAN-OS**: the kernel block stack (`host::plan` with the Moneta
+//!   driver, [`KERNEL_STACK`]) whose OS entry/exit and block-layer time is
+//!   Table 5.1's "QuickSAN kernel" row, plus GFS2 (Table 5.1).
+//! - **iSCSI**: the same OS entry/exit (Table 5.1 "iSCSI") and GFS2, then
+//!   the initiator's and the target's software (Table 5.1 block transport),
+//!   the TCP traffic as `San::send_message` over the fabric, the target's
+//!   software on the target host's CPU as a FIFO server
+//!   ([`TargetCpu`]), and the target's SSD as a plain block device
+//!   (`San::submit_local`).
+//! - **Fibre Channel**: OS entry/exit and GFS2 as iSCSI (Table 5.1 gives the
+//!   two interfaces one column there), then a hardware transport: Table 5.1's
+//!   86.0/85.9 µs split into a fixed HBA/switch/target-controller latency and
+//!   the 4 KB wire time on an 8 Gb Fibre Channel link, whose ports are FIFO
+//!   servers per direction; the target is an SSD reached with `submit_local`.
+//!
+//! Table 5.1's last transport row (QuickSAN 17.0/16.9 µs) is *not* an input:
+//! our device and network produce it (see `experiments::latency`).
+//!
+//! Left out: the initiator's own serialization (open-iscsi's per-session
+//! transmit thread), TCP windows and retransmission, GFS2's lock traffic
+//! between nodes, the target's block-layer and driver costs beyond what
+//! Table 5.1's transport row contains.
+
+use crate::breakdown::{Component, Parts};
+use crate::config::{Config, Stack};
+use crate::host::{plan, PermissionOutcome, Step};
+use crate::units::{transfer_ns, Ns, Op};
+use serde::Serialize;
+
+/// A host interface of §5.4.1 (plus Fibre Channel, Table 5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Interface {
+    QuicksanD,
+    QuicksanOs,
+    Iscsi,
+    FibreChannel,
+}
+
+impl Interface {
+    pub const ALL: [Interface; 4] = [
+        Interface::QuicksanD,
+        Interface::QuicksanOs,
+        Interface::Iscsi,
+        Interface::FibreChannel,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Interface::QuicksanD => "quicksan-d",
+            Interface::QuicksanOs => "quicksan-os",
+            Interface::Iscsi => "iscsi",
+            Interface::FibreChannel => "fibre-channel",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Interface, String> {
+        Interface::ALL
+            .into_iter()
+            .find(|i| i.key() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Interface::ALL.iter().map(|i| i.key()).collect();
+                format!(
+                    "unknown interface '{name}' (expected one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+
+    /// A comma-separated list, or `all`.
+    pub fn parse_list(list: &str) -> Result<Vec<Interface>, String> {
+        if list == "all" {
+            return Ok(Interface::ALL.to_vec());
+        }
+        list.split(',')
+            .map(|s| Interface::parse(s.trim()))
+            .collect()
+    }
+
+    /// Whether the QuickSAN devices route the request (global addresses,
+    /// `San::submit`); otherwise a block transport reaches a target SSD.
+    pub fn uses_quicksan_network(self) -> bool {
+        matches!(self, Interface::QuicksanD | Interface::QuicksanOs)
+    }
+}
+
+/// The kernel driver QuickSAN-OS uses on its NIC or SSD: the Moneta driver
+/// with every software optimization of SPEC §2.2 (spin ≤ 4 KB, one atomic
+/// command word); the QuickSAN devices share Moneta's host interface (§5.2.2).
+pub const KERNEL_STACK: Stack = Stack::Spin;
+
+/// Host software costs of Table 5.1 (4 KB, µs read / write) and the
+/// transport assumptions of this model. All in ns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InterfaceCosts {
+    /// "OS entry/exit & block IO", QuickSAN kernel column: 3.8 / 3.4 µs.
+    pub os_ns_read_quicksan: Ns,
+    pub os_ns_write_quicksan: Ns,
+    /// "OS entry/exit & block IO", existing interfaces (iSCSI, and Fibre
+    /// Channel, one column in Table 5.1): 4.0 / 3.4 µs.
+    pub os_ns_read_existing: Ns,
+    pub os_ns_write_existing: Ns,
+    /// GFS2 under QuickSAN kernel: 1.4 / 2.3 µs.
+    pub gfs2_ns_read_quicksan: Ns,
+    pub gfs2_ns_write_quicksan: Ns,
+    /// GFS2 under iSCSI (and Fibre Channel): 0.1 / 1.5 µs.
+    pub gfs2_ns_read_existing: Ns,
+    pub gfs2_ns_write_existing: Ns,
+    /// iSCSI block transport, initiator plus target software at 4 KB:
+    /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
+    /// traffic and the target SSD's time on top (Table 5.1 excludes the
+    /// device; the 10 GbE wire time of 4 KB is 3.3 µs, ~1% of the row).
+    pub iscsi_transport_ns_read: Ns,
+    pub iscsi_transport_ns_write: Ns,
+    /// Share of the iSCSI software on the initiator (the rest runs on the
+    /// target's CPU). Our assumption: both ends run a TCP stack and an
+    /// iSCSI PDU layer of similar weight, so one half each.
+    pub iscsi_initiator_fraction: f64,
+    /// Cores the iSCSI target software runs on, per target host. Our
+    /// assumption: 1, the single event-loop thread of the Linux SCSI target
+    /// daemon (tgtd, scsi-target-utils on CentOS 5) that handles every PDU.
+    pub iscsi_target_cores: u32,
+    /// iSCSI basic header segment (RFC 3720): 48 B per PDU.
+    pub iscsi_header_bytes: u64,
+    /// TCP/IP headers per segment (IPv4 20 B + TCP 20 B + timestamps 12 B)
+    /// and the segment payload (1500 B MTU − 52 B): the TCP traffic's bytes.
+    pub tcp_header_bytes: u64,
+    pub tcp_segment_bytes: u64,
+    /// Fibre Channel block transport at 4 KB: 86.0 / 85.9 µs (Table 5.1).
+    pub fc_transport_ns_read: Ns,
+    pub fc_transport_ns_write: Ns,
+    /// The Fibre Channel link we assume: 8GFC, 800 MB/s of payload per
+    /// direction (8.5 GBd, 8b/10b), the common HBA of 2012.
+    pub fc_link_bytes_per_s: f64,
+}
+
+impl Default for InterfaceCosts {
+    fn default() -> Self {
+        InterfaceCosts {
+            os_ns_read_quicksan: 3_800,
+            os_ns_write_quicksan: 3_400,
+            os_ns_read_existing: 4_000,
+            os_ns_write_existing: 3_400,
+            gfs2_ns_read_quicksan: 1_400,
+            gfs2_ns_write_quicksan: 2_300,
+            gfs2_ns_read_existing: 100,
+            gfs2_ns_write_existing: 1_500,
+            iscsi_transport_ns_read: 284_000,
+            iscsi_transport_ns_write: 207_700,
+            iscsi_initiator_fraction: 0.5,
+            iscsi_target_cores: 1,
+            iscsi_header_bytes: 48,
+            tcp_header_bytes: 52,
+            tcp_segment_bytes: 1448,
+            fc_transport_ns_read: 86_000,
+            fc_transport_ns_write: 85_900,
+            fc_link_bytes_per_s: 800e6,
+        }
+    }
+}
+
+fn rw(op: Op, read: Ns, write: Ns) -> Ns {
+    match op {
+        Op::Read => read,
+        Op::Write => write,
+    }
+}
+
+/// The request size Table 5.1 measured.
+pub const TABLE_5_1_BYTES: u64 = 4096;
+
+/// A request through a QuickSAN device (QuickSAN-D or QuickSAN-OS): host
+/// software before the issue, the device, the completion path, software
+/// after. Parts of the host side come from `host::plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DevicePath {
+    /// Every host software cost of the request, labelled.
+    pub software: Parts,
+    /// Software time on the client's core before the issue.
+    pub before_ns: Ns,
+    /// After the device finished: noticing the completion (spin detect, or
+    /// notification + interrupt handler + wake-up), labelled, and its sum.
+    pub completion: Parts,
+    pub completion_ns: Ns,
+    /// Software after the completion was noticed (copy out, OS return).
+    pub after_ns: Ns,
+    /// Whether the thread holds its core while the device works (spin).
+    pub spins: bool,
+    /// Source-side permission check (QuickSAN-D), for `SanRequest`.
+    pub protection_ns: Ns,
+}
+
+/// The configuration a QuickSAN interface's host runs: the device preset
+/// with the interface's stack; for QuickSAN-OS, Table 5.1's OS entry/exit
+/// and block IO (split evenly between entry and return: the table gives
+/// their sum) and GFS2 as the file system.
+pub fn host_config(device: &Config, interface: Interface, costs: &InterfaceCosts) -> Config {
+    let mut c = device.clone();
+    match interface {
+        Interface::QuicksanD => c.set_stack(Stack::Direct),
+        _ => {
+            c.set_stack(KERNEL_STACK);
+            let k = &mut c.host.costs;
+            let (os_read, os_write, fs_read, fs_write) = match interface {
+                Interface::QuicksanOs => (
+                    costs.os_ns_read_quicksan,
+                    costs.os_ns_write_quicksan,
+                    costs.gfs2_ns_read_quicksan,
+                    costs.gfs2_ns_write_quicksan,
+                ),
+                _ => (
+                    costs.os_ns_read_existing,
+                    costs.os_ns_write_existing,
+                    costs.gfs2_ns_read_existing,
+                    costs.gfs2_ns_write_existing,
+                ),
+            };
+            k.syscall_entry_ns_read = os_read / 2;
+            k.return_ns_read = os_read - os_read / 2;
+            k.syscall_entry_ns_write = os_write / 2;
+            k.return_ns_write = os_write - os_write / 2;
+            k.block_layer_ns_read = 0;
+            k.block_layer_ns_write = 0;
+            k.io_scheduler_switch_ns = 0;
+            k.file_system_ns_read = fs_read;
+            k.file_system_ns_write = fs_write;
+            c.host.file_system = true;
+        }
+    }
+    c
+}
+
+/// The host path of one QuickSAN-D or QuickSAN-OS request of `bytes`, from
+/// `host::plan` on `host` (see [`host_config`]). Stacks with serialized
+/// sections (Base, NoSched, the ramdisk) are not SAN host stacks: an error.
+pub fn device_path(host: &Config, op: Op, bytes: u64) -> Result<DevicePath, String> {
+    let p = plan(host, op, bytes, PermissionOutcome::default());
+    let mut path = DevicePath {
+        software: *p.software(),
+        before_ns: 0,
+        completion: Parts::default(),
+        completion_ns: 0,
+        after_ns: 0,
+        spins: false,
+        protection_ns: 0,
+    };
+    let mut issued = false;
+    for step in p.steps() {
+        match *step {
+            Step::Cpu(ns) if issued => path.after_ns += ns,
+            Step::Cpu(ns) => path.before_ns += ns,
+            Step::Issue => issued = true,
+            Step::Spin { detect_ns } => {
+                path.spins = true;
+                path.completion_ns += path.completion.add(Component::SpinDetect, detect_ns);
+            }
+            Step::Sleep {
+                interrupt_ns,
+                lock: None,
+                wake_ns,
+            } => {
+                let c = &mut path.completion;
+                path.completion_ns += c.add(Component::Notify, host.link.latency_ns_device_to_host)
+                    + c.add(Component::Interrupt, interrupt_ns)
+                    + c.add(Component::WakeUp, wake_ns);
+            }
+            Step::Serial(..) | Step::Sleep { .. } => {
+                return Err(format!(
+                "stack {:?} has serialized sections; the SAN hosts run the optimized stacks only",
+                host.host.stack
+            ))
+            }
+        }
+    }
+    if host.host.stack == Stack::Direct {
+        // Checked at the source device (§5.2.2): the mean walk of Table 4.2
+        // for one extent is the tree step of a one-record tree.
+        path.protection_ns = host.direct.tree_step_ns;
+    }
+    debug_assert_eq!(
+        path.software.total_ns(),
+        path.before_ns + path.after_ns,
+        "plan software is the CPU steps"
+    );
+    Ok(path)
+}
+
+/// A request through a block transport (iSCSI or Fibre Channel): the
+/// client's software around it and the transport's own pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransportPath {
+    /// OS entry and GFS2, then (iSCSI) the initiator's software, labelled.
+    pub before: Parts,
+    pub before_ns: Ns,
+    /// iSCSI: the target's software, served on the target's CPU.
+    /// Fibre Channel: the fixed HBA/fabric/target latency (no CPU).
+    pub target_ns: Ns,
+    /// Bytes each way (iSCSI: TCP payload and headers; FC: the payload).
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+    /// After the response: the OS return, labelled.
+    pub after: Parts,
+    pub after_ns: Ns,
+}
+
+/// The iSCSI or Fibre Channel path of one request of `bytes`.
+///
+/// iSCSI software scales with the payload through one copy per end (the
+/// TCP copy), at the kernel's copy rate of `host` (Table 3.1): Table 5.1's
+/// row holds the 4 KB copy, so `row − copy(4 KB) + copy(bytes)`.
+pub fn transport_path(
+    host: &Config,
+    interface: Interface,
+    costs: &InterfaceCosts,
+    op: Op,
+    bytes: u64,
+) -> Result<TransportPath, String> {
+    let k = &host.host.costs;
+    let os = rw(op, costs.os_ns_read_existing, costs.os_ns_write_existing);
+    let fs = rw(
+        op,
+        costs.gfs2_ns_read_existing,
+        costs.gfs2_ns_write_existing,
+    );
+    let entry = os / 2;
+    let mut before = Parts::default();
+    let mut before_ns =
+        before.add(Component::SyscallEntry, entry) + before.add(Component::FileSystem, fs);
+    let mut after = Parts::default();
+    let after_ns = after.add(Component::Return, os - entry);
+    let payload_out = if op == Op::Write { bytes } else { 0 };
+    let payload_in = bytes - payload_out;
+    match interface {
+        Interface::Iscsi => {
+            let copy_per_kb = rw(op, k.copy_ns_per_kb_read, k.copy_ns_per_kb_write);
+            let copy = |b: u64| (copy_per_kb * b).div_ceil(1024);
+            let row = rw(
+                op,
+                costs.iscsi_transport_ns_read,
+                costs.iscsi_transport_ns_write,
+            );
+            let fixed = row.checked_sub(2 * copy(TABLE_5_1_BYTES)).ok_or_else(|| {
+                "iSCSI transport row is smaller than its two 4 KB copies".to_string()
+            })?;
+            let software = fixed + 2 * copy(bytes);
+            if !(0.0..=1.0).contains(&costs.iscsi_initiator_fraction) {
+                return Err("iscsi_initiator_fraction must be within [0, 1]".into());
+            }
+            let initiator = (software as f64 * costs.iscsi_initiator_fraction).round() as Ns;
+            before_ns += before.add(Component::BlockTransport, initiator);
+            let tcp = |payload: u64| {
+                let pdu = costs.iscsi_header_bytes + payload;
+                pdu + pdu.div_ceil(costs.tcp_segment_bytes.max(1)) * costs.tcp_header_bytes
+            };
+            Ok(TransportPath {
+                before,
+                before_ns,
+                target_ns: software - initiator,
+                request_bytes: tcp(payload_out),
+                response_bytes: tcp(payload_in),
+                after,
+                after_ns,
+            })
+        }
+        Interface::FibreChannel => {
+            let row = rw(op, costs.fc_transport_ns_read, costs.fc_transport_ns_write);
+            let wire = transfer_ns(TABLE_5_1_BYTES, costs.fc_link_bytes_per_s);
+            Ok(TransportPath {
+                before,
+                before_ns,
+                target_ns: row.saturating_sub(wire),
+                request_bytes: payload_out,
+                response_bytes: payload_in,
+                after,
+                after_ns,
+            })
+        }
+        _ => Err(format!("{} has no block transport", interface.key())),
+    }
+}
+
+/// FIFO servers: `cores` identical ones, each request to the one free first.
+/// The iSCSI target's CPU, and the Fibre Channel ports (one per direction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FifoServers {
+    free_at_ns: Vec<Ns>,
+    busy_ns: u64,
+}
+
+impl FifoServers {
+    pub fn new(servers: u32) -> Result<Self, String> {
+        if servers == 0 {
+            return Err("a FIFO resource needs at least one server".into());
+        }
+        Ok(FifoServers {
+            free_at_ns: vec![0; servers as usize],
+            busy_ns: 0,
+        })
+    }
+
+    /// Serve `ns` of work arriving at `now`: (start, end). Requests start
+    /// in arrival order (callers arrive in time order).
+    pub fn serve(&mut self, now: Ns, ns: Ns) -> (Ns, Ns) {
+        let (i, free) = self
+            .free_at_ns
+            .iter()
+            .enumerate()
+            .min_by_key(|&(i, &f)| (f, i))
+            .map(|(i, &f)| (i, f))
+            .expect("at least one server");
+        let start = now.max(free);
+        self.free_at_ns[i] = start + ns;
+        self.busy_ns += ns;
+        (start, start + ns)
+    }
+
+    /// When the first server becomes free.
+    pub fn earliest_free_ns(&self) -> Ns {
+        self.free_at_ns.iter().copied().min().unwrap_or(0)
+    }
+
+    /// Total work served.
+    pub fn busy_ns(&self) -> u64 {
+        self.busy_ns
+    }
+}
+
+/// Alias for the iSCSI target host's CPU: [`InterfaceCosts::iscsi_target_cores`] servers.
+pub type TargetCpu = FifoServers;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device() -> Config {
+        Config::preset("moneta-d").unwrap()
+    }
+
+    #[test]
+    fn interface_names_round_trip_and_unknown_ones_list_the_allowed() {
+        for i in Interface::ALL {
+            assert_eq!(Interface::parse(i.key()).unwrap(), i);
+        }
+        let e = Interface::parse("nfs").unwrap_err();
+        assert!(
+            e.contains("quicksan-d") && e.contains("fibre-channel"),
+            "{e}"
+        );
+        assert_eq!(Interface::parse_list("all").unwrap().len(), 4);
+        assert!(Interface::parse_list("iscsi,bogus").is_err());
+    }
+
+    #[test]
+    fn quicksan_os_pays_table_5_1_os_and_gfs2_and_direct_pays_neither() {
+        let costs = InterfaceCosts::default();
+        for op in [Op::Read, Op::Write] {
+            let os = host_config(&device(), Interface::QuicksanOs, &costs);
+            let p = device_path(&os, op, 4096).unwrap();
+            let sw = &p.software;
+            assert_eq!(
+                sw.get(Component::SyscallEntry) + sw.get(Component::Return),
+                rw(op, 3_800, 3_400)
+            );
+            assert_eq!(sw.get(Component::FileSystem), rw(op, 1_400, 2_300));
+            assert_eq!(sw.get(Component::BlockLayer), 0);
+            assert!(p.spins, "Moneta+Spin spins for 4 KB");
+            let d = host_config(&device(), Interface::QuicksanD, &costs);
+            let p = device_path(&d, op, 4096).unwrap();
+            assert_eq!(p.software.get(Component::SyscallEntry), 0);
+            assert_eq!(p.software.get(Component::FileSystem), 0);
+            assert!(p.software.get(Component::Library) > 0);
+            assert!(p.protection_ns > 0);
+            assert_eq!(p.before_ns + p.after_ns, p.software.total_ns());
+        }
+    }
+
+    #[test]
+    fn kernel_stacks_with_serialized_sections_are_refused() {
+        let mut c = host_config(&device(), Interface::QuicksanOs, &InterfaceCosts::default());
+        c.set_stack(Stack::Base);
+        assert!(device_path(&c, Op::Read, 4096).is_err());
+    }
+
+    #[test]
+    fn iscsi_software_is_table_5_1_at_4_kb_and_grows_with_the_payload() {
+        let costs = InterfaceCosts::default();
+        let host = host_config(&device(), Interface::Iscsi, &costs);
+        for op in [Op::Read, Op::Write] {
+            let p = transport_path(&host, Interface::Iscsi, &costs, op, 4096).unwrap();
+            assert_eq!(
+                p.before.get(Component::BlockTransport) + p.target_ns,
+                rw(op, 284_000, 207_700)
+            );
+            assert_eq!(p.before_ns, p.before.total_ns());
+            assert_eq!(p.after_ns, p.after.total_ns());
+            let big = transport_path(&host, Interface::Iscsi, &costs, op, 262_144).unwrap();
+            assert!(big.target_ns > p.target_ns);
+            // The data goes one way: with the write, back with the read.
+            let (data, header) = match op {
+                Op::Write => (big.request_bytes, big.response_bytes),
+                Op::Read => (big.response_bytes, big.request_bytes),
+            };
+            assert!(data > 262_144 && header < 200, "{data} {header}");
+        }
+    }
+
+    #[test]
+    fn fibre_channel_fixed_part_plus_4_kb_wire_is_the_row() {
+        let costs = InterfaceCosts::default();
+        let host = host_config(&device(), Interface::FibreChannel, &costs);
+        let p = transport_path(&host, Interface::FibreChannel, &costs, Op::Read, 4096).unwrap();
+        assert_eq!(p.target_ns + transfer_ns(4096, 800e6), 86_000);
+        assert_eq!(p.response_bytes, 4096);
+        assert_eq!(p.request_bytes, 0);
+    }
+
+    #[test]
+    fn fifo_servers_queue_in_arrival_order() {
+        let mut one = FifoServers::new(1).unwrap();
+        assert_eq!(one.serve(0, 10), (0, 10));
+        assert_eq!(one.serve(5, 10), (10, 20));
+        assert_eq!(one.serve(30, 10), (30, 40));
+        let mut two = FifoServers::new(2).unwrap();
+        assert_eq!(two.serve(0, 10), (0, 10));
+        assert_eq!(two.serve(0, 10), (0, 10));
+        assert_eq!(two.serve(0, 10), (10, 20));
+        assert_eq!(two.busy_ns(), 30);
+        assert!(FifoServers::new(0).is_err());
+    }
+}
