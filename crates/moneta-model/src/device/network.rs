@@ -20,8 +20,13 @@
 //!   buffer and the switch's input buffers.
 //! - [`RxPacketBuffer`]: the 32 KB receive packet buffer. A packet is
 //!   written whole (8 B per 125 MHz cycle, A.6: an 8 KB packet +8192 ns)
-//!   before it is processed. Small (non-payload) packets have guaranteed
-//!   space (SPEC §4.2 deadlock rules) and do not count against it.
+//!   before it is processed. The words are written as they come off the
+//!   link, so the write overlaps the packet's reception: A.6's 8192 ns are
+//!   counted from the packet's first word, and since 8 B per 8 ns is
+//!   slower than 10 Gb/s, a payload packet is stored some time after its
+//!   last bit arrived ([`packet_buffer_tail_ns`]). Small (non-payload)
+//!   packets have guaranteed space (SPEC §4.2 deadlock rules) and do not
+//!   count against it.
 //!
 //! Left out: frame checksum errors and drops (the model's links do not
 //! corrupt), VLAN priorities (802.1Qbb).
@@ -366,12 +371,23 @@ impl PauseGauge {
     }
 }
 
+/// How long after its last bit has arrived a packet of `frame_bytes`
+/// (header and payload) is stored whole in an idle receive packet buffer:
+/// the write (one word per cycle) starts with the first word on the link
+/// and ends no sooner than one cycle after the last.
+pub fn packet_buffer_tail_ns(n: &NetworkConfig, frame_bytes: u64) -> Ns {
+    let write = frame_bytes.div_ceil(n.packet_buffer_bytes_per_cycle) * n.port_clock_ns;
+    let on_link = transfer_ns(packet::arrival_bytes(frame_bytes), n.link_bits_per_s / 8.0);
+    write.saturating_sub(on_link).max(n.port_clock_ns)
+}
+
 /// The port's receive packet buffer (A.6).
 #[derive(Debug, Clone)]
 pub struct RxPacketBuffer {
     pub gauge: PauseGauge,
     word_bytes: u64,
     cycle_ns: Ns,
+    link_bytes_per_s: f64,
     /// The write port is busy storing an earlier packet until then.
     write_busy_until_ns: Ns,
 }
@@ -382,6 +398,7 @@ impl RxPacketBuffer {
             gauge: PauseGauge::new(n.rx_buffer_bytes, n.pause_on_bytes, n.pause_off_bytes),
             word_bytes: n.packet_buffer_bytes_per_cycle,
             cycle_ns: n.port_clock_ns,
+            link_bytes_per_s: n.link_bits_per_s / 8.0,
             write_busy_until_ns: 0,
         }
     }
@@ -396,12 +413,21 @@ impl RxPacketBuffer {
         header.frame_bytes().div_ceil(self.word_bytes) * self.cycle_ns
     }
 
-    /// A packet arrives whole at `arrival_ns` (the packets of the one link
-    /// into the port are announced in their order on it): returns when it
-    /// is written into the buffer and can be processed.
+    /// A packet's last bit arrives at `arrival_ns` (the packets of the one
+    /// link into the port are announced in their order on it): returns when
+    /// it is written whole into the buffer and can be processed. The write
+    /// started with its first word on the link (or once the write port
+    /// finished the packet before), and ends no sooner than one cycle after
+    /// the last word came.
     pub fn schedule_write(&mut self, arrival_ns: Ns, header: &PacketHeader) -> Ns {
-        let start = arrival_ns.max(self.write_busy_until_ns);
-        self.write_busy_until_ns = start + self.write_ns(header);
+        let on_link = transfer_ns(
+            packet::arrival_bytes(header.frame_bytes()),
+            self.link_bytes_per_s,
+        );
+        let start = arrival_ns
+            .saturating_sub(on_link)
+            .max(self.write_busy_until_ns);
+        self.write_busy_until_ns = (start + self.write_ns(header)).max(arrival_ns + self.cycle_ns);
         self.write_busy_until_ns
     }
 
@@ -551,11 +577,15 @@ mod tests {
             tag: 0,
             size: 4096,
         };
-        let (ready, pause) = rx.arrive(0, &h);
-        // A.6: 8 B per 8 ns cycle: 4128 bytes → 516 cycles.
-        assert_eq!((ready, pause), (4128, None));
-        let (ready2, pause) = rx.arrive(100, &h);
-        assert_eq!((ready2, pause), (2 * 4128, Some(true)));
+        // A.6: 8 B per 8 ns cycle: 4128 bytes → 516 cycles, from the first
+        // word: the packet was 3312 ns on the link (4140 B at 10 Gb/s), so
+        // it is stored 4128 − 3312 = 816 ns after its last bit.
+        let (ready, pause) = rx.arrive(10_000, &h);
+        assert_eq!((ready, pause), (10_816, None));
+        assert_eq!(packet_buffer_tail_ns(&c.network, h.frame_bytes()), 816);
+        // Back to back: the second packet's write waits for the first's.
+        let (ready2, pause) = rx.arrive(10_000 + 3312, &h);
+        assert_eq!((ready2, pause), (10_816 + 4128, Some(true)));
         assert_eq!(rx.release(&h), None);
         assert_eq!(rx.release(&h), Some(false));
         assert_eq!(rx.gauge.pauses(), 1);

@@ -9,14 +9,16 @@
 //! packet is a request or write completion: a 32-byte header, padded to
 //! the 64-byte minimum frame. With `w` = the time a minimum frame takes on
 //! a 10 Gb/s link until its last bit (8 B preamble + 64 B frame = 72 B,
-//! 57.6 ns → 58 ns) and `b` = writing the 32-byte packet into the receive
-//! packet buffer (4 words × 8 ns = 32 ns, A.6):
+//! 57.6 ns → 58 ns) and `b` = the packet buffer's store after the last bit
+//! (A.6's words are written as they arrive, so for the 32-byte packet the
+//! store ends one 8 ns cycle after its last word: 8 ns;
+//! `network::packet_buffer_tail_ns`):
 //!
 //! - one extra hop is one more switch and one more link, a store-and-forward
 //!   element: `switch_ns + w = 450`, so **switch_ns = 450 − 58 = 392 ns**
 //!   (cable propagation, a few ns on CX4 copper, is folded in);
 //! - the minimum path is `nic_tx + w + switch + w + nic_rx + b = 1000`, so
-//!   **nic_tx + nic_rx = 1000 − 2·58 − 392 − 32 = 460 ns**, 230 ns per NIC.
+//!   **nic_tx + nic_rx = 1000 − 2·58 − 392 − 8 = 484 ns**, 242 ns per NIC.
 //!
 //! [`FabricTiming::derive`] does this arithmetic from the configuration, so
 //! other published numbers (`network.min_one_way_ns`, `extra_hop_ns`, the
@@ -45,7 +47,7 @@
 //! for host messages (frames of `message_mtu_bytes`, no loss, no acks).
 
 use crate::config::{ConfigError, NetworkConfig};
-use crate::device::network::{PauseGauge, Started, Transmitter};
+use crate::device::network::{packet_buffer_tail_ns, PauseGauge, Started, Transmitter};
 use crate::device::packet::{self, HEADER_BYTES};
 use crate::units::{transfer_ns, Ns};
 
@@ -69,8 +71,7 @@ impl FabricTiming {
     pub fn derive(n: &NetworkConfig) -> Result<FabricTiming, ConfigError> {
         let bytes_per_s = n.link_bits_per_s / 8.0;
         let min_frame_ns = transfer_ns(packet::arrival_bytes(HEADER_BYTES), bytes_per_s);
-        let min_packet_buffer_ns =
-            HEADER_BYTES.div_ceil(n.packet_buffer_bytes_per_cycle) * n.port_clock_ns;
+        let min_packet_buffer_ns = packet_buffer_tail_ns(n, HEADER_BYTES);
         let switch_ns = n
             .extra_hop_ns
             .checked_sub(min_frame_ns)
@@ -283,9 +284,9 @@ mod tests {
         let mut c = Config::preset("quicksan-ssd").unwrap();
         let t = FabricTiming::derive(&c.network).unwrap();
         eprintln!("{t:?}");
-        assert_eq!((t.min_frame_ns, t.min_packet_buffer_ns), (58, 32));
+        assert_eq!((t.min_frame_ns, t.min_packet_buffer_ns), (58, 8));
         assert_eq!(t.switch_ns, 392);
-        assert_eq!((t.nic_tx_ns, t.nic_rx_ns), (230, 230));
+        assert_eq!((t.nic_tx_ns, t.nic_rx_ns), (242, 242));
         assert_eq!(t.min_one_way_ns(), 1000);
         c.network.switch_hops = 3;
         let t3 = FabricTiming::derive(&c.network).unwrap();

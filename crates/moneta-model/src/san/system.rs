@@ -943,12 +943,15 @@ mod tests {
             };
             print_parts(&format!("local 4 KB {}", op.as_str()), &local_parts);
             // The network adds two one-way trips (≥ 2 µs) and the packet
-            // buffer's store of the 4 KB payload (516 cycles of 8 ns).
+            // buffer's store of the 4 KB payload (516 cycles of 8 ns from its
+            // first word: 816 ns after its last bit).
+            let tail = crate::device::network::packet_buffer_tail_ns(&s.network, 4128);
+            assert_eq!(tail, 816);
             let added = time_ns - local_ns;
             eprintln!("network adds {added} ns");
-            assert!(added >= 2000 + 4128, "{added}");
-            assert!(parts.get(Component::Network) >= 2 * (1000 - 32 - 64));
-            assert!(parts.get(Component::PacketBuffer) >= 4128);
+            assert!(added >= 2000 + tail, "{added}");
+            assert!(parts.get(Component::Network) >= 2 * (1000 - 8 - 64));
+            assert!(parts.get(Component::PacketBuffer) >= tail);
             assert_eq!(s.counters(time_ns).packets, 2);
             assert_eq!(s.dropped_packets(), 0);
         }
@@ -1058,7 +1061,8 @@ mod tests {
         let data_frame_ns = link.arrival_ns(32 + 4096);
         let completion_network = t.nic_tx_ns + 2 * data_frame_ns + t.switch_ns + t.nic_rx_ns;
         let request_network = parts.get(Component::Network) - completion_network;
-        let request_packet_buffer = parts.get(Component::PacketBuffer) - 4128 - 1024;
+        let tail = crate::device::network::packet_buffer_tail_ns(&s.network, 4128);
+        let request_packet_buffer = parts.get(Component::PacketBuffer) - tail - 1024;
         eprintln!(
             "small packet one way: network {request_network} ns + packet buffer {request_packet_buffer} ns"
         );
