@@ -13,7 +13,7 @@
 //!    word; interrupt completion sets the tag's bit and interrupts the kernel
 //!    role (SPEC §3.5);
 //! 3. takes new commands from the channels' command slots (those the
-//!    channel's SUBMITTED bits name), validating every
+//!    channel's SUBMITTED bits flipped since the last look), validating every
 //!    field (the device trusts nothing in shared memory): decode, tag, DMA
 //!    buffer bounds, capacity; then retag (stall if no physical tag is free),
 //!    protection (the channel's permission tree; the walk's steps × 12 ns
@@ -436,7 +436,9 @@ struct OpenChannel {
     memory: Arc<ChannelMemory>,
     in_flight: [Option<InFlight>; CHANNEL_TAGS],
     in_flight_count: u32,
-    /// SUBMITTED bits taken from the channel whose commands wait for a
+    /// SUBMITTED as the device last read it (a flipped bit is a new command).
+    submitted_seen: u64,
+    /// Tags whose SUBMITTED bit flipped and whose commands wait for a
     /// physical tag or for the error queue to drain.
     pending: u64,
     /// When each tag's last completion was posted: its next command cannot
@@ -540,7 +542,7 @@ impl<C: StampClock> DeviceThread<C> {
             let ch = self.channels[id as usize].as_ref().expect("active");
             ch.memory.need_wakeup().store(1, Ordering::SeqCst);
         }
-        // Pairs with the client's swap of the control word: either this
+        // Pairs with the client's flip of its SUBMITTED bit: either this
         // last look sees its command, or the client sees NEED WAKEUP and rings.
         std::sync::atomic::fence(Ordering::SeqCst);
         let now = self.clock.now();
@@ -583,10 +585,12 @@ impl<C: StampClock> DeviceThread<C> {
         for op in ops {
             match op {
                 ControlOp::AddChannel { id, memory, done } => {
+                    let memory_submitted = memory.submitted().load(Ordering::Acquire);
                     self.channels[id as usize] = Some(OpenChannel {
                         memory,
                         in_flight: [None; CHANNEL_TAGS],
                         in_flight_count: 0,
+                        submitted_seen: memory_submitted,
                         pending: 0,
                         // No command of this channel was issued before it existed.
                         free_at: [self.clock.now(); CHANNEL_TAGS],
@@ -796,11 +800,11 @@ impl<C: StampClock> DeviceThread<C> {
                 continue;
             }
             let channel = self.channels[id as usize].as_mut().expect("active");
-            // One load per channel and poll; the swap only when bits are set.
-            let word = channel.memory.submitted();
-            if word.load(Ordering::Relaxed) != 0 {
-                channel.pending |= word.swap(0, Ordering::Acquire);
-            }
+            // One load per channel and poll, and no store: the tags whose
+            // bit flipped since the last look have new commands.
+            let bits = channel.memory.submitted().load(Ordering::Acquire);
+            channel.pending |= bits ^ channel.submitted_seen;
+            channel.submitted_seen = bits;
             let mut submitted = std::mem::take(&mut channel.pending);
             if submitted == 0 {
                 continue;
