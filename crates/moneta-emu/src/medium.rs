@@ -179,6 +179,9 @@ impl Medium {
 
     /// Fault in the pages of `[addr, addr + len)` now (contents unchanged),
     /// so that first touches do not add page-fault time to emulated requests.
+    /// Anonymous memory there is backed by huge pages where the kernel
+    /// allows (it is all resident anyway): random accesses then miss the
+    /// TLB far less, a page-table walk less on the data copy of a request.
     pub fn populate(&self, addr: u64, len: u64) -> io::Result<()> {
         let len = len.min(self.capacity_bytes().saturating_sub(addr)) as usize;
         if len == 0 {
@@ -188,6 +191,23 @@ impl Medium {
         let start = addr as usize / page * page;
         let end = (addr as usize + len).div_ceil(page) * page;
         let end = end.min(self.map.len());
+        // Huge pages need 2 MiB-aligned addresses: the aligned part of the range.
+        let huge = 2usize << 20;
+        let base = self.map.as_ptr() as usize;
+        let huge_start = (base + start).div_ceil(huge) * huge - base;
+        let huge_end = (base + end) / huge * huge - base;
+        if self.image.is_none() && huge_start < huge_end {
+            // SAFETY: the range is page-aligned and inside our mapping;
+            // MADV_HUGEPAGE is advice about backing, never about contents.
+            // Refused (no THP support) it changes nothing, so the result is ignored.
+            unsafe {
+                libc::madvise(
+                    self.map.as_ptr().add(huge_start).cast(),
+                    huge_end - huge_start,
+                    libc::MADV_HUGEPAGE,
+                )
+            };
+        }
         // SAFETY: the range is page-aligned and inside our mapping;
         // MADV_POPULATE_WRITE only faults pages in, it never changes data.
         let r = unsafe {
