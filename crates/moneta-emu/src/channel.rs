@@ -337,6 +337,12 @@ impl ChannelMemory {
         unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU32>() }
     }
 
+    /// Hint the CPU to fetch `tag`'s slot line (device side, before taking
+    /// several commands: their lines then cross in parallel).
+    pub fn prefetch_slot(&self, tag: usize) {
+        crate::medium::prefetch_line(self.slot_addr(tag) as *const AtomicU64 as *const u8);
+    }
+
     /// Word `word_offset` of `tag`'s slot line.
     fn slot_word(&self, tag: usize, word_offset: usize) -> &AtomicU64 {
         assert!(tag < CHANNEL_TAGS);

@@ -825,8 +825,29 @@ impl<C: StampClock> DeviceThread<C> {
                 continue;
             }
             let memory = channel.memory.clone();
+            // Several commands: fetch their slot lines together, and each
+            // command's data one command ahead (below), so that their
+            // misses overlap instead of queueing one after another.
+            let several = submitted & (submitted - 1) != 0;
+            if several {
+                let mut bits = submitted;
+                while bits != 0 {
+                    memory.prefetch_slot(bits.trailing_zeros() as usize);
+                    bits &= bits - 1;
+                }
+            }
             while submitted != 0 {
                 let tag = submitted.trailing_zeros() as usize;
+                let next = submitted & (submitted - 1);
+                if several && next != 0 {
+                    // A hint only: the next slot may change before it is taken.
+                    let next_tag = next.trailing_zeros() as usize;
+                    let control = memory.slot_control(next_tag).load(Ordering::Relaxed);
+                    let addr = memory.slot_addr(next_tag).load(Ordering::Relaxed);
+                    // The length is the control word's low 32 bits.
+                    let len = u64::from(control as u32);
+                    self.shared.medium.prefetch(addr, len);
+                }
                 if !self.driver.retag_has_free() {
                     self.stats.retag_stalls += 1;
                     break;
