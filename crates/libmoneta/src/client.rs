@@ -555,15 +555,21 @@ impl Moneta {
         let free = &self.inner.free_tags;
         let mut current = free.load(Ordering::Acquire);
         loop {
+            // The lowest free tag that starts a free run (a run starts at a
+            // free tag, so only those are tried).
             let mut start = None;
-            let mut at = 0;
-            while at + count <= 64 {
+            let mut candidates = current;
+            while candidates != 0 {
+                let at = candidates.trailing_zeros();
+                if at + count > 64 {
+                    break;
+                }
                 let mask = run << at;
                 if current & mask == mask {
                     start = Some(at);
                     break;
                 }
-                at += 1;
+                candidates &= candidates - 1;
             }
             let at = start?;
             match free.compare_exchange_weak(
