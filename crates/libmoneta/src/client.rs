@@ -5,8 +5,9 @@
 //! - Tags: a lock-free bitmap per channel; a request larger than one 16 KiB
 //!   DMA slice takes a run of consecutive tags so its data fits without
 //!   overlapping another request's slices (SPEC §3.1).
-//! - Submission: the address word, then the control word with one release
-//!   store (the format is `command::encode_channel`).
+//! - Submission: the submit stamp and the address word, then the control
+//!   word with one release store (the format is `command::encode_channel`),
+//!   then a flip of the tag's SUBMITTED bit (channel.rs).
 //! - Completion: DMA completion spins on the tag's TAGSTATUSTABLE word;
 //!   forwarding spins on COMPLETIONCOUNT and, when it changes, reads and
 //!   clears TAGSTATUSREGISTER and fills in the status words of every tag it
@@ -554,15 +555,21 @@ impl Moneta {
         let free = &self.inner.free_tags;
         let mut current = free.load(Ordering::Acquire);
         loop {
+            // The lowest free tag that starts a free run (a run starts at a
+            // free tag, so only those are tried).
             let mut start = None;
-            let mut at = 0;
-            while at + count <= 64 {
+            let mut candidates = current;
+            while candidates != 0 {
+                let at = candidates.trailing_zeros();
+                if at + count > 64 {
+                    break;
+                }
                 let mask = run << at;
                 if current & mask == mask {
                     start = Some(at);
                     break;
                 }
-                at += 1;
+                candidates &= candidates - 1;
             }
             let at = start?;
             match free.compare_exchange_weak(
@@ -644,6 +651,7 @@ impl Moneta {
         let [addr_word, control_word] = command::encode_channel(&command, sequence)
             .map_err(|e| EmuError::new(ErrorKind::Request, e.to_string()))?;
         io.stamp_ns = monotonic_ns();
+        CLOCK_SEEN.set(io.stamp_ns);
         self.inner
             .memory
             .submit(io.tag as usize, io.stamp_ns, addr_word, control_word);
@@ -665,7 +673,7 @@ impl Moneta {
     pub fn poll(&self, io: &Io) -> Option<ResultCode> {
         let (code, due) = self.posted(io)?;
         // Posted ahead of its model time: not finished until then.
-        (due <= monotonic_ns()).then_some(code)
+        clock_reached(due).then_some(code)
     }
 
     /// The request's result and its due time (CLOCK_MONOTONIC) once the
@@ -921,6 +929,23 @@ impl Moneta {
             self.issue(io)
         }
     }
+}
+
+thread_local! {
+    /// The latest CLOCK_MONOTONIC reading this thread took in the library.
+    static CLOCK_SEEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Whether CLOCK_MONOTONIC has reached `t`. The clock never goes back, so
+/// a reading this thread already took answers for a due time in its past
+/// (a completion seen late, as at high queue depths) without another read.
+fn clock_reached(t: u64) -> bool {
+    if t <= CLOCK_SEEN.get() {
+        return true;
+    }
+    let now = monotonic_ns();
+    CLOCK_SEEN.set(now);
+    t <= now
 }
 
 fn request_error(io: &Io, code: ResultCode) -> EmuError {

@@ -260,7 +260,7 @@ impl RawChannel {
 
     /// Store a command into `tag`'s slot the way the library does: submit
     /// stamp, address word, the control word with release ordering, then
-    /// the tag's SUBMITTED bit.
+    /// flip the tag's SUBMITTED bit.
     /// (The attack scribbles on the stamps like on every other register.)
     fn submit(&self, tag: usize, addr: u64, control: u64) {
         self.submit_stamped(tag, moneta_emu::wall_clock::monotonic_ns(), addr, control);
@@ -272,7 +272,7 @@ impl RawChannel {
         self.memory
             .slot_control(tag)
             .store(control, Ordering::Release);
-        self.memory.submitted().fetch_or(1 << tag, Ordering::SeqCst);
+        self.memory.mark_submitted(tag);
     }
 
     /// The `index`-th 8-byte word of the register pages.
@@ -1173,7 +1173,7 @@ fn flood_error_queue(ch: &RawChannel, stop: &AtomicBool) {
         for tag in 0..CHANNEL_TAGS {
             let bad = control_word(0, tag as u8, 0b11, 512);
             ch.memory.slot_control(tag).store(bad, Ordering::Release);
-            ch.memory.submitted().fetch_or(1 << tag, Ordering::SeqCst);
+            ch.memory.mark_submitted(tag);
         }
     }
 }

@@ -5,27 +5,38 @@
 //!
 //! | offset | page | what | written by |
 //! |---|---|---|---|
-//! | 0x0000 | user registers | 64 command slots of 16 B (address word, control word): COMMAND | client |
-//! | 0x0400 | user registers | TAGSTATUSREGISTER: bit per tag, read-and-clear | kernel role sets, client clears |
-//! | 0x0408 | user registers | NEED WAKEUP (u32): the device thread naps; ring the doorbell after submitting | device sets, client clears |
-//! | 0x0440 | user registers | SUBMITTED (u64): bit per tag whose slot holds a new command | client sets, device takes |
-//! | 0x0800 | user registers | 64 submit stamps (u64, CLOCK_MONOTONIC ns): when the client issued the slot's command | client |
-//! | 0x1000 | shared with the kernel | TAGSTATUSTABLE: 64 status words | device (DMA completion), client (forwarding) |
+//! | 0x0000 | user registers | 64 command slots, one 64 B cache line per tag: | |
+//! | +0x00 | | address word: COMMAND | client |
+//! | +0x08 | | control word: COMMAND | client |
+//! | +0x10 | | submit stamp (u64, CLOCK_MONOTONIC ns): when the client issued the command | client |
+//! | +0x18 | | status word: the tag's TAGSTATUSTABLE entry | device (DMA completion), client (forwarding) |
+//! | +0x20 | | due word (u64, CLOCK_MONOTONIC ns): when, in model time, the tag's request finished | device |
+//! | 0x1000 | shared with the kernel | TAGSTATUSREGISTER: bit per tag, read-and-clear | kernel role sets, client clears |
+//! | 0x1040 | shared with the kernel | SUBMITTED (u64): bit per tag, flipped for each new command in its slot | client flips, device reads |
+//! | 0x1048 | shared with the kernel | NEED WAKEUP (u32): the device thread naps; ring the doorbell after submitting | device sets, client clears |
 //! | 0x1200 | shared with the kernel | COMPLETIONCOUNT (u32) | kernel role |
 //! | 0x1204 | shared with the kernel | wake word (u32 futex) and sleeper count (u32) | kernel role, client |
 //! | 0x1210 | shared with the kernel | 60 LAYOUT EPOCH words (u64), file id mod 60: bumped whenever a file this channel holds changed layout or lost records | control plane |
 //! | 0x1400 | shared with the kernel | forwarded error code per tag (u32) | kernel role sets, client clears |
-//! | 0x1600 | shared with the kernel | 64 due words (u64, CLOCK_MONOTONIC ns): when, in model time, the tag's request finished | device |
 //! | 0x2000 | DMA buffer | 1 MiB, tag k's 16 KiB slice at k × 16 KiB | both |
+//!
+//! **Cache lines.** Everything one request of a tag needs is in its slot's
+//! line: the command and its stamp, which the device takes with one swap of
+//! the control word, and the completion (status and due word), which the
+//! client reads with one load each. So a request moves that line between
+//! the cores and the SUBMITTED line, besides its data (protocol version 3;
+//! version 2 spread them over five lines).
 //!
 //! Submitting a command is one atomic store: the client writes the submit
 //! stamp and the address word, then stores the control word (SPEC §1.2's "one
-//! 64-bit PIO write"; the format is `command::encode_channel`) with a full
-//! barrier, and then sets the tag's bit in SUBMITTED. The device takes the
-//! bits with one swap per channel (instead of reading 64 slots every poll),
-//! and each named command with a swap of its control word: a nonzero
-//! control word is a submitted command; a bit without one is ignored, and a
-//! client that clears bits only hides its own commands. The stamp says when the client issued it, so the request
+//! 64-bit PIO write"; the format is `command::encode_channel`), and then
+//! flips the tag's bit in SUBMITTED with a full barrier. The device only
+//! reads SUBMITTED (one load per channel and poll, no write that would pull
+//! the line back from the client) and takes the tags whose bit changed since
+//! its last look, each with a swap of its control word: a nonzero control
+//! word is a submitted command; a flip without one is ignored, and a client
+//! that flips bits itself only hides or repeats its own commands. The stamp
+//! says when the client issued it, so the request
 //! enters the model at that time rather than when the device thread happened
 //! to look (the device clamps it: never in the future, never before the
 //! tag's previous completion, never before model time already passed).
@@ -63,13 +74,18 @@ pub const SLICE_BYTES: usize = 16 << 10;
 
 const PAGE_BYTES: usize = 4096;
 const SLOTS_OFFSET: usize = 0;
-const SLOT_BYTES: usize = 16;
-const TAG_STATUS_REGISTER_OFFSET: usize = 0x400;
-const NEED_WAKEUP_OFFSET: usize = 0x408;
-/// On its own cache line: the kernel role writes TAGSTATUSREGISTER.
-const SUBMITTED_OFFSET: usize = 0x440;
-const SLOT_STAMPS_OFFSET: usize = 0x800;
-const TAG_STATUS_TABLE_OFFSET: usize = PAGE_BYTES;
+/// One cache line per tag (see the module header).
+const SLOT_BYTES: usize = 64;
+const SLOT_ADDR: usize = 0x00;
+const SLOT_CONTROL: usize = 0x08;
+const SLOT_STAMP: usize = 0x10;
+const SLOT_STATUS: usize = 0x18;
+const SLOT_DUE: usize = 0x20;
+const TAG_STATUS_REGISTER_OFFSET: usize = PAGE_BYTES;
+/// Not on TAGSTATUSREGISTER's line, which the kernel role writes.
+const SUBMITTED_OFFSET: usize = PAGE_BYTES + 0x40;
+/// On SUBMITTED's line: the client reads it right after flipping its bit.
+const NEED_WAKEUP_OFFSET: usize = PAGE_BYTES + 0x48;
 const COMPLETION_COUNT_OFFSET: usize = PAGE_BYTES + 0x200;
 const WAKE_WORD_OFFSET: usize = PAGE_BYTES + 0x204;
 const SLEEPERS_OFFSET: usize = PAGE_BYTES + 0x208;
@@ -77,23 +93,21 @@ const LAYOUT_EPOCH_OFFSET: usize = PAGE_BYTES + 0x210;
 /// Layout epoch words per channel (a file uses word `file id % this`).
 pub const LAYOUT_EPOCH_SLOTS: usize = 60;
 const FORWARDED_ERROR_OFFSET: usize = PAGE_BYTES + 0x400;
-const DUE_OFFSET: usize = PAGE_BYTES + 0x600;
 const DMA_BUFFER_OFFSET: usize = 2 * PAGE_BYTES;
 /// Bytes of one channel's shared memory.
 pub const CHANNEL_BYTES: usize = DMA_BUFFER_OFFSET + DMA_BUFFER_BYTES;
 
 // The layout's regions do not overlap (checked at compile time).
 const _: () = {
+    assert!(SLOT_DUE + 8 <= SLOT_BYTES && SLOT_BYTES == 64);
     assert!(SLOTS_OFFSET + CHANNEL_TAGS * SLOT_BYTES <= TAG_STATUS_REGISTER_OFFSET);
-    assert!(TAG_STATUS_REGISTER_OFFSET + 8 <= NEED_WAKEUP_OFFSET);
-    assert!(NEED_WAKEUP_OFFSET + 4 <= SUBMITTED_OFFSET);
-    assert!(SUBMITTED_OFFSET + 8 <= SLOT_STAMPS_OFFSET);
-    assert!(SLOT_STAMPS_OFFSET + CHANNEL_TAGS * 8 <= TAG_STATUS_TABLE_OFFSET);
-    assert!(TAG_STATUS_TABLE_OFFSET + CHANNEL_TAGS * 8 <= COMPLETION_COUNT_OFFSET);
+    assert!(TAG_STATUS_REGISTER_OFFSET + 64 <= SUBMITTED_OFFSET);
+    assert!(SUBMITTED_OFFSET + 8 <= NEED_WAKEUP_OFFSET);
+    assert!(NEED_WAKEUP_OFFSET + 4 <= SUBMITTED_OFFSET + 64);
+    assert!(SUBMITTED_OFFSET + 64 <= COMPLETION_COUNT_OFFSET);
     assert!(SLEEPERS_OFFSET + 4 <= LAYOUT_EPOCH_OFFSET);
     assert!(LAYOUT_EPOCH_OFFSET + 8 * LAYOUT_EPOCH_SLOTS <= FORWARDED_ERROR_OFFSET);
-    assert!(FORWARDED_ERROR_OFFSET + CHANNEL_TAGS * 4 <= DUE_OFFSET);
-    assert!(DUE_OFFSET + CHANNEL_TAGS * 8 <= DMA_BUFFER_OFFSET);
+    assert!(FORWARDED_ERROR_OFFSET + CHANNEL_TAGS * 4 <= DMA_BUFFER_OFFSET);
     assert!(CHANNEL_TAGS * SLICE_BYTES == DMA_BUFFER_BYTES);
 };
 
@@ -273,19 +287,26 @@ impl ChannelMemory {
         self.u32_at(NEED_WAKEUP_OFFSET)
     }
 
-    /// Bit per tag whose slot holds a new command (see the module header).
+    /// Bit per tag, flipped for each new command in its slot (see the
+    /// module header).
     pub fn submitted(&self) -> &AtomicU64 {
         self.u64_at(SUBMITTED_OFFSET)
     }
 
     /// When the client issued `tag`'s current command (CLOCK_MONOTONIC ns).
     pub fn slot_stamp(&self, tag: usize) -> &AtomicU64 {
-        assert!(tag < CHANNEL_TAGS);
-        self.u64_at(SLOT_STAMPS_OFFSET + tag * 8)
+        self.slot_word(tag, SLOT_STAMP)
     }
 
-    /// Client side: submit `tag`'s command (stamp, address word, then the
-    /// control word with a full barrier) and ring the doorbell if the device
+    /// Flip `tag`'s SUBMITTED bit (with a full barrier): its slot holds a
+    /// new command.
+    pub fn mark_submitted(&self, tag: usize) {
+        assert!(tag < CHANNEL_TAGS);
+        self.submitted().fetch_xor(1 << tag, Ordering::SeqCst);
+    }
+
+    /// Client side: submit `tag`'s command (stamp, address word, the
+    /// control word, then its SUBMITTED bit with a full barrier) and ring the doorbell if the device
     /// naps.
     pub fn submit(&self, tag: usize, stamp_ns: u64, addr_word: u64, control_word: u64) {
         self.slot_stamp(tag).store(stamp_ns, Ordering::Relaxed);
@@ -295,7 +316,7 @@ impl ChannelMemory {
         // A full barrier (a locked RMW): the device's NEED WAKEUP store and
         // this command cannot both go unseen (the device fences before its
         // last look).
-        self.submitted().fetch_or(1 << tag, Ordering::SeqCst);
+        self.mark_submitted(tag);
         if self.need_wakeup().load(Ordering::SeqCst) != 0 {
             self.need_wakeup().store(0, Ordering::Relaxed);
             self.doorbell.ring();
@@ -316,16 +337,26 @@ impl ChannelMemory {
         unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU32>() }
     }
 
+    /// Hint the CPU to fetch `tag`'s slot line (device side, before taking
+    /// several commands: their lines then cross in parallel).
+    pub fn prefetch_slot(&self, tag: usize) {
+        crate::medium::prefetch_line(self.slot_addr(tag) as *const AtomicU64 as *const u8);
+    }
+
+    /// Word `word_offset` of `tag`'s slot line.
+    fn slot_word(&self, tag: usize, word_offset: usize) -> &AtomicU64 {
+        assert!(tag < CHANNEL_TAGS);
+        self.u64_at(SLOTS_OFFSET + tag * SLOT_BYTES + word_offset)
+    }
+
     /// The address word of `tag`'s command slot.
     pub fn slot_addr(&self, tag: usize) -> &AtomicU64 {
-        assert!(tag < CHANNEL_TAGS);
-        self.u64_at(SLOTS_OFFSET + tag * SLOT_BYTES)
+        self.slot_word(tag, SLOT_ADDR)
     }
 
     /// The control word of `tag`'s command slot (nonzero = submitted).
     pub fn slot_control(&self, tag: usize) -> &AtomicU64 {
-        assert!(tag < CHANNEL_TAGS);
-        self.u64_at(SLOTS_OFFSET + tag * SLOT_BYTES + 8)
+        self.slot_word(tag, SLOT_CONTROL)
     }
 
     pub fn tag_status_register(&self) -> &AtomicU64 {
@@ -334,8 +365,7 @@ impl ChannelMemory {
 
     /// `tag`'s TAGSTATUSTABLE entry.
     pub fn tag_status(&self, tag: usize) -> &AtomicU64 {
-        assert!(tag < CHANNEL_TAGS);
-        self.u64_at(TAG_STATUS_TABLE_OFFSET + tag * 8)
+        self.slot_word(tag, SLOT_STATUS)
     }
 
     pub fn completion_count(&self) -> &AtomicU32 {
@@ -367,8 +397,7 @@ impl ChannelMemory {
     /// ns), written before its status: the device may post a completion a
     /// little ahead, and the library does not report it before this.
     pub fn tag_due(&self, tag: usize) -> &AtomicU64 {
-        assert!(tag < CHANNEL_TAGS);
-        self.u64_at(DUE_OFFSET + tag * 8)
+        self.slot_word(tag, SLOT_DUE)
     }
 
     pub fn forwarded_error(&self, tag: usize) -> &AtomicU32 {
@@ -452,6 +481,32 @@ mod tests {
         assert_eq!(device.need_wakeup().load(Ordering::SeqCst), 0);
         client.submit(6, 125, 7, 9);
         assert_eq!(doorbell.word().load(Ordering::SeqCst), before + 1);
+        // Each submission flips its tag's bit: the device takes the tags
+        // whose bit changed since it last looked.
+        assert_eq!(device.submitted().load(Ordering::Acquire), 0b111 << 4);
+        client.submit(4, 126, 7, 9);
+        assert_eq!(device.submitted().load(Ordering::Acquire), 0b110 << 4);
+    }
+
+    #[test]
+    fn a_tags_command_and_completion_share_one_cache_line() {
+        let doorbell = Doorbell::create().unwrap();
+        let m = ChannelMemory::create(1, &doorbell).unwrap();
+        let line = |w: &AtomicU64| w as *const AtomicU64 as usize / 64;
+        for tag in [0, 17, CHANNEL_TAGS - 1] {
+            let words = [
+                m.slot_addr(tag),
+                m.slot_control(tag),
+                m.slot_stamp(tag),
+                m.tag_status(tag),
+                m.tag_due(tag),
+            ];
+            assert!(words.iter().all(|w| line(w) == line(words[0])), "tag {tag}");
+        }
+        assert_ne!(line(m.tag_status(0)), line(m.tag_status(1)));
+        let submitted = m.submitted() as *const AtomicU64 as usize / 64;
+        let need_wakeup = m.need_wakeup() as *const AtomicU32 as usize / 64;
+        assert_eq!(submitted, need_wakeup);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 64 << 10;
 

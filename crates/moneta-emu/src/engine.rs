@@ -7,19 +7,19 @@
 //! 1. applies control-plane operations (new and closed channels, permission
 //!    updates: the OS edits, the device applies them between commands, so
 //!    protection checks are suspended while it does, SPEC §3.3);
-//! 2. delivers every model event whose time has come, handing it its own
-//!    model time (so the model computes exactly what the simulator would),
-//!    and posts each finished request: DMA completion writes the tag's status
-//!    word; interrupt completion sets the tag's bit and interrupts the kernel
-//!    role (SPEC §3.5);
-//! 3. takes new commands from the channels' command slots (those the
-//!    channel's SUBMITTED bits name), validating every
+//! 2. takes new commands from the channels' command slots (those whose
+//!    SUBMITTED bits flipped since the last look), validating every
 //!    field (the device trusts nothing in shared memory): decode, tag, DMA
 //!    buffer bounds, capacity; then retag (stall if no physical tag is free),
 //!    protection (the channel's permission tree; the walk's steps × 12 ns
 //!    become part of the request's modeled time), the data copy between the
 //!    channel's DMA buffer and the medium, and submission to the model at the
-//!    time the client stamped on the command (see below).
+//!    time the client stamped on the command (see below);
+//! 3. delivers every model event whose time has come, handing it its own
+//!    model time (so the model computes exactly what the simulator would);
+//! 4. posts every request that finished during the turn, all at once (one
+//!    clock read): DMA completion writes the tag's status word; interrupt
+//!    completion sets the tag's bit and interrupts the kernel role (SPEC §3.5).
 //!
 //! Steps 2 and 3 after validation are the model's `DeviceDriver` (retag,
 //! protection, the event queue), the same code the simulator runs; the
@@ -436,7 +436,9 @@ struct OpenChannel {
     memory: Arc<ChannelMemory>,
     in_flight: [Option<InFlight>; CHANNEL_TAGS],
     in_flight_count: u32,
-    /// SUBMITTED bits taken from the channel whose commands wait for a
+    /// SUBMITTED as the device last read it (a flipped bit is a new command).
+    submitted_seen: u64,
+    /// Tags whose SUBMITTED bit flipped and whose commands wait for a
     /// physical tag or for the error queue to drain.
     pending: u64,
     /// When each tag's last completion was posted: its next command cannot
@@ -453,7 +455,8 @@ struct DeviceThread<C: StampClock = WallClock> {
     shared: Arc<Shared>,
     clock: C,
     driver: DeviceDriver,
-    /// Requests finished in one delivery pass, posted after it.
+    /// Requests the model finished during a turn, posted at its end
+    /// (`post_finished`).
     finished: Vec<Finished>,
     tree_step_ns: Ns,
     limits: CommandLimits,
@@ -465,7 +468,7 @@ struct DeviceThread<C: StampClock = WallClock> {
     idle_spin_ns: Ns,
     max_nap_ns: u64,
     post_ahead_ns: Ns,
-    /// Requests accepted and not yet finished, all channels.
+    /// Requests in the model (accepted, not yet finished), all channels.
     in_flight_total: u32,
     stats: EngineStats,
     lateness: LatencyHistogram,
@@ -487,7 +490,8 @@ impl<C: StampClock> DeviceThread<C> {
         debug_assert!(CommandFormat::Channel.max_len_bytes() >= limits.max_len_bytes);
         DeviceThread {
             driver: DeviceDriver::with_channels(config, options.seed, CHANNELS as u16),
-            finished: Vec::with_capacity(config.device.tags as usize),
+            // A turn may finish each physical tag more than once.
+            finished: Vec::with_capacity(4 * config.device.tags as usize),
             tree_step_ns: config.direct.tree_step_ns,
             limits,
             channels: (0..CHANNELS).map(|_| None).collect(),
@@ -540,13 +544,14 @@ impl<C: StampClock> DeviceThread<C> {
             let ch = self.channels[id as usize].as_ref().expect("active");
             ch.memory.need_wakeup().store(1, Ordering::SeqCst);
         }
-        // Pairs with the client's swap of the control word: either this
+        // Pairs with the client's flip of its SUBMITTED bit: either this
         // last look sees its command, or the client sees NEED WAKEUP and rings.
         std::sync::atomic::fence(Ordering::SeqCst);
         let now = self.clock.now();
         let pending = self.shared.mailbox_pending.load(Ordering::SeqCst)
             || self.shared.stop.load(Ordering::SeqCst);
         let worked = pending || self.poll_channels(now);
+        self.post_finished();
         if !worked {
             self.stats.naps += 1;
             sys::futex_wait(doorbell.word(), rung, Some(self.max_nap_ns));
@@ -574,7 +579,9 @@ impl<C: StampClock> DeviceThread<C> {
         } else {
             0
         };
-        self.deliver_due_events(now + ahead) || worked
+        let delivered = self.deliver_due_events(now + ahead);
+        self.post_finished();
+        delivered || worked
     }
 
     fn apply_control(&mut self) {
@@ -583,10 +590,12 @@ impl<C: StampClock> DeviceThread<C> {
         for op in ops {
             match op {
                 ControlOp::AddChannel { id, memory, done } => {
+                    let memory_submitted = memory.submitted().load(Ordering::Acquire);
                     self.channels[id as usize] = Some(OpenChannel {
                         memory,
                         in_flight: [None; CHANNEL_TAGS],
                         in_flight_count: 0,
+                        submitted_seen: memory_submitted,
                         pending: 0,
                         // No command of this channel was issued before it existed.
                         free_at: [self.clock.now(); CHANNEL_TAGS],
@@ -668,19 +677,31 @@ impl<C: StampClock> DeviceThread<C> {
         s
     }
 
-    /// Run every model event due by `now`, each at its own model time.
+    /// Run every model event due by `now`, each at its own model time; the
+    /// requests that finish wait in `finished` for [`Self::post_finished`].
     fn deliver_due_events(&mut self, now: Ns) -> bool {
-        let mut finished = std::mem::take(&mut self.finished);
+        let finished = &mut self.finished;
+        let before = finished.len();
         let delivered = self.driver.deliver_due(now, |f| finished.push(f));
         if delivered > 0 {
             self.stats.model_time_ns = self.driver.model_time_ns();
             self.model_floor = self.model_floor.max(self.stats.model_time_ns);
+            self.in_flight_total -= (finished.len() - before) as u32;
         }
-        // Lateness is measured once per pass (a clock read per completion
-        // would itself add to it).
-        let mut posted_at: Option<Ns> = None;
+        delivered > 0
+    }
+
+    /// Post every request finished since the last call, all at once at the
+    /// end of a turn: a batch of completions costs one clock read (for the
+    /// lateness and the clamp), and commands taken in the same turn are not
+    /// held up by posting.
+    fn post_finished(&mut self) {
+        if self.finished.is_empty() {
+            return;
+        }
+        let posted = self.clock.now();
+        let mut finished = std::mem::take(&mut self.finished);
         for f in finished.drain(..) {
-            let posted = *posted_at.get_or_insert_with(|| self.clock.now());
             let due = f.completion.time_ns;
             self.lateness.record(posted.saturating_sub(due));
             let (channel, tag) = f.channel_tag.expect("channel requests are retagged");
@@ -693,7 +714,6 @@ impl<C: StampClock> DeviceThread<C> {
             self.finish(channel, tag, ResultCode::Ok, due);
         }
         self.finished = finished;
-        delivered > 0
     }
 
     /// A request of (channel, tag) finished with `code` at model time `due`.
@@ -705,7 +725,6 @@ impl<C: StampClock> DeviceThread<C> {
             .take()
             .expect("completion for a tag in flight");
         ch.in_flight_count -= 1;
-        self.in_flight_total -= 1;
         if ch.closing.is_some() {
             self.free_channel_if_idle(channel);
             return;
@@ -796,18 +815,39 @@ impl<C: StampClock> DeviceThread<C> {
                 continue;
             }
             let channel = self.channels[id as usize].as_mut().expect("active");
-            // One load per channel and poll; the swap only when bits are set.
-            let word = channel.memory.submitted();
-            if word.load(Ordering::Relaxed) != 0 {
-                channel.pending |= word.swap(0, Ordering::Acquire);
-            }
+            // One load per channel and poll, and no store: the tags whose
+            // bit flipped since the last look have new commands.
+            let bits = channel.memory.submitted().load(Ordering::Acquire);
+            channel.pending |= bits ^ channel.submitted_seen;
+            channel.submitted_seen = bits;
             let mut submitted = std::mem::take(&mut channel.pending);
             if submitted == 0 {
                 continue;
             }
             let memory = channel.memory.clone();
+            // Several commands: fetch their slot lines together, and each
+            // command's data one command ahead (below), so that their
+            // misses overlap instead of queueing one after another.
+            let several = submitted & (submitted - 1) != 0;
+            if several {
+                let mut bits = submitted;
+                while bits != 0 {
+                    memory.prefetch_slot(bits.trailing_zeros() as usize);
+                    bits &= bits - 1;
+                }
+            }
             while submitted != 0 {
                 let tag = submitted.trailing_zeros() as usize;
+                let next = submitted & (submitted - 1);
+                if several && next != 0 {
+                    // A hint only: the next slot may change before it is taken.
+                    let next_tag = next.trailing_zeros() as usize;
+                    let control = memory.slot_control(next_tag).load(Ordering::Relaxed);
+                    let addr = memory.slot_addr(next_tag).load(Ordering::Relaxed);
+                    // The length is the control word's low 32 bits.
+                    let len = u64::from(control as u32);
+                    self.shared.medium.prefetch(addr, len);
+                }
                 if !self.driver.retag_has_free() {
                     self.stats.retag_stalls += 1;
                     break;
