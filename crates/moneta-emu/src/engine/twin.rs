@@ -60,10 +60,12 @@ fn stream(seed: u64, commands: usize) -> Vec<Command> {
             let len_bytes = (1 + rng.below(128)) * 512;
             let mut addr = rng.below((CAPACITY_BYTES - len_bytes) / 512) * 512;
             // Stay inside one of the channel's records (a range across two
-            // is a missing record, SPEC §3.3).
+            // is a missing record, SPEC §3.3): end it at the boundary it
+            // would cross (moving it past the boundary instead could carry
+            // it beyond the device's end).
             let piece = piece_bytes(channel);
             if addr / piece != (addr + len_bytes - 1) / piece {
-                addr = (addr + len_bytes - 1) / piece * piece;
+                addr = (addr + len_bytes - 1) / piece * piece - len_bytes;
             }
             out.push(Command {
                 time_ns,
