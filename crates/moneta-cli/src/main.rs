@@ -112,7 +112,7 @@ enum Sim {
 /// Which device to model: a preset or a configuration file, then overrides.
 #[derive(Args, Clone)]
 pub(crate) struct DeviceArgs {
-    /// Preset (see `moneta presets`) [default: moneta].
+    /// Preset (see `moneta presets`) [default: moneta; for `moneta san`: quicksan-ssd].
     #[arg(long)]
     pub(crate) preset: Option<String>,
     /// Configuration file in the presets' TOML schema: every key, or
