@@ -1,0 +1,421 @@
+//! What goes on the wire (SPEC §4.2, Table A.3; issue 12 item 1).
+//!
+//! A QuickSAN frame, byte 0 first (multi-byte fields big-endian):
+//!
+//! | bytes        | field |
+//! |--------------|-------|
+//! | 0..32        | Table A.3 header, encoded by the model's codec (`moneta_model::device::packet`); bytes 12..14 carry the link's EtherType (0x8870 by default) |
+//! | 32           | session version (1) |
+//! | 33           | session flags: DATA (a QuickSAN packet follows), HELLO (answer at once) |
+//! | 34..36       | reserved, 0 |
+//! | 36..40       | sender's epoch (its incarnation of this session) |
+//! | 40..44       | the receiver's epoch as the sender knows it (0: not yet known) |
+//! | 44..48       | sequence number (DATA frames) |
+//! | 48..52       | cumulative acknowledgement: the next sequence number expected from the receiver |
+//! | 52..60       | selective acknowledgement: bit i set = frame ack+1+i is held |
+//! | 60..64       | reserved, 0 |
+//! | 64..64+P     | payload (P = SIZE for write requests and read completions, else 0) |
+//! | 64+P..68+P   | CRC32C of bytes 0..64+P |
+//!
+//! A session-only frame (an acknowledgement, heartbeat or probe, no
+//! QuickSAN packet) has OP = 0 in the INDEX+OP field and zeros in the rest
+//! of the Table A.3 rows: 68 bytes, above Ethernet's 60-byte minimum, so no
+//! NIC pads it (the length is always taken from the header, never from the
+//! end of what arrived).
+//!
+//! Pause frames are IEEE 802.3x MAC control frames (Annex 31B): destination
+//! (the peer's unicast address, which 31B allows besides 01-80-C2-00-00-01),
+//! source, EtherType 0x8808, opcode 0x0001, pause time in quanta of 512 bit
+//! times, zeros to 60 bytes; then, because the FCS is not visible here, a
+//! CRC32C of those 60 bytes.
+//!
+//! Parsing never panics: every byte that arrives is untrusted.
+
+use crate::crc32c::crc32c;
+use moneta_model::device::packet::{
+    self, Mac, PacketError, PacketHeader, HEADER_BYTES, MAX_PAYLOAD_BYTES,
+};
+use std::fmt;
+
+/// The Table A.3 header.
+pub const A3_BYTES: usize = HEADER_BYTES as usize;
+/// The session header after it.
+pub const SESSION_BYTES: usize = 32;
+/// The CRC32C trailer.
+pub const CRC_BYTES: usize = 4;
+/// Where the payload starts.
+pub const PAYLOAD_OFFSET: usize = A3_BYTES + SESSION_BYTES;
+/// Everything but the payload.
+pub const OVERHEAD_BYTES: usize = PAYLOAD_OFFSET + CRC_BYTES;
+/// The largest frame: one 8 KB transfer buffer of payload (8,260 bytes: a
+/// jumbo frame on Ethernet).
+pub const MAX_FRAME_BYTES: usize = OVERHEAD_BYTES + MAX_PAYLOAD_BYTES as usize;
+/// The paper's EtherType (Table A.3).
+pub const QUICKSAN_ETHERTYPE: u16 = u16::from_be_bytes(packet::ETHERTYPE);
+/// IEEE 802.3 MAC control.
+pub const MAC_CONTROL_ETHERTYPE: u16 = 0x8808;
+/// 802.3x PAUSE opcode.
+pub const PAUSE_OPCODE: u16 = 0x0001;
+/// A pause frame: the 60-byte 802.3x frame and its CRC32C.
+pub const PAUSE_FRAME_BYTES: usize = 60 + CRC_BYTES;
+/// The reserved multicast address of 802.3x pause frames.
+pub const PAUSE_MULTICAST: Mac = Mac([0x01, 0x80, 0xC2, 0x00, 0x00, 0x01]);
+
+const VERSION: u8 = 1;
+/// Session flag: a QuickSAN packet follows the session header.
+pub const FLAG_DATA: u8 = 0x01;
+/// Session flag: the sender wants an answer now (a probe).
+pub const FLAG_HELLO: u8 = 0x02;
+
+/// The session header (bytes 32..64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SessionHeader {
+    pub flags: u8,
+    pub src_epoch: u32,
+    pub dst_epoch: u32,
+    pub seq: u32,
+    pub ack: u32,
+    pub sack: u64,
+}
+
+impl SessionHeader {
+    fn write(&self, b: &mut [u8]) {
+        b[0] = VERSION;
+        b[1] = self.flags;
+        b[2..4].fill(0);
+        b[4..8].copy_from_slice(&self.src_epoch.to_be_bytes());
+        b[8..12].copy_from_slice(&self.dst_epoch.to_be_bytes());
+        b[12..16].copy_from_slice(&self.seq.to_be_bytes());
+        b[16..20].copy_from_slice(&self.ack.to_be_bytes());
+        b[20..28].copy_from_slice(&self.sack.to_be_bytes());
+        b[28..32].fill(0);
+    }
+
+    fn read(b: &[u8]) -> Result<SessionHeader, FrameError> {
+        if b[0] != VERSION {
+            return Err(FrameError::BadVersion(b[0]));
+        }
+        let u32_at = |at: usize| u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let mut sack = [0u8; 8];
+        sack.copy_from_slice(&b[20..28]);
+        Ok(SessionHeader {
+            flags: b[1],
+            src_epoch: u32_at(4),
+            dst_epoch: u32_at(8),
+            seq: u32_at(12),
+            ack: u32_at(16),
+            sack: u64::from_be_bytes(sack),
+        })
+    }
+}
+
+/// Bytes of the frame that carries `header` (and its payload).
+pub fn data_frame_bytes(header: &PacketHeader) -> usize {
+    OVERHEAD_BYTES + header.payload_bytes() as usize
+}
+
+/// Write a QuickSAN packet's Table A.3 header and payload into `buf`; the
+/// session header and CRC are written by [`seal`] at each transmission.
+/// Returns the frame's length.
+pub fn encode_data(
+    buf: &mut [u8],
+    header: &PacketHeader,
+    ethertype: u16,
+    payload: &[u8],
+) -> Result<usize, PacketError> {
+    let a3 = header.encode()?;
+    let len = data_frame_bytes(header);
+    debug_assert_eq!(payload.len(), header.payload_bytes() as usize);
+    debug_assert!(buf.len() >= len);
+    buf[..A3_BYTES].copy_from_slice(&a3);
+    buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
+    buf[PAYLOAD_OFFSET..PAYLOAD_OFFSET + payload.len()].copy_from_slice(payload);
+    Ok(len)
+}
+
+/// Write the session header into a frame of `len` bytes and its CRC32C.
+pub fn seal(buf: &mut [u8], len: usize, session: &SessionHeader) {
+    session.write(&mut buf[A3_BYTES..PAYLOAD_OFFSET]);
+    let crc_at = len - CRC_BYTES;
+    let crc = crc32c(&buf[..crc_at]);
+    buf[crc_at..len].copy_from_slice(&crc.to_be_bytes());
+}
+
+/// Write a session-only frame (no QuickSAN packet); returns its length.
+pub fn encode_control(
+    buf: &mut [u8],
+    dest: Mac,
+    src: Mac,
+    src_index: u16,
+    ethertype: u16,
+    session: &SessionHeader,
+) -> usize {
+    buf[..A3_BYTES].fill(0);
+    buf[0..6].copy_from_slice(&dest.0);
+    buf[6..12].copy_from_slice(&src.0);
+    buf[12..14].copy_from_slice(&ethertype.to_be_bytes());
+    // INDEX in bits 15..4, OP 0: no packet.
+    buf[14..16].copy_from_slice(&((src_index & 0x0FFF) << 4).to_be_bytes());
+    let len = OVERHEAD_BYTES;
+    seal(buf, len, session);
+    len
+}
+
+/// Write an 802.3x pause frame asking `dest` to stop for `quanta` × 512
+/// bit times (0: resume); returns its length.
+pub fn encode_pause(buf: &mut [u8], dest: Mac, src: Mac, quanta: u16) -> usize {
+    buf[..PAUSE_FRAME_BYTES].fill(0);
+    buf[0..6].copy_from_slice(&dest.0);
+    buf[6..12].copy_from_slice(&src.0);
+    buf[12..14].copy_from_slice(&MAC_CONTROL_ETHERTYPE.to_be_bytes());
+    buf[14..16].copy_from_slice(&PAUSE_OPCODE.to_be_bytes());
+    buf[16..18].copy_from_slice(&quanta.to_be_bytes());
+    let crc = crc32c(&buf[..60]);
+    buf[60..64].copy_from_slice(&crc.to_be_bytes());
+    PAUSE_FRAME_BYTES
+}
+
+/// A frame that passed every check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parsed {
+    /// An 802.3x pause (quanta 0: resume).
+    Pause { src: Mac, quanta: u16 },
+    /// A session frame; `packet` is the QuickSAN packet it carries, whose
+    /// payload is `frame[PAYLOAD_OFFSET..PAYLOAD_OFFSET + payload_bytes]`.
+    Session {
+        src: Mac,
+        src_index: u16,
+        session: SessionHeader,
+        packet: Option<PacketHeader>,
+        len: usize,
+    },
+}
+
+/// Why a frame was dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    Truncated {
+        bytes: usize,
+        needed: usize,
+    },
+    UnknownEtherType(u16),
+    NotForUs(Mac),
+    BadCrc,
+    BadVersion(u8),
+    BadPause,
+    Packet(PacketError),
+    /// DATA flag without a packet, or a packet without it.
+    Inconsistent,
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::Truncated { bytes, needed } => {
+                write!(f, "frame of {bytes} bytes, needs {needed}")
+            }
+            FrameError::UnknownEtherType(t) => write!(f, "EtherType {t:#06x} is not ours"),
+            FrameError::NotForUs(m) => write!(f, "frame for {:02x?}", m.0),
+            FrameError::BadCrc => write!(f, "CRC32C mismatch"),
+            FrameError::BadVersion(v) => write!(f, "session version {v}"),
+            FrameError::BadPause => write!(f, "malformed MAC control frame"),
+            FrameError::Packet(e) => write!(f, "{e}"),
+            FrameError::Inconsistent => write!(f, "flags disagree with the packet"),
+        }
+    }
+}
+
+fn crc_ok(frame: &[u8], crc_at: usize) -> bool {
+    let want = u32::from_be_bytes([
+        frame[crc_at],
+        frame[crc_at + 1],
+        frame[crc_at + 2],
+        frame[crc_at + 3],
+    ]);
+    crc32c(&frame[..crc_at]) == want
+}
+
+/// Check and decode a frame that arrived for `local` on a link that carries
+/// `ethertype`. Bytes past the frame's length (padding) are ignored. The
+/// buffer is mutable because the Table A.3 codec reads the paper's
+/// EtherType: a configured other one is swapped in and out around it.
+pub fn parse(frame: &mut [u8], ethertype: u16, local: Mac) -> Result<Parsed, FrameError> {
+    if frame.len() < 14 {
+        return Err(FrameError::Truncated {
+            bytes: frame.len(),
+            needed: 14,
+        });
+    }
+    let mut dest = [0u8; 6];
+    dest.copy_from_slice(&frame[0..6]);
+    let mut src = [0u8; 6];
+    src.copy_from_slice(&frame[6..12]);
+    let (dest, src) = (Mac(dest), Mac(src));
+    let kind = u16::from_be_bytes([frame[12], frame[13]]);
+    if kind == MAC_CONTROL_ETHERTYPE {
+        if dest != local && dest != PAUSE_MULTICAST {
+            return Err(FrameError::NotForUs(dest));
+        }
+        if frame.len() < PAUSE_FRAME_BYTES {
+            return Err(FrameError::Truncated {
+                bytes: frame.len(),
+                needed: PAUSE_FRAME_BYTES,
+            });
+        }
+        if !crc_ok(frame, 60) {
+            return Err(FrameError::BadCrc);
+        }
+        if u16::from_be_bytes([frame[14], frame[15]]) != PAUSE_OPCODE {
+            return Err(FrameError::BadPause);
+        }
+        let quanta = u16::from_be_bytes([frame[16], frame[17]]);
+        return Ok(Parsed::Pause { src, quanta });
+    }
+    if kind != ethertype {
+        return Err(FrameError::UnknownEtherType(kind));
+    }
+    if dest != local {
+        return Err(FrameError::NotForUs(dest));
+    }
+    if frame.len() < OVERHEAD_BYTES {
+        return Err(FrameError::Truncated {
+            bytes: frame.len(),
+            needed: OVERHEAD_BYTES,
+        });
+    }
+    let index_op = u16::from_be_bytes([frame[14], frame[15]]);
+    let src_index = index_op >> 4;
+    let packet = if index_op & 0xF == 0 {
+        None
+    } else {
+        // The codec knows the paper's EtherType only.
+        frame[12..14].copy_from_slice(&packet::ETHERTYPE);
+        let decoded = PacketHeader::decode(frame);
+        frame[12..14].copy_from_slice(&ethertype.to_be_bytes());
+        Some(decoded.map_err(FrameError::Packet)?)
+    };
+    let len = packet.as_ref().map_or(OVERHEAD_BYTES, data_frame_bytes);
+    if frame.len() < len {
+        return Err(FrameError::Truncated {
+            bytes: frame.len(),
+            needed: len,
+        });
+    }
+    if !crc_ok(frame, len - CRC_BYTES) {
+        return Err(FrameError::BadCrc);
+    }
+    let session = SessionHeader::read(&frame[A3_BYTES..PAYLOAD_OFFSET])?;
+    if (session.flags & FLAG_DATA != 0) != packet.is_some() {
+        return Err(FrameError::Inconsistent);
+    }
+    Ok(Parsed::Session {
+        src,
+        src_index,
+        session,
+        packet,
+        len,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moneta_model::device::packet::PacketKind;
+
+    fn header(size: u16) -> PacketHeader {
+        PacketHeader {
+            kind: PacketKind::WriteRequest,
+            dest: Mac::of_node(1),
+            src: Mac::of_node(0),
+            src_index: 0,
+            addr: 0x1234_5000,
+            ctrl: 0,
+            cmd: 2,
+            offsets: 3,
+            tag: 9,
+            size,
+        }
+    }
+
+    #[test]
+    fn data_frame_round_trip_and_any_flipped_bit_is_caught() {
+        let mut buf = vec![0u8; MAX_FRAME_BYTES];
+        let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        let h = header(4096);
+        let len = encode_data(&mut buf, &h, 0x88B5, &payload).unwrap();
+        assert_eq!(len, 68 + 4096);
+        let s = SessionHeader {
+            flags: FLAG_DATA,
+            src_epoch: 5,
+            dst_epoch: 6,
+            seq: 7,
+            ack: 8,
+            sack: 0b1010,
+        };
+        seal(&mut buf, len, &s);
+        assert_eq!(&buf[12..14], &[0x88, 0xB5]);
+        let parsed = parse(&mut buf[..len + 10], 0x88B5, Mac::of_node(1)).unwrap();
+        assert_eq!(
+            parsed,
+            Parsed::Session {
+                src: Mac::of_node(0),
+                src_index: 0,
+                session: s,
+                packet: Some(h),
+                len
+            }
+        );
+        assert_eq!(&buf[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 4096], &payload[..]);
+        for bit in [0usize, 100, 14 * 8 + 3, 300 * 8, (len - 1) * 8] {
+            let mut bad = buf.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            assert!(parse(&mut bad[..len], 0x88B5, Mac::of_node(1)).is_err());
+        }
+        // Another host's frame, another protocol.
+        assert!(matches!(
+            parse(&mut buf[..len], 0x88B5, Mac::of_node(2)),
+            Err(FrameError::NotForUs(_))
+        ));
+        assert!(matches!(
+            parse(&mut buf[..len], QUICKSAN_ETHERTYPE, Mac::of_node(1)),
+            Err(FrameError::UnknownEtherType(0x88B5))
+        ));
+    }
+
+    #[test]
+    fn control_and_pause_frames() {
+        let mut buf = vec![0u8; 128];
+        let s = SessionHeader {
+            flags: FLAG_HELLO,
+            src_epoch: 1,
+            ..Default::default()
+        };
+        let len = encode_control(
+            &mut buf,
+            Mac::of_node(1),
+            Mac::of_node(4),
+            4,
+            QUICKSAN_ETHERTYPE,
+            &s,
+        );
+        assert_eq!(len, 68);
+        let p = parse(&mut buf[..len], QUICKSAN_ETHERTYPE, Mac::of_node(1)).unwrap();
+        assert!(
+            matches!(p, Parsed::Session { src_index: 4, packet: None, session, .. } if session == s)
+        );
+        let len = encode_pause(&mut buf, Mac::of_node(1), Mac::of_node(4), 0xFFFF);
+        assert_eq!(&buf[12..16], &[0x88, 0x08, 0x00, 0x01]);
+        assert_eq!(
+            parse(&mut buf[..len], QUICKSAN_ETHERTYPE, Mac::of_node(1)),
+            Ok(Parsed::Pause {
+                src: Mac::of_node(4),
+                quanta: 0xFFFF
+            })
+        );
+        buf[20] = 1;
+        assert_eq!(
+            parse(&mut buf[..len], QUICKSAN_ETHERTYPE, Mac::of_node(1)),
+            Err(FrameError::BadCrc)
+        );
+    }
+}
