@@ -74,7 +74,7 @@ pub struct WireConfig {
     /// A peer silent this long is failed.
     pub peer_silence_ns: u64,
     /// A session-only frame goes out at least this often (heartbeat; probe
-    /// while a peer is connecting or failed).
+    /// while a peer is failed; a connecting one is probed every `rto_ns`).
     pub heartbeat_ns: u64,
     /// An acknowledgement waits this long for a frame to ride on.
     pub ack_delay_ns: u64,
@@ -231,6 +231,8 @@ pub struct Endpoint<T: Transport> {
     small_held: usize,
     pausing: bool,
     resume_pending: bool,
+    /// The buffer just reached 1/4: send the pause at once.
+    pause_pending: bool,
     pause_sent_ns: u64,
     /// One pause quantum (512 bit times) at the link rate.
     ns_per_quantum: f64,
@@ -312,6 +314,7 @@ impl<T: Transport> Endpoint<T> {
             small_held: 0,
             pausing: false,
             resume_pending: false,
+            pause_pending: false,
             pause_sent_ns: 0,
             ns_per_quantum,
             pause_ns,
@@ -675,7 +678,7 @@ impl<T: Transport> Endpoint<T> {
             if self.rx.fill(&packet) == Some(true) {
                 self.pausing = true;
                 self.resume_pending = false;
-                self.pause_sent_ns = 0; // the timers send it now
+                self.pause_pending = true;
             }
         } else {
             self.small_held += 1;
@@ -769,7 +772,13 @@ impl<T: Transport> Endpoint<T> {
             self.transmit_new(i, now_ns)?;
             let s = &self.sessions[i];
             let ack_due = s.ack_due_ns.is_some_and(|d| d <= now_ns);
-            let idle = now_ns.saturating_sub(s.last_sent_ns) >= self.config.heartbeat_ns;
+            // A session being set up probes at the retransmission pace; an
+            // established or failed one at the heartbeat's.
+            let interval = match s.state {
+                PeerState::Connecting => self.config.rto_ns,
+                _ => self.config.heartbeat_ns,
+            };
+            let idle = s.last_sent_ns == 0 || now_ns.saturating_sub(s.last_sent_ns) >= interval;
             if ack_due || idle {
                 self.send_control(i, now_ns)?;
             }
@@ -778,7 +787,11 @@ impl<T: Transport> Endpoint<T> {
             self.resume_pending = false;
             self.send_pause(0, now_ns)?;
         }
-        if self.pausing && now_ns.saturating_sub(self.pause_sent_ns) >= self.pause_ns / 3 {
+        if self.pausing
+            && (self.pause_pending
+                || now_ns.saturating_sub(self.pause_sent_ns) >= self.pause_ns / 3)
+        {
+            self.pause_pending = false;
             self.send_pause(self.config.pause_quanta, now_ns)?;
         }
         Ok(())
