@@ -29,7 +29,7 @@ fn shape(mode: u8, mut bytes: Vec<u8>, cut: usize) -> Vec<u8> {
         2 => {
             ours(&mut bytes);
             if bytes.len() >= 16 {
-                bytes[14] = bytes[14] & 0x0F; // source index 1's upper bits
+                bytes[14] = 0; // INDEX 1: its upper bits
                 bytes[15] = (1 << 4) | (bytes[15] & 0x0F);
             }
             if bytes.len() >= frame::OVERHEAD_BYTES {
