@@ -97,3 +97,97 @@ fn an_8k_payload_needs_an_mtu_that_carries_it() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_partition_fails_requests_cleanly_and_healing_makes_them_work() {
+    // Real sockets; one thread polls both endpoints.
+    let any = "127.0.0.1:0".parse().unwrap();
+    let mut a = UdpTransport::bind(any, 0, &[], 9000).unwrap();
+    let mut b = UdpTransport::bind(any, 1, &[], 9000).unwrap();
+    a.set_peer(1, b.local_addr().unwrap());
+    b.set_peer(0, a.local_addr().unwrap());
+    let silence_ns = 300_000_000;
+    let mut ca = config(0, 1);
+    ca.peer_silence_ns = silence_ns;
+    ca.heartbeat_ns = 5_000_000;
+    let mut cb = config(1, 0);
+    cb.peer_silence_ns = silence_ns;
+    cb.heartbeat_ns = 5_000_000;
+    let h = FaultHandle::new();
+    let start = Instant::now();
+    let mut client = Endpoint::new(Faulty::new(a, h.clone(), 3), ca, 0).unwrap();
+    let mut server = Endpoint::new(b, cb, 0).unwrap();
+    let write = |i: u16| {
+        common::header(
+            moneta_model::device::packet::PacketKind::WriteRequest,
+            u64::from(i) * 4096,
+            i,
+            4096,
+        )
+    };
+    let payload = common::block(5, 0, 4096);
+    // One request, answered: the server side echoes the tag back.
+    let round_trip = |client: &mut Endpoint<_>, server: &mut Endpoint<_>, tag: u16| {
+        let t0 = Instant::now();
+        client
+            .send(common::now_ns(start), 1, write(tag), &payload)
+            .map_err(|e| e.to_string())?;
+        loop {
+            let now = common::now_ns(start);
+            client.poll(now).map_err(|e| e.to_string())?;
+            server.poll(now).map_err(|e| e.to_string())?;
+            if let Some(tag) = server.recv(|_, h, p| {
+                assert_eq!(p, payload.as_slice());
+                h.tag
+            }) {
+                let done = common::header(
+                    moneta_model::device::packet::PacketKind::WriteCompletion,
+                    0,
+                    tag,
+                    0,
+                );
+                server.send(now, 0, done, &[]).map_err(|e| e.to_string())?;
+            }
+            if let Some(got) = client.recv(|_, h, _| h.tag) {
+                assert_eq!(got, tag);
+                return Ok(());
+            }
+            while let Some(e) = client.next_event() {
+                if let moneta_wire::WireEvent::PeerFailed { lost, .. } = e {
+                    return Err(format!(
+                        "peer failed after {:?}, {} packets lost",
+                        t0.elapsed(),
+                        lost.len()
+                    ));
+                }
+            }
+        }
+    };
+    for tag in 0..20 {
+        round_trip(&mut client, &mut server, tag).unwrap();
+    }
+    h.partition(1, true);
+    let t_cut = Instant::now();
+    let failed = round_trip(&mut client, &mut server, 100).unwrap_err();
+    let took = t_cut.elapsed();
+    eprintln!("partitioned request: {failed}");
+    assert!(failed.contains("1 packets lost"), "{failed}");
+    assert!(took >= Duration::from_nanos(silence_ns) && took < Duration::from_secs(5));
+    // Requests fail at once while it lasts.
+    assert!(matches!(
+        client.send(common::now_ns(start), 1, write(101), &payload),
+        Err(WireError::PeerFailed { peer: 1 })
+    ));
+    h.partition(1, false);
+    let healed = Instant::now();
+    while client.peer_state(1) != Some(moneta_wire::reliable::PeerState::Up) {
+        let now = common::now_ns(start);
+        client.poll(now).unwrap();
+        server.poll(now).unwrap();
+        assert!(healed.elapsed() < Duration::from_secs(5), "not back");
+    }
+    eprintln!("back {:?} after healing", healed.elapsed());
+    for tag in 200..220 {
+        round_trip(&mut client, &mut server, tag).unwrap();
+    }
+}
