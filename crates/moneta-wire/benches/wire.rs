@@ -16,7 +16,7 @@ mod common;
 use common::{header, now_ns, serve};
 use moneta_model::device::packet::{Mac, PacketKind};
 use moneta_wire::frame::QUICKSAN_ETHERTYPE;
-use moneta_wire::netns::{enter_netns, is_root, VethPair};
+use moneta_wire::netns::{is_root, VethPair};
 use moneta_wire::packet_socket::PacketSocket;
 use moneta_wire::udp::UdpTransport;
 use moneta_wire::{Endpoint, Transport, WireConfig, WireError};
@@ -176,15 +176,11 @@ fn udp(sizes: &Sizes) -> Result<(), WireError> {
 fn packet_socket(sizes: &Sizes) -> Result<(), WireError> {
     let pair = VethPair::create(9000, [Mac::of_node(0), Mac::of_node(1)])?;
     let open = |side: usize| {
-        let ns = pair.namespaces[side].clone();
         let dev = pair.interfaces[side].clone();
         let peer = 1 - side as u16;
-        std::thread::spawn(move || {
-            enter_netns(&ns)?;
+        pair.in_namespace(side, move || {
             PacketSocket::open(&dev, QUICKSAN_ETHERTYPE, &[(peer, Mac::of_node(peer))])
         })
-        .join()
-        .expect("opener thread")
     };
     let (a, b) = (open(0)?, open(1)?);
     let start = Instant::now();

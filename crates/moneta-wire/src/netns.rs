@@ -74,10 +74,21 @@ impl VethPair {
         Ok(pair)
     }
 
-    /// Move the calling thread into namespace `side` (0 or 1). Use it in a
-    /// thread made for the purpose: the thread stays there.
-    pub fn enter(&self, side: usize) -> Result<(), WireError> {
-        enter_netns(&self.namespaces[side])
+    /// Run `f` in namespace `side` (0 or 1), on a thread made for it (a
+    /// thread that enters a namespace stays there). Sockets it opens stay
+    /// in that namespace wherever they are used afterwards.
+    pub fn in_namespace<R: Send + 'static>(
+        &self,
+        side: usize,
+        f: impl FnOnce() -> Result<R, WireError> + Send + 'static,
+    ) -> Result<R, WireError> {
+        let ns = self.namespaces[side].clone();
+        std::thread::spawn(move || {
+            enter_netns(&ns)?;
+            f()
+        })
+        .join()
+        .map_err(|_| WireError::Config("the namespace thread panicked".into()))?
     }
 }
 

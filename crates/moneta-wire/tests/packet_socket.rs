@@ -11,7 +11,7 @@ mod common;
 use common::{serve, write_then_read, BLOCK_STRIDE};
 use moneta_model::device::packet::{Mac, PacketKind};
 use moneta_wire::frame::QUICKSAN_ETHERTYPE;
-use moneta_wire::netns::{enter_netns, is_root, VethPair};
+use moneta_wire::netns::{is_root, VethPair};
 use moneta_wire::packet_socket::PacketSocket;
 use moneta_wire::{Endpoint, FaultHandle, Faulty, LinkFaults, Transport, WireConfig, WireError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,15 +20,11 @@ use std::time::{Duration, Instant};
 
 /// Open node `side`'s packet socket inside its namespace.
 fn open(pair: &VethPair, side: usize, ethertype: u16) -> Result<PacketSocket, WireError> {
-    let ns = pair.namespaces[side].clone();
     let dev = pair.interfaces[side].clone();
     let peer = 1 - side as u16;
-    std::thread::spawn(move || {
-        enter_netns(&ns)?;
+    pair.in_namespace(side, move || {
         PacketSocket::open(&dev, ethertype, &[(peer, Mac::of_node(peer))])
     })
-    .join()
-    .expect("opener thread")
 }
 
 fn config(node: u16, peer: u16) -> WireConfig {
@@ -129,4 +125,28 @@ fn another_ethertype_and_a_small_mtu() {
     };
     assert_eq!(got, (0, 7, 4096, vec![5; 1024]));
     drop(pair);
+}
+
+#[test]
+fn the_namespaces_go_away_even_when_a_test_fails() {
+    if !is_root() {
+        eprintln!("SKIPPED: network namespaces need root");
+        return;
+    }
+    let names = std::sync::Mutex::new(Vec::new());
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let pair = VethPair::create(9000, [Mac::of_node(0), Mac::of_node(1)]).unwrap();
+        names.lock().unwrap().extend(pair.namespaces.clone());
+        assert!(std::path::Path::new(&format!("/run/netns/{}", pair.namespaces[0])).exists());
+        panic!("a test failing with its namespaces up");
+    }));
+    assert!(failed.is_err());
+    let names = names.into_inner().unwrap();
+    assert_eq!(names.len(), 2);
+    for n in names {
+        assert!(
+            !std::path::Path::new(&format!("/run/netns/{n}")).exists(),
+            "{n} left behind"
+        );
+    }
 }
