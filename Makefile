@@ -9,7 +9,7 @@ all: build
 # Toolchain pieces and system packages the tests use (xfsprogs for moneta up;
 # fio, sqlite3, Berkeley DB and PostgreSQL for the workloads on its file
 # system; python3 for the torture test; libnbd-bin, nbdkit and qemu-utils
-# for the NBD conformance tests); idempotent.
+# for the NBD conformance tests; iproute2 for the wire's veth tests); idempotent.
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
@@ -25,6 +25,7 @@ setup:
 	@command -v nbdcopy >/dev/null && command -v nbdfuse >/dev/null || (apt-get update && apt-get install -y libnbd-bin)
 	@command -v nbdkit >/dev/null || (apt-get update && apt-get install -y nbdkit)
 	@command -v qemu-img >/dev/null || (apt-get update && apt-get install -y qemu-utils)
+	@command -v ip >/dev/null || (apt-get update && apt-get install -y iproute2)
 
 build:
 	$(CARGO) build --release
@@ -57,6 +58,7 @@ test: setup
 	$(CARGO) bench -p libmoneta --bench fidelity -- --smoke
 	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
 	$(CARGO) bench -p moneta-model --bench san_speed -- --smoke
+	$(CARGO) bench -p moneta-wire --bench wire -- --smoke
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
 # emulator software overhead against pread(2) on tmpfs and against the raw
