@@ -511,3 +511,115 @@ fn frames_larger_than_the_link_are_an_error() {
     bad.window_frames = 65;
     assert!(Endpoint::new(wire.port(0, 9000), bad, 0).is_err());
 }
+
+#[test]
+fn cutting_one_link_of_three_nodes_fails_only_that_peer() {
+    // Nodes 0, 1, 2 all stream to each other over a lossy wire; node 0's
+    // link to node 2 is cut: 0 and 2 fail each other, 1 sees nothing wrong.
+    let seed = seeds()[0];
+    eprintln!("three nodes seed {seed}");
+    let wire = MemWire::new(3, LATENCY_NS);
+    let faults = LinkFaults::parse("drop=2%,corrupt=1%,reorder=5%,reorder-us=20").unwrap();
+    let handles: Vec<FaultHandle> = (0..3).map(|_| FaultHandle::new()).collect();
+    let mut eps: Vec<Ep> = (0..3u16)
+        .map(|n| {
+            let peers: Vec<u16> = (0..3).filter(|&p| p != n).collect();
+            let mut c = config(n, peers[0]);
+            c.peers = peers;
+            handles[usize::from(n)].set_all(faults);
+            Endpoint::new(
+                Faulty::new(
+                    wire.port(n, 9000),
+                    handles[usize::from(n)].clone(),
+                    seed + u64::from(n),
+                ),
+                c,
+                0,
+            )
+            .unwrap()
+        })
+        .collect();
+    // streams[from][to]
+    let mut streams: Vec<Vec<Stream>> = (0..3)
+        .map(|_| (0..3).map(|_| Stream::default()).collect())
+        .collect();
+    let mut now = 0u64;
+    let mut cut_at = None;
+    let mut failed: Vec<(u16, u16, u64)> = Vec::new();
+    let n = 400u64;
+    while now < 200_000_000 {
+        now += 2_000;
+        if cut_at.is_none() && now >= 20_000_000 {
+            handles[0].partition(2, true);
+            cut_at = Some(now);
+        }
+        for (i, ep) in eps.iter_mut().enumerate() {
+            ep.poll(now).unwrap();
+            let me = i as u16;
+            for to in (0..3u16).filter(|&t| t != me) {
+                let s = &mut streams[i][usize::from(to)];
+                // Phase = the receiver, so each pair has its own stream.
+                while s.sent < n {
+                    let (h, p) = packet(seed, me, u64::from(to), s.sent);
+                    match ep.send(now, to, h, &p) {
+                        Ok(()) => s.sent += 1,
+                        Err(WireError::WindowFull { .. } | WireError::PeerFailed { .. }) => break,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            while let Some(e) = ep.next_event() {
+                if let WireEvent::PeerFailed { peer, .. } = e {
+                    failed.push((me, peer, now));
+                }
+            }
+        }
+        // Deliveries from each sender, checked per pair.
+        for (i, ep) in eps.iter_mut().enumerate() {
+            let me = i as u16;
+            while let Some((from, ok)) = ep.recv(|peer, h, payload| {
+                let s = &streams[usize::from(peer)][i];
+                let (want, want_payload) = packet(seed, peer, u64::from(me), s.received);
+                (
+                    peer,
+                    h.addr == want.addr && payload == want_payload.as_slice(),
+                )
+            }) {
+                let s = &mut streams[usize::from(from)][i];
+                if !ok {
+                    s.errors += 1;
+                }
+                s.received += 1;
+            }
+        }
+        let others_done = [(0, 1), (1, 0), (1, 2), (2, 1)]
+            .iter()
+            .all(|&(f, t)| streams[f][t].received == n);
+        if others_done && failed.len() >= 2 {
+            break;
+        }
+    }
+    let cut = cut_at.unwrap();
+    eprintln!("failures {failed:?} (cut at {cut})");
+    for &(f, t) in &[(0, 1), (1, 0), (1, 2), (2, 1)] {
+        assert_eq!(streams[f][t].received, n, "{f} → {t}");
+        assert_eq!(streams[f][t].errors, 0, "{f} → {t}");
+    }
+    for f in 0..3 {
+        for t in 0..3 {
+            assert_eq!(streams[f][t].errors, 0);
+        }
+    }
+    let mut pairs: Vec<(u16, u16)> = failed.iter().map(|&(a, b, _)| (a, b)).collect();
+    pairs.sort_unstable();
+    assert_eq!(pairs, vec![(0, 2), (2, 0)], "only the cut link fails");
+    for &(_, _, at) in &failed {
+        assert!(
+            at - cut <= SILENCE_NS + 2_000,
+            "declared {} µs after the cut",
+            (at - cut) / 1000
+        );
+    }
+    assert_eq!(eps[1].peer_state(0), Some(PeerState::Up));
+    assert_eq!(eps[1].peer_state(2), Some(PeerState::Up));
+}
