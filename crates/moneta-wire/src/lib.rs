@@ -21,6 +21,8 @@
 //! - [`endpoint`]: what a daemon's device thread uses: one endpoint per
 //!   daemon, busy-polled; the receive buffer with the model's pause gauge
 //!   (1/4 on, 1/8 off); peer failures reported as events.
+//! - [`link`]: a link and its peers as a command line names them
+//!   (`udp:…`, `packet:…`), opened into a transport.
 //! - [`netns`]: network namespaces joined by a veth pair, for the tests and
 //!   the benchmark of the packet-socket transport.
 
@@ -28,6 +30,7 @@ pub mod crc32c;
 pub mod endpoint;
 pub mod fault;
 pub mod frame;
+pub mod link;
 pub mod mem;
 pub mod netns;
 pub mod packet_socket;
