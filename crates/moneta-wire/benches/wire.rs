@@ -173,20 +173,30 @@ fn udp(sizes: &Sizes) -> Result<(), WireError> {
     measure("udp 127.0.0.1", client, server, start, sizes)
 }
 
-fn packet_socket(sizes: &Sizes) -> Result<(), WireError> {
+fn packet_socket(sizes: &Sizes, rx_ring: bool) -> Result<(), WireError> {
     let pair = VethPair::create(9000, [Mac::of_node(0), Mac::of_node(1)])?;
     let open = |side: usize| {
         let dev = pair.interfaces[side].clone();
         let peer = 1 - side as u16;
         pair.in_namespace(side, move || {
-            PacketSocket::open(&dev, QUICKSAN_ETHERTYPE, &[(peer, Mac::of_node(peer))])
+            let peers = [(peer, Mac::of_node(peer))];
+            if rx_ring {
+                PacketSocket::open_with_rx_ring(&dev, QUICKSAN_ETHERTYPE, &peers)
+            } else {
+                PacketSocket::open(&dev, QUICKSAN_ETHERTYPE, &peers)
+            }
         })
     };
     let (a, b) = (open(0)?, open(1)?);
     let start = Instant::now();
     let client = Endpoint::new(a, config(0, 1), 0)?;
     let server = Endpoint::new(b, config(1, 0), 0)?;
-    measure("af_packet veth mtu9000", client, server, start, sizes)
+    let link = if rx_ring {
+        "af_packet veth rx ring"
+    } else {
+        "af_packet veth recv(2)"
+    };
+    measure(link, client, server, start, sizes)
 }
 
 fn main() {
@@ -213,9 +223,11 @@ fn main() {
         failed = true;
     }
     if is_root() {
-        if let Err(e) = packet_socket(&sizes) {
-            eprintln!("af_packet: {e}");
-            failed = true;
+        for rx_ring in [false, true] {
+            if let Err(e) = packet_socket(&sizes, rx_ring) {
+                eprintln!("af_packet (rx ring {rx_ring}): {e}");
+                failed = true;
+            }
         }
     } else {
         println!("af_packet: skipped (needs root for namespaces and raw sockets)");

@@ -20,10 +20,24 @@ use std::time::{Duration, Instant};
 
 /// Open node `side`'s packet socket inside its namespace.
 fn open(pair: &VethPair, side: usize, ethertype: u16) -> Result<PacketSocket, WireError> {
+    open_with(pair, side, ethertype, false)
+}
+
+fn open_with(
+    pair: &VethPair,
+    side: usize,
+    ethertype: u16,
+    rx_ring: bool,
+) -> Result<PacketSocket, WireError> {
     let dev = pair.interfaces[side].clone();
     let peer = 1 - side as u16;
     pair.in_namespace(side, move || {
-        PacketSocket::open(&dev, ethertype, &[(peer, Mac::of_node(peer))])
+        let peers = [(peer, Mac::of_node(peer))];
+        if rx_ring {
+            PacketSocket::open_with_rx_ring(&dev, ethertype, &peers)
+        } else {
+            PacketSocket::open(&dev, ethertype, &peers)
+        }
     })
 }
 
@@ -36,6 +50,15 @@ fn config(node: u16, peer: u16) -> WireConfig {
 
 #[test]
 fn checksummed_blocks_cross_a_lossy_veth_without_error() {
+    lossy_exchange(false);
+}
+
+#[test]
+fn the_same_through_a_packet_mmap_receive_ring() {
+    lossy_exchange(true);
+}
+
+fn lossy_exchange(rx_ring: bool) {
     if !is_root() {
         eprintln!("SKIPPED: AF_PACKET and network namespaces need root");
         return;
@@ -47,8 +70,9 @@ fn checksummed_blocks_cross_a_lossy_veth_without_error() {
     eprintln!("packet socket seed {seed}");
     let pair = VethPair::create(9000, [Mac::of_node(0), Mac::of_node(1)]).unwrap();
     eprintln!("namespaces {:?}", pair.namespaces);
-    let a = open(&pair, 0, QUICKSAN_ETHERTYPE).unwrap();
-    let b = open(&pair, 1, QUICKSAN_ETHERTYPE).unwrap();
+    let a = open_with(&pair, 0, QUICKSAN_ETHERTYPE, rx_ring).unwrap();
+    let b = open_with(&pair, 1, QUICKSAN_ETHERTYPE, rx_ring).unwrap();
+    assert_eq!(a.has_rx_ring(), rx_ring);
     assert_eq!(a.local_mac(), Mac::of_node(0));
     assert_eq!(a.mtu_bytes(), 9014);
     let faults =
