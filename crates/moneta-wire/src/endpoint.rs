@@ -656,11 +656,12 @@ impl<T: Transport> Endpoint<T> {
             return false;
         };
         let payload = packet.kind.has_payload();
+        // A frame out of order must leave room (bytes, a small slot, a pool
+        // slot) for a frame that is expected, or a buffer full of frames
+        // after holes would drop the frames that fill them, forever.
+        let in_order = h.seq == s.expected;
         let fits = if payload {
-            // A frame out of order must leave room for the one that is
-            // expected, or a buffer full of frames after a hole would drop
-            // the frame that fills it, forever.
-            let reserve = if h.seq == s.expected {
+            let reserve = if in_order {
                 0
             } else {
                 self.config.network.max_stored_bytes()
@@ -668,8 +669,8 @@ impl<T: Transport> Endpoint<T> {
             self.rx.gauge.occupancy_bytes() + self.rx.stored_bytes(&packet) + reserve
                 <= self.config.network.rx_buffer_bytes
         } else {
-            self.small_held < self.config.small_frames_max
-        };
+            self.small_held + usize::from(!in_order) < self.config.small_frames_max
+        } && (in_order || !self.free.is_empty());
         if !fits {
             self.stats.overflow_drops += 1;
             return false;
@@ -689,7 +690,6 @@ impl<T: Transport> Endpoint<T> {
         };
         let s = &mut self.sessions[i];
         s.held[k] = Some(pool_slot);
-        let in_order = h.seq == s.expected;
         // Deliver what is now in order.
         loop {
             let k = s.slot_of(s.expected);
@@ -802,20 +802,26 @@ impl<T: Transport> Endpoint<T> {
     fn retransmit_due(&mut self, i: usize, now_ns: u64) -> Result<bool, WireError> {
         let s = &mut self.sessions[i];
         s.next_timer_ns = u64::MAX;
-        if now_ns < s.paused_until_ns {
-            // Paused: nothing may go; look again when the pause ends.
+        // Paused, only the oldest unacknowledged frame may go again: the
+        // receiver keeps room for the frame it expects, and a pause that
+        // frames held after a hole keep up would otherwise never end. A
+        // peer that pauses is alive: its retries do not fail it.
+        let paused = now_ns < s.paused_until_ns;
+        if paused {
             s.next_timer_ns = s.paused_until_ns;
-            return Ok(false);
         }
         let mut seq = s.una;
         while seq_before(seq, self.sessions[i].next_unsent) {
             let s = &mut self.sessions[i];
+            if paused && seq != s.una {
+                break;
+            }
             let k = s.slot_of(seq);
             let slot = &mut s.tx[k];
             if slot.sent_ns.is_some() && !slot.sacked {
                 if slot.due_ns <= now_ns {
                     slot.retries += 1;
-                    if slot.retries > self.config.max_retransmits {
+                    if slot.retries > self.config.max_retransmits && !paused {
                         return Ok(true);
                     }
                     self.transmit_data(i, seq, now_ns)?;
