@@ -11,10 +11,14 @@
 //! quicksan presets), whose gauge decides the 802.3x pause frames: pause
 //! when it reaches 1/4, resume below 1/8 (A.6). A pause is sent to every
 //! peer that is up, refreshed while it lasts, and honored by the sender:
-//! no DATA frame leaves for `quanta` × 512 bit times of the link rate.
-//! Session-only frames (acknowledgements, heartbeats) are MAC-control-like
-//! and flow during a pause. A payload frame that would overflow the buffer
-//! is dropped (and comes again), as an overflowing port drops.
+//! no DATA frame leaves for `quanta` × 512 bit times of the link rate, but
+//! the oldest unacknowledged one when its timeout passes (the receiver keeps
+//! room for the frame it expects; frames held after a hole could otherwise
+//! keep the pause up forever). Session-only frames (acknowledgements,
+//! heartbeats) are MAC-control-like and flow during a pause. A payload frame
+//! that would overflow the buffer is dropped (and comes again), as an
+//! overflowing port drops; one out of order must leave room for an expected
+//! one.
 //!
 //! SPEC §4.2's deadlock rules, as they apply here: the endpoint always
 //! drains the link and handles what arrives without having to send first
