@@ -174,3 +174,15 @@ fn the_namespaces_go_away_even_when_a_test_fails() {
         );
     }
 }
+
+#[test]
+fn a_partition_fails_requests_cleanly_and_healing_makes_them_work() {
+    if !is_root() {
+        eprintln!("SKIPPED: AF_PACKET and network namespaces need root");
+        return;
+    }
+    let pair = VethPair::create(9000, [Mac::of_node(0), Mac::of_node(1)]).unwrap();
+    let a = open_with(&pair, 0, QUICKSAN_ETHERTYPE, true).unwrap();
+    let b = open(&pair, 1, QUICKSAN_ETHERTYPE).unwrap();
+    common::partition_and_heal(a, b);
+}

@@ -221,3 +221,90 @@ pub fn write_then_read<T: Transport>(
     }
     Ok(report)
 }
+
+fn partition_config(node: u16, peer: u16) -> moneta_wire::WireConfig {
+    let mut c = moneta_wire::WireConfig::new(node, &[peer]);
+    c.rto_ns = 200_000;
+    c.max_retransmits = 30;
+    c
+}
+
+/// Requests from node 0 (`a`, with a fault injector) to node 1 (`b`) work;
+/// cutting the link makes one fail after the silence bound, and the next
+/// at once; healing brings the peer back and requests work again. One
+/// thread polls both endpoints.
+pub fn partition_and_heal<A: Transport, B: Transport>(a: A, b: B) {
+    use moneta_wire::{FaultHandle, Faulty, WireError};
+    let silence_ns = 300_000_000;
+    let mut ca = partition_config(0, 1);
+    ca.peer_silence_ns = silence_ns;
+    ca.heartbeat_ns = 5_000_000;
+    let mut cb = partition_config(1, 0);
+    cb.peer_silence_ns = silence_ns;
+    cb.heartbeat_ns = 5_000_000;
+    let h = FaultHandle::new();
+    let start = Instant::now();
+    let mut client = Endpoint::new(Faulty::new(a, h.clone(), 3), ca, 0).unwrap();
+    let mut server = Endpoint::new(b, cb, 0).unwrap();
+    let write = |i: u16| header(PacketKind::WriteRequest, u64::from(i) * 4096, i, 4096);
+    let payload = block(5, 0, 4096);
+    // One request, answered: the server side echoes the tag back.
+    let round_trip = |client: &mut Endpoint<_>, server: &mut Endpoint<_>, tag: u16| {
+        let t0 = Instant::now();
+        client
+            .send(now_ns(start), 1, write(tag), &payload)
+            .map_err(|e| e.to_string())?;
+        loop {
+            let now = now_ns(start);
+            client.poll(now).map_err(|e| e.to_string())?;
+            server.poll(now).map_err(|e| e.to_string())?;
+            if let Some(tag) = server.recv(|_, h, p| {
+                assert_eq!(p, payload.as_slice());
+                h.tag
+            }) {
+                let done = header(PacketKind::WriteCompletion, 0, tag, 0);
+                server.send(now, 0, done, &[]).map_err(|e| e.to_string())?;
+            }
+            if let Some(got) = client.recv(|_, h, _| h.tag) {
+                assert_eq!(got, tag);
+                return Ok(());
+            }
+            while let Some(e) = client.next_event() {
+                if let WireEvent::PeerFailed { lost, .. } = e {
+                    return Err(format!(
+                        "peer failed after {:?}, {} packets lost",
+                        t0.elapsed(),
+                        lost.len()
+                    ));
+                }
+            }
+        }
+    };
+    for tag in 0..20 {
+        round_trip(&mut client, &mut server, tag).unwrap();
+    }
+    h.partition(1, true);
+    let t_cut = Instant::now();
+    let failed = round_trip(&mut client, &mut server, 100).unwrap_err();
+    let took = t_cut.elapsed();
+    eprintln!("partitioned request: {failed}");
+    assert!(failed.contains("1 packets lost"), "{failed}");
+    assert!(took >= Duration::from_nanos(silence_ns) && took < Duration::from_secs(5));
+    // Requests fail at once while it lasts.
+    assert!(matches!(
+        client.send(now_ns(start), 1, write(101), &payload),
+        Err(WireError::PeerFailed { peer: 1 })
+    ));
+    h.partition(1, false);
+    let healed = Instant::now();
+    while client.peer_state(1) != Some(moneta_wire::reliable::PeerState::Up) {
+        let now = now_ns(start);
+        client.poll(now).unwrap();
+        server.poll(now).unwrap();
+        assert!(healed.elapsed() < Duration::from_secs(5), "not back");
+    }
+    eprintln!("back {:?} after healing", healed.elapsed());
+    for tag in 200..220 {
+        round_trip(&mut client, &mut server, tag).unwrap();
+    }
+}
