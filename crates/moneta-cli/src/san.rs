@@ -35,6 +35,13 @@ pub enum SanCommand {
     /// Simulate the QuickSAN experiments (§5.4) in virtual time.
     #[command(subcommand)]
     Sim(SanSim),
+    /// Bring up an emulated SAN on this machine: a network namespace, a
+    /// veth link into a bridge (the switch) and a monetad per host (root).
+    Up(crate::san_up::SanUpArgs),
+    /// Stop a SAN's daemons and remove its namespaces and links (keeps the images).
+    Down(crate::san_up::SanDownArgs),
+    /// Whether each node's namespace, link and daemon are there.
+    Status(crate::san_up::SanStatusArgs),
 }
 
 #[derive(Subcommand)]
@@ -261,6 +268,9 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Sim(SanSim::Replication(a)) => replication(a),
         SanCommand::Sim(SanSim::Sort(a)) => sort_command(a),
         SanCommand::Sim(SanSim::Energy(a)) => energy(a),
+        SanCommand::Up(a) => crate::san_up::up(a),
+        SanCommand::Down(a) => crate::san_up::down(a),
+        SanCommand::Status(a) => crate::san_up::status(a),
     }
 }
 
