@@ -10,6 +10,7 @@ use moneta_emu::control::ControlPlane;
 use moneta_emu::daemon::Daemon;
 use moneta_emu::engine::{Engine, EngineOptions};
 use moneta_emu::medium::Medium;
+use moneta_emu::san_file::SanFile;
 use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
 use moneta_model::workload::{OpMix, RunLimit, Workload};
@@ -35,6 +36,11 @@ pub struct ServeArgs {
     /// Spin this long without work before the device thread starts napping.
     #[arg(long, default_value_t = 2000)]
     idle_spin_us: u64,
+    /// Idle this long, the device thread yields its core between polls
+    /// (until --idle-spin-us, when it naps): other threads waiting for a
+    /// core run at once.
+    #[arg(long, default_value_t = moneta_emu::engine::DEFAULT_IDLE_YIELD_NS / 1000)]
+    idle_yield_us: u64,
     /// Fault in this many bytes of the medium at start (benchmarks then do
     /// not measure first-touch page faults).
     #[arg(long, default_value_t = 0)]
@@ -65,6 +71,14 @@ pub struct ServeArgs {
     /// the status word; lowest latency on idle cores) (SPEC §3.5).
     #[arg(long, default_value = "issue-sleep")]
     nbd_completion: String,
+    /// Be one node of a QuickSAN: the SAN file lists every node and the
+    /// global address map (`moneta san up` writes one; README "QuickSAN
+    /// on this machine").
+    #[arg(long, requires = "node")]
+    san: Option<PathBuf>,
+    /// This daemon's node in the SAN file: its name or index.
+    #[arg(long, requires = "san")]
+    node: Option<String>,
 }
 
 #[derive(Args)]
@@ -144,10 +158,15 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 pub fn serve(a: ServeArgs) -> Result<(), String> {
     let config = a.model.device.config()?;
+    let san = match (&a.san, &a.node) {
+        (Some(path), Some(node)) => Some(san_node(path, node, &config)?),
+        _ => None,
+    };
     let medium = medium_for(&config, a.image.as_deref())?;
     let options = EngineOptions {
         seed: a.model.seed,
         idle_spin_ns: a.idle_spin_us.saturating_mul(1000),
+        idle_yield_ns: a.idle_yield_us.saturating_mul(1000),
         populate_bytes: a.populate_bytes,
         post_ahead_ns: a.post_ahead_ns,
         ..EngineOptions::default()
@@ -228,6 +247,9 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             .map_or("anonymous memory".to_string(), |p| p.display().to_string()),
         daemon.path().display()
     );
+    if let Some(role) = &san {
+        eprintln!("monetad: {role}");
+    }
     let served = std::thread::scope(|scope| {
         if let Some(server) = &nbd {
             eprintln!("monetad: NBD on {}", a.nbd.join(", "));
@@ -241,6 +263,59 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     served?;
     eprintln!("monetad: stopping");
     Ok(())
+}
+
+/// Check this daemon's place in a SAN file and describe it.
+fn san_node(path: &Path, node: &str, config: &Config) -> Result<String, String> {
+    let file = SanFile::load(path).map_err(|e| e.to_string())?;
+    let index = file.node_index(node).map_err(|e| e.to_string())?;
+    let has_memory = file.has_memory(index);
+    if has_memory != config.network.has_memory {
+        return Err(format!(
+            "{}: node {node} {} an SSD in the SAN file, but preset {} has network.has_memory = {}",
+            path.display(),
+            if has_memory { "is" } else { "is not" },
+            config.name,
+            config.network.has_memory
+        ));
+    }
+    if has_memory && config.device.capacity_bytes != file.device_capacity_bytes {
+        return Err(format!(
+            "{}: the SAN's SSDs hold {} bytes, this device {}",
+            path.display(),
+            file.device_capacity_bytes,
+            config.device.capacity_bytes
+        ));
+    }
+    let map = file.address_map().map_err(|e| e.to_string())?;
+    let owned: Vec<String> = (0..map.capacity_bytes() / map.slice_bytes())
+        .flat_map(|s| {
+            let base = s * map.slice_bytes();
+            let (p, _) = map.primary(base);
+            let r = map.replica(base).map(|(r, _)| r);
+            [
+                (p == index).then(|| format!("primary of global slice {s}")),
+                (r == Some(index)).then(|| format!("replica of global slice {s}")),
+            ]
+        })
+        .flatten()
+        .collect();
+    Ok(format!(
+        "SAN node {index} ({}) of {}, {:?}{}, global space {} bytes in slices of {}; holds: {}. \
+         The network port is not connected yet: requests to other nodes' addresses are refused \
+         (issue 12).",
+        file.nodes[index as usize].name,
+        file.nodes.len(),
+        file.topology,
+        if file.mirror { ", mirrored" } else { "" },
+        map.capacity_bytes(),
+        map.slice_bytes(),
+        if owned.is_empty() {
+            "nothing (a NIC)".to_string()
+        } else {
+            owned.join(", ")
+        }
+    ))
 }
 
 pub fn run_bench(a: BenchArgs) -> Result<(), String> {

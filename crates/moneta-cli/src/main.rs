@@ -20,6 +20,7 @@ mod mount;
 mod output;
 mod plot;
 mod san;
+mod san_up;
 
 use clap::{Args, Parser, Subcommand};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};

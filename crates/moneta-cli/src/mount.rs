@@ -40,13 +40,13 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-const RUN_DIR: &str = "/run/moneta";
+pub(crate) const RUN_DIR: &str = "/run/moneta";
 const DEFAULT_MOUNT: &str = "/mnt/moneta";
 const DEFAULT_PRESET: &str = "moneta-d";
 const DEFAULT_SIZE: u64 = 4 << 30;
 /// mkfs.xfs refuses anything smaller.
 const XFS_MIN_BYTES: u64 = 300 << 20;
-const SOCKET_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const SOCKET_WAIT: Duration = Duration::from_secs(10);
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// Longest instance name: keeps `<run dir>/<name>/monetad.sock` within the
 /// 108 bytes of a Unix socket address.
@@ -163,7 +163,7 @@ pub struct StatusArgs {
 
 /// `--size`: bytes, or K/M/G/T (optionally KiB, MiB, …) as powers of 1024.
 /// "GB" is refused rather than guessed.
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (number, suffix) = t.split_at(digits);
@@ -182,7 +182,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
 }
 
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
         if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{} {unit}", bytes >> shift);
@@ -469,7 +469,7 @@ impl Drop for Lock {
 // The system: commands, mount table, loop devices, processes
 
 /// Run a command; on failure the error names it and carries its stderr.
-fn run(cmd: &mut Command) -> Result<String, String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
     let shown = format!(
         "{} {}",
         cmd.get_program().to_string_lossy(),
@@ -578,7 +578,7 @@ fn loops_for(image: &Path) -> Vec<PathBuf> {
 }
 
 /// The command line of `pid`, if it runs (zombies do not).
-fn cmdline(pid: i32) -> Option<Vec<OsString>> {
+pub(crate) fn cmdline(pid: i32) -> Option<Vec<OsString>> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The state follows the parenthesized command name, which may contain
     // anything, so look after the last ')'.
@@ -667,7 +667,7 @@ fn daemon_pids(socket: &Path) -> Vec<i32> {
 }
 
 /// Collect `pid`'s exit status if it is our child that exited.
-fn reap(pid: i32) -> Option<i32> {
+pub(crate) fn reap(pid: i32) -> Option<i32> {
     let mut status = 0;
     // SAFETY: waitpid with WNOHANG on one pid; not our child gives ECHILD.
     let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
@@ -676,7 +676,7 @@ fn reap(pid: i32) -> Option<i32> {
 
 /// SIGTERM, up to STOP_GRACE for the daemon to remove its socket and go,
 /// then SIGKILL. Returns whether there was a daemon to stop.
-fn stop_daemon(pid: i32, socket: &Path) -> Result<bool, String> {
+pub(crate) fn stop_daemon(pid: i32, socket: &Path) -> Result<bool, String> {
     reap(pid);
     if !is_our_daemon(pid, socket) {
         return Ok(false);
@@ -958,14 +958,14 @@ extern "C" fn on_signal(sig: libc::c_int) {
 
 /// Ctrl-C, SIGTERM or a closed terminal during `up` ends it between steps,
 /// through the rollback, instead of killing it halfway.
-fn catch_signals() {
+pub(crate) fn catch_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: the handler only stores to an atomic (async-signal-safe).
         unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
     }
 }
 
-fn interrupted() -> Result<(), String> {
+pub(crate) fn interrupted() -> Result<(), String> {
     match INTERRUPTED.load(Ordering::Acquire) {
         0 => Ok(()),
         sig => {
@@ -1007,12 +1007,12 @@ type Undo = Box<dyn FnOnce() -> Result<(), String>>;
 /// The undo of every step taken so far, run newest first when dropped
 /// before `commit` (an error return, a panic, an interrupt).
 #[derive(Default)]
-struct Rollback {
+pub(crate) struct Rollback {
     undo: Vec<(String, Undo)>,
 }
 
 impl Rollback {
-    fn push(
+    pub(crate) fn push(
         &mut self,
         what: impl Into<String>,
         undo: impl FnOnce() -> Result<(), String> + 'static,
@@ -1020,7 +1020,7 @@ impl Rollback {
         self.undo.push((what.into(), Box::new(undo)));
     }
 
-    fn commit(mut self) {
+    pub(crate) fn commit(mut self) {
         self.undo.clear();
     }
 }
@@ -1195,7 +1195,7 @@ fn differences(a: &UpArgs, s: &State) -> Vec<String> {
 
 /// Loop devices and mounts are root's; say so up front rather than fail
 /// halfway with EPERM.
-fn need_root(what: &str) -> Result<(), String> {
+pub(crate) fn need_root(what: &str) -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(format!(
@@ -1612,7 +1612,11 @@ fn start_daemon(
 /// shell), cwd `/` (never keeps a mount busy), output to `log` (at
 /// `log_path`). Returns its pid: the process is managed by pid from here
 /// (the handle would neither kill nor reap it on drop).
-fn spawn_detached(cmd: &mut Command, log: fs::File, log_path: &Path) -> Result<u32, String> {
+pub(crate) fn spawn_detached(
+    cmd: &mut Command,
+    log: fs::File,
+    log_path: &Path,
+) -> Result<u32, String> {
     let err_log = log
         .try_clone()
         .map_err(|e| format!("{}: {e}", log_path.display()))?;
@@ -1636,7 +1640,7 @@ fn spawn_detached(cmd: &mut Command, log: fs::File, log_path: &Path) -> Result<u
 }
 
 /// The last lines the daemon wrote since `from`.
-fn log_tail(path: &Path, from: u64) -> String {
+pub(crate) fn log_tail(path: &Path, from: u64) -> String {
     let mut text = String::new();
     if let Ok(mut f) = fs::File::open(path) {
         let _ = f.seek(SeekFrom::Start(from));

@@ -34,7 +34,14 @@ pub const DEVICE_PRESET: &str = "quicksan-ssd";
 pub enum SanCommand {
     /// Simulate the QuickSAN experiments (§5.4) in virtual time.
     #[command(subcommand)]
-    Sim(SanSim),
+    Sim(Box<SanSim>),
+    /// Bring up an emulated SAN on this machine: a network namespace, a
+    /// veth link into a bridge (the switch) and a monetad per host (root).
+    Up(crate::san_up::SanUpArgs),
+    /// Stop a SAN's daemons and remove its namespaces and links (keeps the images).
+    Down(crate::san_up::SanDownArgs),
+    /// Whether each node's namespace, link and daemon are there.
+    Status(crate::san_up::SanStatusArgs),
 }
 
 #[derive(Subcommand)]
@@ -255,12 +262,17 @@ pub struct EnergyArgs {
 
 pub fn dispatch(command: SanCommand) -> Result<(), String> {
     match command {
-        SanCommand::Sim(SanSim::Latency(a)) => latency(a),
-        SanCommand::Sim(SanSim::Bandwidth(a)) => bandwidth(a),
-        SanCommand::Sim(SanSim::Scaling(a)) => scaling(a),
-        SanCommand::Sim(SanSim::Replication(a)) => replication(a),
-        SanCommand::Sim(SanSim::Sort(a)) => sort_command(a),
-        SanCommand::Sim(SanSim::Energy(a)) => energy(a),
+        SanCommand::Sim(s) => match *s {
+            SanSim::Latency(a) => latency(a),
+            SanSim::Bandwidth(a) => bandwidth(a),
+            SanSim::Scaling(a) => scaling(a),
+            SanSim::Replication(a) => replication(a),
+            SanSim::Sort(a) => sort_command(a),
+            SanSim::Energy(a) => energy(a),
+        },
+        SanCommand::Up(a) => crate::san_up::up(a),
+        SanCommand::Down(a) => crate::san_up::down(a),
+        SanCommand::Status(a) => crate::san_up::status(a),
     }
 }
 

@@ -22,6 +22,7 @@ pub mod file_table;
 pub mod files;
 pub mod layout_watch;
 pub mod medium;
+pub mod san_file;
 pub mod sys;
 pub mod wall_clock;
 

@@ -1,0 +1,700 @@
+//! `moneta san up`, `moneta san status`, `moneta san down`: an emulated
+//! QuickSAN of N hosts on this one machine (issue 12 item 3; SPEC §4.1).
+//!
+//! Each host is a network namespace with one interface, `eth0`, whose MAC
+//! is the node's entry in the SAN's MAC table (Table A.3) and whose MTU
+//! (9000) carries an 8 KB payload in one frame. A veth pair joins it to a
+//! Linux bridge in the root namespace: the bridge is the SAN's switch. In
+//! every namespace runs a monetad with its own image, started with the
+//! SAN file (`moneta_emu::san_file`) that lists every node, so every device
+//! installs the same global address map.
+//!
+//! Everything of SAN `<name>` lives in `/run/moneta/san-<name>/`:
+//! `san.toml` (the SAN file), `state.json` (what `up` made: written last,
+//! removed by `down`), and `n<i>/{device.img, monetad.sock, monetad.log}`
+//! per node. Names: namespaces `moneta-<name>-n<i>`, host links
+//! `ms-<name>-<i>`, the bridge `msb-<name>`. `up` registers the undo of
+//! every step (rollback on error, panic or Ctrl-C); `down` finds the pieces
+//! by name, not only from `state.json`, so it also cleans up after a crash.
+//! `down` keeps the images (a node brought back finds its data), unless
+//! `--purge`.
+
+use crate::mount::{
+    catch_signals, human, interrupted, log_tail, need_root, parse_size, reap, run, spawn_detached,
+    stop_daemon, Rollback, RUN_DIR, SOCKET_WAIT,
+};
+use clap::{Args, ValueEnum};
+use moneta_emu::san_file::{
+    format_mac, SanFile, SanNode, SanTopology, Transport, DEFAULT_ETHERTYPE,
+};
+use moneta_model::device::packet::Mac;
+use serde::{Deserialize, Serialize};
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Nodes on one machine: each is a namespace and a spinning device thread.
+const MAX_LOCAL_NODES: u16 = 64;
+/// Short enough for `ms-<name>-<i>` to fit the kernel's 15-byte link names.
+const MAX_NAME: usize = 8;
+/// The UDP port every node listens on (transport udp).
+const UDP_PORT: u16 = 7700;
+const MTU: u32 = 9000;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TopologyArg {
+    Distributed,
+    Centralized,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    Ethernet,
+    Udp,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SanFormat {
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+pub struct SanUpArgs {
+    /// Hosts in the SAN (each a network namespace with a monetad).
+    #[arg(long, default_value_t = 3)]
+    nodes: u16,
+    /// distributed: every host holds an SSD; centralized: host 0 is the
+    /// storage server, the others hold QuickSAN NICs.
+    #[arg(long, value_enum, default_value_t = TopologyArg::Distributed)]
+    topology: TopologyArg,
+    /// Mirror every slice of the global space on a second SSD (SPEC §4.3).
+    #[arg(long)]
+    mirror: bool,
+    /// ethernet: raw frames on the namespaces' veth links; udp: datagrams.
+    #[arg(long, value_enum, default_value_t = TransportArg::Ethernet)]
+    transport: TransportArg,
+    /// Each SSD's capacity (a power of two), bytes or K/M/G/T.
+    #[arg(long, default_value = "256M")]
+    size: String,
+    /// The SSDs' preset (NICs use quicksan-nic).
+    #[arg(long, default_value = "quicksan-ssd")]
+    preset: String,
+    /// Overrides for every node's preset, KEY=VALUE (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
+    /// The SAN's name (1–8 of a-z, 0-9), so several can run at once.
+    #[arg(long, default_value = "san")]
+    name: String,
+}
+
+#[derive(Args)]
+pub struct SanDownArgs {
+    #[arg(long, default_value = "san")]
+    name: String,
+    /// Also delete the nodes' images.
+    #[arg(long)]
+    purge: bool,
+}
+
+#[derive(Args)]
+pub struct SanStatusArgs {
+    /// One SAN; default: every SAN under /run/moneta.
+    #[arg(long)]
+    name: Option<String>,
+    #[arg(long, value_enum, default_value_t = SanFormat::Table)]
+    format: SanFormat,
+}
+
+/// What `up` made, for `status` and `down`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SanState {
+    name: String,
+    bridge: String,
+    san_file: PathBuf,
+    nodes: Vec<NodeState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct NodeState {
+    name: String,
+    netns: String,
+    host_link: String,
+    mac: String,
+    ip: String,
+    socket: PathBuf,
+    image: PathBuf,
+    log: PathBuf,
+    pid: u32,
+    preset: String,
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > MAX_NAME
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(format!(
+            "--name '{name}': 1 to {MAX_NAME} characters of a-z and 0-9 (it is part of \
+             15-byte link names)"
+        ));
+    }
+    Ok(())
+}
+
+fn san_dir(name: &str) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("san-{name}"))
+}
+fn netns_name(name: &str, i: u16) -> String {
+    format!("moneta-{name}-n{i}")
+}
+fn host_link(name: &str, i: u16) -> String {
+    format!("ms-{name}-{i}")
+}
+fn bridge_name(name: &str) -> String {
+    format!("msb-{name}")
+}
+fn node_ip(i: u16) -> String {
+    format!("10.77.{}.{}", (i + 1) / 256, (i + 1) % 256)
+}
+
+fn ip(args: &[&str]) -> Result<String, String> {
+    run(Command::new("ip").args(args))
+}
+
+/// `ip` for a teardown: a piece that is already gone is not an error.
+fn ip_gone(args: &[&str]) -> Result<(), String> {
+    match ip(args) {
+        Ok(_) => Ok(()),
+        Err(e) if e.contains("Cannot find device") || e.contains("No such file") => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn link_exists(link: &str) -> bool {
+    Path::new("/sys/class/net").join(link).exists()
+}
+fn netns_exists(ns: &str) -> bool {
+    Path::new("/run/netns").join(ns).exists()
+}
+
+fn read_state(dir: &Path) -> Result<Option<SanState>, String> {
+    match fs::read(dir.join("state.json")) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", dir.join("state.json").display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", dir.join("state.json").display())),
+    }
+}
+
+pub fn up(a: SanUpArgs) -> Result<(), String> {
+    need_root("san up")?;
+    check_name(&a.name)?;
+    if a.nodes == 0 || a.nodes > MAX_LOCAL_NODES {
+        return Err(format!(
+            "--nodes {}: 1 to {MAX_LOCAL_NODES} on one machine",
+            a.nodes
+        ));
+    }
+    let size = parse_size(&a.size)?;
+    if !size.is_power_of_two() {
+        return Err(format!(
+            "--size {}: must be a power of two (the routing registers select a slice by \
+             the upper address bits)",
+            a.size
+        ));
+    }
+    let dir = san_dir(&a.name);
+    if read_state(&dir)?.is_some() {
+        return Err(format!(
+            "SAN '{}' is up already (moneta san status; moneta san down --name {})",
+            a.name, a.name
+        ));
+    }
+    // Leftovers of a crash that skipped the rollback go first.
+    teardown(&a.name, None)?;
+    catch_signals();
+    let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
+
+    let topology = match a.topology {
+        TopologyArg::Distributed => SanTopology::Distributed,
+        TopologyArg::Centralized => SanTopology::Centralized,
+    };
+    let transport = match a.transport {
+        TransportArg::Ethernet => Transport::Ethernet,
+        TransportArg::Udp => Transport::Udp,
+    };
+    let mut file = SanFile {
+        topology,
+        mirror: a.mirror,
+        transport,
+        ethertype: DEFAULT_ETHERTYPE,
+        device_capacity_bytes: size,
+        nodes: Vec::new(),
+    };
+    for i in 0..a.nodes {
+        let node_dir = dir.join(format!("n{i}"));
+        file.nodes.push(SanNode {
+            name: format!("n{i}"),
+            mac: format_mac(Mac::of_node(i)),
+            interface: Some("eth0".into()),
+            udp: Some(format!("{}:{UDP_PORT}", node_ip(i))),
+            socket: Some(node_dir.join("monetad.sock")),
+        });
+    }
+    // Checks the map (power of two, mirroring needs two SSDs, …) before
+    // anything is made.
+    let text = file.to_toml();
+    SanFile::parse(&text).map_err(|e| e.to_string())?;
+
+    let mut rb = Rollback::default();
+    let created_dir = !dir.exists();
+    fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if created_dir {
+        let d = dir.clone();
+        rb.push(format!("removed {}", dir.display()), move || {
+            fs::remove_dir_all(&d).map_err(|e| e.to_string())
+        });
+    }
+    let san_file = dir.join("san.toml");
+    fs::write(&san_file, &text).map_err(|e| format!("{}: {e}", san_file.display()))?;
+
+    let bridge = bridge_name(&a.name);
+    ip(&["link", "add", &bridge, "type", "bridge"])?;
+    {
+        let b = bridge.clone();
+        rb.push(format!("deleted bridge {bridge}"), move || {
+            ip_gone(&["link", "del", &b])
+        });
+    }
+    ip(&["link", "set", &bridge, "up"])?;
+
+    let mut nodes = Vec::new();
+    for i in 0..a.nodes {
+        interrupted()?;
+        let ns = netns_name(&a.name, i);
+        let link = host_link(&a.name, i);
+        ip(&["netns", "add", &ns])?;
+        {
+            let n = ns.clone();
+            rb.push(format!("deleted namespace {ns}"), move || {
+                ip_gone(&["netns", "del", &n])
+            });
+        }
+        ip(&[
+            "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+        ])?;
+        {
+            let l = link.clone();
+            rb.push(format!("deleted link {link}"), move || {
+                ip_gone(&["link", "del", &l])
+            });
+        }
+        let mtu = MTU.to_string();
+        ip(&["link", "set", &link, "mtu", &mtu, "master", &bridge, "up"])?;
+        let mac = &file.nodes[i as usize].mac;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        ip(&[
+            "-n", &ns, "link", "set", "eth0", "address", mac, "mtu", &mtu, "up",
+        ])?;
+        let addr = format!("{}/16", node_ip(i));
+        ip(&["-n", &ns, "addr", "add", &addr, "dev", "eth0"])?;
+
+        let node_dir = dir.join(format!("n{i}"));
+        fs::create_dir_all(&node_dir).map_err(|e| format!("{}: {e}", node_dir.display()))?;
+        let preset = if file.has_memory(i) {
+            a.preset.clone()
+        } else {
+            "quicksan-nic".to_string()
+        };
+        let (socket, image, log) = (
+            node_dir.join("monetad.sock"),
+            node_dir.join("device.img"),
+            node_dir.join("monetad.log"),
+        );
+        let pid = start_node(
+            &exe, &ns, &preset, &a.sets, size, &socket, &image, &log, &san_file, i, &mut rb,
+        )?;
+        nodes.push(NodeState {
+            name: format!("n{i}"),
+            netns: ns,
+            host_link: link,
+            mac: mac.clone(),
+            ip: node_ip(i),
+            socket,
+            image,
+            log,
+            pid,
+            preset,
+        });
+    }
+    let state = SanState {
+        name: a.name.clone(),
+        bridge,
+        san_file,
+        nodes,
+    };
+    let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
+    let path = dir.join("state.json");
+    fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    interrupted()?;
+    rb.commit();
+    println!(
+        "SAN '{}' up: {} nodes, {:?}{}, {} per SSD, {:?} transport; state in {}",
+        a.name,
+        a.nodes,
+        topology,
+        if a.mirror { ", mirrored" } else { "" },
+        human(size),
+        transport,
+        dir.display()
+    );
+    for n in &state.nodes {
+        println!(
+            "  {}  ns {}  {}  {}  pid {}  socket {}",
+            n.name,
+            n.netns,
+            n.ip,
+            n.mac,
+            n.pid,
+            n.socket.display()
+        );
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_node(
+    exe: &Path,
+    ns: &str,
+    preset: &str,
+    sets: &[String],
+    size: u64,
+    socket: &Path,
+    image: &Path,
+    log_path: &Path,
+    san_file: &Path,
+    node: u16,
+    rb: &mut Rollback,
+) -> Result<u32, String> {
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns]).arg(exe).arg("serve");
+    cmd.args(["--preset", preset]);
+    for kv in sets {
+        cmd.arg("--set").arg(kv);
+    }
+    cmd.arg("--set")
+        .arg(format!("device.capacity_bytes={size}"))
+        .arg("--image")
+        .arg(image)
+        .arg("--socket")
+        .arg(socket)
+        .arg("--san")
+        .arg(san_file)
+        .arg("--node")
+        .arg(node.to_string());
+    let _ = writeln!(
+        log,
+        "---- moneta san up: ip {}",
+        cmd.get_args()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    // `ip netns exec` execs the command: the pid is monetad's.
+    let pid = spawn_detached(&mut cmd, log, log_path)
+        .map_err(|e| format!("starting monetad in {ns}: {e}"))?;
+    {
+        let socket = socket.to_path_buf();
+        rb.push(format!("stopped monetad of {ns} (pid {pid})"), move || {
+            stop_daemon(pid as i32, &socket).map(drop)
+        });
+    }
+    let started = Instant::now();
+    loop {
+        if let Some(status) = reap(pid as i32) {
+            return Err(format!(
+                "monetad in {ns} exited (status {status:#x}) before listening; {}",
+                log_tail(log_path, log_start)
+            ));
+        }
+        if UnixStream::connect(socket).is_ok() {
+            return Ok(pid);
+        }
+        if started.elapsed() > SOCKET_WAIT {
+            return Err(format!(
+                "monetad in {ns} (pid {pid}) did not listen on {} within {} s; {}",
+                socket.display(),
+                SOCKET_WAIT.as_secs(),
+                log_tail(log_path, log_start)
+            ));
+        }
+        interrupted()?;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Stop every daemon, namespace and link of SAN `name`, from its state and
+/// by name (leftovers of a crash). Returns what it removed.
+fn teardown(name: &str, state: Option<&SanState>) -> Result<Vec<String>, String> {
+    let mut done = Vec::new();
+    let mut errors = Vec::new();
+    if let Some(s) = state {
+        for n in &s.nodes {
+            match stop_daemon(n.pid as i32, &n.socket) {
+                Ok(true) => done.push(format!("stopped monetad of {} (pid {})", n.name, n.pid)),
+                Ok(false) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+    }
+    // Daemons not in the state (a crash between start and state.json) are
+    // found by their socket under the SAN's directory.
+    let dir = san_dir(name);
+    for pid in daemons_under(&dir) {
+        let socket = socket_of(pid).unwrap_or_default();
+        match stop_daemon(pid, &socket) {
+            Ok(true) => done.push(format!("stopped monetad (pid {pid})")),
+            Ok(false) => {}
+            Err(e) => errors.push(e),
+        }
+    }
+    let prefix = format!("moneta-{name}-n");
+    if let Ok(entries) = fs::read_dir("/run/netns") {
+        for e in entries.flatten() {
+            let ns = e.file_name().to_string_lossy().into_owned();
+            if ns
+                .strip_prefix(&prefix)
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            {
+                match ip_gone(&["netns", "del", &ns]) {
+                    Ok(()) => done.push(format!("deleted namespace {ns}")),
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+    }
+    let link_prefix = format!("ms-{name}-");
+    if let Ok(entries) = fs::read_dir("/sys/class/net") {
+        for e in entries.flatten() {
+            let link = e.file_name().to_string_lossy().into_owned();
+            if link
+                .strip_prefix(&link_prefix)
+                .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            {
+                match ip_gone(&["link", "del", &link]) {
+                    Ok(()) => done.push(format!("deleted link {link}")),
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+    }
+    let bridge = bridge_name(name);
+    if link_exists(&bridge) {
+        match ip_gone(&["link", "del", &bridge]) {
+            Ok(()) => done.push(format!("deleted bridge {bridge}")),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(done)
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// Live `moneta serve` processes whose socket is under `dir`.
+fn daemons_under(dir: &Path) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| socket_of(pid).is_some_and(|s| s.starts_with(dir)))
+        .collect()
+}
+
+/// The `--socket` of a live `moneta serve`.
+fn socket_of(pid: i32) -> Option<PathBuf> {
+    let args = crate::mount::cmdline(pid)?;
+    if !args.iter().any(|a| a == "serve") {
+        return None;
+    }
+    args.windows(2)
+        .find(|w| w[0] == "--socket")
+        .map(|w| PathBuf::from(&w[1]))
+}
+
+pub fn down(a: SanDownArgs) -> Result<(), String> {
+    need_root("san down")?;
+    check_name(&a.name)?;
+    let dir = san_dir(&a.name);
+    let state = read_state(&dir).unwrap_or_else(|e| {
+        eprintln!("moneta: {e}; cleaning up by name");
+        None
+    });
+    let done = teardown(&a.name, state.as_ref())?;
+    let _ = fs::remove_file(dir.join("state.json"));
+    if a.purge && dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    } else if let Ok(entries) = fs::read_dir(&dir) {
+        // Keep the images; remove sockets left by killed daemons.
+        for e in entries.flatten() {
+            let _ = fs::remove_file(e.path().join("monetad.sock"));
+        }
+    }
+    if done.is_empty() {
+        println!("SAN '{}': nothing was running", a.name);
+    } else {
+        for d in &done {
+            println!("{d}");
+        }
+        println!(
+            "SAN '{}' down{}",
+            a.name,
+            if a.purge {
+                ", images deleted"
+            } else {
+                "; images kept (--purge deletes them)"
+            }
+        );
+    }
+    Ok(())
+}
+
+pub fn status(a: SanStatusArgs) -> Result<(), String> {
+    let names: Vec<String> = match &a.name {
+        Some(n) => {
+            check_name(n)?;
+            vec![n.clone()]
+        }
+        None => fs::read_dir(RUN_DIR)
+            .map(|entries| {
+                let mut v: Vec<String> = entries
+                    .flatten()
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()?
+                            .strip_prefix("san-")
+                            .map(String::from)
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default(),
+    };
+    let mut rows = Vec::new();
+    for name in &names {
+        let dir = san_dir(name);
+        let state = read_state(&dir);
+        let s = state.as_ref().ok().and_then(Option::as_ref);
+        let nodes: Vec<serde_json::Value> = s
+            .map(|s| {
+                s.nodes
+                    .iter()
+                    .map(|n| {
+                        let alive = crate::mount::cmdline(n.pid as i32).is_some()
+                            && socket_of(n.pid as i32).as_deref() == Some(&n.socket);
+                        let listening = UnixStream::connect(&n.socket).is_ok();
+                        serde_json::json!({
+                            "name": n.name,
+                            "netns": n.netns,
+                            "netns_exists": netns_exists(&n.netns),
+                            "link_exists": link_exists(&n.host_link),
+                            "ip": n.ip,
+                            "mac": n.mac,
+                            "preset": n.preset,
+                            "pid": n.pid,
+                            "daemon_alive": alive,
+                            "listening": listening,
+                            "socket": n.socket,
+                            "image": n.image,
+                            "log": n.log,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let healthy = |v: &serde_json::Value| {
+            ["netns_exists", "link_exists", "daemon_alive", "listening"]
+                .iter()
+                .all(|k| v[*k] == true)
+        };
+        let word = match s {
+            None => "down",
+            Some(_) if nodes.iter().all(healthy) => "up",
+            Some(_) => "degraded",
+        };
+        let san = s.and_then(|s| SanFile::load(&s.san_file).ok());
+        rows.push(serde_json::json!({
+            "name": name,
+            "state": word,
+            "bridge": s.map(|s| &s.bridge),
+            "bridge_exists": s.is_some_and(|s| link_exists(&s.bridge)),
+            "topology": san.as_ref().map(|f| f.topology),
+            "mirror": san.as_ref().map(|f| f.mirror),
+            "transport": san.as_ref().map(|f| f.transport),
+            "device_capacity_bytes": san.as_ref().map(|f| f.device_capacity_bytes),
+            "global_bytes": san.as_ref().and_then(|f| f.address_map().ok()).map(|m| m.capacity_bytes()),
+            "nodes": nodes,
+            "error": state.err(),
+        }));
+    }
+    match a.format {
+        SanFormat::Json => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&rows).map_err(|e| e.to_string())?
+            );
+        }
+        SanFormat::Table => {
+            if rows.is_empty() {
+                println!("no SAN under {RUN_DIR}");
+            }
+            for r in &rows {
+                println!(
+                    "SAN {}: {} ({} {}{}, global {})",
+                    r["name"].as_str().unwrap_or("?"),
+                    r["state"].as_str().unwrap_or("?"),
+                    r["topology"].as_str().unwrap_or("-"),
+                    r["transport"].as_str().unwrap_or("-"),
+                    if r["mirror"] == true {
+                        ", mirrored"
+                    } else {
+                        ""
+                    },
+                    r["global_bytes"].as_u64().map_or("-".into(), human),
+                );
+                for n in r["nodes"].as_array().into_iter().flatten() {
+                    let yes = |k: &str| if n[k] == true { "yes" } else { "NO" };
+                    println!(
+                        "  {:<4} {:<16} {:<12} pid {:<8} alive {:<3} listening {:<3} netns {:<3} link {}",
+                        n["name"].as_str().unwrap_or("?"),
+                        n["netns"].as_str().unwrap_or("?"),
+                        n["ip"].as_str().unwrap_or("?"),
+                        n["pid"],
+                        yes("daemon_alive"),
+                        yes("listening"),
+                        yes("netns_exists"),
+                        yes("link_exists"),
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
