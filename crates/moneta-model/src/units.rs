@@ -98,7 +98,7 @@ impl Divisor {
     }
 
     #[inline]
-    pub fn div(self, x: u64) -> u64 {
+    pub fn quotient_of(self, x: u64) -> u64 {
         match self.shift {
             Some(s) => x >> s,
             None => x / self.value,
@@ -106,7 +106,7 @@ impl Divisor {
     }
 
     #[inline]
-    pub fn rem(self, x: u64) -> u64 {
+    pub fn remainder_of(self, x: u64) -> u64 {
         match self.shift {
             Some(_) => x & (self.value - 1),
             None => x % self.value,
@@ -173,8 +173,8 @@ mod tests {
             let divisor = Divisor::new(d);
             for _ in 0..10_000 {
                 let x = rng.next_u64() >> rng.below(64);
-                assert_eq!(divisor.div(x), x / d, "{x} / {d}");
-                assert_eq!(divisor.rem(x), x % d, "{x} % {d}");
+                assert_eq!(divisor.quotient_of(x), x / d, "{x} / {d}");
+                assert_eq!(divisor.remainder_of(x), x % d, "{x} % {d}");
             }
         }
     }

@@ -45,11 +45,12 @@ impl Striping {
     /// `offset_bytes` into it; `len_bytes` is the request length.
     pub fn segment(&self, addr: u64, len_bytes: u64, offset_bytes: u64) -> Segment {
         let at = addr + offset_bytes;
-        let to_boundary = self.boundary.get() - self.boundary.rem(at);
+        let to_boundary = self.boundary.get() - self.boundary.remainder_of(at);
         let bytes = to_boundary.min(len_bytes - offset_bytes);
-        let stripe = self.stripe.div(at);
-        let controller = self.controllers.rem(stripe) as u32;
-        let local_addr = self.controllers.div(stripe) * self.stripe.get() + self.stripe.rem(at);
+        let stripe = self.stripe.quotient_of(at);
+        let controller = self.controllers.remainder_of(stripe) as u32;
+        let local_addr =
+            self.controllers.quotient_of(stripe) * self.stripe.get() + self.stripe.remainder_of(at);
         Segment {
             offset_bytes,
             bytes,
@@ -60,8 +61,8 @@ impl Striping {
 
     /// Number of segments of a request.
     pub fn segment_count(&self, addr: u64, len_bytes: u64) -> u32 {
-        let first = self.boundary.div(addr);
-        let last = self.boundary.div(addr + len_bytes - 1);
+        let first = self.boundary.quotient_of(addr);
+        let last = self.boundary.quotient_of(addr + len_bytes - 1);
         (last - first + 1) as u32
     }
 }

@@ -75,7 +75,8 @@ impl MonetaController {
     /// Rows opened by an access, after start-gap's line remapping.
     fn rows_touched(&self, local_addr: u64, bytes: u64) -> u64 {
         let Some(sg) = &self.start_gap else {
-            return self.row.div(local_addr + bytes - 1) - self.row.div(local_addr) + 1;
+            return self.row.quotient_of(local_addr + bytes - 1) - self.row.quotient_of(local_addr)
+                + 1;
         };
         let logical_lines = Divisor::new(sg.logical_lines());
         let mut rows = 0;
@@ -83,12 +84,12 @@ impl MonetaController {
         let mut at = local_addr;
         let end = local_addr + bytes;
         while at < end {
-            let line = self.line.div(at);
+            let line = self.line.quotient_of(at);
             let in_line_end = ((line + 1) * self.line_bytes).min(end);
-            let physical =
-                sg.translate(logical_lines.rem(line)) * self.line_bytes + self.line.rem(at);
+            let physical = sg.translate(logical_lines.remainder_of(line)) * self.line_bytes
+                + self.line.remainder_of(at);
             let physical_end = physical + (in_line_end - at) - 1;
-            for row in self.row.div(physical)..=self.row.div(physical_end) {
+            for row in self.row.quotient_of(physical)..=self.row.quotient_of(physical_end) {
                 if row != last_row {
                     rows += 1;
                     last_row = row;
