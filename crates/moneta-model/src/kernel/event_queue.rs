@@ -16,7 +16,7 @@
 //! moves the hole to the bottom along the smallest children and lets the
 //! last entry (usually one of the latest events) rise into it. It runs
 //! fewer instructions than `std`'s binary heap for the same events in the
-//! same order (README, "Simulator speed"). A radix heap (monotone keys) was tried and was
+//! same order (README, "Speed"). A radix heap (monotone keys) was tried and was
 //! slower here: with nanosecond times spread over microseconds, events
 //! move down its buckets several times each.
 
