@@ -62,7 +62,7 @@ use crate::error::{EmuError, ErrorKind};
 use crate::medium::Medium;
 use crate::sys;
 use crate::wall_clock::{StampClock, WallClock};
-use moneta_model::breakdown::{Breakdown, Parts};
+use moneta_model::breakdown::Breakdown;
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
 use moneta_model::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
@@ -730,8 +730,7 @@ impl<C: StampClock> DeviceThread<C> {
                 // The client sees it at its due time at the earliest.
                 ch.free_at[tag as usize] = posted.max(due);
             }
-            self.device_time
-                .record(&Parts::from_device(&f.completion.parts));
+            self.device_time.record_device(&f.completion.parts);
             self.finish(channel, tag, ResultCode::Ok, due);
         }
         self.finished = finished;

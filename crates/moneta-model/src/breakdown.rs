@@ -354,6 +354,20 @@ impl Breakdown {
         self.count += 1;
     }
 
+    /// Record a request whose time is the device's alone: the same as
+    /// `record(&Parts::from_device(device))`, touching only the device's
+    /// components (the emulator records one per completion).
+    pub fn record_device(&mut self, device: &DeviceParts) {
+        let first = DeviceParts::FIRST as usize;
+        for (s, &v) in self.sum_ns[first..first + DeviceParts::COUNT]
+            .iter_mut()
+            .zip(device.0.iter())
+        {
+            *s += v;
+        }
+        self.count += 1;
+    }
+
     pub fn merge(&mut self, other: &Breakdown) {
         for (s, v) in self.sum_ns.iter_mut().zip(other.sum_ns.iter()) {
             *s += v;
@@ -444,6 +458,15 @@ mod tests {
         b.record(&p);
         b.record(&Parts::default());
         assert_eq!(b.total_mean_ns(), 6.0);
+        // A device-only record is the record of its full parts.
+        let mut d = DeviceParts::default();
+        d.add(Component::Retag, 3);
+        d.add(Component::Array, 11);
+        let (mut by_parts, mut by_device) = (b.clone(), b.clone());
+        by_parts.record(&Parts::from_device(&d));
+        by_device.record_device(&d);
+        assert_eq!(by_parts, by_device);
+        assert_eq!(by_device.count(), 3);
         let sum: f64 = b.mean_us().iter().map(|(_, us)| us).sum();
         assert!((sum * 1e3 - 6.0).abs() < 1e-9);
     }

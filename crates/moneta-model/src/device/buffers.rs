@@ -5,7 +5,7 @@
 //! buffer and targets one memory controller. The scheduler allocates a buffer
 //! before a segment starts and stalls while none is free.
 
-use crate::units::Ns;
+use crate::units::{Divisor, Ns};
 
 /// Where a segment of a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,23 +21,36 @@ pub struct Segment {
 /// Striping of the internal address space across controllers.
 #[derive(Debug, Clone, Copy)]
 pub struct Striping {
-    pub stripe_bytes: u64,
-    pub controllers: u32,
-    pub segment_bytes: u64,
+    stripe: Divisor,
+    controllers: Divisor,
+    /// The smaller of the stripe and the segment (buffer) size: segments
+    /// end at its multiples.
+    boundary: Divisor,
 }
 
 impl Striping {
+    pub fn new(stripe_bytes: u64, controllers: u32, segment_bytes: u64) -> Striping {
+        Striping {
+            stripe: Divisor::new(stripe_bytes),
+            controllers: Divisor::new(u64::from(controllers)),
+            boundary: Divisor::new(stripe_bytes.min(segment_bytes)),
+        }
+    }
+
+    pub fn stripe_bytes(&self) -> u64 {
+        self.stripe.get()
+    }
+
     /// The segment of a request at `addr` (request start) that begins at
     /// `offset_bytes` into it; `len_bytes` is the request length.
     pub fn segment(&self, addr: u64, len_bytes: u64, offset_bytes: u64) -> Segment {
         let at = addr + offset_bytes;
-        let boundary = self.stripe_bytes.min(self.segment_bytes);
-        let to_boundary = boundary - at % boundary;
+        let to_boundary = self.boundary.get() - self.boundary.remainder_of(at);
         let bytes = to_boundary.min(len_bytes - offset_bytes);
-        let stripe = at / self.stripe_bytes;
-        let controller = (stripe % self.controllers as u64) as u32;
+        let stripe = self.stripe.quotient_of(at);
+        let controller = self.controllers.remainder_of(stripe) as u32;
         let local_addr =
-            (stripe / self.controllers as u64) * self.stripe_bytes + at % self.stripe_bytes;
+            self.controllers.quotient_of(stripe) * self.stripe.get() + self.stripe.remainder_of(at);
         Segment {
             offset_bytes,
             bytes,
@@ -48,9 +61,8 @@ impl Striping {
 
     /// Number of segments of a request.
     pub fn segment_count(&self, addr: u64, len_bytes: u64) -> u32 {
-        let boundary = self.stripe_bytes.min(self.segment_bytes);
-        let first = addr / boundary;
-        let last = (addr + len_bytes - 1) / boundary;
+        let first = self.boundary.quotient_of(addr);
+        let last = self.boundary.quotient_of(addr + len_bytes - 1);
         (last - first + 1) as u32
     }
 }
@@ -104,11 +116,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn moneta() -> Striping {
-        Striping {
-            stripe_bytes: 8192,
-            controllers: 8,
-            segment_bytes: 8192,
-        }
+        Striping::new(8192, 8, 8192)
     }
 
     #[test]
@@ -128,7 +136,7 @@ mod tests {
     proptest! {
         #[test]
         fn segments_tile_the_request(addr in 0u64..(1 << 30), len in 1u64..(1 << 21), stripe_log in 9u32..16, ctrls in 1u32..17) {
-            let s = Striping { stripe_bytes: 1 << stripe_log, controllers: ctrls, segment_bytes: 8192 };
+            let s = Striping::new(1 << stripe_log, ctrls, 8192);
             let n = s.segment_count(addr, len);
             let mut off = 0;
             for _ in 0..n {
@@ -136,7 +144,7 @@ mod tests {
                 prop_assert!(seg.bytes > 0 && seg.bytes <= 8192);
                 prop_assert!(seg.controller < ctrls);
                 // A segment never crosses a stripe: it stays in one controller.
-                prop_assert!(seg.local_addr % s.stripe_bytes + seg.bytes <= s.stripe_bytes);
+                prop_assert!(seg.local_addr % s.stripe_bytes() + seg.bytes <= s.stripe_bytes());
                 off += seg.bytes;
             }
             prop_assert_eq!(off, len);

@@ -16,13 +16,16 @@
 use super::memory::{ControllerActivity, MemoryTiming, WriteTiming};
 use super::start_gap::StartGap;
 use crate::config::{MemoryConfig, StartGapConfig};
-use crate::units::{transfer_ns, Ns};
+use crate::units::{transfer_ns, Divisor, Ns};
 use std::collections::VecDeque;
 
 pub struct MonetaController {
     latency_ns_read: Ns,
     latency_ns_write: Ns,
     row_bytes: u64,
+    /// `row_bytes` and `line_bytes` as divisors (address arithmetic per line).
+    row: Divisor,
+    line: Divisor,
     ddr_bytes_per_s: f64,
     controller_ns: Ns,
     queue_bytes: u64,
@@ -55,6 +58,9 @@ impl MonetaController {
             latency_ns_read: memory.latency_ns_read,
             latency_ns_write: memory.latency_ns_write,
             row_bytes: memory.row_bytes,
+            row: Divisor::new(memory.row_bytes),
+            // (Only used with start-gap, whose line size is validated.)
+            line: Divisor::new(start_gap.line_bytes.max(1)),
             ddr_bytes_per_s: memory.ddr_bytes_per_s,
             controller_ns: memory.controller_ns,
             queue_bytes: memory.queue_bytes,
@@ -69,19 +75,21 @@ impl MonetaController {
     /// Rows opened by an access, after start-gap's line remapping.
     fn rows_touched(&self, local_addr: u64, bytes: u64) -> u64 {
         let Some(sg) = &self.start_gap else {
-            return (local_addr + bytes - 1) / self.row_bytes - local_addr / self.row_bytes + 1;
+            return self.row.quotient_of(local_addr + bytes - 1) - self.row.quotient_of(local_addr)
+                + 1;
         };
+        let logical_lines = Divisor::new(sg.logical_lines());
         let mut rows = 0;
         let mut last_row = u64::MAX;
         let mut at = local_addr;
         let end = local_addr + bytes;
         while at < end {
-            let line = at / self.line_bytes;
+            let line = self.line.quotient_of(at);
             let in_line_end = ((line + 1) * self.line_bytes).min(end);
-            let physical =
-                sg.translate(line % sg.logical_lines()) * self.line_bytes + at % self.line_bytes;
+            let physical = sg.translate(logical_lines.remainder_of(line)) * self.line_bytes
+                + self.line.remainder_of(at);
             let physical_end = physical + (in_line_end - at) - 1;
-            for row in physical / self.row_bytes..=physical_end / self.row_bytes {
+            for row in self.row.quotient_of(physical)..=self.row.quotient_of(physical_end) {
                 if row != last_row {
                     rows += 1;
                     last_row = row;

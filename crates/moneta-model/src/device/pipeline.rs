@@ -331,11 +331,7 @@ impl Device {
             capacity_bytes: d.capacity_bytes,
             tags: d.tags,
             pipeline_ns: d.pipeline_ns,
-            striping: Striping {
-                stripe_bytes: m.stripe_bytes,
-                controllers: m.controllers,
-                segment_bytes: d.buffer_bytes,
-            },
+            striping: Striping::new(m.stripe_bytes, m.controllers, d.buffer_bytes),
             dma: Dma::new(&config.link),
             ring: Ring::new(&config.ring, m.controllers + 1),
             controllers,
