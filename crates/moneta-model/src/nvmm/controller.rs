@@ -1,0 +1,238 @@
+//! The hybrid DRAM/flash controller (SPEC §7 "Organization", "Miss path").
+//!
+//! Every CPU access (64 B) reads the set's tags from DRAM (tags live in
+//! DRAM), then on a hit the line. On a miss: choose the LRU victim; if it is
+//! dirty, read it (and the other dirty segments of its 64 KB virtual page)
+//! out of DRAM and write them back through the journal; translate the
+//! address (the page table's chain, through a small TLB-like mapping cache;
+//! a miss there reads each chain entry from the mapping DRAM); read the
+//! flash page; return the requested 64 B as soon as they cross the channel
+//! (critical word first); fill the DRAM block. Optional: prefetch the next
+//! `prefetch_pages` flash pages, and early write-back of the set's next
+//! victim when it is dirty.
+//!
+//! Timing is by reservation: each component (`dram.rs`, `flash.rs`) is
+//! called at the instant an operation reaches it and answers when it
+//! completes, so concurrent misses of several threads queue on banks,
+//! channels, dies and planes. A block is installed when its miss is
+//! handled, with the time its fill completes; a later access waits for it.
+
+use super::cache::BlockCache;
+use super::config::NvmmConfig;
+use super::dram::DramTiming;
+use super::flash::{FlashStats, FlashTiming};
+use super::journal::{Journal, JournalStats, OutOfSpace, VIRTUAL_PAGE_BYTES};
+use super::workload::{Access, AccessKind};
+use crate::units::Ns;
+
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ControllerStats {
+    pub accesses: u64,
+    pub hits: u64,
+    /// Hits on a block whose fill was still in flight.
+    pub hits_in_flight: u64,
+    pub misses: u64,
+    pub prefetches: u64,
+    /// Prefetched blocks touched before eviction.
+    pub prefetches_used: u64,
+    pub write_backs: u64,
+    pub early_write_backs: u64,
+    pub mapping_misses: u64,
+    /// Misses to never-written pages (created, no flash read).
+    pub creations: u64,
+}
+
+pub struct HybridController {
+    page_bytes: u64,
+    line_bytes: u64,
+    segments_per_page: u64,
+    controller_ns: Ns,
+    prefetch_pages: u64,
+    early_writeback: bool,
+    mapping_tags: Vec<u64>,
+    mapping_read_ns: Ns,
+    footprint_blocks: u64,
+    cache: BlockCache,
+    dram: DramTiming,
+    flash: FlashTiming,
+    journal: Journal,
+    stats: ControllerStats,
+}
+
+impl HybridController {
+    /// A controller whose flash holds `footprint_bytes` of data written
+    /// before the run (preloaded into the journal).
+    pub fn new(config: &NvmmConfig, footprint_bytes: u64, seed: u64) -> Result<Self, OutOfSpace> {
+        let page_bytes = config.flash.page_bytes;
+        let virtual_pages = footprint_bytes.div_ceil(VIRTUAL_PAGE_BYTES).max(1);
+        let mut journal = Journal::new(config, virtual_pages, seed)?;
+        journal.preload()?;
+        let dram = DramTiming::new(config);
+        Ok(HybridController {
+            page_bytes,
+            line_bytes: config.dram.line_bytes,
+            segments_per_page: VIRTUAL_PAGE_BYTES / page_bytes,
+            controller_ns: config.controller.controller_ns,
+            prefetch_pages: config.controller.prefetch_pages.into(),
+            early_writeback: config.controller.early_writeback,
+            mapping_tags: vec![0; config.controller.mapping_cache_entries.max(1) as usize],
+            mapping_read_ns: dram.idle_read_ns(16),
+            footprint_blocks: virtual_pages * (VIRTUAL_PAGE_BYTES / page_bytes),
+            cache: BlockCache::new(config.cache_blocks(), config.controller.ways),
+            dram,
+            flash: FlashTiming::new(config),
+            journal,
+            stats: ControllerStats::default(),
+        })
+    }
+
+    /// The footprint's last blocks resident and dirty (just written).
+    pub fn warm(&mut self) {
+        let n = self.cache.blocks().min(self.footprint_blocks);
+        for block in self.footprint_blocks - n..self.footprint_blocks {
+            let (w, old) = self.cache.victim(block);
+            if old.block().is_none() {
+                self.cache.install(w, block, 0, true);
+            }
+        }
+    }
+
+    pub fn stats(&self) -> ControllerStats {
+        self.stats
+    }
+    pub fn flash_stats(&self) -> FlashStats {
+        self.flash.stats()
+    }
+    pub fn journal_stats(&self) -> JournalStats {
+        self.journal.stats()
+    }
+
+    /// One CPU access at `now_ns`; returns when the thread may go on (the
+    /// line's data for a read, the write accepted for a posted write).
+    #[inline]
+    pub fn access(&mut self, now_ns: Ns, a: Access) -> Result<Ns, OutOfSpace> {
+        self.stats.accesses += 1;
+        let block = a.addr / self.page_bytes;
+        let t = now_ns + self.controller_ns;
+        let tags_read = self.dram.access(t, block, self.line_bytes, false);
+        if let Some(w) = self.cache.lookup(block) {
+            self.stats.hits += 1;
+            let way = self.cache.way_mut(w);
+            if way.prefetched {
+                way.prefetched = false;
+                self.stats.prefetches_used += 1;
+            }
+            if way.ready_ns > tags_read {
+                self.stats.hits_in_flight += 1;
+            }
+            let start = tags_read.max(way.ready_ns);
+            if a.kind != AccessKind::Read {
+                way.dirty = true;
+            }
+            return Ok(match a.kind {
+                AccessKind::Write => {
+                    self.dram.access(start, block, self.line_bytes, true);
+                    tags_read
+                }
+                AccessKind::Read => self.dram.access(start, block, self.line_bytes, false),
+                AccessKind::Update => {
+                    let done = self.dram.access(start, block, self.line_bytes, false);
+                    self.dram.access(done, block, self.line_bytes, true);
+                    done
+                }
+            });
+        }
+        self.stats.misses += 1;
+        let critical = self.fill(tags_read, block, a.kind != AccessKind::Read, false)?;
+        let mut next = block + 1;
+        for _ in 0..self.prefetch_pages {
+            if next >= self.footprint_blocks {
+                break;
+            }
+            if !self.cache.contains(next) {
+                self.fill(tags_read, next, false, true)?;
+                self.stats.prefetches += 1;
+            }
+            next += 1;
+        }
+        Ok(match a.kind {
+            AccessKind::Write => tags_read,
+            _ => critical + self.controller_ns,
+        })
+    }
+
+    /// Handle the miss of `block` at `now`: victim, write-back, translation,
+    /// flash read, fill. Returns when the requested line has arrived.
+    fn fill(&mut self, now: Ns, block: u64, dirty: bool, prefetch: bool) -> Result<Ns, OutOfSpace> {
+        let (w, old) = self.cache.victim(block);
+        let mut victim_out = now;
+        if let Some(victim) = old.block() {
+            if old.dirty {
+                victim_out = self.write_back(now, victim)?;
+            }
+        }
+        let vpn = block / self.segments_per_page;
+        let segment = (block % self.segments_per_page) as u32;
+        let location = self.journal.locate(vpn, segment);
+        let mut translated = now;
+        if let Some((_, hops)) = location {
+            let slot = (vpn % self.mapping_tags.len() as u64) as usize;
+            if self.mapping_tags[slot] != vpn + 1 {
+                self.mapping_tags[slot] = vpn + 1;
+                self.stats.mapping_misses += 1;
+                translated += u64::from(hops) * self.mapping_read_ns;
+            }
+        }
+        let (critical, data) = match location {
+            Some((page, _)) => {
+                let r = self.flash.read_page(translated, page, self.page_bytes);
+                (r.critical_ns, r.done_ns)
+            }
+            None => {
+                self.stats.creations += 1;
+                (translated, translated)
+            }
+        };
+        let ready = self
+            .dram
+            .access(data.max(victim_out), block, self.page_bytes, true);
+        self.cache.install(w, block, ready, dirty);
+        if prefetch {
+            self.cache.way_mut(w).prefetched = true;
+        }
+        if self.early_writeback {
+            if let Some(next) = self.cache.next_victim(block, w) {
+                let way = *self.cache.way(next);
+                if way.dirty {
+                    let b = way.block().expect("a victim holds a block");
+                    self.write_back(now, b)?;
+                    self.stats.early_write_backs += 1;
+                }
+            }
+        }
+        Ok(critical)
+    }
+
+    /// Write back the dirty cached segments of `block`'s virtual page
+    /// (read out of DRAM, then programmed as a new version); returns when
+    /// they have left the DRAM.
+    fn write_back(&mut self, now: Ns, block: u64) -> Result<Ns, OutOfSpace> {
+        let vpn = block / self.segments_per_page;
+        let mut mask = 0u32;
+        let mut read_out = now;
+        for s in 0..self.segments_per_page {
+            let b = vpn * self.segments_per_page + s;
+            if let Some(w) = self.cache.find(b) {
+                if self.cache.way(w).dirty {
+                    self.cache.way_mut(w).dirty = false;
+                    mask |= 1 << s;
+                    read_out = read_out.max(self.dram.access(now, b, self.page_bytes, false));
+                }
+            }
+        }
+        self.stats.write_backs += 1;
+        self.journal
+            .write_back(read_out, vpn, mask, Some(&mut self.flash))?;
+        Ok(read_out)
+    }
+}
