@@ -48,14 +48,19 @@ impl AllDram {
     pub fn access(&mut self, now_ns: Ns, a: Access) -> Ns {
         let line = a.addr / self.line_bytes;
         match a.kind {
-            AccessKind::Read => self.dram.access(now_ns, line, self.line_bytes, false),
+            AccessKind::Read => self
+                .dram
+                .access(now_ns, now_ns, line, self.line_bytes, false),
             AccessKind::Update => {
-                let done = self.dram.access(now_ns, line, self.line_bytes, false);
-                self.dram.access(done, line, self.line_bytes, true);
+                let done = self
+                    .dram
+                    .access(now_ns, now_ns, line, self.line_bytes, false);
+                self.dram.access(now_ns, done, line, self.line_bytes, true);
                 done
             }
             AccessKind::Write => {
-                self.dram.access(now_ns, line, self.line_bytes, true);
+                self.dram
+                    .access(now_ns, now_ns, line, self.line_bytes, true);
                 now_ns
             }
         }
@@ -173,14 +178,18 @@ impl SsdSystem {
         }
         let line = a.addr / self.line_bytes;
         match a.kind {
-            AccessKind::Read => self.dram.access(start, line, self.line_bytes, false),
+            AccessKind::Read => self
+                .dram
+                .access(now_ns, start, line, self.line_bytes, false),
             AccessKind::Update => {
-                let done = self.dram.access(start, line, self.line_bytes, false);
-                self.dram.access(done, line, self.line_bytes, true);
+                let done = self
+                    .dram
+                    .access(now_ns, start, line, self.line_bytes, false);
+                self.dram.access(now_ns, done, line, self.line_bytes, true);
                 done
             }
             AccessKind::Write => {
-                self.dram.access(start, line, self.line_bytes, true);
+                self.dram.access(now_ns, start, line, self.line_bytes, true);
                 start
             }
         }
@@ -210,19 +219,19 @@ impl SsdSystem {
             match group {
                 Some((g, b)) if g == fp => group = Some((g, b + self.page_bytes)),
                 Some((g, b)) => {
-                    flash_done = flash_done.max(self.read_flash(device, g, b));
+                    flash_done = flash_done.max(self.read_flash(now, device, g, b));
                     group = Some((fp, self.page_bytes));
                 }
                 None => group = Some((fp, self.page_bytes)),
             }
         }
         if let Some((g, b)) = group {
-            flash_done = flash_done.max(self.read_flash(device, g, b));
+            flash_done = flash_done.max(self.read_flash(now, device, g, b));
         }
         let link_start = flash_done.max(self.link_free_ns);
         let link_done = link_start + transfer_ns(bytes, self.link_bytes_per_s);
         self.link_free_ns = link_done;
-        let in_memory = self.dram.access(link_done, page, bytes, true);
+        let in_memory = self.dram.access(now, link_done, page, bytes, true);
         self.stats.pages_read += wanted.len() as u64;
         self.stats.fault_hardware_ns += in_memory - submitted;
         self.stats.fault_software_ns += self.software_before_ns + self.software_after_ns;
@@ -244,9 +253,9 @@ impl SsdSystem {
         (in_memory + self.software_after_ns, way)
     }
 
-    fn read_flash(&mut self, at: Ns, logical_flash_page: u64, bytes: u64) -> Ns {
+    fn read_flash(&mut self, now: Ns, at: Ns, logical_flash_page: u64, bytes: u64) -> Ns {
         let physical = self.geometry.striped(logical_flash_page);
-        self.flash.read_page(at, physical, bytes).done_ns
+        self.flash.read_page_at(now, at, physical, bytes).done_ns
     }
 
     /// Swap-out or write-back of a dirty page, in the background.
@@ -256,7 +265,8 @@ impl SsdSystem {
         let link_start = now.max(self.link_free_ns);
         self.link_free_ns = link_start + transfer_ns(self.page_bytes, self.link_bytes_per_s);
         let physical = self.geometry.striped(page / per_flash_page);
-        self.flash.program_page(
+        self.flash.program_page_at(
+            now,
             self.link_free_ns + self.controller_ns,
             physical,
             self.page_bytes,

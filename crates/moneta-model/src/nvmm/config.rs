@@ -110,6 +110,23 @@ impl Onfi {
     }
 }
 
+/// Where the pages of one flash block are.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// A block's pages on one plane (SPEC §7 taken literally: a virtual
+    /// page's segments N … N+7 in one block of one plane, so they are read
+    /// and programmed one after another).
+    Block,
+    /// A block's consecutive pages on consecutive planes (a stripe across
+    /// channels, as SSDs stripe "in a RAID manner across multiple flash
+    /// devices", the report): the page table is unchanged, the segments of
+    /// a virtual page are read and programmed in parallel. Erases stay per
+    /// block in the bookkeeping (a simplification: a real stripe erases a
+    /// superblock).
+    Interleaved,
+}
+
 /// The whole NVMM system: DRAM cache, flash, controller policies, the CPU
 /// side, and the SSD baseline's host parameters.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -153,6 +170,7 @@ pub struct FlashConfig {
     /// Spread of page endurance (standard deviation / mean).
     pub endurance_spread: f64,
     pub onfi: Onfi,
+    pub layout: Layout,
     pub channels: u32,
     pub volumes_per_channel: u32,
     pub dies_per_volume: u32,
@@ -582,6 +600,8 @@ mod tests {
         let e = c.set("flash.onfi=onfi9").unwrap_err();
         assert_eq!(e.key, "flash.onfi");
         assert!(e.message.contains("onfi3"), "{e}");
+        let e = c.set("flash.layout=diagonal").unwrap_err();
+        assert!(e.message.contains("interleaved"), "{e}");
         let e = c.set("flash.colour=3").unwrap_err();
         assert!(e.message.contains("pages_per_block"), "{e}");
         let e = c.set("flash.technology=unobtainium").unwrap_err();

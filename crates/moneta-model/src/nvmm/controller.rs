@@ -56,6 +56,8 @@ pub struct HybridController {
     dram: DramTiming,
     flash: FlashTiming,
     journal: Journal,
+    /// The current access's time: every booking is made at it.
+    now_ns: Ns,
     stats: ControllerStats,
 }
 
@@ -82,6 +84,7 @@ impl HybridController {
             dram,
             flash: FlashTiming::new(config),
             journal,
+            now_ns: 0,
             stats: ControllerStats::default(),
         })
     }
@@ -112,9 +115,10 @@ impl HybridController {
     #[inline]
     pub fn access(&mut self, now_ns: Ns, a: Access) -> Result<Ns, OutOfSpace> {
         self.stats.accesses += 1;
+        self.now_ns = now_ns;
         let block = a.addr / self.page_bytes;
         let t = now_ns + self.controller_ns;
-        let tags_read = self.dram.access(t, block, self.line_bytes, false);
+        let tags_read = self.dram.access(now_ns, t, block, self.line_bytes, false);
         if let Some(w) = self.cache.lookup(block) {
             self.stats.hits += 1;
             let way = self.cache.way_mut(w);
@@ -131,13 +135,18 @@ impl HybridController {
             }
             return Ok(match a.kind {
                 AccessKind::Write => {
-                    self.dram.access(start, block, self.line_bytes, true);
+                    self.dram
+                        .access(now_ns, start, block, self.line_bytes, true);
                     tags_read
                 }
-                AccessKind::Read => self.dram.access(start, block, self.line_bytes, false),
+                AccessKind::Read => self
+                    .dram
+                    .access(now_ns, start, block, self.line_bytes, false),
                 AccessKind::Update => {
-                    let done = self.dram.access(start, block, self.line_bytes, false);
-                    self.dram.access(done, block, self.line_bytes, true);
+                    let done = self
+                        .dram
+                        .access(now_ns, start, block, self.line_bytes, false);
+                    self.dram.access(now_ns, done, block, self.line_bytes, true);
                     done
                 }
             });
@@ -185,7 +194,9 @@ impl HybridController {
         }
         let (critical, data) = match location {
             Some((page, _)) => {
-                let r = self.flash.read_page(translated, page, self.page_bytes);
+                let r = self
+                    .flash
+                    .read_page_at(self.now_ns, translated, page, self.page_bytes);
                 (r.critical_ns, r.done_ns)
             }
             None => {
@@ -193,9 +204,13 @@ impl HybridController {
                 (translated, translated)
             }
         };
-        let ready = self
-            .dram
-            .access(data.max(victim_out), block, self.page_bytes, true);
+        let ready = self.dram.access(
+            self.now_ns,
+            data.max(victim_out),
+            block,
+            self.page_bytes,
+            true,
+        );
         self.cache.install(w, block, ready, dirty);
         if prefetch {
             self.cache.way_mut(w).prefetched = true;
@@ -226,13 +241,17 @@ impl HybridController {
                 if self.cache.way(w).dirty {
                     self.cache.way_mut(w).dirty = false;
                     mask |= 1 << s;
-                    read_out = read_out.max(self.dram.access(now, b, self.page_bytes, false));
+                    read_out =
+                        read_out.max(
+                            self.dram
+                                .access(self.now_ns, now, b, self.page_bytes, false),
+                        );
                 }
             }
         }
         self.stats.write_backs += 1;
         self.journal
-            .write_back(read_out, vpn, mask, Some(&mut self.flash))?;
+            .write_back(self.now_ns, read_out, vpn, mask, Some(&mut self.flash))?;
         Ok(read_out)
     }
 }

@@ -5,9 +5,12 @@
 //! The project's DRAM technology gives the access latency (`dram.technology`,
 //! `config::TECHNOLOGIES`); each channel's data bus moves bytes at
 //! `channel_bytes_per_s`. An access occupies its bank from its start until
-//! its data has crossed the bus, and the bus for the data's time. Rows,
-//! refresh and command-bus limits are left out (the report runs DRAMSim2).
+//! its data has crossed the bus, and the bus for the data's time; both are
+//! [`Calendar`]s, so a fill booked for when its flash data arrives does not
+//! hold back accesses before it. Rows, refresh and command-bus limits are
+//! left out (the report runs DRAMSim2).
 
+use super::calendar::Calendar;
 use super::config::NvmmConfig;
 use crate::units::{transfer_ns, Ns};
 
@@ -18,8 +21,9 @@ pub struct DramTiming {
     bytes_per_s: f64,
     channels: u64,
     banks_per_channel: u64,
-    bank_free_ns: Vec<Ns>,
-    bus_free_ns: Vec<Ns>,
+    banks: Vec<Calendar>,
+    buses: Vec<Calendar>,
+    latest_now_ns: Ns,
     /// Bytes moved, for reports.
     pub bytes: u64,
 }
@@ -34,8 +38,9 @@ impl DramTiming {
             bytes_per_s: d.channel_bytes_per_s,
             channels: d.channels.into(),
             banks_per_channel: d.banks_per_channel.into(),
-            bank_free_ns: vec![0; banks],
-            bus_free_ns: vec![0; d.channels as usize],
+            banks: vec![Calendar::default(); banks],
+            buses: vec![Calendar::default(); d.channels as usize],
+            latest_now_ns: 0,
             bytes: 0,
         }
     }
@@ -46,10 +51,11 @@ impl DramTiming {
     }
 
     /// Access `bytes` of the DRAM block `block` (consecutive blocks go to
-    /// consecutive channels, then banks) starting at `now_ns`; returns when
-    /// the data has crossed the bus.
+    /// consecutive channels, then banks), the request made at `now_ns` for
+    /// a start at or after `start_ns`; returns when the data has crossed
+    /// the bus.
     #[inline]
-    pub fn access(&mut self, now_ns: Ns, block: u64, bytes: u64, write: bool) -> Ns {
+    pub fn access(&mut self, now_ns: Ns, start_ns: Ns, block: u64, bytes: u64, write: bool) -> Ns {
         let channel = (block % self.channels) as usize;
         let bank = channel * self.banks_per_channel as usize
             + ((block / self.channels) % self.banks_per_channel) as usize;
@@ -58,13 +64,31 @@ impl DramTiming {
         } else {
             self.latency_ns_read
         };
-        let start = now_ns.max(self.bank_free_ns[bank]);
-        let data_start = (start + latency).max(self.bus_free_ns[channel]);
-        let done = data_start + transfer_ns(bytes, self.bytes_per_s);
-        self.bus_free_ns[channel] = done;
-        self.bank_free_ns[bank] = done;
+        let transfer = transfer_ns(bytes, self.bytes_per_s);
+        self.latest_now_ns = self.latest_now_ns.max(now_ns);
+        let now = self.latest_now_ns;
+        let mut start = start_ns.max(now);
+        // The bank from `start`, the bus from `start + latency`: find a start
+        // where both are free.
+        let mut found = false;
+        for _ in 0..8 {
+            start = self.banks[bank].first_fit(now, start, latency + transfer);
+            let bus = self.buses[channel].first_fit(now, start + latency, transfer);
+            if bus == start + latency {
+                found = true;
+                break;
+            }
+            start = bus - latency;
+        }
+        if !found {
+            start = start
+                .max(self.banks[bank].last_end())
+                .max(self.buses[channel].last_end().saturating_sub(latency));
+        }
+        self.banks[bank].book(start, latency + transfer);
+        self.buses[channel].book(start + latency, transfer);
         self.bytes += bytes;
-        done
+        start + latency + transfer
     }
 }
 
@@ -76,11 +100,15 @@ mod tests {
     fn banks_overlap_and_a_bank_serializes() {
         let c = NvmmConfig::preset("nvmm-mlc").unwrap();
         let mut d = DramTiming::new(&c);
-        let one = d.access(0, 0, 64, false);
+        let one = d.access(0, 0, 0, 64, false);
         assert_eq!(one, d.idle_read_ns(64));
-        let other_channel = d.access(0, 1, 64, false);
+        let other_channel = d.access(0, 0, 1, 64, false);
         assert_eq!(other_channel, one);
-        let same_bank = d.access(0, 0, 64, false);
+        let same_bank = d.access(0, 0, 0, 64, false);
         assert_eq!(same_bank, 2 * one);
+        // A fill booked for later does not hold back an access now.
+        let later = d.access(0, 10_000, 2, 8192, true);
+        assert!(later > 10_000);
+        assert_eq!(d.access(0, 0, 2, 64, false), one);
     }
 }

@@ -194,7 +194,7 @@ pub fn wear(
     while written < limit {
         let vpn = rng.below(vpages);
         let segment = rng.below(segments.into()) as u32;
-        if journal.write_back(0, vpn, 1 << segment, None).is_err() {
+        if journal.write_back(0, 0, vpn, 1 << segment, None).is_err() {
             break;
         }
         written += 1;

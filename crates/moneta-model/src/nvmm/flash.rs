@@ -8,7 +8,8 @@
 //! keeps the state of every channel, die, plane and register between calls,
 //! so concurrent operations queue as they would in hardware. Calls should
 //! come with non-decreasing `now_ns`; an earlier `now_ns` is treated as the
-//! latest seen (a caller's threads may race by a few ns).
+//! latest seen (a caller's threads may race by a few ns). The `*_at`
+//! variants book a request that reaches the controller later than `now_ns`.
 //!
 //! What one operation does:
 //!
@@ -39,7 +40,8 @@
 //! variants beyond the two-register overlap, read retries and ECC time,
 //! status polling cycles beyond `command_ns`.
 
-use super::config::NvmmConfig;
+use super::calendar::Calendar;
+use super::config::{Layout, NvmmConfig};
 use crate::units::{transfer_ns, Ns};
 
 /// Where a flash page lives.
@@ -58,7 +60,9 @@ pub struct FlashLocation {
 /// The flash subsystem's shape. Flash page numbers are plane-major:
 /// `page = block * pages_per_block + page_in_block`, with block `b` on plane
 /// `b / blocks_per_plane`; plane numbers go round the channels first, so
-/// consecutive planes are on different channels.
+/// consecutive planes are on different channels. With the interleaved
+/// layout, page j of a block is on the plane j after the block's (a stripe
+/// over planes, as SSDs stripe superblocks over dies).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct FlashGeometry {
     pub channels: u32,
@@ -68,6 +72,7 @@ pub struct FlashGeometry {
     pub blocks_per_plane: u32,
     pub pages_per_block: u32,
     pub page_bytes: u64,
+    pub layout: Layout,
 }
 
 impl FlashGeometry {
@@ -81,6 +86,7 @@ impl FlashGeometry {
             blocks_per_plane: f.blocks_per_plane,
             pages_per_block: f.pages_per_block,
             page_bytes: f.page_bytes,
+            layout: f.layout,
         }
     }
 
@@ -104,7 +110,13 @@ impl FlashGeometry {
     pub fn locate(&self, flash_page: u64) -> FlashLocation {
         let page = flash_page % self.pages();
         let block = (page / u64::from(self.pages_per_block)) as u32;
-        let plane = block / self.blocks_per_plane;
+        let page_in_block = (page % u64::from(self.pages_per_block)) as u32;
+        let mut plane = block / self.blocks_per_plane;
+        if self.layout == Layout::Interleaved {
+            // Page j of a block on plane P is on plane P + j: a bijection
+            // for each (block in plane, page) pair.
+            plane = (plane + page_in_block) % self.planes();
+        }
         // Plane numbers: channel fastest, then volume, die, plane in die.
         let channel = plane % self.channels;
         let die = plane % self.dies();
@@ -113,7 +125,7 @@ impl FlashGeometry {
             die,
             plane,
             block,
-            page_in_block: (page % u64::from(self.pages_per_block)) as u32,
+            page_in_block,
         }
     }
 
@@ -151,41 +163,6 @@ pub struct FlashStats {
     /// or the channel beyond their own service.
     pub queue_wait_ns: u64,
     pub channel_busy_ns: u64,
-}
-
-/// Busy intervals of one channel, sorted; bounded by the operations in
-/// flight (intervals ending before the latest `now` are dropped).
-#[derive(Clone, Debug, Default)]
-struct Calendar {
-    busy: Vec<(Ns, Ns)>,
-}
-
-impl Calendar {
-    fn prune(&mut self, now_ns: Ns) {
-        let keep_from = self.busy.partition_point(|&(_, end)| end <= now_ns);
-        if keep_from > 0 {
-            self.busy.drain(..keep_from);
-        }
-    }
-
-    /// Reserve `duration_ns` in the first gap at or after `earliest_ns`;
-    /// returns its start.
-    fn reserve(&mut self, earliest_ns: Ns, duration_ns: Ns) -> Ns {
-        let mut start = earliest_ns;
-        let mut at = self.busy.partition_point(|&(_, end)| end <= start);
-        while at < self.busy.len() {
-            let (b_start, b_end) = self.busy[at];
-            if start + duration_ns <= b_start {
-                break;
-            }
-            start = start.max(b_end);
-            at += 1;
-        }
-        if duration_ns > 0 {
-            self.busy.insert(at, (start, start + duration_ns));
-        }
-        start
-    }
 }
 
 /// A fixed-size ring of the last `n` times (queue slots: an arrival may
@@ -297,13 +274,28 @@ impl FlashTiming {
     /// Read `bytes` (at most a page) of `flash_page`, the request arriving
     /// at `now_ns`.
     pub fn read_page(&mut self, now_ns: Ns, flash_page: u64, bytes: u64) -> FlashRead {
-        let now = self.arrive(now_ns);
+        self.read_page_at(now_ns, now_ns, flash_page, bytes)
+    }
+
+    /// [`read_page`](Self::read_page) for a request that reaches the flash
+    /// controller at `arrival_ns` ≥ `now_ns` (the simulator books work
+    /// ahead: a write-back after its DRAM read, a collection's programs
+    /// after its reads).
+    pub fn read_page_at(
+        &mut self,
+        now_ns: Ns,
+        arrival_ns: Ns,
+        flash_page: u64,
+        bytes: u64,
+    ) -> FlashRead {
+        let now = self.arrive(now_ns, arrival_ns);
         let at = self.geometry.locate(flash_page);
         let depart = self.through_ftl(now, at.die);
         let plane = &self.planes[at.plane as usize];
         let die = &self.dies[at.die as usize];
         let ready = depart.max(die.last_issue_ns).max(plane.array_free_ns);
-        let command_start = self.channels[at.channel as usize].reserve(ready, self.command_ns);
+        let command_start =
+            self.channels[at.channel as usize].reserve(self.latest_now_ns, ready, self.command_ns);
         self.issue(at.die, command_start);
         let array_done = command_start + self.command_ns + self.read_ns;
         let plane = &mut self.planes[at.plane as usize];
@@ -311,13 +303,17 @@ impl FlashTiming {
         plane.array_free_ns = to_cache_register;
         let bytes = bytes.clamp(1, self.geometry.page_bytes);
         let transfer = transfer_ns(bytes, self.channel_bytes_per_s);
-        let start = self.channels[at.channel as usize].reserve(to_cache_register, transfer);
+        let start = self.channels[at.channel as usize].reserve(
+            self.latest_now_ns,
+            to_cache_register,
+            transfer,
+        );
         let done = start + transfer;
         self.planes[at.plane as usize].cache_register_free_ns = done;
         self.stats.reads += 1;
         self.stats.bytes_read += bytes;
         self.stats.channel_busy_ns += transfer + self.command_ns;
-        self.stats.queue_wait_ns += done - now - self.idle_read_ns(bytes);
+        self.stats.queue_wait_ns += (done - now).saturating_sub(self.idle_read_ns(bytes));
         FlashRead {
             critical_ns: start + transfer_ns(bytes.min(64), self.channel_bytes_per_s),
             done_ns: done,
@@ -327,7 +323,18 @@ impl FlashTiming {
     /// Program `bytes` into `flash_page`, the request (with its data in the
     /// controller) arriving at `now_ns`. Returns when the page is durable.
     pub fn program_page(&mut self, now_ns: Ns, flash_page: u64, bytes: u64) -> Ns {
-        let now = self.arrive(now_ns);
+        self.program_page_at(now_ns, now_ns, flash_page, bytes)
+    }
+
+    /// [`program_page`](Self::program_page) arriving at `arrival_ns` ≥ `now_ns`.
+    pub fn program_page_at(
+        &mut self,
+        now_ns: Ns,
+        arrival_ns: Ns,
+        flash_page: u64,
+        bytes: u64,
+    ) -> Ns {
+        let now = self.arrive(now_ns, arrival_ns);
         let at = self.geometry.locate(flash_page);
         let depart = self.through_ftl(now, at.die);
         let plane = &self.planes[at.plane as usize];
@@ -337,7 +344,11 @@ impl FlashTiming {
             .max(plane.cache_register_free_ns);
         let bytes = bytes.clamp(1, self.geometry.page_bytes);
         let transfer = transfer_ns(bytes, self.channel_bytes_per_s);
-        let start = self.channels[at.channel as usize].reserve(ready, self.command_ns + transfer);
+        let start = self.channels[at.channel as usize].reserve(
+            self.latest_now_ns,
+            ready,
+            self.command_ns + transfer,
+        );
         self.issue(at.die, start);
         let in_cache_register = start + self.command_ns + transfer;
         let plane = &mut self.planes[at.plane as usize];
@@ -355,14 +366,20 @@ impl FlashTiming {
 
     /// Erase the block holding `flash_page`; returns when it is erased.
     pub fn erase_block(&mut self, now_ns: Ns, flash_page: u64) -> Ns {
-        let now = self.arrive(now_ns);
+        self.erase_block_at(now_ns, now_ns, flash_page)
+    }
+
+    /// [`erase_block`](Self::erase_block) arriving at `arrival_ns` ≥ `now_ns`.
+    pub fn erase_block_at(&mut self, now_ns: Ns, arrival_ns: Ns, flash_page: u64) -> Ns {
+        let now = self.arrive(now_ns, arrival_ns);
         let at = self.geometry.locate(flash_page);
         let depart = self.through_ftl(now, at.die);
         let plane = &self.planes[at.plane as usize];
         let ready = depart
             .max(self.dies[at.die as usize].last_issue_ns)
             .max(plane.array_free_ns);
-        let start = self.channels[at.channel as usize].reserve(ready, self.command_ns);
+        let start =
+            self.channels[at.channel as usize].reserve(self.latest_now_ns, ready, self.command_ns);
         self.issue(at.die, start);
         let done = start + self.command_ns + self.erase_ns;
         self.planes[at.plane as usize].array_free_ns = done;
@@ -371,16 +388,11 @@ impl FlashTiming {
         done
     }
 
-    fn arrive(&mut self, now_ns: Ns) -> Ns {
-        if now_ns > self.latest_now_ns {
-            self.latest_now_ns = now_ns;
-            // Old reservations can no longer matter: every later call starts
-            // at or after `now_ns`.
-            for c in &mut self.channels {
-                c.prune(now_ns);
-            }
-        }
-        self.latest_now_ns
+    /// The current time (never earlier than a previous call's) and the
+    /// request's arrival (never earlier than that).
+    fn arrive(&mut self, now_ns: Ns, arrival_ns: Ns) -> Ns {
+        self.latest_now_ns = self.latest_now_ns.max(now_ns);
+        arrival_ns.max(self.latest_now_ns)
     }
 
     /// Through the FTL queue into the die queue: returns when the command
@@ -426,7 +438,8 @@ mod tests {
 
     #[test]
     fn two_registers_overlap_the_transfer_with_the_next_read() {
-        let c = config();
+        let mut c = config();
+        c.flash.layout = Layout::Block;
         let mut f = FlashTiming::new(&c);
         let a = f.read_page(0, 0, 8192);
         let b = f.read_page(0, 1, 8192); // same block, same plane
@@ -477,15 +490,22 @@ mod tests {
     }
 
     #[test]
-    fn commands_fill_gaps_before_future_data() {
-        let mut cal = Calendar::default();
-        assert_eq!(cal.reserve(100, 50), 100);
-        assert_eq!(cal.reserve(0, 50), 0);
-        assert_eq!(cal.reserve(0, 80), 150);
-        assert_eq!(cal.reserve(60, 40), 60); // fits the gap 50..100
-        assert_eq!(cal.reserve(60, 40), 230);
-        cal.prune(1000);
-        assert!(cal.busy.is_empty());
+    fn the_interleaved_layout_puts_a_blocks_pages_on_consecutive_planes() {
+        let mut c = config();
+        c.flash.blocks_per_plane = 4;
+        c.flash.pages_per_block = 32;
+        let g = FlashGeometry::new(&c);
+        assert_eq!(g.layout, Layout::Interleaved);
+        let planes: Vec<u32> = (0..4).map(|p| g.locate(p).plane).collect();
+        assert_eq!(planes, [0, 1, 2, 3]);
+        let mut seen = std::collections::HashSet::new();
+        for p in 0..g.pages() {
+            let l = g.locate(p);
+            assert!(seen.insert((l.plane, l.block % c.flash.blocks_per_plane, l.page_in_block)));
+        }
+        c.flash.layout = Layout::Block;
+        let g = FlashGeometry::new(&c);
+        assert!((0..4).all(|p| g.locate(p).plane == 0));
     }
 
     #[test]

@@ -149,6 +149,8 @@ pub struct Journal {
     gc_free_blocks: u32,
     write_clock: u32,
     in_gc: bool,
+    /// The caller's current time: flash bookings are made at it.
+    now_ns: Ns,
     stats: JournalStats,
 }
 
@@ -213,6 +215,7 @@ impl Journal {
             gc_free_blocks: config.journal.gc_free_blocks,
             write_clock: 0,
             in_gc: false,
+            now_ns: 0,
             stats: JournalStats::default(),
         })
     }
@@ -272,25 +275,37 @@ impl Journal {
     pub fn preload(&mut self) -> Result<(), OutOfSpace> {
         let all = (1u32 << self.segments_per_page) - 1;
         for vpn in 0..u64::from(self.virtual_pages) {
-            self.write_back(0, vpn, all, None)?;
+            self.write_back(0, 0, vpn, all, None)?;
         }
         Ok(())
     }
 
     /// Write the segments of `vpn` in `dirty_mask` (bit s = segment s) as a
-    /// new version, starting at `now_ns`; returns when they are durable
-    /// (`now_ns` without a flash timing).
+    /// new version, asked at `now_ns` with the data ready at `start_ns`;
+    /// returns when they are durable (`start_ns` without a flash timing).
     pub fn write_back(
         &mut self,
         now_ns: Ns,
+        start_ns: Ns,
+        vpn: u64,
+        dirty_mask: u32,
+        flash: Option<&mut FlashTiming>,
+    ) -> Result<Ns, OutOfSpace> {
+        self.now_ns = self.now_ns.max(now_ns);
+        self.write_version(start_ns.max(self.now_ns), vpn, dirty_mask, flash)
+    }
+
+    fn write_version(
+        &mut self,
+        start_ns: Ns,
         vpn: u64,
         dirty_mask: u32,
         mut flash: Option<&mut FlashTiming>,
     ) -> Result<Ns, OutOfSpace> {
         if dirty_mask == 0 {
-            return Ok(now_ns);
+            return Ok(start_ns);
         }
-        let mut now = now_ns;
+        let mut now = start_ns;
         if self.table[vpn as usize].mapped() && self.free_entries.is_empty() {
             now = self.reclaim_entries(now, flash.as_deref_mut())?;
         }
@@ -319,7 +334,8 @@ impl Journal {
             self.page_owner[page as usize] = vpn as u32;
             self.block_live[(page / self.pages_per_block) as usize] += 1;
             if let Some(f) = flash.as_deref_mut() {
-                done = done.max(f.program_page(now, page, self.geometry.page_bytes));
+                done =
+                    done.max(f.program_page_at(self.now_ns, now, page, self.geometry.page_bytes));
             }
         }
         self.stats.write_backs += 1;
@@ -363,14 +379,14 @@ impl Journal {
                 mask |= 1 << s;
                 self.stats.gc_pages_read += 1;
                 if let Some(f) = flash.as_deref_mut() {
-                    let r = f.read_page(now, page, self.geometry.page_bytes);
+                    let r = f.read_page_at(self.now_ns, now, page, self.geometry.page_bytes);
                     read_done = read_done.max(r.done_ns);
                 }
             }
         }
         self.drop_chain(vpn);
         self.stats.consolidations += 1;
-        self.write_back(read_done, vpn, mask, flash)
+        self.write_version(read_done, vpn, mask, flash)
     }
 
     /// Forget every version of `vpn`: its pages become stale, its upper
@@ -561,7 +577,7 @@ impl Journal {
         self.block_live[b] = 0;
         self.stats.erases += 1;
         if let Some(f) = flash {
-            f.erase_block(now, base);
+            f.erase_block_at(self.now_ns, now, base);
         }
         let plane = block / self.geometry.blocks_per_plane;
         if good == 0 {
@@ -643,9 +659,9 @@ mod tests {
     fn updates_chain_versions_and_only_dirty_segments_are_written() {
         let c = small();
         let mut j = Journal::new(&c, 8, 1).unwrap();
-        j.write_back(0, 3, 0xFF, None).unwrap();
+        j.write_back(0, 0, 3, 0xFF, None).unwrap();
         let first = j.locate(3, 5).unwrap().0;
-        j.write_back(0, 3, 0b0010_0100, None).unwrap(); // segments 2 and 5
+        j.write_back(0, 0, 3, 0b0010_0100, None).unwrap(); // segments 2 and 5
         assert_eq!(j.chain_length(3), 2);
         assert_eq!(j.stats().segments_written, 10);
         let (now5, hops) = j.locate(3, 5).unwrap();
@@ -670,7 +686,7 @@ mod tests {
         let base = u64::from(block) * j.pages_per_block;
         j.page_state[(base + 3) as usize] = BAD;
         j.page_state[(base + 6) as usize] = BAD;
-        j.write_back(0, 0, 0xFF, None).unwrap();
+        j.write_back(0, 0, 0, 0xFF, None).unwrap();
         let v = j.entry(0).vector();
         assert_eq!(v, 0b1011_0111 | 1 << (8 + 3) | 1 << (8 + 6), "{v:032b}");
         assert_eq!(j.locate(0, 3).unwrap().0, base + 11);
@@ -690,7 +706,7 @@ mod tests {
         for i in 0..200_000u64 {
             let vpn = rng.below(16);
             let mask = 1 << rng.below(8);
-            match j.write_back(i, vpn, mask as u32, None) {
+            match j.write_back(i, i, vpn, mask as u32, None) {
                 Ok(_) => {}
                 Err(_) => {
                     out_of_space = true;

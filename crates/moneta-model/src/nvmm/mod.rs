@@ -43,6 +43,7 @@
 
 pub mod baseline;
 pub mod cache;
+pub mod calendar;
 pub mod config;
 pub mod controller;
 pub mod dram;
