@@ -119,12 +119,10 @@ pub struct SweepArgs {
     /// Workloads, comma-separated: gups, mmap, sequential.
     #[arg(long, default_value = "gups,mmap")]
     workloads: String,
-    /// Backing-store read latencies in ns, comma-separated (NVMM and SSD).
-    #[arg(
-        long,
-        default_value = "3125,6250,12500,25000,50000,75000,150000,750000"
-    )]
-    latencies: String,
+    /// Backing-store read latencies in ns, comma-separated (NVMM and SSD)
+    /// [default: the report's 3125 … 750000].
+    #[arg(long)]
+    latencies: Option<String>,
     /// Thread counts, comma-separated.
     #[arg(long, default_value = "1,8")]
     threads: String,
@@ -297,7 +295,10 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
                 k => Ok(k),
             },
         )?,
-        latencies_ns: parse_list("--latencies", &a.latencies, number)?,
+        latencies_ns: match &a.latencies {
+            Some(list) => parse_list("--latencies", list, number)?,
+            None => SWEEP_LATENCIES_NS.to_vec(),
+        },
         threads: parse_list("--threads", &a.threads, number)?,
         prefetch: parse_list("--prefetch", &a.prefetch, number)?,
         accesses: a.shape.accesses,

@@ -102,8 +102,9 @@ fn gups_speedups_over_the_ssd_at_mlc_latency() {
             known_miss: Some(
                 "every prefetched page evicts a dirty page of the table (GUPS dirties what it \
                  touches), so a miss with prefetch also writes back up to 16 pages: programs \
-                 and channel time the report's runs evidently did not pay; it does not say \
-                 where its controller put prefetched blocks or when it wrote victims back",
+                 (1.2 ms, holding their planes) and channel time the report's runs evidently \
+                 did not pay; it does not say where its controller put prefetched blocks or \
+                 when it wrote victims back",
             ),
         },
         Check {

@@ -24,6 +24,7 @@
 //! token, CPU contention between threads (one core per thread).
 
 use super::cache::BlockCache;
+use super::calendar::Calendar;
 use super::config::NvmmConfig;
 use super::dram::DramTiming;
 use super::flash::{FlashGeometry, FlashStats, FlashTiming};
@@ -91,7 +92,7 @@ pub struct SsdSystem {
     flash: FlashTiming,
     geometry: FlashGeometry,
     link_bytes_per_s: f64,
-    link_free_ns: Ns,
+    link: Calendar,
     controller_ns: Ns,
     software_before_ns: Ns,
     software_after_ns: Ns,
@@ -119,7 +120,7 @@ impl SsdSystem {
             flash: FlashTiming::new(config),
             geometry: FlashGeometry::new(config),
             link_bytes_per_s: s.link_bytes_per_s,
-            link_free_ns: 0,
+            link: Calendar::default(),
             controller_ns: s.controller_ns,
             software_before_ns: before,
             software_after_ns: software - before,
@@ -228,9 +229,8 @@ impl SsdSystem {
         if let Some((g, b)) = group {
             flash_done = flash_done.max(self.read_flash(now, device, g, b));
         }
-        let link_start = flash_done.max(self.link_free_ns);
-        let link_done = link_start + transfer_ns(bytes, self.link_bytes_per_s);
-        self.link_free_ns = link_done;
+        let transfer = transfer_ns(bytes, self.link_bytes_per_s);
+        let link_done = self.link.reserve(now, flash_done, transfer) + transfer;
         let in_memory = self.dram.access(now, link_done, page, bytes, true);
         self.stats.pages_read += wanted.len() as u64;
         self.stats.fault_hardware_ns += in_memory - submitted;
@@ -262,12 +262,12 @@ impl SsdSystem {
     fn write_out(&mut self, now: Ns, page: u64) {
         self.stats.pages_written += 1;
         let per_flash_page = (self.flash_page_bytes / self.page_bytes).max(1);
-        let link_start = now.max(self.link_free_ns);
-        self.link_free_ns = link_start + transfer_ns(self.page_bytes, self.link_bytes_per_s);
+        let transfer = transfer_ns(self.page_bytes, self.link_bytes_per_s);
+        let link_done = self.link.reserve(now, now, transfer) + transfer;
         let physical = self.geometry.striped(page / per_flash_page);
         self.flash.program_page_at(
             now,
-            self.link_free_ns + self.controller_ns,
+            link_done + self.controller_ns,
             physical,
             self.page_bytes,
         );

@@ -2,8 +2,10 @@
 //!
 //! Every CPU access (64 B) reads the set's tags from DRAM (tags live in
 //! DRAM), then on a hit the line. On a miss: choose the LRU victim; if it is
-//! dirty, read it (and the other dirty segments of its 64 KB virtual page)
-//! out of DRAM and write them back through the journal; translate the
+//! dirty, read it out of DRAM and write it back through the journal (a new
+//! version of its virtual page holding that segment only: the cache evicts
+//! blocks, and writing the page's other dirty segments early would
+//! multiply the writes in flight); translate the
 //! address (the page table's chain, through a small TLB-like mapping cache;
 //! a miss there reads each chain entry from the mapping DRAM); read the
 //! flash page; return the requested 64 B as soon as they cross the channel
@@ -228,27 +230,19 @@ impl HybridController {
         Ok(critical)
     }
 
-    /// Write back the dirty cached segments of `block`'s virtual page
-    /// (read out of DRAM, then programmed as a new version); returns when
-    /// they have left the DRAM.
+    /// Write back the dirty block `block`: read it out of DRAM, then
+    /// program it as a new version of its virtual page holding only this
+    /// segment (the others stay in older versions). Returns when it has
+    /// left the DRAM.
     fn write_back(&mut self, now: Ns, block: u64) -> Result<Ns, OutOfSpace> {
         let vpn = block / self.segments_per_page;
-        let mut mask = 0u32;
-        let mut read_out = now;
-        for s in 0..self.segments_per_page {
-            let b = vpn * self.segments_per_page + s;
-            if let Some(w) = self.cache.find(b) {
-                if self.cache.way(w).dirty {
-                    self.cache.way_mut(w).dirty = false;
-                    mask |= 1 << s;
-                    read_out =
-                        read_out.max(
-                            self.dram
-                                .access(self.now_ns, now, b, self.page_bytes, false),
-                        );
-                }
-            }
+        let mask = 1u32 << (block % self.segments_per_page);
+        if let Some(w) = self.cache.find(block) {
+            self.cache.way_mut(w).dirty = false;
         }
+        let read_out = self
+            .dram
+            .access(self.now_ns, now, block, self.page_bytes, false);
         self.stats.write_backs += 1;
         self.journal
             .write_back(self.now_ns, read_out, vpn, mask, Some(&mut self.flash))?;

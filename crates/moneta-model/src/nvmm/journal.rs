@@ -344,19 +344,31 @@ impl Journal {
         Ok(done)
     }
 
-    /// Consolidate the longest chain to free upper-table entries.
+    /// Consolidate the longest chains until a sixteenth of the upper table
+    /// is free (in one pass, so the search is paid once per many updates).
     fn reclaim_entries(
         &mut self,
         now: Ns,
-        flash: Option<&mut FlashTiming>,
+        mut flash: Option<&mut FlashTiming>,
     ) -> Result<Ns, OutOfSpace> {
-        let (vpn, _) = self
+        let upper = self.table.len() - self.virtual_pages as usize;
+        let target = (upper / 16).max(1);
+        let mut chains: Vec<(u16, u32)> = self
             .chain_len
             .iter()
             .enumerate()
-            .max_by_key(|&(i, &l)| (l, std::cmp::Reverse(i)))
-            .expect("at least one virtual page");
-        self.consolidate(now, vpn as u64, false, flash)
+            .filter(|&(_, &l)| l > 1)
+            .map(|(v, &l)| (l, v as u32))
+            .collect();
+        chains.sort_unstable_by_key(|&(l, v)| (std::cmp::Reverse(l), v));
+        let mut done = now;
+        for (_, vpn) in chains {
+            if self.free_entries.len() >= target {
+                break;
+            }
+            done = done.max(self.consolidate(now, vpn.into(), false, flash.as_deref_mut())?);
+        }
+        Ok(done)
     }
 
     /// Read the current segments of `vpn` and write them as one version,
