@@ -60,7 +60,12 @@ impl BlockCache {
 
     #[inline]
     fn set_start(&self, block: u64) -> usize {
-        (block % self.sets) as usize * self.ways
+        let set = if self.sets.is_power_of_two() {
+            block & (self.sets - 1)
+        } else {
+            block % self.sets
+        };
+        set as usize * self.ways
     }
 
     /// The way holding `block`, marked most recently used.

@@ -10,10 +10,11 @@
 //! time are dropped, so the list is bounded by the work in flight.
 
 use crate::units::Ns;
+use std::collections::VecDeque;
 
 #[derive(Clone, Debug, Default)]
 pub struct Calendar {
-    busy: Vec<(Ns, Ns)>,
+    busy: VecDeque<(Ns, Ns)>,
 }
 
 impl Calendar {
@@ -30,9 +31,12 @@ impl Calendar {
     /// The start `reserve` would give, without booking it.
     #[inline]
     pub fn first_fit(&mut self, now_ns: Ns, earliest_ns: Ns, duration_ns: Ns) -> Ns {
-        let old = self.busy.partition_point(|&(_, end)| end <= now_ns);
-        if old > 0 {
-            self.busy.drain(..old);
+        while self.busy.front().is_some_and(|&(_, end)| end <= now_ns) {
+            self.busy.pop_front();
+        }
+        // Common case: nothing booked after `earliest_ns`.
+        if self.last_end() <= earliest_ns {
+            return earliest_ns;
         }
         let mut start = earliest_ns;
         let mut at = self.busy.partition_point(|&(_, end)| end <= start);
@@ -53,6 +57,10 @@ impl Calendar {
         if duration_ns == 0 {
             return;
         }
+        if self.last_end() <= start_ns {
+            self.busy.push_back((start_ns, start_ns + duration_ns));
+            return;
+        }
         let at = self.busy.partition_point(|&(s, _)| s < start_ns);
         debug_assert!(at == 0 || self.busy[at - 1].1 <= start_ns, "overlap");
         debug_assert!(
@@ -64,7 +72,7 @@ impl Calendar {
 
     /// When the last booked interval ends (0 if none).
     pub fn last_end(&self) -> Ns {
-        self.busy.last().map_or(0, |&(_, end)| end)
+        self.busy.back().map_or(0, |&(_, end)| end)
     }
 
     pub fn len(&self) -> usize {

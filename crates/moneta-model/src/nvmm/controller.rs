@@ -118,7 +118,7 @@ impl HybridController {
     pub fn access(&mut self, now_ns: Ns, a: Access) -> Result<Ns, OutOfSpace> {
         self.stats.accesses += 1;
         self.now_ns = now_ns;
-        let block = a.addr / self.page_bytes;
+        let block = a.addr >> self.page_bytes.trailing_zeros(); // a power of two (validated)
         let t = now_ns + self.controller_ns;
         let tags_read = self.dram.access(now_ns, t, block, self.line_bytes, false);
         if let Some(w) = self.cache.lookup(block) {

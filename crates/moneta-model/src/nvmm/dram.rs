@@ -24,6 +24,8 @@ pub struct DramTiming {
     banks: Vec<Calendar>,
     buses: Vec<Calendar>,
     latest_now_ns: Ns,
+    line_bytes: u64,
+    line_transfer_ns: Ns,
     /// Bytes moved, for reports.
     pub bytes: u64,
 }
@@ -41,6 +43,8 @@ impl DramTiming {
             banks: vec![Calendar::default(); banks],
             buses: vec![Calendar::default(); d.channels as usize],
             latest_now_ns: 0,
+            line_bytes: d.line_bytes,
+            line_transfer_ns: transfer_ns(d.line_bytes, d.channel_bytes_per_s),
             bytes: 0,
         }
     }
@@ -56,15 +60,32 @@ impl DramTiming {
     /// the bus.
     #[inline]
     pub fn access(&mut self, now_ns: Ns, start_ns: Ns, block: u64, bytes: u64, write: bool) -> Ns {
-        let channel = (block % self.channels) as usize;
-        let bank = channel * self.banks_per_channel as usize
-            + ((block / self.channels) % self.banks_per_channel) as usize;
+        let (channel, bank_in_channel) =
+            if self.channels.is_power_of_two() && self.banks_per_channel.is_power_of_two() {
+                // Shifts and masks: this runs several times per simulated access.
+                let shift = self.channels.trailing_zeros();
+                (
+                    block & (self.channels - 1),
+                    (block >> shift) & (self.banks_per_channel - 1),
+                )
+            } else {
+                (
+                    block % self.channels,
+                    (block / self.channels) % self.banks_per_channel,
+                )
+            };
+        let channel = channel as usize;
+        let bank = channel * self.banks_per_channel as usize + bank_in_channel as usize;
         let latency = if write {
             self.latency_ns_write
         } else {
             self.latency_ns_read
         };
-        let transfer = transfer_ns(bytes, self.bytes_per_s);
+        let transfer = if bytes == self.line_bytes {
+            self.line_transfer_ns
+        } else {
+            transfer_ns(bytes, self.bytes_per_s)
+        };
         self.latest_now_ns = self.latest_now_ns.max(now_ns);
         let now = self.latest_now_ns;
         let mut start = start_ns.max(now);
