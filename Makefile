@@ -58,7 +58,7 @@ test: setup
 	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
 	$(CARGO) bench -p moneta-model --bench san_speed -- --smoke
 	$(MONETA) nvmm sim sweep --latencies 25000,75000 --threads 1,8
-	$(MONETA) nvmm sim wear --blocks-per-plane 4
+	$(MONETA) nvmm sim wear --endurance-scale 1000
 	$(CARGO) bench -p moneta-model --bench nvmm_speed -- --smoke
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);

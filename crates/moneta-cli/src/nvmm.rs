@@ -22,7 +22,7 @@ use std::path::PathBuf;
 pub enum NvmmCommand {
     /// Simulate NVMM and its baselines in virtual time.
     #[command(subcommand)]
-    Sim(NvmmSim),
+    Sim(Box<NvmmSim>),
     /// List the NVMM presets (--verbose: their TOML).
     Presets {
         #[arg(long)]
@@ -141,12 +141,13 @@ pub struct WearArgs {
     /// Rate at which write-backs reach the flash, MB/s (10^6 B/s).
     #[arg(long, default_value_t = 50.0)]
     write_rate_mb_s: f64,
-    /// Share of the flash holding live data.
-    #[arg(long, default_value_t = 0.5)]
+    /// Share of the flash holding live data (below 0.5, or the data stops
+    /// fitting before half the flash is retired).
+    #[arg(long, default_value_t = 0.25)]
     utilization: f64,
     /// Divide page endurance by this in the simulation (times are
     /// multiplied back) so that wearing out takes seconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 100)]
     endurance_scale: u64,
     /// Blocks per plane for the wear run (a smaller flash wears out faster
     /// to simulate; the times are scaled to one 8 Gb device).
@@ -156,9 +157,11 @@ pub struct WearArgs {
 
 pub fn dispatch(command: NvmmCommand) -> Result<(), String> {
     match command {
-        NvmmCommand::Sim(NvmmSim::Run(a)) => sim_run(a),
-        NvmmCommand::Sim(NvmmSim::Sweep(a)) => sim_sweep(a),
-        NvmmCommand::Sim(NvmmSim::Wear(a)) => sim_wear(a),
+        NvmmCommand::Sim(sim) => match *sim {
+            NvmmSim::Run(a) => sim_run(a),
+            NvmmSim::Sweep(a) => sim_sweep(a),
+            NvmmSim::Wear(a) => sim_wear(a),
+        },
         NvmmCommand::Presets { verbose } => {
             for (name, text) in NVMM_PRESETS {
                 let c = NvmmConfig::preset(name).map_err(|e| e.to_string())?;
@@ -393,6 +396,7 @@ fn sim_wear(a: WearArgs) -> Result<(), String> {
             "endurance_cycles",
             "write_rate_bytes_per_s",
             "write_amplification",
+            "retired_fraction_at_end",
             "days_to_half_one_8gb_device",
             "days_to_end_one_8gb_device",
             "years_to_half_1000_devices",

@@ -403,7 +403,8 @@ impl NvmmConfig {
             ));
         }
         let blocks = self.cache_blocks();
-        if blocks < u64::from(self.controller.ways) || blocks % u64::from(self.controller.ways) != 0
+        if blocks < u64::from(self.controller.ways)
+            || !blocks.is_multiple_of(u64::from(self.controller.ways))
         {
             return Err(err(
                 "dram.capacity_bytes",
@@ -411,7 +412,9 @@ impl NvmmConfig {
             ));
         }
         let os_pages = self.dram.capacity_bytes / self.ssd.page_bytes;
-        if os_pages % u64::from(self.ssd.ways) != 0 || !self.ssd.page_bytes.is_power_of_two() {
+        if !os_pages.is_multiple_of(u64::from(self.ssd.ways))
+            || !self.ssd.page_bytes.is_power_of_two()
+        {
             return Err(err(
                 "ssd.ways",
                 "dram.capacity_bytes / ssd.page_bytes must be a multiple of ssd.ways",

@@ -155,16 +155,12 @@ impl HybridController {
         }
         self.stats.misses += 1;
         let critical = self.fill(tags_read, block, a.kind != AccessKind::Read, false)?;
-        let mut next = block + 1;
-        for _ in 0..self.prefetch_pages {
-            if next >= self.footprint_blocks {
-                break;
-            }
+        let last = (block + self.prefetch_pages).min(self.footprint_blocks.saturating_sub(1));
+        for next in block + 1..=last {
             if !self.cache.contains(next) {
                 self.fill(tags_read, next, false, true)?;
                 self.stats.prefetches += 1;
             }
-            next += 1;
         }
         Ok(match a.kind {
             AccessKind::Write => tags_read,

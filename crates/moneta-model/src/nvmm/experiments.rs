@@ -140,6 +140,8 @@ pub struct WearReport {
     pub utilization: f64,
     pub segments_written_to_half: u64,
     pub segments_written_to_end: u64,
+    /// Share of flash pages retired when no write fit any more.
+    pub retired_fraction_at_end: f64,
     /// Flash pages programmed per segment written by the host.
     pub write_amplification: f64,
     pub days_to_half_simulated_flash: f64,
@@ -202,6 +204,8 @@ pub fn wear(
             to_half = Some(written);
         }
     }
+    // Worn out before half was retired (the live data no longer fits):
+    // "half" is then the end.
     let to_half = to_half.unwrap_or(written);
     let s = journal.stats();
     let programmed = s.pages_programmed - base.pages_programmed;
@@ -220,6 +224,7 @@ pub fn wear(
         utilization,
         segments_written_to_half: to_half,
         segments_written_to_end: written,
+        retired_fraction_at_end: journal.retired_fraction(),
         write_amplification: programmed as f64 / written.max(1) as f64,
         days_to_half_simulated_flash: seconds(to_half) / day,
         days_to_end_simulated_flash: seconds(written) / day,
@@ -229,4 +234,28 @@ pub fn wear(
         years_to_end_1000_devices: seconds(written) * device_scale * 1000.0 / day / 365.0,
         seed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wear_retires_half_before_the_end_and_scales_with_devices() {
+        let mut c = NvmmConfig::preset("nvmm-slc").unwrap();
+        c.flash.blocks_per_plane = 8;
+        c.flash.channels = 2;
+        c.flash.volumes_per_channel = 2;
+        let r = wear(&c, 50e6, 0.25, 5000, 3).unwrap();
+        println!("{r:?}");
+        assert!(r.segments_written_to_half <= r.segments_written_to_end);
+        // Worn out: enough pages retired that writes stop fitting (with
+        // SLC endurance scaled to 20 cycles: a fifth or more).
+        assert!(r.retired_fraction_at_end >= 0.2, "{r:?}");
+        assert!(r.write_amplification >= 1.0);
+        let ratio = r.years_to_half_1000_devices * 365.0 / r.days_to_half_one_8gb_device;
+        assert!((ratio - 1000.0).abs() < 1e-6);
+        assert!(wear(&c, 0.0, 0.25, 10, 3).is_err());
+        assert!(wear(&c, 1e6, 0.9, 10, 3).is_err());
+    }
 }

@@ -166,7 +166,7 @@ impl Journal {
             return Err(OutOfSpace {
                 message: format!(
                     "{virtual_pages} virtual pages of 64 KB need more than 80% of the {} MB of flash",
-                    pages * geometry.page_bytes >> 20
+                    (pages * geometry.page_bytes) >> 20
                 ),
             });
         }
