@@ -157,7 +157,7 @@ fn mmap_prefetch_threads_and_the_crossover() {
             high: 4.0,
             known_miss: Some(
                 "our SSD system scales 7.4× from 1 to 8 threads (one core per thread, no kernel \
-                 lock contention, no software variance); NVMM 6.6× (flash queueing). The \
+                 lock contention, no software variance); NVMM 6.5× (flash queueing). The \
                  report's Linux evidently scaled worse",
             ),
         },
