@@ -27,6 +27,10 @@ pub const NVMM_PRESETS: &[(&str, &str)] = &[
     ("nvmm-slc-8", include_str!("../../presets/nvmm-slc-8.toml")),
     ("nvmm-pcm", include_str!("../../presets/nvmm-pcm.toml")),
     (
+        "nvmm-pcm-optimistic",
+        include_str!("../../presets/nvmm-pcm-optimistic.toml"),
+    ),
+    (
         "nvmm-mlc-onfi4",
         include_str!("../../presets/nvmm-mlc-onfi4.toml"),
     ),
