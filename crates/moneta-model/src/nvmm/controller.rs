@@ -245,3 +245,64 @@ impl HybridController {
         Ok(read_out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> NvmmConfig {
+        let mut c = NvmmConfig::preset("nvmm-slc").unwrap();
+        c.dram.capacity_bytes = 16 * 8192; // 16 blocks: one set of 16 ways
+        c
+    }
+
+    fn read(addr: u64) -> Access {
+        Access {
+            addr,
+            kind: AccessKind::Read,
+        }
+    }
+
+    #[test]
+    fn a_miss_returns_the_line_when_it_crosses_the_channel_and_then_hits() {
+        let c = small();
+        let mut n = HybridController::new(&c, 1 << 20, 1).unwrap();
+        let t = n.access(0, read(8192 * 3 + 64)).unwrap();
+        let flash = FlashTiming::new(&c);
+        // Tags (DRAM) + controller + the flash read up to the first 64 B.
+        let floor = c.flash.read_ns + c.flash.command_ns + c.flash.ftl_ns;
+        assert!(t > floor && t < floor + 2_000, "{t}");
+        assert!(t < flash.idle_read_ns(8192), "critical word first");
+        let hit = n.access(t + 30_000, read(8192 * 3)).unwrap() - (t + 30_000);
+        assert!(hit < 200, "{hit}");
+        let s = n.stats();
+        assert_eq!((s.misses, s.hits), (1, 1));
+    }
+
+    #[test]
+    fn prefetch_fills_the_next_pages_and_dirty_victims_are_written_back() {
+        let mut c = small();
+        c.controller.prefetch_pages = 4;
+        let mut n = HybridController::new(&c, 1 << 20, 1).unwrap();
+        n.access(0, read(0)).unwrap();
+        assert_eq!(n.stats().prefetches, 4);
+        assert_eq!(n.flash_stats().reads, 5);
+        let t = n.access(1_000_000, read(8192 * 2)).unwrap();
+        assert_eq!(n.stats().prefetches_used, 1);
+        assert!(t - 1_000_000 < 200);
+        // Dirty 16 blocks, then miss on 16 others: each evicts a dirty block.
+        c.controller.prefetch_pages = 0;
+        let mut n = HybridController::new(&c, 1 << 20, 1).unwrap();
+        let mut now = 0;
+        for b in 0..32u64 {
+            let a = Access {
+                addr: b * 8192,
+                kind: AccessKind::Update,
+            };
+            now = n.access(now, a).unwrap() + 10;
+        }
+        assert_eq!(n.stats().write_backs, 16);
+        assert_eq!(n.journal_stats().write_backs - 16, 16); // 16 preloaded pages
+        assert_eq!(n.flash_stats().programs, 16);
+    }
+}
