@@ -10,11 +10,13 @@
 //! time are dropped, so the list is bounded by the work in flight.
 
 use crate::units::Ns;
-use std::collections::VecDeque;
 
 #[derive(Clone, Debug, Default)]
 pub struct Calendar {
-    busy: VecDeque<(Ns, Ns)>,
+    /// Intervals from `head` on are live; those before it ended already
+    /// and are dropped in batches (cheaper than shifting on every call).
+    busy: Vec<(Ns, Ns)>,
+    head: usize,
 }
 
 impl Calendar {
@@ -28,20 +30,34 @@ impl Calendar {
         start
     }
 
+    /// Drop intervals that ended by `now_ns`.
+    #[inline]
+    pub fn prune(&mut self, now_ns: Ns) {
+        while self.head < self.busy.len() && self.busy[self.head].1 <= now_ns {
+            self.head += 1;
+        }
+        if self.head == self.busy.len() {
+            self.busy.clear();
+            self.head = 0;
+        } else if self.head >= 64 {
+            self.busy.drain(..self.head);
+            self.head = 0;
+        }
+    }
+
     /// The start `reserve` would give, without booking it.
     #[inline]
     pub fn first_fit(&mut self, now_ns: Ns, earliest_ns: Ns, duration_ns: Ns) -> Ns {
-        while self.busy.front().is_some_and(|&(_, end)| end <= now_ns) {
-            self.busy.pop_front();
-        }
+        self.prune(now_ns);
         // Common case: nothing booked after `earliest_ns`.
         if self.last_end() <= earliest_ns {
             return earliest_ns;
         }
+        let live = &self.busy[self.head..];
         let mut start = earliest_ns;
-        let mut at = self.busy.partition_point(|&(_, end)| end <= start);
-        while at < self.busy.len() {
-            let (b_start, b_end) = self.busy[at];
+        let mut at = live.partition_point(|&(_, end)| end <= start);
+        while at < live.len() {
+            let (b_start, b_end) = live[at];
             if start + duration_ns <= b_start {
                 break;
             }
@@ -58,11 +74,14 @@ impl Calendar {
             return;
         }
         if self.last_end() <= start_ns {
-            self.busy.push_back((start_ns, start_ns + duration_ns));
+            self.busy.push((start_ns, start_ns + duration_ns));
             return;
         }
-        let at = self.busy.partition_point(|&(s, _)| s < start_ns);
-        debug_assert!(at == 0 || self.busy[at - 1].1 <= start_ns, "overlap");
+        let at = self.head + self.busy[self.head..].partition_point(|&(s, _)| s < start_ns);
+        debug_assert!(
+            at == self.head || self.busy[at - 1].1 <= start_ns,
+            "overlap"
+        );
         debug_assert!(
             at == self.busy.len() || start_ns + duration_ns <= self.busy[at].0,
             "overlap"
@@ -71,16 +90,21 @@ impl Calendar {
     }
 
     /// When the last booked interval ends (0 if none).
+    #[inline]
     pub fn last_end(&self) -> Ns {
-        self.busy.back().map_or(0, |&(_, end)| end)
+        if self.head < self.busy.len() {
+            self.busy[self.busy.len() - 1].1
+        } else {
+            0
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.busy.len()
+        self.busy.len() - self.head
     }
 
     pub fn is_empty(&self) -> bool {
-        self.busy.is_empty()
+        self.len() == 0
     }
 }
 

@@ -92,7 +92,14 @@ impl DramTiming {
         // The bank from `start`, the bus from `start + latency`: find a start
         // where both are free.
         let mut found = false;
-        for _ in 0..8 {
+        self.banks[bank].prune(now);
+        self.buses[channel].prune(now);
+        if self.banks[bank].last_end() <= start && self.buses[channel].last_end() <= start + latency
+        {
+            // Nothing booked ahead on either: free now (the loop would say so).
+            found = true;
+        }
+        for _ in 0..if found { 0 } else { 8 } {
             start = self.banks[bank].first_fit(now, start, latency + transfer);
             let bus = self.buses[channel].first_fit(now, start + latency, transfer);
             if bus == start + latency {
