@@ -2,7 +2,7 @@
 CARGO ?= cargo
 MONETA := target/release/moneta
 
-.PHONY: all setup build run test bench fidelity calibrate torture san clean
+.PHONY: all setup build run test bench fidelity calibrate torture san nvmm clean
 
 all: build
 
@@ -59,6 +59,9 @@ test: setup
 	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
 	$(CARGO) bench -p moneta-model --bench san_speed -- --smoke
 	$(CARGO) bench -p moneta-wire --bench wire -- --smoke
+	$(MONETA) nvmm sim sweep --latencies 25000,75000 --threads 1,8
+	$(MONETA) nvmm sim wear --endurance-scale 1000
+	$(CARGO) bench -p moneta-model --bench nvmm_speed -- --smoke
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
 # emulator software overhead against pread(2) on tmpfs and against the raw
@@ -68,6 +71,7 @@ bench: build
 	$(MONETA) sim speed --preset moneta --ops 4000000
 	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
 	$(CARGO) bench -p moneta-model --bench san_speed
+	$(CARGO) bench -p moneta-model --bench nvmm_speed
 	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
 	$(CARGO) bench -p libmoneta --bench overhead -- --json $(CURDIR)/out/overhead.json
 	$(CARGO) bench -p moneta-nbd --bench nbd -- --json $(CURDIR)/out/nbd.json
@@ -107,6 +111,14 @@ san: build
 	$(MONETA) san sim replication --format json --plot out/san/replication.svg > out/san/replication.json
 	$(MONETA) san sim energy --format json --plot out/san/energy.svg > out/san/energy.json
 	$(MONETA) san sim sort --scale 0.01 --format json --plot out/san/sort.svg > out/san/sort.json
+
+# NVMM (SPEC §7, issue 13): the report's backing-store latency sweep (GUPS
+# and MMAP; NVMM with and without prefetch, 1 and 8 threads, against DRAM +
+# SSD and all-DRAM), its plot, and the wear estimate.
+nvmm: build
+	@mkdir -p out
+	$(MONETA) nvmm sim sweep --plot out/nvmm_sweep.svg
+	$(MONETA) nvmm sim wear
 
 clean:
 	$(CARGO) clean

@@ -17,6 +17,7 @@
 
 mod emu;
 mod mount;
+mod nvmm;
 mod output;
 mod plot;
 mod san;
@@ -81,6 +82,9 @@ enum Command {
     /// QuickSAN (SPEC §4): the SAN of Moneta SSDs with network ports.
     #[command(subcommand)]
     San(Box<san::SanCommand>),
+    /// NVMM (SPEC §7): journaled flash main memory behind a DRAM cache.
+    #[command(subcommand)]
+    Nvmm(Box<nvmm::NvmmCommand>),
     /// Compare the model with the published numbers (SPEC §1.9, §2).
     Calibrate {
         #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -379,6 +383,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Presets { .. }
             | Command::Sim(_)
             | Command::San(_)
+            | Command::Nvmm(_)
             | Command::Config(_)
             | Command::Calibrate { .. }
     ) {
@@ -402,6 +407,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Run(a) => emu::run_program(a),
         Command::Calibrate { format } => calibrate(format),
         Command::San(c) => san::dispatch(*c),
+        Command::Nvmm(c) => nvmm::dispatch(*c),
         Command::Config(ConfigCommand::Dump(a)) => config_dump(&a),
     }
 }

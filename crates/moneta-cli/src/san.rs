@@ -318,20 +318,20 @@ fn positive_size(size: u64) -> Result<u64, String> {
 }
 
 /// Progress on stderr, when it is a terminal.
-struct Meter {
+pub(crate) struct Meter {
     on: bool,
     started: Instant,
 }
 
 impl Meter {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Meter {
             on: std::io::stderr().is_terminal(),
             started: Instant::now(),
         }
     }
 
-    fn tick(&mut self, done: usize, all: usize, what: &str) {
+    pub(crate) fn tick(&mut self, done: usize, all: usize, what: &str) {
         if !self.on {
             return;
         }
@@ -439,7 +439,7 @@ fn emit<T: Serialize>(
 
 /// Columns of the rows' JSON: integers whole, other numbers to three
 /// significant digits (at least two decimals).
-fn table<T: Serialize>(
+pub(crate) fn table<T: Serialize>(
     rows: &[T],
     columns: &[&str],
 ) -> Result<(Vec<String>, Vec<Vec<String>>), String> {

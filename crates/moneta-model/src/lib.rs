@@ -18,6 +18,8 @@
 //!   Ethernet fabric into one global address space, with mirroring; the
 //!   port and its packets are device components (`device::network`,
 //!   `device::packet`).
+//! - [`nvmm`]: NVMM (SPEC §7): a DRAM-cached, journaled flash main memory,
+//!   its SSD and all-DRAM baselines.
 //! - [`kernel`]: the event kernel, clocks and seeded randomness.
 //! - [`config`]: presets as data, overrides, validation.
 //! - [`experiment`]: runs one configured experiment and reports its results.
@@ -30,6 +32,7 @@ pub mod device;
 pub mod experiment;
 pub mod host;
 pub mod kernel;
+pub mod nvmm;
 pub mod san;
 pub mod stats;
 pub mod summary;

@@ -19,7 +19,7 @@ use toml::{Table, Value};
 const ROOT_PRESET: &str = "moneta";
 
 /// Parse one layer's TOML text; `origin` names it in errors.
-pub(super) fn parse(text: &str, origin: &str) -> Result<Table, ConfigError> {
+pub(crate) fn parse(text: &str, origin: &str) -> Result<Table, ConfigError> {
     text.parse()
         .map_err(|e| err("", format!("{origin} is not valid TOML: {e}")))
 }
@@ -70,7 +70,7 @@ pub(super) fn overlay(base: &mut Table, mut top: Table) {
     overlay_tables(base, top);
 }
 
-fn overlay_tables(base: &mut Table, top: Table) {
+pub(crate) fn overlay_tables(base: &mut Table, top: Table) {
     for (key, value) in top {
         match (base.get_mut(&key), value) {
             (Some(Value::Table(b)), Value::Table(t)) => overlay_tables(b, t),
@@ -87,7 +87,7 @@ fn overlay_tables(base: &mut Table, top: Table) {
 pub(super) fn build(tree: Table) -> Result<Config, ConfigError> {
     let schema = schema();
     check_keys(&tree, &schema, "")?;
-    let config = deserialize(tree, &schema)?;
+    let config: Config = deserialize(tree, &schema)?;
     config.validate()?;
     Ok(config)
 }
@@ -114,7 +114,7 @@ pub(super) fn unknown_key(key: &str, section: &Table) -> ConfigError {
     )
 }
 
-fn check_keys(tree: &Table, schema: &Table, prefix: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_keys(tree: &Table, schema: &Table, prefix: &str) -> Result<(), ConfigError> {
     for (name, value) in tree {
         let key = join(prefix, name);
         match (schema.get(name), value) {
@@ -140,9 +140,12 @@ fn check_keys(tree: &Table, schema: &Table, prefix: &str) -> Result<(), ConfigEr
 /// Deserialize a tree whose keys are right. serde's message for a bad value
 /// does not say where it is, so on failure each value is tried alone in the
 /// schema's tree to find the key it belongs to.
-fn deserialize(tree: Table, schema: &Table) -> Result<Config, ConfigError> {
+pub(crate) fn deserialize<T: serde::de::DeserializeOwned>(
+    tree: Table,
+    schema: &Table,
+) -> Result<T, ConfigError> {
     let whole = Value::Table(tree);
-    let e = match whole.clone().try_into::<Config>() {
+    let e = match whole.clone().try_into::<T>() {
         Ok(config) => return Ok(config),
         Err(e) => e,
     };
@@ -151,7 +154,7 @@ fn deserialize(tree: Table, schema: &Table) -> Result<Config, ConfigError> {
     for (key, value) in leaves {
         let mut probe = Value::Table(schema.clone());
         *lookup_mut(&mut probe, &key)? = value.clone();
-        if let Err(e) = probe.try_into::<Config>() {
+        if let Err(e) = probe.try_into::<T>() {
             return Err(err(&key, serde_message(&e)));
         }
     }
@@ -170,7 +173,7 @@ fn collect_leaves<'a>(value: &'a Value, prefix: &str, out: &mut Vec<(String, &'a
 }
 
 /// The value at a dotted key; an unknown key is an error listing its section's keys.
-pub(super) fn lookup_mut<'a>(tree: &'a mut Value, key: &str) -> Result<&'a mut Value, ConfigError> {
+pub(crate) fn lookup_mut<'a>(tree: &'a mut Value, key: &str) -> Result<&'a mut Value, ConfigError> {
     let mut node = tree;
     for part in key.split('.') {
         let section = node

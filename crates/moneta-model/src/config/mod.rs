@@ -8,11 +8,12 @@
 //! enum values and impossible values are errors that name the key
 //! (DESIGN.md "Configuration as data").
 
-mod layer;
+pub(crate) mod layer;
 mod presets;
 mod technology;
 
 pub use presets::{preset_names, preset_source, PRESETS};
+pub(crate) use technology::names as technology_names;
 pub use technology::{Technology, TECHNOLOGIES};
 
 use serde::{Deserialize, Serialize};
@@ -37,7 +38,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err(key: &str, message: impl Into<String>) -> ConfigError {
+pub(crate) fn err(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         key: key.to_string(),
         message: message.into(),
@@ -752,7 +753,7 @@ fn power_of_two(key: &str, v: u64) -> Result<(), ConfigError> {
     }
 }
 
-fn parse_value(raw: &str) -> toml::Value {
+pub(crate) fn parse_value(raw: &str) -> toml::Value {
     let wrapped = format!("v = {raw}");
     match wrapped.parse::<toml::Table>() {
         Ok(mut t) => t
@@ -763,7 +764,7 @@ fn parse_value(raw: &str) -> toml::Value {
 }
 
 /// Integers are accepted where floats are expected (`link.bandwidth_bytes_per_s=1e9` or `=1000000000`).
-fn coerce_like(old: &toml::Value, new: toml::Value) -> Result<toml::Value, String> {
+pub(crate) fn coerce_like(old: &toml::Value, new: toml::Value) -> Result<toml::Value, String> {
     match (old, new) {
         (toml::Value::Float(_), toml::Value::Integer(i)) => Ok(toml::Value::Float(i as f64)),
         (toml::Value::Integer(_), toml::Value::Float(f)) if f.fract() == 0.0 && f >= 0.0 => {

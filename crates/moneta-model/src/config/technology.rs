@@ -62,6 +62,24 @@ pub const TECHNOLOGIES: &[Technology] = &[
         source: "SLC NAND 25/200 µs",
     },
     Technology {
+        name: "slc-nand-8",
+        latency_ns_read: 3125,
+        latency_ns_write: 200_000,
+        source: "SLC/8: a read latency reachable by design trade-offs (NVMM table: Micron 2012; Micheloni et al. 2010)",
+    },
+    Technology {
+        name: "slc-nand-4",
+        latency_ns_read: 6250,
+        latency_ns_write: 200_000,
+        source: "SLC/4 (NVMM table: Micheloni et al. 2010)",
+    },
+    Technology {
+        name: "slc-nand-2",
+        latency_ns_read: 12_500,
+        latency_ns_write: 200_000,
+        source: "SLC/2 (NVMM table: Micron 2012)",
+    },
+    Technology {
         name: "mlc-nand",
         latency_ns_read: 50_000,
         latency_ns_write: 1_200_000,

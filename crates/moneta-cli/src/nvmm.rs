@@ -1,0 +1,430 @@
+//! `moneta nvmm sim …`: NVMM (SPEC §7) in virtual time, on the model
+//! `moneta_model::nvmm`: one run (`run`), the report's backing-store latency
+//! sweep (`sweep`), and the wear-out estimate (`wear`); `moneta nvmm
+//! presets` lists the presets. Every command prints a table, JSON or CSV,
+//! shows progress on stderr when it is a terminal, and `sweep` writes an
+//! SVG plot (`--plot`).
+
+use crate::output::{print_csv, print_json, Format};
+use crate::plot::{self, Chart, Series};
+use crate::san::{table, Meter};
+use clap::{Args, Subcommand};
+use moneta_model::nvmm::experiments::{
+    self, latency_sweep, standard_workload, SweepSetup, REPORT_PREFETCH_PAGES, SWEEP_LATENCIES_NS,
+};
+use moneta_model::nvmm::system::{run, SystemKind};
+use moneta_model::nvmm::workload::{Workload, WorkloadKind};
+use moneta_model::nvmm::{NvmmConfig, NVMM_PRESETS};
+use serde::Serialize;
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum NvmmCommand {
+    /// Simulate NVMM and its baselines in virtual time.
+    #[command(subcommand)]
+    Sim(Box<NvmmSim>),
+    /// List the NVMM presets (--verbose: their TOML).
+    Presets {
+        #[arg(long)]
+        verbose: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum NvmmSim {
+    /// One workload on NVMM, the DRAM + SSD system and all-DRAM.
+    Run(RunArgs),
+    /// The report's latency sweep: backing-store latency 3.125 µs … 750 µs,
+    /// NVMM with and without prefetch, 1 and N threads, against the SSD.
+    Sweep(SweepArgs),
+    /// How long until half the flash is retired, and until it is worn out,
+    /// at a write rate (SPEC §7 "Wear").
+    Wear(WearArgs),
+}
+
+/// The configuration: a preset or file, with overrides.
+#[derive(Args, Clone)]
+pub struct NvmmConfigArgs {
+    /// NVMM preset (`moneta nvmm presets`).
+    #[arg(long, default_value = "nvmm-mlc")]
+    preset: String,
+    /// Configuration file in the NVMM presets' schema: every key, or
+    /// `inherits = "PRESET"` and the keys that differ. Instead of --preset.
+    #[arg(long, value_name = "FILE.toml")]
+    config: Option<PathBuf>,
+    /// Override any key, e.g. --set controller.prefetch_pages=16 or
+    /// --set flash.technology=slc-nand (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Random seed: the same seed gives the same numbers.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output format: a table, JSON, or CSV.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+}
+
+impl NvmmConfigArgs {
+    fn config(&self) -> Result<NvmmConfig, String> {
+        let mut c = match &self.config {
+            Some(path) => NvmmConfig::from_file(path)
+                .map_err(|e| format!("--config {}: {e}", path.display()))?,
+            None => NvmmConfig::preset(&self.preset).map_err(|e| e.to_string())?,
+        };
+        for s in &self.set {
+            c.set(s).map_err(|e| format!("--set {s}: {e}"))?;
+        }
+        Ok(c)
+    }
+}
+
+/// The workload's shape.
+#[derive(Args, Clone)]
+pub struct WorkloadArgs {
+    /// Accesses of all threads together [default: GUPS 5000, MMAP 10,000,
+    /// sequential 100,000, as in the report].
+    #[arg(long)]
+    accesses: Option<u64>,
+    /// Footprint (GUPS table, MMAP file) as a multiple of the DRAM size.
+    #[arg(long, default_value_t = 2.0)]
+    footprint_ratio: f64,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    common: NvmmConfigArgs,
+    #[command(flatten)]
+    shape: WorkloadArgs,
+    /// gups, mmap, sequential, or trace (with --trace).
+    #[arg(long, default_value = "gups")]
+    workload: String,
+    /// Address trace: lines `R|W|U ADDRESS [THREAD]` (trace workload).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Threads (one per core; ignored for a trace, which names its own).
+    #[arg(long, default_value_t = 1)]
+    threads: u32,
+    /// Systems, comma-separated: nvmm, ssd, all-dram, or all.
+    #[arg(long, default_value = "all")]
+    systems: String,
+}
+
+#[derive(Args)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    common: NvmmConfigArgs,
+    #[command(flatten)]
+    shape: WorkloadArgs,
+    /// Workloads, comma-separated: gups, mmap, sequential.
+    #[arg(long, default_value = "gups,mmap")]
+    workloads: String,
+    /// Backing-store read latencies in ns, comma-separated (NVMM and SSD)
+    /// [default: the report's 3125 … 750000].
+    #[arg(long)]
+    latencies: Option<String>,
+    /// Thread counts, comma-separated.
+    #[arg(long, default_value = "1,8")]
+    threads: String,
+    /// NVMM prefetch depths, comma-separated (0: off; the report: 16).
+    #[arg(long, default_value = "0,16")]
+    prefetch: String,
+    /// Write an SVG plot: NVMM's speedup over the SSD against latency.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub struct WearArgs {
+    #[command(flatten)]
+    common: NvmmConfigArgs,
+    /// Rate at which write-backs reach the flash, MB/s (10^6 B/s).
+    #[arg(long, default_value_t = 50.0)]
+    write_rate_mb_s: f64,
+    /// Share of the flash holding live data (below 0.5, or the data stops
+    /// fitting before half the flash is retired).
+    #[arg(long, default_value_t = 0.25)]
+    utilization: f64,
+    /// Divide page endurance by this in the simulation (times are
+    /// multiplied back) so that wearing out takes seconds.
+    #[arg(long, default_value_t = 100)]
+    endurance_scale: u64,
+    /// Blocks per plane for the wear run (a smaller flash wears out faster
+    /// to simulate; the times are scaled to one 8 Gb device).
+    #[arg(long, default_value_t = 8)]
+    blocks_per_plane: u32,
+}
+
+pub fn dispatch(command: NvmmCommand) -> Result<(), String> {
+    match command {
+        NvmmCommand::Sim(sim) => match *sim {
+            NvmmSim::Run(a) => sim_run(a),
+            NvmmSim::Sweep(a) => sim_sweep(a),
+            NvmmSim::Wear(a) => sim_wear(a),
+        },
+        NvmmCommand::Presets { verbose } => {
+            for (name, text) in NVMM_PRESETS {
+                let c = NvmmConfig::preset(name).map_err(|e| e.to_string())?;
+                println!("{name:<16} {}", c.description);
+                if verbose {
+                    println!("{text}");
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn parse_list<T>(
+    what: &str,
+    list: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Vec<T>, String> {
+    let items: Vec<T> = list
+        .split(',')
+        .map(|s| parse(s.trim()).map_err(|e| format!("{what}: {e}")))
+        .collect::<Result<_, _>>()?;
+    if items.is_empty() {
+        return Err(format!("{what}: empty list"));
+    }
+    Ok(items)
+}
+
+fn number<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.parse().map_err(|_| format!("'{s}' is not a number"))
+}
+
+/// Print rows as the format asks; the table shows `columns`.
+fn emit<T: Serialize>(
+    common: &NvmmConfigArgs,
+    config: &NvmmConfig,
+    title: &str,
+    rows: &[T],
+    columns: &[&str],
+) -> Result<(), String> {
+    match common.format {
+        Format::Json => print_json(rows),
+        Format::Csv => print_csv(rows),
+        Format::Table => {
+            let (header, cells) = table(rows, columns)?;
+            println!("{title}  (preset {}, seed {})", config.name, common.seed);
+            let widths: Vec<usize> = (0..header.len())
+                .map(|i| {
+                    cells
+                        .iter()
+                        .map(|r| r[i].chars().count())
+                        .chain([header[i].chars().count()])
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            for r in std::iter::once(&header).chain(&cells) {
+                let s: Vec<String> = r
+                    .iter()
+                    .zip(&widths)
+                    .map(|(c, w)| format!("{c:>w$}"))
+                    .collect();
+                println!("{}", s.join("  "));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn sim_run(a: RunArgs) -> Result<(), String> {
+    let config = a.common.config()?;
+    let kind = WorkloadKind::parse(&a.workload)?;
+    let workload = match (kind, &a.trace) {
+        (WorkloadKind::Trace, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--trace {}: {e}", path.display()))?;
+            Workload::from_trace(&text, config.dram.line_bytes)?
+        }
+        (WorkloadKind::Trace, None) => return Err("the trace workload needs --trace FILE".into()),
+        (_, Some(_)) => return Err("--trace goes with --workload trace".into()),
+        (kind, None) => standard_workload(
+            &config,
+            kind,
+            a.threads,
+            a.shape.accesses,
+            a.shape.footprint_ratio,
+        )
+        .map_err(|e| e.to_string())?,
+    };
+    let systems: Vec<SystemKind> = if a.systems == "all" {
+        vec![SystemKind::Nvmm, SystemKind::Ssd, SystemKind::AllDram]
+    } else {
+        parse_list("--systems", &a.systems, SystemKind::parse)?
+    };
+    let mut rows = Vec::new();
+    let mut meter = Meter::new();
+    for (i, &system) in systems.iter().enumerate() {
+        meter.tick(i, systems.len(), system.name());
+        rows.push(run(&config, system, &workload, a.common.seed).map_err(|e| e.to_string())?);
+    }
+    meter.tick(systems.len(), systems.len(), "");
+    emit(
+        &a.common,
+        &config,
+        &format!(
+            "NVMM run: {} × {} thread(s), {} accesses, footprint {} MB",
+            workload.kind.name(),
+            workload.threads,
+            workload.accesses,
+            workload.footprint_bytes >> 20
+        ),
+        &rows,
+        &[
+            "system",
+            "elapsed_ns",
+            "accesses_per_s",
+            "latency_ns_mean",
+            "hit_rate",
+            "flash_reads",
+            "flash_programs",
+            "flash_erases",
+        ],
+    )
+}
+
+fn sim_sweep(a: SweepArgs) -> Result<(), String> {
+    let config = a.common.config()?;
+    let setup = SweepSetup {
+        workloads: parse_list(
+            "--workloads",
+            &a.workloads,
+            |s| match WorkloadKind::parse(s)? {
+                WorkloadKind::Trace => Err("a sweep runs gups, mmap or sequential".into()),
+                k => Ok(k),
+            },
+        )?,
+        latencies_ns: match &a.latencies {
+            Some(list) => parse_list("--latencies", list, number)?,
+            None => SWEEP_LATENCIES_NS.to_vec(),
+        },
+        threads: parse_list("--threads", &a.threads, number)?,
+        prefetch: parse_list("--prefetch", &a.prefetch, number)?,
+        accesses: a.shape.accesses,
+        footprint_ratio: a.shape.footprint_ratio,
+        seed: a.common.seed,
+    };
+    if setup.latencies_ns.contains(&0) {
+        return Err("--latencies: a latency must be positive".into());
+    }
+    let mut meter = Meter::new();
+    let points = latency_sweep(&config, &setup, &mut |done, all| {
+        meter.tick(done.min(all.saturating_sub(1)), all, "sweep")
+    })
+    .map_err(|e| e.to_string())?;
+    meter.tick(points.len(), points.len(), "");
+    if let Some(path) = &a.plot {
+        let mut series = Vec::new();
+        for &w in &setup.workloads {
+            for &t in &setup.threads {
+                for &p in &setup.prefetch {
+                    let pts = points
+                        .iter()
+                        .filter(|q| {
+                            q.workload == w.name() && q.threads == t && q.prefetch_pages == p
+                        })
+                        .map(|q| (q.backing_read_ns as f64 / 1000.0, q.speedup_over_ssd))
+                        .collect();
+                    series.push(Series {
+                        name: format!("{} {t} thr, prefetch {p}", w.name()),
+                        points: pts,
+                    });
+                }
+            }
+        }
+        let chart = Chart {
+            title: format!("NVMM over DRAM + SSD ({})", config.name),
+            x_label: "backing-store read latency (µs)".into(),
+            y_label: "speedup over the SSD system (SSD time / NVMM time)".into(),
+            x_log10: true,
+            series,
+            ..Chart::default()
+        };
+        plot::write_file(path, &chart.to_svg(900, 480)).map_err(|e| e.to_string())?;
+        eprintln!("wrote {}", path.display());
+    }
+    emit(
+        &a.common,
+        &config,
+        &format!(
+            "NVMM latency sweep (the report's: prefetch {} = its scheme)",
+            REPORT_PREFETCH_PAGES
+        ),
+        &points,
+        &[
+            "workload",
+            "backing_read_ns",
+            "threads",
+            "prefetch_pages",
+            "nvmm_elapsed_ns",
+            "ssd_elapsed_ns",
+            "all_dram_elapsed_ns",
+            "speedup_over_ssd",
+            "slowdown_vs_dram",
+            "nvmm_hit_rate",
+        ],
+    )
+}
+
+fn sim_wear(a: WearArgs) -> Result<(), String> {
+    let mut config = a.common.config()?;
+    config
+        .set(&format!("flash.blocks_per_plane={}", a.blocks_per_plane))
+        .map_err(|e| format!("--blocks-per-plane: {e}"))?;
+    let mut meter = Meter::new();
+    meter.tick(0, 1, "wearing the flash out");
+    let report = experiments::wear(
+        &config,
+        a.write_rate_mb_s * 1e6,
+        a.utilization,
+        a.endurance_scale,
+        a.common.seed,
+    )
+    .map_err(|e| e.to_string())?;
+    meter.tick(1, 1, "");
+    emit(
+        &a.common,
+        &config,
+        "NVMM wear (SPEC §7 estimates: one 8 Gb device with a 32 GB cache, moderate load: \
+         half in < 2 days, worn out in 3; 1000 devices: 2–3 years, 4–5 years)",
+        std::slice::from_ref(&report),
+        &[
+            "endurance_cycles",
+            "write_rate_bytes_per_s",
+            "write_amplification",
+            "retired_fraction_at_end",
+            "days_to_half_one_8gb_device",
+            "days_to_end_one_8gb_device",
+            "years_to_half_1000_devices",
+            "years_to_end_1000_devices",
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_parse_and_name_their_option() {
+        assert_eq!(
+            parse_list("--x", "1, 2", number::<u32>).unwrap(),
+            vec![1, 2]
+        );
+        let e = parse_list("--threads", "1,x", number::<u32>).unwrap_err();
+        assert!(e.starts_with("--threads"), "{e}");
+        let args = NvmmConfigArgs {
+            preset: "nvmm-slc".into(),
+            config: None,
+            set: vec!["flash.onfi=onfi5".into()],
+            seed: 1,
+            format: Format::Table,
+        };
+        let e = args.config().unwrap_err();
+        assert!(e.contains("onfi4"), "{e}");
+    }
+}

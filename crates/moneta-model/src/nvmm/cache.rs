@@ -1,0 +1,173 @@
+//! A set-associative LRU cache of large blocks (SPEC §7 "DRAM cache"):
+//! NVMM's DRAM cache (flash-page-sized blocks, tags in DRAM), and, with OS
+//! pages as blocks and many ways, the SSD system's page cache.
+//!
+//! The cache holds only metadata: which block each way holds, when it was
+//! last used, whether it is dirty, and when its fill completes. A block is
+//! installed at the moment its miss is handled, with `ready_ns` in the
+//! future; an access that finds it before then waits until `ready_ns` (the
+//! miss-status holding register of a real controller, and how prefetched
+//! blocks in flight are found). Timing of the tag and data accesses is the
+//! caller's (`dram.rs`): the tags live in DRAM.
+
+use crate::units::Ns;
+
+/// One way of a set.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Way {
+    /// Block number + 1; 0 is an empty way.
+    tag: u64,
+    last_use: u64,
+    pub ready_ns: Ns,
+    pub dirty: bool,
+    /// Brought in ahead of use and not touched since (prefetch, readahead).
+    pub prefetched: bool,
+}
+
+impl Way {
+    pub fn block(&self) -> Option<u64> {
+        self.tag.checked_sub(1)
+    }
+}
+
+/// Which way (index into the whole cache) a lookup found or chose.
+pub type WayIndex = usize;
+
+#[derive(Clone, Debug)]
+pub struct BlockCache {
+    sets: u64,
+    ways: usize,
+    slots: Vec<Way>,
+    tick: u64,
+}
+
+impl BlockCache {
+    /// `blocks` must be a multiple of `ways` (checked by the configuration).
+    pub fn new(blocks: u64, ways: u32) -> Self {
+        let ways = ways as usize;
+        let sets = (blocks / ways as u64).max(1);
+        BlockCache {
+            sets,
+            ways,
+            slots: vec![Way::default(); sets as usize * ways],
+            tick: 0,
+        }
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.sets * self.ways as u64
+    }
+
+    #[inline]
+    fn set_start(&self, block: u64) -> usize {
+        let set = if self.sets.is_power_of_two() {
+            block & (self.sets - 1)
+        } else {
+            block % self.sets
+        };
+        set as usize * self.ways
+    }
+
+    /// The way holding `block`, marked most recently used.
+    #[inline]
+    pub fn lookup(&mut self, block: u64) -> Option<WayIndex> {
+        let start = self.set_start(block);
+        let tag = block + 1;
+        let found = self.slots[start..start + self.ways]
+            .iter()
+            .position(|w| w.tag == tag)?;
+        self.tick += 1;
+        self.slots[start + found].last_use = self.tick;
+        Some(start + found)
+    }
+
+    /// The way holding `block`, without touching LRU state.
+    #[inline]
+    pub fn find(&self, block: u64) -> Option<WayIndex> {
+        let start = self.set_start(block);
+        self.slots[start..start + self.ways]
+            .iter()
+            .position(|w| w.tag == block + 1)
+            .map(|i| start + i)
+    }
+
+    /// Whether `block` is present, without touching LRU state.
+    pub fn contains(&self, block: u64) -> bool {
+        let start = self.set_start(block);
+        self.slots[start..start + self.ways]
+            .iter()
+            .any(|w| w.tag == block + 1)
+    }
+
+    /// The way `block` would replace: an empty one, else the least recently
+    /// used. Returns its index and what it holds now.
+    #[inline]
+    pub fn victim(&self, block: u64) -> (WayIndex, Way) {
+        let start = self.set_start(block);
+        let set = &self.slots[start..start + self.ways];
+        let i = set
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, w)| if w.tag == 0 { 0 } else { w.last_use + 1 })
+            .map(|(i, _)| i)
+            .expect("a set has ways");
+        (start + i, set[i])
+    }
+
+    /// The least recently used way other than `except` in `block`'s set
+    /// (the next victim: early write-back's candidate).
+    pub fn next_victim(&self, block: u64, except: WayIndex) -> Option<WayIndex> {
+        let start = self.set_start(block);
+        (start..start + self.ways)
+            .filter(|&i| i != except && self.slots[i].tag != 0)
+            .min_by_key(|&i| self.slots[i].last_use)
+    }
+
+    /// Put `block` in way `index` as most recently used.
+    #[inline]
+    pub fn install(&mut self, index: WayIndex, block: u64, ready_ns: Ns, dirty: bool) {
+        debug_assert_eq!(self.set_start(block), index - index % self.ways);
+        self.tick += 1;
+        self.slots[index] = Way {
+            tag: block + 1,
+            last_use: self.tick,
+            ready_ns,
+            dirty,
+            prefetched: false,
+        };
+    }
+
+    #[inline]
+    pub fn way(&self, index: WayIndex) -> &Way {
+        &self.slots[index]
+    }
+
+    #[inline]
+    pub fn way_mut(&mut self, index: WayIndex) -> &mut Way {
+        &mut self.slots[index]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_replaces_the_least_recently_used() {
+        let mut c = BlockCache::new(4, 2); // 2 sets × 2 ways
+        for b in [0, 2] {
+            let (i, old) = c.victim(b);
+            assert_eq!(old.block(), None);
+            c.install(i, b, 0, false);
+        }
+        assert!(c.lookup(0).is_some()); // 0 is now MRU
+        let (i, old) = c.victim(4);
+        assert_eq!(old.block(), Some(2));
+        c.install(i, 4, 0, true);
+        assert!(c.contains(0) && c.contains(4) && !c.contains(2));
+        let at4 = c.lookup(4).unwrap();
+        assert!(c.way(at4).dirty);
+        let next = c.next_victim(4, at4).unwrap();
+        assert_eq!(c.way(next).block(), Some(0));
+    }
+}

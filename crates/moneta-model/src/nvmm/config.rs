@@ -1,0 +1,621 @@
+//! NVMM configuration as data (SPEC §7; DESIGN.md "Configuration as data").
+//!
+//! Presets live in `presets/nvmm-*.toml`; `nvmm-mlc` sets every key and is
+//! the schema, the others `inherits` it and override what their system
+//! changes. Loading goes through the project's layering (`config::layer`):
+//! unknown keys, missing keys and bad enum values are errors that name the
+//! key and list what is allowed. A layer that names `flash.technology`
+//! without latencies gets the technology's read/program latencies
+//! (`config::TECHNOLOGIES`, SPEC §1.8 and the report's table) and its erase
+//! time and endurance from [`FLASH_ERASE`], so a name never disagrees with
+//! its timing.
+
+use crate::config::layer;
+use crate::config::{coerce_like, err, parse_value, ConfigError, Technology};
+use serde::{Deserialize, Serialize};
+use toml::{Table, Value};
+
+/// The preset that sets every key (the schema).
+const ROOT_PRESET: &str = "nvmm-mlc";
+
+/// (name, TOML) of every NVMM preset.
+pub const NVMM_PRESETS: &[(&str, &str)] = &[
+    ("nvmm-mlc", include_str!("../../presets/nvmm-mlc.toml")),
+    ("nvmm-slc", include_str!("../../presets/nvmm-slc.toml")),
+    ("nvmm-slc-2", include_str!("../../presets/nvmm-slc-2.toml")),
+    ("nvmm-slc-4", include_str!("../../presets/nvmm-slc-4.toml")),
+    ("nvmm-slc-8", include_str!("../../presets/nvmm-slc-8.toml")),
+    ("nvmm-pcm", include_str!("../../presets/nvmm-pcm.toml")),
+    (
+        "nvmm-pcm-optimistic",
+        include_str!("../../presets/nvmm-pcm-optimistic.toml"),
+    ),
+    (
+        "nvmm-mlc-onfi4",
+        include_str!("../../presets/nvmm-mlc-onfi4.toml"),
+    ),
+];
+
+/// Erase time and endurance of the backing-store technologies of the
+/// report's table ("Technology / Read ns / Write ns / Erase"); read and
+/// program latencies come from `config::TECHNOLOGIES`.
+pub struct FlashErase {
+    pub technology: &'static str,
+    pub erase_ns: u64,
+    /// Mean program/erase cycles a page survives (assumption: typical
+    /// 2010-era datasheet figures; the report gives none).
+    pub endurance_cycles: u64,
+    pub source: &'static str,
+}
+
+pub const FLASH_ERASE: &[FlashErase] = &[
+    FlashErase {
+        technology: "slc-nand",
+        erase_ns: 1_500_000,
+        endurance_cycles: 100_000,
+        source: "SLC erase 1.5 ms [Micron 2012] (NVMM table); 100K cycles (assumption)",
+    },
+    FlashErase {
+        technology: "slc-nand-2",
+        erase_ns: 1_500_000,
+        endurance_cycles: 100_000,
+        source: "as SLC (NVMM table)",
+    },
+    FlashErase {
+        technology: "slc-nand-4",
+        erase_ns: 1_500_000,
+        endurance_cycles: 100_000,
+        source: "as SLC (NVMM table)",
+    },
+    FlashErase {
+        technology: "slc-nand-8",
+        erase_ns: 1_500_000,
+        endurance_cycles: 100_000,
+        source: "as SLC (NVMM table)",
+    },
+    FlashErase {
+        technology: "mlc-nand",
+        erase_ns: 3_000_000,
+        endurance_cycles: 10_000,
+        source: "MLC erase 3 ms [Micron 2012] (NVMM table); 10K cycles (assumption)",
+    },
+    FlashErase {
+        technology: "pcm-optimistic",
+        erase_ns: 0,
+        endurance_cycles: 100_000_000,
+        source: "PCM: no erase (n/a in the NVMM table); 10^8 writes (Lee ISCA'09)",
+    },
+    FlashErase {
+        technology: "pcm-expected",
+        erase_ns: 0,
+        endurance_cycles: 100_000_000,
+        source: "PCM: no erase (n/a in the NVMM table); 10^8 writes (Lee ISCA'09)",
+    },
+];
+
+/// ONFI interface generation of the flash channels.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Onfi {
+    /// ONFI 3.x NV-DDR2: 400 MB/s per 8-bit channel ("the latest ONFI
+    /// standard is capable of bandwidths up to 400 MB/s", the report; ONFI 3.2).
+    Onfi3,
+    /// ONFI 4.0: 800 MB/s ("increases individual device bandwidth up to 800
+    /// MB/s", the report's conclusion).
+    Onfi4,
+}
+
+impl Onfi {
+    pub fn bytes_per_s(self) -> f64 {
+        match self {
+            Onfi::Onfi3 => 400e6,
+            Onfi::Onfi4 => 800e6,
+        }
+    }
+}
+
+/// Where the pages of one flash block are.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// A block's pages on one plane (SPEC §7 taken literally: a virtual
+    /// page's segments N … N+7 in one block of one plane, so they are read
+    /// and programmed one after another).
+    Block,
+    /// A block's consecutive pages on consecutive planes (a stripe across
+    /// channels, as SSDs stripe "in a RAID manner across multiple flash
+    /// devices", the report): the page table is unchanged, the segments of
+    /// a virtual page are read and programmed in parallel. Erases stay per
+    /// block in the bookkeeping (a simplification: a real stripe erases a
+    /// superblock).
+    Interleaved,
+}
+
+/// The whole NVMM system: DRAM cache, flash, controller policies, the CPU
+/// side, and the SSD baseline's host parameters.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvmmConfig {
+    pub name: String,
+    pub description: String,
+    pub dram: DramConfig,
+    pub flash: FlashConfig,
+    pub controller: ControllerConfig,
+    pub journal: JournalConfig,
+    pub cpu: CpuConfig,
+    pub ssd: SsdConfig,
+}
+
+/// The DRAM: NVMM's cache, the SSD system's main memory, all-DRAM's memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DramConfig {
+    /// A name of `config::TECHNOLOGIES` (its latencies, unless given).
+    pub technology: String,
+    pub latency_ns_read: u64,
+    pub latency_ns_write: u64,
+    /// NVMM's DRAM cache, and the SSD system's main memory (same size).
+    pub capacity_bytes: u64,
+    pub channels: u32,
+    pub banks_per_channel: u32,
+    pub channel_bytes_per_s: f64,
+    /// CPU access granularity.
+    pub line_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlashConfig {
+    pub technology: String,
+    pub read_ns: u64,
+    pub program_ns: u64,
+    pub erase_ns: u64,
+    pub endurance_cycles: u64,
+    /// Spread of page endurance (standard deviation / mean).
+    pub endurance_spread: f64,
+    pub onfi: Onfi,
+    pub layout: Layout,
+    pub channels: u32,
+    pub volumes_per_channel: u32,
+    pub dies_per_volume: u32,
+    pub planes_per_die: u32,
+    pub blocks_per_plane: u32,
+    pub pages_per_block: u32,
+    /// Flash page = DRAM cache block (4, 8 or 16 KB).
+    pub page_bytes: u64,
+    /// Command and address cycles of one operation on the channel.
+    pub command_ns: u64,
+    /// Translation of one command by the FTL.
+    pub ftl_ns: u64,
+    pub ftl_queue_entries: u32,
+    pub die_queue_entries: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControllerConfig {
+    pub ways: u32,
+    /// Pages after a missing one to fetch (0: no prefetch; 16 in the report).
+    pub prefetch_pages: u32,
+    /// Write back the next-to-evict page of a set when it is dirty.
+    pub early_writeback: bool,
+    /// Tag check and hit/miss decision in the controller.
+    pub controller_ns: u64,
+    /// Entries of the TLB-like cache of page-table entries.
+    pub mapping_cache_entries: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JournalConfig {
+    /// Upper-table entries per virtual page (the report: 1B entries for
+    /// 2^28 pages = 3 previous versions per page).
+    pub versions_per_page: u32,
+    /// Garbage collection starts below this many free blocks per plane.
+    pub gc_free_blocks: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuConfig {
+    /// Cores; threads beyond this share them.
+    pub cores: u32,
+    /// Computation between two memory accesses of a thread.
+    pub think_ns: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SsdConfig {
+    /// OS page size.
+    pub page_bytes: u64,
+    /// PCIe 3.0 ×16 (the report's NVMe SSD).
+    pub link_bytes_per_s: f64,
+    /// SSD controller: command fetch, FTL, completion (assumption).
+    pub controller_ns: u64,
+    /// Measured software time per access at the SLC (25 µs) and MLC (75 µs)
+    /// points (the report's table: 46.5 µs and 73.4 µs).
+    pub software_ns_slc: u64,
+    pub software_ns_mlc: u64,
+    pub software_anchor_ns_slc: u64,
+    pub software_anchor_ns_mlc: u64,
+    /// Share of the software time spent before the device is started
+    /// (fault, file system, block layer); the rest after (interrupt, wake).
+    pub software_before_fraction: f64,
+    /// Swap readahead of anonymous memory: 2^page-cluster pages.
+    pub swap_readahead_pages: u32,
+    /// File readahead window (read-around) for mmap faults.
+    pub file_readahead_pages: u32,
+    /// mmap faults missing readahead after which read-around stops.
+    pub mmap_miss_limit: u32,
+    pub ways: u32,
+}
+
+impl NvmmConfig {
+    /// A built-in preset by name.
+    pub fn preset(name: &str) -> Result<NvmmConfig, ConfigError> {
+        let text = preset_text(name)?;
+        build(resolve(parse(text, name)?, 0)?)
+    }
+
+    /// A configuration file's text: every key, or `inherits = "PRESET"` and
+    /// the keys that differ.
+    pub fn from_toml(text: &str, default_name: &str) -> Result<NvmmConfig, ConfigError> {
+        let mut table = parse(text, default_name)?;
+        table
+            .entry("name")
+            .or_insert(Value::String(default_name.into()));
+        build(resolve(table, 0)?)
+    }
+
+    pub fn from_file(path: &std::path::Path) -> Result<NvmmConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| err("", e.to_string()))?;
+        let stem = path
+            .file_stem()
+            .map_or("config".into(), |s| s.to_string_lossy());
+        NvmmConfig::from_toml(&text, &stem)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config serializes")
+    }
+
+    /// `key=value`, e.g. `controller.prefetch_pages=0` or
+    /// `flash.technology=slc-nand` (which also sets its latencies).
+    pub fn set(&mut self, assignment: &str) -> Result<(), ConfigError> {
+        let (key, raw) = assignment
+            .split_once('=')
+            .ok_or_else(|| err(assignment, "expected key=value"))?;
+        let (key, raw) = (key.trim(), raw.trim());
+        let mut tree = Value::try_from(&*self).map_err(|e| err(key, e.to_string()))?;
+        let old = layer::lookup_mut(&mut tree, key)?;
+        let mut top = coerce_like(old, parse_value(raw)).map_err(|m| err(key, m))?;
+        for part in key.rsplit('.') {
+            top = Value::Table(Table::from_iter([(part.to_string(), top)]));
+        }
+        let (Value::Table(mut tree), Value::Table(top)) = (tree, top) else {
+            unreachable!("a configuration and a dotted key are tables")
+        };
+        if let Some(Value::Table(flash)) = tree.get_mut("flash") {
+            // A new technology replaces the old one's timing unless the
+            // same layer gives it.
+            if top.get("flash").and_then(|f| f.get("technology")).is_some() {
+                for k in ["read_ns", "program_ns", "erase_ns", "endurance_cycles"] {
+                    flash.remove(k);
+                }
+            }
+        }
+        overlay(&mut tree, top)?;
+        *self = build(tree)?;
+        Ok(())
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("config serializes")
+    }
+
+    /// Planes in the whole flash subsystem.
+    pub fn planes(&self) -> u64 {
+        let f = &self.flash;
+        u64::from(f.channels)
+            * u64::from(f.volumes_per_channel)
+            * u64::from(f.dies_per_volume)
+            * u64::from(f.planes_per_die)
+    }
+
+    pub fn flash_pages(&self) -> u64 {
+        self.planes()
+            * u64::from(self.flash.blocks_per_plane)
+            * u64::from(self.flash.pages_per_block)
+    }
+
+    pub fn flash_bytes(&self) -> u64 {
+        self.flash_pages() * self.flash.page_bytes
+    }
+
+    /// DRAM cache blocks (one flash page each).
+    pub fn cache_blocks(&self) -> u64 {
+        self.dram.capacity_bytes / self.flash.page_bytes
+    }
+
+    /// Reject impossible values, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive: [(&str, u64); 18] = [
+            ("dram.capacity_bytes", self.dram.capacity_bytes),
+            ("dram.channels", self.dram.channels.into()),
+            ("dram.banks_per_channel", self.dram.banks_per_channel.into()),
+            ("dram.line_bytes", self.dram.line_bytes),
+            ("flash.read_ns", self.flash.read_ns),
+            ("flash.program_ns", self.flash.program_ns),
+            ("flash.endurance_cycles", self.flash.endurance_cycles),
+            ("flash.channels", self.flash.channels.into()),
+            (
+                "flash.volumes_per_channel",
+                self.flash.volumes_per_channel.into(),
+            ),
+            ("flash.dies_per_volume", self.flash.dies_per_volume.into()),
+            ("flash.planes_per_die", self.flash.planes_per_die.into()),
+            ("flash.blocks_per_plane", self.flash.blocks_per_plane.into()),
+            (
+                "flash.ftl_queue_entries",
+                self.flash.ftl_queue_entries.into(),
+            ),
+            (
+                "flash.die_queue_entries",
+                self.flash.die_queue_entries.into(),
+            ),
+            ("controller.ways", self.controller.ways.into()),
+            ("cpu.cores", self.cpu.cores.into()),
+            ("ssd.page_bytes", self.ssd.page_bytes),
+            ("ssd.ways", self.ssd.ways.into()),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return Err(err(key, "must be positive"));
+            }
+        }
+        for (key, v) in [
+            ("dram.channel_bytes_per_s", self.dram.channel_bytes_per_s),
+            ("ssd.link_bytes_per_s", self.ssd.link_bytes_per_s),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(err(key, "must be a positive number"));
+            }
+        }
+        if ![4096, 8192, 16384].contains(&self.flash.page_bytes) {
+            return Err(err(
+                "flash.page_bytes",
+                "must be 4096, 8192 or 16384 (SPEC §7)",
+            ));
+        }
+        if self.flash.pages_per_block < 32 || self.flash.pages_per_block > 1024 {
+            return Err(err(
+                "flash.pages_per_block",
+                "must be 32 … 1024 (a 64 KB page's segments sit at +0 … +31 in a block)",
+            ));
+        }
+        if self.flash.blocks_per_plane < self.journal.gc_free_blocks + 2 {
+            return Err(err(
+                "flash.blocks_per_plane",
+                "must exceed journal.gc_free_blocks + 1",
+            ));
+        }
+        if self.dram.line_bytes > self.flash.page_bytes || !self.dram.line_bytes.is_power_of_two() {
+            return Err(err(
+                "dram.line_bytes",
+                "must be a power of two no larger than flash.page_bytes",
+            ));
+        }
+        let blocks = self.cache_blocks();
+        if blocks < u64::from(self.controller.ways)
+            || !blocks.is_multiple_of(u64::from(self.controller.ways))
+        {
+            return Err(err(
+                "dram.capacity_bytes",
+                "must hold a whole number of sets of controller.ways flash pages",
+            ));
+        }
+        let os_pages = self.dram.capacity_bytes / self.ssd.page_bytes;
+        if !os_pages.is_multiple_of(u64::from(self.ssd.ways))
+            || !self.ssd.page_bytes.is_power_of_two()
+        {
+            return Err(err(
+                "ssd.ways",
+                "dram.capacity_bytes / ssd.page_bytes must be a multiple of ssd.ways",
+            ));
+        }
+        if self.flash_bytes() <= self.dram.capacity_bytes {
+            return Err(err(
+                "flash.blocks_per_plane",
+                "the flash must be larger than the DRAM cache",
+            ));
+        }
+        if self.journal.versions_per_page == 0 {
+            return Err(err("journal.versions_per_page", "must be positive"));
+        }
+        for (key, v) in [
+            ("flash.endurance_spread", self.flash.endurance_spread),
+            (
+                "ssd.software_before_fraction",
+                self.ssd.software_before_fraction,
+            ),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(err(key, "must be between 0 and 1"));
+            }
+        }
+        if self.ssd.software_anchor_ns_mlc <= self.ssd.software_anchor_ns_slc {
+            return Err(err(
+                "ssd.software_anchor_ns_mlc",
+                "must exceed ssd.software_anchor_ns_slc",
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub fn nvmm_preset_names() -> impl Iterator<Item = &'static str> {
+    NVMM_PRESETS.iter().map(|(n, _)| *n)
+}
+
+fn preset_text(name: &str) -> Result<&'static str, ConfigError> {
+    NVMM_PRESETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| {
+            let names: Vec<_> = nvmm_preset_names().collect();
+            err(
+                "",
+                format!(
+                    "unknown NVMM preset '{name}' (expected one of {})",
+                    names.join(", ")
+                ),
+            )
+        })
+}
+
+fn parse(text: &str, origin: &str) -> Result<Table, ConfigError> {
+    layer::parse(text, &format!("preset '{origin}'"))
+}
+
+fn resolve(mut layer: Table, depth: usize) -> Result<Table, ConfigError> {
+    match layer.remove("inherits") {
+        None => {
+            // A layer with no base still gets its technologies' timing.
+            let mut base = Table::new();
+            overlay(&mut base, layer)?;
+            Ok(base)
+        }
+        Some(Value::String(parent)) => {
+            if depth > NVMM_PRESETS.len() {
+                return Err(err("inherits", "presets inherit in a cycle"));
+            }
+            let mut base = resolve(parse(preset_text(&parent)?, &parent)?, depth + 1)?;
+            if layer
+                .get("flash")
+                .and_then(|f| f.get("technology"))
+                .is_some()
+            {
+                if let Some(Value::Table(flash)) = base.get_mut("flash") {
+                    for k in ["read_ns", "program_ns", "erase_ns", "endurance_cycles"] {
+                        flash.remove(k);
+                    }
+                }
+            }
+            overlay(&mut base, layer)?;
+            Ok(base)
+        }
+        Some(other) => Err(err(
+            "inherits",
+            format!("expected a preset name, got {} '{other}'", other.type_str()),
+        )),
+    }
+}
+
+/// Overlay `top` on `base`; technologies named in `top` bring their timing
+/// where `top` does not give it.
+fn overlay(base: &mut Table, mut top: Table) -> Result<(), ConfigError> {
+    if let Some(Value::Table(dram)) = top.get_mut("dram") {
+        if let Some(name) = dram.get("technology").and_then(Value::as_str) {
+            let t = technology("dram.technology", name)?;
+            for (k, ns) in [
+                ("latency_ns_read", t.latency_ns_read),
+                ("latency_ns_write", t.latency_ns_write),
+            ] {
+                dram.entry(k).or_insert(Value::Integer(ns as i64));
+            }
+        }
+    }
+    if let Some(Value::Table(flash)) = top.get_mut("flash") {
+        if let Some(name) = flash.get("technology").and_then(Value::as_str) {
+            let t = technology("flash.technology", name)?;
+            let e = FLASH_ERASE.iter().find(|e| e.technology == name);
+            let Some(e) = e else {
+                let names: Vec<_> = FLASH_ERASE.iter().map(|e| e.technology).collect();
+                return Err(err(
+                    "flash.technology",
+                    format!(
+                        "'{name}' is not a backing-store technology (expected one of {})",
+                        names.join(", ")
+                    ),
+                ));
+            };
+            for (k, v) in [
+                ("read_ns", t.latency_ns_read),
+                ("program_ns", t.latency_ns_write),
+                ("erase_ns", e.erase_ns),
+                ("endurance_cycles", e.endurance_cycles),
+            ] {
+                flash.entry(k).or_insert(Value::Integer(v as i64));
+            }
+        }
+    }
+    layer::overlay_tables(base, top);
+    Ok(())
+}
+
+fn technology(key: &str, name: &str) -> Result<&'static Technology, ConfigError> {
+    Technology::find(name).ok_or_else(|| {
+        err(
+            key,
+            format!(
+                "unknown technology '{name}' (expected one of {})",
+                crate::config::technology_names().join(", ")
+            ),
+        )
+    })
+}
+
+fn schema() -> Table {
+    let text = preset_text(ROOT_PRESET).expect("the root preset is built in");
+    let tree = resolve(parse(text, ROOT_PRESET).expect("root parses"), 0);
+    tree.expect("the root preset resolves")
+}
+
+fn build(tree: Table) -> Result<NvmmConfig, ConfigError> {
+    let schema = schema();
+    layer::check_keys(&tree, &schema, "")?;
+    let config: NvmmConfig = layer::deserialize(tree, &schema)?;
+    config.validate()?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_loads() {
+        for name in nvmm_preset_names() {
+            let c = NvmmConfig::preset(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(c.name, name);
+        }
+        let slc = NvmmConfig::preset("nvmm-slc").unwrap();
+        assert_eq!(slc.flash.read_ns, 25_000);
+        assert_eq!(slc.flash.erase_ns, 1_500_000);
+    }
+
+    #[test]
+    fn overrides_and_errors_name_the_key() {
+        let mut c = NvmmConfig::preset("nvmm-mlc").unwrap();
+        c.set("controller.prefetch_pages=0").unwrap();
+        assert_eq!(c.controller.prefetch_pages, 0);
+        c.set("flash.technology=slc-nand").unwrap();
+        assert_eq!(c.flash.read_ns, 25_000);
+        assert_eq!(c.flash.program_ns, 200_000);
+        let e = c.set("flash.onfi=onfi9").unwrap_err();
+        assert_eq!(e.key, "flash.onfi");
+        assert!(e.message.contains("onfi3"), "{e}");
+        let e = c.set("flash.layout=diagonal").unwrap_err();
+        assert!(e.message.contains("interleaved"), "{e}");
+        let e = c.set("flash.colour=3").unwrap_err();
+        assert!(e.message.contains("pages_per_block"), "{e}");
+        let e = c.set("flash.technology=unobtainium").unwrap_err();
+        assert!(e.message.contains("mlc-nand"), "{e}");
+        let e =
+            NvmmConfig::from_toml("inherits = \"nvmm-slc\"\n[dram]\nways = 3\n", "x").unwrap_err();
+        assert_eq!(e.key, "dram.ways");
+        assert!(NvmmConfig::preset("nvmm-nope").is_err());
+    }
+}

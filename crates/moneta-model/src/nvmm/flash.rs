@@ -1,0 +1,523 @@
+//! The flash subsystem's timing (SPEC §7 "Flash subsystem"): 8-bit ONFI
+//! channels shared by volumes (packages), dies, and planes with two
+//! registers each; an FTL queue feeding per-die queues.
+//!
+//! [`FlashTiming`] is clock-agnostic: every call takes `now_ns` and returns
+//! when things finish, in u64 nanoseconds on whatever clock the caller
+//! runs (virtual time in the simulator, the wall clock in `libnvmm`). It
+//! keeps the state of every channel, die, plane and register between calls,
+//! so concurrent operations queue as they would in hardware. Calls should
+//! come with non-decreasing `now_ns`; an earlier `now_ns` is treated as the
+//! latest seen (a caller's threads may race by a few ns). The `*_at`
+//! variants book a request that reaches the controller later than `now_ns`.
+//!
+//! What one operation does:
+//!
+//! 1. FTL queue (`ftl_queue_entries`): an arrival waits for a free entry;
+//!    the FTL translates one command at a time (`ftl_ns`) and hands
+//!    commands to die queues in order, so a command whose die queue is full
+//!    (`die_queue_entries`) blocks every command behind it (head-of-line
+//!    blocking, as the report describes).
+//! 2. Die queue: commands of a die are issued in order; one leaves the queue
+//!    when it is issued to its plane.
+//! 3. Channel: a command's cycles (`command_ns`) and each data transfer
+//!    (bytes at the ONFI rate) reserve the channel. Reservations fill gaps:
+//!    data a plane will return in the future does not hold back a command
+//!    that can go now ("commands have priority over return data", so a plane
+//!    can start its next access while another sends data).
+//! 4. Plane, two registers: a read runs in the array (`read_ns`) into the
+//!    data register, moves to the cache register when that is free, and the
+//!    array is then free for the next read while the cache register drains
+//!    over the channel. A program's data streams into the cache register,
+//!    moves to the data register when the array is free, and the cache
+//!    register can take the next page during the program.
+//!
+//! A read's bytes leave in critical-word-first order: the controller starts
+//! the transfer at the requested 64 B (ONFI's change-read-column), so the
+//! CPU's line is available after its first 64 B.
+//!
+//! Left out: multi-plane commands, cache-read/cache-program command
+//! variants beyond the two-register overlap, read retries and ECC time,
+//! status polling cycles beyond `command_ns`.
+
+use super::calendar::Calendar;
+use super::config::{Layout, NvmmConfig};
+use crate::units::{transfer_ns, Ns};
+
+/// Where a flash page lives.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct FlashLocation {
+    pub channel: u32,
+    /// Die across the whole subsystem (channel, volume, die).
+    pub die: u32,
+    /// Plane across the whole subsystem.
+    pub plane: u32,
+    /// Block across the whole subsystem.
+    pub block: u32,
+    pub page_in_block: u32,
+}
+
+/// The flash subsystem's shape. Flash page numbers are plane-major:
+/// `page = block * pages_per_block + page_in_block`, with block `b` on plane
+/// `b / blocks_per_plane`; plane numbers go round the channels first, so
+/// consecutive planes are on different channels. With the interleaved
+/// layout, page j of a block is on the plane j after the block's (a stripe
+/// over planes, as SSDs stripe superblocks over dies).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct FlashGeometry {
+    pub channels: u32,
+    pub volumes_per_channel: u32,
+    pub dies_per_volume: u32,
+    pub planes_per_die: u32,
+    pub blocks_per_plane: u32,
+    pub pages_per_block: u32,
+    pub page_bytes: u64,
+    pub layout: Layout,
+}
+
+impl FlashGeometry {
+    pub fn new(config: &NvmmConfig) -> Self {
+        let f = &config.flash;
+        FlashGeometry {
+            channels: f.channels,
+            volumes_per_channel: f.volumes_per_channel,
+            dies_per_volume: f.dies_per_volume,
+            planes_per_die: f.planes_per_die,
+            blocks_per_plane: f.blocks_per_plane,
+            pages_per_block: f.pages_per_block,
+            page_bytes: f.page_bytes,
+            layout: f.layout,
+        }
+    }
+
+    pub fn dies(&self) -> u32 {
+        self.channels * self.volumes_per_channel * self.dies_per_volume
+    }
+
+    pub fn planes(&self) -> u32 {
+        self.dies() * self.planes_per_die
+    }
+
+    pub fn blocks(&self) -> u32 {
+        self.planes() * self.blocks_per_plane
+    }
+
+    pub fn pages(&self) -> u64 {
+        u64::from(self.blocks()) * u64::from(self.pages_per_block)
+    }
+
+    /// The channel, die, plane and block of a flash page.
+    pub fn locate(&self, flash_page: u64) -> FlashLocation {
+        let page = flash_page % self.pages();
+        let block = (page / u64::from(self.pages_per_block)) as u32;
+        let page_in_block = (page % u64::from(self.pages_per_block)) as u32;
+        let mut plane = block / self.blocks_per_plane;
+        if self.layout == Layout::Interleaved {
+            // Page j of a block on plane P is on plane P + j: a bijection
+            // for each (block in plane, page) pair.
+            plane = (plane + page_in_block) % self.planes();
+        }
+        // Plane numbers: channel fastest, then volume, die, plane in die.
+        let channel = plane % self.channels;
+        let die = plane % self.dies();
+        FlashLocation {
+            channel,
+            die,
+            plane,
+            block,
+            page_in_block,
+        }
+    }
+
+    /// A logical page number spread over the planes: consecutive numbers
+    /// land on consecutive planes (so on different channels). For callers
+    /// without their own placement (the SSD's LBAs, a library's pages).
+    pub fn striped(&self, logical_page: u64) -> u64 {
+        let logical = logical_page % self.pages();
+        let planes = u64::from(self.planes());
+        let plane = logical % planes;
+        let within = logical / planes; // page index within the plane
+        let per_plane = u64::from(self.blocks_per_plane) * u64::from(self.pages_per_block);
+        plane * per_plane + within
+    }
+}
+
+/// When a read's data is available.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct FlashRead {
+    /// The requested 64 B have crossed the channel.
+    pub critical_ns: Ns,
+    /// The whole transfer has crossed the channel.
+    pub done_ns: Ns,
+}
+
+/// Counters for reports.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlashStats {
+    pub reads: u64,
+    pub programs: u64,
+    pub erases: u64,
+    pub bytes_read: u64,
+    pub bytes_programmed: u64,
+    /// Time operations spent waiting for the FTL queue, die queues, planes
+    /// or the channel beyond their own service.
+    pub queue_wait_ns: u64,
+    pub channel_busy_ns: u64,
+}
+
+/// A fixed-size ring of the last `n` times (queue slots: an arrival may
+/// enter when the one `n` places ahead has left).
+#[derive(Clone, Debug)]
+struct SlotRing {
+    times: Vec<Ns>,
+    next: usize,
+}
+
+impl SlotRing {
+    fn new(n: u32) -> Self {
+        SlotRing {
+            times: vec![0; n as usize],
+            next: 0,
+        }
+    }
+    /// When a slot frees: the departure `n` entries ago.
+    fn free_at(&self) -> Ns {
+        self.times[self.next]
+    }
+    fn push(&mut self, t: Ns) {
+        self.times[self.next] = t;
+        self.next = (self.next + 1) % self.times.len();
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Plane {
+    /// The array and data register are free (no operation, no data
+    /// waiting to move to the cache register).
+    array_free_ns: Ns,
+    /// The cache register is free (its data has crossed the channel, or
+    /// moved into the data register for a program).
+    cache_register_free_ns: Ns,
+}
+
+#[derive(Clone, Debug)]
+struct Die {
+    last_issue_ns: Ns,
+    queue: SlotRing,
+}
+
+/// The flash subsystem's timing; see the module header. One instance per
+/// flash subsystem: the NVMM controller's, or the SSD's.
+#[derive(Clone, Debug)]
+pub struct FlashTiming {
+    geometry: FlashGeometry,
+    read_ns: Ns,
+    program_ns: Ns,
+    erase_ns: Ns,
+    command_ns: Ns,
+    ftl_ns: Ns,
+    channel_bytes_per_s: f64,
+    latest_now_ns: Ns,
+    ftl_free_ns: Ns,
+    ftl_last_departure_ns: Ns,
+    ftl_queue: SlotRing,
+    channels: Vec<Calendar>,
+    dies: Vec<Die>,
+    planes: Vec<Plane>,
+    stats: FlashStats,
+}
+
+impl FlashTiming {
+    /// From an NVMM configuration (`[flash]`).
+    pub fn new(config: &NvmmConfig) -> Self {
+        let f = &config.flash;
+        let geometry = FlashGeometry::new(config);
+        FlashTiming {
+            geometry,
+            read_ns: f.read_ns,
+            program_ns: f.program_ns,
+            erase_ns: f.erase_ns,
+            command_ns: f.command_ns,
+            ftl_ns: f.ftl_ns,
+            channel_bytes_per_s: f.onfi.bytes_per_s(),
+            latest_now_ns: 0,
+            ftl_free_ns: 0,
+            ftl_last_departure_ns: 0,
+            ftl_queue: SlotRing::new(f.ftl_queue_entries),
+            channels: vec![Calendar::default(); geometry.channels as usize],
+            dies: vec![
+                Die {
+                    last_issue_ns: 0,
+                    queue: SlotRing::new(f.die_queue_entries),
+                };
+                geometry.dies() as usize
+            ],
+            planes: vec![Plane::default(); geometry.planes() as usize],
+            stats: FlashStats::default(),
+        }
+    }
+
+    pub fn geometry(&self) -> &FlashGeometry {
+        &self.geometry
+    }
+
+    pub fn stats(&self) -> FlashStats {
+        self.stats
+    }
+
+    /// A lone read of a whole page on an idle subsystem: command, array
+    /// read, transfer (the hardware floor of a miss).
+    pub fn idle_read_ns(&self, bytes: u64) -> Ns {
+        self.ftl_ns + self.command_ns + self.read_ns + transfer_ns(bytes, self.channel_bytes_per_s)
+    }
+
+    /// Read `bytes` (at most a page) of `flash_page`, the request arriving
+    /// at `now_ns`.
+    pub fn read_page(&mut self, now_ns: Ns, flash_page: u64, bytes: u64) -> FlashRead {
+        self.read_page_at(now_ns, now_ns, flash_page, bytes)
+    }
+
+    /// [`read_page`](Self::read_page) for a request that reaches the flash
+    /// controller at `arrival_ns` ≥ `now_ns` (the simulator books work
+    /// ahead: a write-back after its DRAM read, a collection's programs
+    /// after its reads).
+    pub fn read_page_at(
+        &mut self,
+        now_ns: Ns,
+        arrival_ns: Ns,
+        flash_page: u64,
+        bytes: u64,
+    ) -> FlashRead {
+        let now = self.arrive(now_ns, arrival_ns);
+        let at = self.geometry.locate(flash_page);
+        let depart = self.through_ftl(now, at.die);
+        let plane = &self.planes[at.plane as usize];
+        let die = &self.dies[at.die as usize];
+        let ready = depart.max(die.last_issue_ns).max(plane.array_free_ns);
+        let command_start =
+            self.channels[at.channel as usize].reserve(self.latest_now_ns, ready, self.command_ns);
+        self.issue(at.die, command_start);
+        let array_done = command_start + self.command_ns + self.read_ns;
+        let plane = &mut self.planes[at.plane as usize];
+        let to_cache_register = array_done.max(plane.cache_register_free_ns);
+        plane.array_free_ns = to_cache_register;
+        let bytes = bytes.clamp(1, self.geometry.page_bytes);
+        let transfer = transfer_ns(bytes, self.channel_bytes_per_s);
+        let start = self.channels[at.channel as usize].reserve(
+            self.latest_now_ns,
+            to_cache_register,
+            transfer,
+        );
+        let done = start + transfer;
+        self.planes[at.plane as usize].cache_register_free_ns = done;
+        self.stats.reads += 1;
+        self.stats.bytes_read += bytes;
+        self.stats.channel_busy_ns += transfer + self.command_ns;
+        self.stats.queue_wait_ns += (done - now).saturating_sub(self.idle_read_ns(bytes));
+        FlashRead {
+            critical_ns: start + transfer_ns(bytes.min(64), self.channel_bytes_per_s),
+            done_ns: done,
+        }
+    }
+
+    /// Program `bytes` into `flash_page`, the request (with its data in the
+    /// controller) arriving at `now_ns`. Returns when the page is durable.
+    pub fn program_page(&mut self, now_ns: Ns, flash_page: u64, bytes: u64) -> Ns {
+        self.program_page_at(now_ns, now_ns, flash_page, bytes)
+    }
+
+    /// [`program_page`](Self::program_page) arriving at `arrival_ns` ≥ `now_ns`.
+    pub fn program_page_at(
+        &mut self,
+        now_ns: Ns,
+        arrival_ns: Ns,
+        flash_page: u64,
+        bytes: u64,
+    ) -> Ns {
+        let now = self.arrive(now_ns, arrival_ns);
+        let at = self.geometry.locate(flash_page);
+        let depart = self.through_ftl(now, at.die);
+        let plane = &self.planes[at.plane as usize];
+        let die = &self.dies[at.die as usize];
+        let ready = depart
+            .max(die.last_issue_ns)
+            .max(plane.cache_register_free_ns);
+        let bytes = bytes.clamp(1, self.geometry.page_bytes);
+        let transfer = transfer_ns(bytes, self.channel_bytes_per_s);
+        let start = self.channels[at.channel as usize].reserve(
+            self.latest_now_ns,
+            ready,
+            self.command_ns + transfer,
+        );
+        self.issue(at.die, start);
+        let in_cache_register = start + self.command_ns + transfer;
+        let plane = &mut self.planes[at.plane as usize];
+        let program_start = in_cache_register.max(plane.array_free_ns);
+        plane.cache_register_free_ns = program_start;
+        plane.array_free_ns = program_start + self.program_ns;
+        let done = plane.array_free_ns;
+        self.stats.programs += 1;
+        self.stats.bytes_programmed += bytes;
+        self.stats.channel_busy_ns += transfer + self.command_ns;
+        self.stats.queue_wait_ns +=
+            (done - now).saturating_sub(self.ftl_ns + self.command_ns + transfer + self.program_ns);
+        done
+    }
+
+    /// Erase the block holding `flash_page`; returns when it is erased.
+    pub fn erase_block(&mut self, now_ns: Ns, flash_page: u64) -> Ns {
+        self.erase_block_at(now_ns, now_ns, flash_page)
+    }
+
+    /// [`erase_block`](Self::erase_block) arriving at `arrival_ns` ≥ `now_ns`.
+    pub fn erase_block_at(&mut self, now_ns: Ns, arrival_ns: Ns, flash_page: u64) -> Ns {
+        let now = self.arrive(now_ns, arrival_ns);
+        let at = self.geometry.locate(flash_page);
+        let depart = self.through_ftl(now, at.die);
+        let plane = &self.planes[at.plane as usize];
+        let ready = depart
+            .max(self.dies[at.die as usize].last_issue_ns)
+            .max(plane.array_free_ns);
+        let start =
+            self.channels[at.channel as usize].reserve(self.latest_now_ns, ready, self.command_ns);
+        self.issue(at.die, start);
+        let done = start + self.command_ns + self.erase_ns;
+        self.planes[at.plane as usize].array_free_ns = done;
+        self.stats.erases += 1;
+        self.stats.channel_busy_ns += self.command_ns;
+        done
+    }
+
+    /// The current time (never earlier than a previous call's) and the
+    /// request's arrival (never earlier than that).
+    fn arrive(&mut self, now_ns: Ns, arrival_ns: Ns) -> Ns {
+        self.latest_now_ns = self.latest_now_ns.max(now_ns);
+        arrival_ns.max(self.latest_now_ns)
+    }
+
+    /// Through the FTL queue into the die queue: returns when the command
+    /// enters its die queue.
+    fn through_ftl(&mut self, now: Ns, die: u32) -> Ns {
+        let enter = now.max(self.ftl_queue.free_at());
+        let translated = enter.max(self.ftl_free_ns) + self.ftl_ns;
+        self.ftl_free_ns = translated;
+        // In order, and only when the die queue has room: head-of-line.
+        let depart = translated
+            .max(self.ftl_last_departure_ns)
+            .max(self.dies[die as usize].queue.free_at());
+        self.ftl_last_departure_ns = depart;
+        self.ftl_queue.push(depart);
+        depart
+    }
+
+    fn issue(&mut self, die: u32, at_ns: Ns) {
+        let d = &mut self.dies[die as usize];
+        d.last_issue_ns = at_ns;
+        d.queue.push(at_ns);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> NvmmConfig {
+        NvmmConfig::preset("nvmm-mlc").unwrap()
+    }
+
+    #[test]
+    fn a_lone_read_costs_command_array_and_transfer() {
+        let c = config();
+        let mut f = FlashTiming::new(&c);
+        let r = f.read_page(1000, 0, 8192);
+        // 100 FTL + 200 command + 50 µs + 8192 B at 400 MB/s (20.48 µs).
+        assert_eq!(r.done_ns, 1000 + 100 + 200 + 50_000 + 20_480);
+        assert_eq!(r.critical_ns, 1000 + 100 + 200 + 50_000 + 160);
+        assert_eq!(f.idle_read_ns(8192), r.done_ns - 1000);
+    }
+
+    #[test]
+    fn two_registers_overlap_the_transfer_with_the_next_read() {
+        let mut c = config();
+        c.flash.layout = Layout::Block;
+        let mut f = FlashTiming::new(&c);
+        let a = f.read_page(0, 0, 8192);
+        let b = f.read_page(0, 1, 8192); // same block, same plane
+                                         // The second array read starts once the first data has moved to the
+                                         // cache register, not after its transfer.
+        let serial = 2 * f.idle_read_ns(8192);
+        assert!(b.done_ns < serial, "{b:?} vs {serial}");
+        assert!(b.done_ns >= a.done_ns + 20_480);
+    }
+
+    #[test]
+    fn different_channels_run_in_parallel_and_one_channel_shares_its_bus() {
+        let c = config();
+        let g = FlashGeometry::new(&c);
+        let mut f = FlashTiming::new(&c);
+        let x = f.read_page(0, g.striped(0), 8192);
+        let y = f.read_page(0, g.striped(1), 8192);
+        assert!(y.done_ns < x.done_ns + 1000, "{x:?} {y:?}");
+        // Two planes on the same channel: transfers serialize.
+        let same_channel = g.striped(u64::from(g.channels));
+        assert_eq!(
+            g.locate(same_channel).channel,
+            g.locate(g.striped(0)).channel
+        );
+        let z = f.read_page(0, same_channel, 8192);
+        assert!(z.done_ns >= x.done_ns + 20_480, "{x:?} {z:?}");
+    }
+
+    #[test]
+    fn a_full_die_queue_blocks_the_ftl_queue_head_of_line() {
+        let mut c = config();
+        c.flash.die_queue_entries = 1;
+        let g = FlashGeometry::new(&c);
+        let mut f = FlashTiming::new(&c);
+        // Programs to one plane queue up in its die queue (one entry): the
+        // fourth waits in the FTL queue until the third is issued, and a
+        // read for another die, behind it in the FTL queue, waits too.
+        let die0 = g.striped(0);
+        let mut last = 0;
+        for _ in 0..4 {
+            last = f.program_page(0, die0, 8192);
+        }
+        let other = f.read_page(0, g.striped(1), 8192);
+        let mut g2 = FlashTiming::new(&c);
+        let alone = g2.read_page(0, g.striped(1), 8192);
+        assert!(other.done_ns > alone.done_ns + 1_000_000, "{other:?}");
+        assert!(last > 3 * c.flash.program_ns);
+    }
+
+    #[test]
+    fn the_interleaved_layout_puts_a_blocks_pages_on_consecutive_planes() {
+        let mut c = config();
+        c.flash.blocks_per_plane = 4;
+        c.flash.pages_per_block = 32;
+        let g = FlashGeometry::new(&c);
+        assert_eq!(g.layout, Layout::Interleaved);
+        let planes: Vec<u32> = (0..4).map(|p| g.locate(p).plane).collect();
+        assert_eq!(planes, [0, 1, 2, 3]);
+        let mut seen = std::collections::HashSet::new();
+        for p in 0..g.pages() {
+            let l = g.locate(p);
+            assert!(seen.insert((l.plane, l.block % c.flash.blocks_per_plane, l.page_in_block)));
+        }
+        c.flash.layout = Layout::Block;
+        let g = FlashGeometry::new(&c);
+        assert!((0..4).all(|p| g.locate(p).plane == 0));
+    }
+
+    #[test]
+    fn striping_is_a_bijection_on_small_geometry() {
+        let mut c = config();
+        c.flash.blocks_per_plane = 8;
+        let g = FlashGeometry::new(&c);
+        let mut seen = vec![false; g.pages() as usize];
+        for l in 0..g.pages() {
+            let p = g.striped(l) as usize;
+            assert!(!seen[p]);
+            seen[p] = true;
+        }
+    }
+}
