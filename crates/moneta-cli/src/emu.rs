@@ -36,11 +36,6 @@ pub struct ServeArgs {
     /// Spin this long without work before the device thread starts napping.
     #[arg(long, default_value_t = 2000)]
     idle_spin_us: u64,
-    /// Idle this long, the device thread yields its core between polls
-    /// (until --idle-spin-us, when it naps): other threads waiting for a
-    /// core run at once.
-    #[arg(long, default_value_t = moneta_emu::engine::DEFAULT_IDLE_YIELD_NS / 1000)]
-    idle_yield_us: u64,
     /// Fault in this many bytes of the medium at start (benchmarks then do
     /// not measure first-touch page faults).
     #[arg(long, default_value_t = 0)]
@@ -166,7 +161,6 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     let options = EngineOptions {
         seed: a.model.seed,
         idle_spin_ns: a.idle_spin_us.saturating_mul(1000),
-        idle_yield_ns: a.idle_yield_us.saturating_mul(1000),
         populate_bytes: a.populate_bytes,
         post_ahead_ns: a.post_ahead_ns,
         ..EngineOptions::default()

@@ -91,24 +91,12 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// left completions late here; README "Fidelity").
 pub const DEFAULT_POST_AHEAD_NS: u64 = 1000;
 
-/// The default of [`EngineOptions::idle_yield_ns`]: longer than the gaps
-/// between one client's back-to-back requests (under a microsecond), so a
-/// busy client never waits for a yield.
-pub const DEFAULT_IDLE_YIELD_NS: u64 = 20_000;
-
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
     /// Seed for the model's randomized parts (start-gap address randomization).
     pub seed: u64,
     /// After this long without work the device thread naps instead of spinning.
     pub idle_spin_ns: u64,
-    /// After this long without work (and until `idle_spin_ns`) the device
-    /// thread yields its core between polls (sched_yield): threads waiting
-    /// for a core on a busy machine — the NBD connections and their client
-    /// on two cores — run at once, while an idle core still sees a command
-    /// within a system call's time (no wake-up from a nap). Never while a
-    /// request is in the model.
-    pub idle_yield_ns: u64,
     /// The longest nap: bounds what a lost or scribbled-away doorbell ring
     /// costs (a ring ends a nap at once).
     pub max_nap_ns: u64,
@@ -131,7 +119,6 @@ impl Default for EngineOptions {
         EngineOptions {
             seed: 1,
             idle_spin_ns: 2_000_000,
-            idle_yield_ns: DEFAULT_IDLE_YIELD_NS,
             max_nap_ns: 100_000_000,
             post_ahead_ns: DEFAULT_POST_AHEAD_NS,
             populate_bytes: 0,
@@ -183,9 +170,6 @@ pub struct EngineStats {
     /// Times the device thread napped on the doorbell.
     #[serde(default)]
     pub naps: u64,
-    /// Polls after which the idle device thread yielded its core.
-    #[serde(default)]
-    pub yields: u64,
     /// Where the device's time went (SPEC §2.1): requests completed and the
     /// mean modeled µs per component from accepting each to its model
     /// completion time (`moneta_model::breakdown`).
@@ -482,7 +466,6 @@ struct DeviceThread<C: StampClock = WallClock> {
     /// The retag stage's turn order over `active`.
     round_robin: RoundRobin,
     idle_spin_ns: Ns,
-    idle_yield_ns: Ns,
     max_nap_ns: u64,
     post_ahead_ns: Ns,
     /// Requests in the model (accepted, not yet finished), all channels.
@@ -515,7 +498,6 @@ impl<C: StampClock> DeviceThread<C> {
             active: Vec::new(),
             round_robin: RoundRobin::default(),
             idle_spin_ns: options.idle_spin_ns,
-            idle_yield_ns: options.idle_yield_ns,
             max_nap_ns: options.max_nap_ns,
             post_ahead_ns: options.post_ahead_ns,
             in_flight_total: 0,
@@ -546,9 +528,6 @@ impl<C: StampClock> DeviceThread<C> {
                 if self.nap() {
                     last_work_ns = self.clock.now();
                 }
-            } else if now - last_work_ns > self.idle_yield_ns {
-                self.stats.yields += 1;
-                std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }

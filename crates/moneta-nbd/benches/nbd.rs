@@ -96,13 +96,6 @@ fn main() -> Result<(), String> {
         .map_or(Ok(2000), |v| {
             v.parse().map_err(|_| format!("--idle-spin-us {v}"))
         })?;
-    let idle_yield_us: u64 = args
-        .iter()
-        .position(|a| a == "--idle-yield-us")
-        .and_then(|i| args.get(i + 1))
-        .map_or(Ok(moneta_emu::engine::DEFAULT_IDLE_YIELD_NS / 1000), |v| {
-            v.parse().map_err(|_| format!("--idle-yield-us {v}"))
-        })?;
     let (rounds, seconds) = if options.smoke { (1, 1) } else { (3, 3) };
     let dir = std::env::temp_dir().join(format!("moneta-nbd-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -118,7 +111,6 @@ fn main() -> Result<(), String> {
             medium,
             EngineOptions {
                 idle_spin_ns: idle_spin_us * 1000,
-                idle_yield_ns: idle_yield_us * 1000,
                 ..EngineOptions::default()
             },
         )
