@@ -208,24 +208,7 @@ fn emit<T: Serialize>(
         Format::Table => {
             let (header, cells) = table(rows, columns)?;
             println!("{title}  (preset {}, seed {})", config.name, common.seed);
-            let widths: Vec<usize> = (0..header.len())
-                .map(|i| {
-                    cells
-                        .iter()
-                        .map(|r| r[i].chars().count())
-                        .chain([header[i].chars().count()])
-                        .max()
-                        .unwrap_or(0)
-                })
-                .collect();
-            for r in std::iter::once(&header).chain(&cells) {
-                let s: Vec<String> = r
-                    .iter()
-                    .zip(&widths)
-                    .map(|(c, w)| format!("{c:>w$}"))
-                    .collect();
-                println!("{}", s.join("  "));
-            }
+            crate::output::print_aligned(&header, &cells);
             Ok(())
         }
     }

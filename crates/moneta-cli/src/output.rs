@@ -101,6 +101,28 @@ pub fn print_points(points: &[PointSummary], format: Format, array: bool) -> Res
 }
 
 /// Pretty JSON of any result on stdout.
+/// Print `header` and `cells` as right-aligned columns two spaces apart.
+pub fn print_aligned(header: &[String], cells: &[Vec<String>]) {
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            cells
+                .iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in std::iter::once(header).chain(cells.iter().map(Vec::as_slice)) {
+        let s: Vec<String> = r
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:>w$}"))
+            .collect();
+        println!("{}", s.join("  "));
+    }
+}
+
 pub fn print_json<T: Serialize + ?Sized>(value: &T) -> Result<(), String> {
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
     println!("{text}");

@@ -384,28 +384,7 @@ fn emit<T: Serialize>(
         Format::Csv => print_csv(rows)?,
         Format::Table => {
             println!("{title}  (seed {})", common.seed);
-            let widths: Vec<usize> = (0..header.len())
-                .map(|i| {
-                    cells
-                        .iter()
-                        .map(|r| r[i].chars().count())
-                        .chain([header[i].chars().count()])
-                        .max()
-                        .unwrap_or(0)
-                })
-                .collect();
-            let line = |r: &[String]| {
-                let s: Vec<String> = r
-                    .iter()
-                    .zip(&widths)
-                    .map(|(c, w)| format!("{c:>w$}"))
-                    .collect();
-                println!("{}", s.join("  "));
-            };
-            line(&header);
-            for r in &cells {
-                line(r);
-            }
+            crate::output::print_aligned(&header, &cells);
         }
     }
     if let Some(path) = &common.plot {
