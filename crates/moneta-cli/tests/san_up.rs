@@ -3,14 +3,13 @@
 //! (CI has it). Each test uses its own SAN name and removes everything in a
 //! guard, even when it fails.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn moneta(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_moneta"))
-        .args(args)
-        .output()
-        .expect("moneta runs")
+    common::moneta().args(args).output().expect("moneta runs")
 }
 
 fn text(b: &[u8]) -> String {
@@ -19,14 +18,7 @@ fn text(b: &[u8]) -> String {
 
 #[track_caller]
 fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "status {}\nstdout: {}\nstderr: {}",
-        o.status,
-        text(&o.stdout),
-        text(&o.stderr)
-    );
-    text(&o.stdout)
+    common::ok(o.clone(), "moneta")
 }
 
 #[track_caller]
@@ -36,10 +28,7 @@ fn refused(o: &Output, needle: &str) {
     assert!(err.contains(needle), "expected '{needle}' in: {err}");
 }
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+use common::root;
 
 /// A SAN name unique to this test and process; `down --purge` on drop.
 struct San(String);
