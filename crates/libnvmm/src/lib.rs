@@ -21,6 +21,7 @@ pub mod gc;
 pub mod log;
 pub mod region;
 pub mod table;
+pub mod testkit;
 pub mod timing;
 pub mod tokens;
 pub mod uffd;

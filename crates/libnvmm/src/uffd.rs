@@ -16,7 +16,6 @@ const UFFDIO_REGISTER_MODE_MISSING: u64 = 1 << 0;
 const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
 const UFFDIO_COPY_MODE_WP: u64 = 1 << 1;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
-const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 1 << 1;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
 const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
@@ -285,7 +284,7 @@ impl Userfault {
         let mut wp = UffdioWriteprotect {
             range: UffdioRange { start, len },
             mode: if protect {
-                UFFDIO_WRITEPROTECT_MODE_WP | UFFDIO_WRITEPROTECT_MODE_DONTWAKE
+                UFFDIO_WRITEPROTECT_MODE_WP
             } else {
                 0
             },
