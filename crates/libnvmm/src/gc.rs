@@ -139,8 +139,8 @@ fn merge_run(
 
 /// Merge the longest chains first until at most `target_used` version
 /// entries are in use, discarding the oldest live tokens if merging alone
-/// cannot get there. Stops after `max_chains` merges (0: no limit) so a
-/// background caller can let faults through; returns whether it reached
+/// cannot get there. Stops after `max_chains` chains that merged something
+/// (0: no limit) so a background caller can let faults through; returns whether it reached
 /// the target.
 pub fn collect(
     table: &mut Table,
@@ -170,8 +170,13 @@ pub fn collect(
             if budget == 0 {
                 return Ok(false);
             }
+            // Only chains that had something to merge (and so maybe IO)
+            // count against the budget; the rest cost a walk.
+            let merged_before = out.chains_merged;
             merge_chain(table, log, tokens, vpn, buf, out)?;
-            budget -= 1;
+            if out.chains_merged > merged_before {
+                budget -= 1;
+            }
             if table.versions_used() <= target_used {
                 return Ok(true);
             }

@@ -140,28 +140,80 @@ fn read_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
+/// Whether `path`'s directory is on tmpfs (memory: O_DIRECT there costs
+/// more than it saves).
+fn on_tmpfs(path: &Path) -> bool {
+    const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into a zeroed struct that lives here.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is NUL-terminated; fs is a valid out-pointer.
+    unsafe { libc::statfs(c.as_ptr(), &mut fs) == 0 && fs.f_type as libc::c_long == TMPFS_MAGIC }
+}
+
+/// Open read-write (creating), with O_DIRECT if asked and allowed.
+fn open_file(path: &Path, direct: bool) -> Result<(File, bool)> {
+    let open = |direct: bool| {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true).create(true);
+        if direct {
+            o.custom_flags(libc::O_DIRECT);
+        }
+        o.open(path)
+    };
+    match open(direct) {
+        Ok(f) => Ok((f, direct)),
+        Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => open(false)
+            .map(|f| (f, false))
+            .map_err(|e| NvmmError::os(format!("open {}", path.display()), e)),
+        Err(e) => Err(NvmmError::os(format!("open {}", path.display()), e)),
+    }
+}
+
 impl Log {
     /// Open (or format, if empty or new) the log at `path` for a region of
     /// `pages` 64 KB pages (0: the size the file was made with). Takes an
     /// exclusive lock: one process maps a region at a time.
     pub fn open(path: &Path, pages: u64, try_direct: bool) -> Result<(Log, Recovered)> {
-        let open = |direct: bool| {
-            let mut o = OpenOptions::new();
-            o.read(true).write(true).create(true);
-            if direct {
-                o.custom_flags(libc::O_DIRECT);
+        let want_direct = try_direct && !on_tmpfs(path);
+        let empty = std::fs::metadata(path).map_or(true, |m| m.len() == 0);
+        if empty {
+            // Format a sibling file completely, then rename it into place:
+            // a crash while formatting leaves no half-made log at `path`.
+            if pages == 0 {
+                return Err(NvmmError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("{} is new: its region needs a size", path.display()),
+                ));
             }
-            o.open(path)
-        };
-        let mut direct = try_direct;
-        let file = match open(direct) {
-            Ok(f) => f,
-            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                direct = false;
-                open(false).map_err(|e| NvmmError::os(format!("open {}", path.display()), e))?
+            let mut name = path.file_name().unwrap_or_default().to_os_string();
+            name.push(format!(".format-{}", std::process::id()));
+            let tmp = path.with_file_name(name);
+            let (file, direct) = open_file(&tmp, want_direct)?;
+            let mut log = Log::with_file(file, direct, pages);
+            let made = log.format().and_then(|()| {
+                std::fs::rename(&tmp, path)
+                    .map_err(|e| NvmmError::os(format!("rename to {}", path.display()), e))
+            });
+            if made.is_err() {
+                let _ = std::fs::remove_file(&tmp);
             }
-            Err(e) => return Err(NvmmError::os(format!("open {}", path.display()), e)),
-        };
+            made?;
+            let dir = path
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        let (file, direct) = open_file(path, want_direct)?;
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(NvmmError::last_os(format!(
@@ -169,11 +221,13 @@ impl Log {
                 path.display()
             )));
         }
-        let len = file
-            .metadata()
-            .map_err(|e| NvmmError::os("fstat", e))?
-            .len();
-        let mut log = Log {
+        let mut log = Log::with_file(file, direct, pages);
+        let recovered = log.recover(pages)?;
+        Ok((log, recovered))
+    }
+
+    fn with_file(file: File, direct: bool, pages: u64) -> Log {
+        Log {
             file,
             direct,
             pages,
@@ -182,25 +236,7 @@ impl Log {
             pending_free: Vec::new(),
             slot_seq: 0,
             chain: Vec::new(),
-        };
-        if len == 0 {
-            if pages == 0 {
-                return Err(NvmmError::new(
-                    ErrorKind::InvalidArgument,
-                    "a new region needs a size",
-                ));
-            }
-            log.format()?;
-            return Ok((
-                log,
-                Recovered {
-                    entries: Vec::new(),
-                    tokens: Tokens::default(),
-                },
-            ));
         }
-        let recovered = log.recover(pages)?;
-        Ok((log, recovered))
     }
 
     pub fn pages(&self) -> u64 {

@@ -61,7 +61,8 @@ pub struct Options {
     /// Flash completion times; [`FixedLatency`] (the placeholder) by default.
     pub timing: Box<dyn FlashTiming>,
     /// Open the backing file with O_DIRECT when its file system allows, so
-    /// the page cache does not double the DRAM budget.
+    /// the page cache does not double the DRAM budget (never on tmpfs,
+    /// whose file pages are already memory and whose O_DIRECT is slow).
     pub direct_io: bool,
     /// After a fault, keep polling for the next this long before sleeping.
     pub handler_spin_ns: u64,
@@ -240,16 +241,24 @@ impl State {
         if self.table.has_free_version() {
             return Ok(());
         }
-        let target = self.table.version_capacity() / 4;
-        gc::collect(
-            &mut self.table,
-            &mut self.log,
-            &mut self.tokens,
-            target,
-            0,
-            &mut self.gc_buf,
-            &mut self.gc,
-        )?;
+        // A short pause: free an eighth of the area, a few chains at a time
+        // (the background collector does the rest between faults).
+        let target = self.table.version_capacity() - self.table.version_capacity() / 8;
+        while !self.table.has_free_version() {
+            let before = self.table.versions_used();
+            gc::collect(
+                &mut self.table,
+                &mut self.log,
+                &mut self.tokens,
+                target,
+                16,
+                &mut self.gc_buf,
+                &mut self.gc,
+            )?;
+            if self.table.versions_used() == before {
+                break;
+            }
+        }
         if !self.table.has_free_version() {
             return Err(NvmmError::new(
                 ErrorKind::Exhausted,

@@ -60,6 +60,18 @@ impl TempPath {
 impl Drop for TempPath {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
+        // Formatting files of processes killed while creating the log.
+        let (Some(dir), Some(name)) = (self.0.parent(), self.0.file_name()) else {
+            return;
+        };
+        let prefix = format!("{}.format-", name.to_string_lossy());
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
     }
 }
 
@@ -87,4 +99,14 @@ pub fn crash_iteration(seed: u64, k: u64) -> Vec<(u64, Vec<u8>)> {
         }
     }
     out
+}
+
+/// A directory on memory (tmpfs) for fast tests, else the temp directory.
+pub fn fast_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
 }

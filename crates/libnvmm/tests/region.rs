@@ -4,7 +4,7 @@
 //! clean close, and garbage collection discarding the oldest tokens first.
 
 use nvmm::entry::status;
-use nvmm::testkit::{seed_from_env, Rng, TempPath};
+use nvmm::testkit::{fast_dir, seed_from_env, Rng, TempPath};
 use nvmm::{perms, ErrorKind, Nvmm, Options, PAGE_BYTES};
 use std::process::Command;
 
@@ -27,7 +27,7 @@ fn random_reads_and_writes_survive_eviction() {
     let seed = seed_from_env("NVMM_TEST_SEED");
     println!("seed {seed} (NVMM_TEST_SEED reproduces)");
     let mut rng = Rng::new(seed);
-    let file = TempPath::new(std::env::temp_dir(), "evict");
+    let file = TempPath::new(fast_dir(), "evict");
     for prefetch in [0, 4] {
         let mut o = small(256 << 10, 4); // 32 blocks in 8 sets
         o.prefetch_blocks = prefetch;
@@ -66,7 +66,7 @@ fn random_reads_and_writes_survive_eviction() {
 
 #[test]
 fn rollback_restores_each_synced_state() {
-    let file = TempPath::new(std::env::temp_dir(), "rollback");
+    let file = TempPath::new(fast_dir(), "rollback");
     let n = Nvmm::open_with(file.path(), 2 * MB, small(128 << 10, 0)).unwrap();
     assert_eq!(n.last_token().unwrap(), 0);
     let page = PAGE_BYTES as u64;
@@ -85,7 +85,11 @@ fn rollback_restores_each_synced_state() {
     assert_eq!(t3, 3);
     let t4 = n.rollback(t1).unwrap();
     assert_eq!(contents(&n), s1);
-    assert_eq!(n.rollback(t2).unwrap_err().kind, ErrorKind::StaleToken, "t2 was rolled back past");
+    assert_eq!(
+        n.rollback(t2).unwrap_err().kind,
+        ErrorKind::StaleToken,
+        "t2 was rolled back past"
+    );
     assert_eq!(n.rollback(t3).unwrap_err().kind, ErrorKind::StaleToken);
     assert_eq!(n.rollback(99).unwrap_err().kind, ErrorKind::StaleToken);
     n.write(7, &[9; 10]).unwrap();
@@ -100,7 +104,10 @@ fn rollback_restores_each_synced_state() {
     n.rollback(t4).unwrap();
     assert_eq!(contents(&n), s1);
     n.rollback(0).unwrap();
-    assert!(contents(&n).iter().all(|&b| b == 0), "token 0 is the empty region");
+    assert!(
+        contents(&n).iter().all(|&b| b == 0),
+        "token 0 is the empty region"
+    );
     drop(n);
     // A different size is refused, not reinterpreted.
     let e = Nvmm::open(file.path(), 4 * MB, MB).err().unwrap();
@@ -109,7 +116,7 @@ fn rollback_restores_each_synced_state() {
 
 #[test]
 fn alloc_delete_setperms_and_temporary_pages() {
-    let file = TempPath::new(std::env::temp_dir(), "api");
+    let file = TempPath::new(fast_dir(), "api");
     let n = Nvmm::open_with(file.path(), MB, small(256 << 10, 0)).unwrap(); // 16 pages
     let a = n.alloc().unwrap();
     let b = n.alloc().unwrap();
@@ -130,15 +137,25 @@ fn alloc_delete_setperms_and_temporary_pages() {
     assert_eq!(n.alloc().unwrap_err().kind, ErrorKind::Exhausted);
     n.rollback(before_delete).unwrap();
     n.read(a, &mut got).unwrap();
-    assert!(got.iter().all(|&x| x == 7), "rollback brings the deleted page back");
+    assert!(
+        got.iter().all(|&x| x == 7),
+        "rollback brings the deleted page back"
+    );
     // Read-only: the MMU refuses a store (checked in a child process).
     n.set_perms(0, perms::READ).unwrap();
     assert_eq!(n.page_status(0).unwrap() & perms::WRITE, 0);
     // Temporary: collected when this "application" closes.
     n.write(3 * 65536, &[5; 10]).unwrap();
-    n.set_perms(3 * 65536, perms::READ | perms::WRITE | perms::TEMPORARY).unwrap();
-    assert_eq!(n.set_perms(0, 0x80).unwrap_err().kind, ErrorKind::InvalidArgument);
-    assert_eq!(n.delete(n.len()).unwrap_err().kind, ErrorKind::InvalidArgument);
+    n.set_perms(3 * 65536, perms::READ | perms::WRITE | perms::TEMPORARY)
+        .unwrap();
+    assert_eq!(
+        n.set_perms(0, 0x80).unwrap_err().kind,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        n.delete(n.len()).unwrap_err().kind,
+        ErrorKind::InvalidArgument
+    );
     n.close().unwrap();
 
     let out = Command::new(env!("CARGO_BIN_EXE_nvmm-child"))
@@ -160,11 +177,16 @@ fn alloc_delete_setperms_and_temporary_pages() {
     let mut t = [9u8; 10];
     n.read(3 * 65536, &mut t).unwrap();
     assert_eq!(t, [0; 10], "the temporary page was collected");
-    assert_eq!(n.page_status(0).unwrap() & perms::WRITE, 0, "permissions persist");
+    assert_eq!(
+        n.page_status(0).unwrap() & perms::WRITE,
+        0,
+        "permissions persist"
+    );
     // A temporary page of a process that dies without closing is
     // collected at the next open.
     n.write(4 * 65536, &[6; 4]).unwrap();
-    n.set_perms(4 * 65536, perms::READ | perms::WRITE | perms::TEMPORARY).unwrap();
+    n.set_perms(4 * 65536, perms::READ | perms::WRITE | perms::TEMPORARY)
+        .unwrap();
     n.sync().unwrap();
     drop(n); // a crash: no close
     let n = Nvmm::open(file.path(), 0, 256 << 10).unwrap();
@@ -178,7 +200,7 @@ fn garbage_collection_discards_the_oldest_tokens_first() {
     let seed = seed_from_env("NVMM_TEST_SEED");
     println!("seed {seed}");
     let mut rng = Rng::new(seed);
-    let file = TempPath::new(std::env::temp_dir(), "gc");
+    let file = TempPath::new(fast_dir(), "gc");
     // 8 pages: the version area holds 24 versions.
     let n = Nvmm::open_with(file.path(), 8 * 65536, small(64 << 10, 0)).unwrap();
     let mut states = vec![(0u64, contents(&n))];
@@ -196,15 +218,26 @@ fn garbage_collection_discards_the_oldest_tokens_first() {
     assert!(s.gc.chains_merged > 0 && s.gc.tokens_discarded > 0, "{s:?}");
     let oldest = n.oldest_token().unwrap();
     assert!(oldest > 0);
-    assert_eq!(n.rollback(oldest - 1).unwrap_err().kind, ErrorKind::StaleToken);
+    assert_eq!(
+        n.rollback(oldest - 1).unwrap_err().kind,
+        ErrorKind::StaleToken
+    );
     // Every live token's state is intact: check the newest ones going back
     // (a rollback abandons the tokens after it, so go oldest-last).
-    let live: Vec<_> = states.iter().filter(|(t, _)| *t >= oldest).cloned().collect();
+    let live: Vec<_> = states
+        .iter()
+        .filter(|(t, _)| *t >= oldest)
+        .cloned()
+        .collect();
     for (t, state) in live.iter().rev().take(8) {
         n.rollback(*t).unwrap();
         assert_eq!(&contents(&n), state, "seed {seed}: state at token {t}");
     }
     n.rollback(oldest).unwrap();
-    assert_eq!(contents(&n), live[0].1, "seed {seed}: the oldest live token");
+    assert_eq!(
+        contents(&n),
+        live[0].1,
+        "seed {seed}: the oldest live token"
+    );
     n.close().unwrap();
 }

@@ -53,6 +53,7 @@ fn store_readonly(path: &str) -> Result<(), String> {
     println!("read {} from the read-only page", b[0]);
     std::io::stdout().flush().ok();
     // The store that must fault.
-    n.write(0, &[b[0].wrapping_add(1)]).map_err(|e| e.to_string())?;
+    n.write(0, &[b[0].wrapping_add(1)])
+        .map_err(|e| e.to_string())?;
     Err("a store to a read-only page succeeded".into())
 }
