@@ -4,12 +4,19 @@
 //! written (a Lamport time), 8 bits status and permissions.
 //!
 //! Sub-page valid bits: bit `8k + s` says segment `s` of the 64 KB page is at
-//! flash page `mapping + s + 8k`. This library writes every segment at
-//! `k = 0`; the positions +8/+16/+24 exist in the report to skip worn-out
-//! flash pages, which a file under a file system does not have.
+//! flash page `mapping + s + 8k` (k = 0..3): a version owns a flash block of
+//! 32 pages. The report uses positions +8/+16/+24 to skip worn-out pages; a
+//! file has none, so this library uses them for what the same bits also
+//! allow: a segment written back again before the next sync goes to its
+//! next free position in the same (uncommitted) block — each flash page is
+//! still programmed once — instead of forcing a new version.
 
 /// Segments (flash pages, cache blocks) per virtual page: 64 KB / 8 KB.
 pub const SEGMENTS_PER_PAGE: usize = 8;
+/// Positions a segment can take in its version's block (32 valid bits).
+pub const POSITIONS: usize = 4;
+/// Flash pages in the block a version owns.
+pub const FLASH_PAGES_PER_BLOCK: u64 = (SEGMENTS_PER_PAGE * POSITIONS) as u64;
 pub const FLASH_PAGE_BITS: u32 = 34;
 pub const PREV_BITS: u32 = 30;
 pub const TIME_BITS: u32 = 24;
@@ -53,8 +60,17 @@ impl Entry {
     pub fn has(&self, bit: u8) -> bool {
         self.status & bit != 0
     }
+    /// The position `k` at which this version holds `segment`, if it does.
+    pub fn segment_position(&self, segment: usize) -> Option<usize> {
+        (0..POSITIONS).find(|k| self.valid & (1 << (segment + SEGMENTS_PER_PAGE * k)) != 0)
+    }
     pub fn segment_valid(&self, segment: usize) -> bool {
-        self.valid & (1 << segment) != 0
+        self.segment_position(segment).is_some()
+    }
+    /// The flash page holding `segment` in this version.
+    pub fn segment_flash_page(&self, segment: usize) -> Option<u64> {
+        self.segment_position(segment)
+            .map(|k| self.flash_page + (segment + SEGMENTS_PER_PAGE * k) as u64)
     }
 
     pub fn pack(&self) -> [u8; 16] {

@@ -14,7 +14,7 @@
 //! GC's copies are real IO on the backing file but are not charged to the
 //! flash timing.
 
-use crate::entry::{status, Entry, SEGMENTS_PER_PAGE};
+use crate::entry::{status, Entry, FLASH_PAGES_PER_BLOCK, SEGMENTS_PER_PAGE};
 use crate::error::Result;
 use crate::log::{AlignedBuf, Log, FLASH_PAGE_BYTES};
 use crate::table::Table;
@@ -32,7 +32,7 @@ pub struct GcOutcome {
 fn release_block(log: &mut Log, tokens: &Tokens, e: &Entry) {
     if e.has(status::MAPPED) {
         log.free_block(
-            e.flash_page / SEGMENTS_PER_PAGE as u64,
+            e.flash_page / FLASH_PAGES_PER_BLOCK,
             e.time as u64 <= tokens.last,
         );
     }
@@ -100,23 +100,25 @@ fn merge_run(
         .filter(|(_, s)| s.is_some())
         .map(|(s, _)| 1u32 << s)
         .sum();
+    let only_newest = source.iter().all(|s| s.is_none_or(|k| k == 0));
     let mut merged = Entry {
         prev: versions.last().map_or(0, |v| v.prev),
-        valid,
+        valid: newest.valid,
         status: (newest.status & !status::FRESH) | if fresh { status::FRESH } else { 0 },
         ..newest
     };
-    let only_newest = source.iter().all(|s| s.is_none_or(|k| k == 0));
     if valid == 0 {
         merged.status &= !status::MAPPED;
         merged.flash_page = 0;
         release_block(log, tokens, &newest);
     } else if !only_newest {
         let block = log.alloc_block()?;
-        let base = block * SEGMENTS_PER_PAGE as u64;
+        let base = block * FLASH_PAGES_PER_BLOCK;
         for (s, src) in source.iter().enumerate() {
             if let Some(k) = src {
-                let from = versions[*k].flash_page + s as u64;
+                let from = versions[*k]
+                    .segment_flash_page(s)
+                    .expect("a source holds its segment");
                 let data = &mut buf.as_mut_slice()[..FLASH_PAGE_BYTES];
                 log.read_segment(from, data)?;
                 log.write_segment(base + s as u64, data)?;
@@ -125,6 +127,7 @@ fn merge_run(
         }
         release_block(log, tokens, &newest);
         merged.flash_page = base;
+        merged.valid = valid; // every segment at position 0 of the new block
         merged.status |= status::MAPPED;
     }
     for (k, v) in versions.iter().enumerate().skip(1) {

@@ -5,7 +5,7 @@
 //! 0      superblock (geometry, CRC)
 //! 4096   checkpoint slot 0 ┐ each: sequence, token, where the newest commit
 //! 8192   checkpoint slot 1 ┘ record is (block, length, CRC), slot CRC
-//! 16384  blocks of 8 flash pages (64 KB): page versions' segments and
+//! 16384  blocks of 32 flash pages (256 KB): page versions' segments and
 //!        commit records, appended at the tail or reusing freed blocks
 //! ```
 //!
@@ -18,7 +18,7 @@
 //! waits in `pending_free` until the next commit is durable. Freed blocks
 //! are punched out of the file (FALLOC_FL_PUNCH_HOLE).
 
-use crate::entry::{Entry, SEGMENTS_PER_PAGE};
+use crate::entry::{Entry, FLASH_PAGES_PER_BLOCK, SEGMENTS_PER_PAGE};
 use crate::error::{ErrorKind, NvmmError, Result};
 use crate::tokens::Tokens;
 use std::fs::{File, OpenOptions};
@@ -30,6 +30,8 @@ use std::path::Path;
 pub const FLASH_PAGE_BYTES: usize = 8192;
 /// A virtual page (SPEC §7: 64 KB pages, independent of flash page size).
 pub const PAGE_BYTES: usize = FLASH_PAGE_BYTES * SEGMENTS_PER_PAGE;
+/// A flash block of the log: 32 flash pages, one page version's.
+pub const BLOCK_BYTES: usize = FLASH_PAGE_BYTES * FLASH_PAGES_PER_BLOCK as usize;
 const SECTOR: usize = 4096;
 const SLOT_OFFSETS: [u64; 2] = [4096, 8192];
 const DATA_START: u64 = 16384;
@@ -440,7 +442,7 @@ impl Log {
         let mut used = std::collections::BTreeSet::new();
         for (_, e) in entries {
             if e.has(crate::entry::status::MAPPED) {
-                used.insert(e.flash_page / SEGMENTS_PER_PAGE as u64);
+                used.insert(e.flash_page / FLASH_PAGES_PER_BLOCK);
             }
         }
         for r in &self.chain {
@@ -457,24 +459,24 @@ impl Log {
     }
 
     fn record_blocks(&self, len: u64) -> u64 {
-        len.div_ceil(PAGE_BYTES as u64)
+        len.div_ceil(BLOCK_BYTES as u64)
     }
 
     fn block_offset(&self, block: u64) -> u64 {
-        DATA_START + block * PAGE_BYTES as u64
+        DATA_START + block * BLOCK_BYTES as u64
     }
 
     fn flash_page_offset(&self, flash_page: u64) -> u64 {
         DATA_START + flash_page * FLASH_PAGE_BYTES as u64
     }
 
-    /// A free block of 8 flash pages for a new page version.
+    /// A free block of 32 flash pages for a new page version.
     pub fn alloc_block(&mut self) -> Result<u64> {
         if let Some(b) = self.free_blocks.pop() {
             return Ok(b);
         }
         let b = self.tail_block;
-        if (b + 1) * SEGMENTS_PER_PAGE as u64 > crate::entry::MAX_FLASH_PAGE {
+        if (b + 1) * FLASH_PAGES_PER_BLOCK > crate::entry::MAX_FLASH_PAGE {
             return Err(NvmmError::new(
                 ErrorKind::Exhausted,
                 "the 34-bit flash address space is full",
@@ -502,7 +504,7 @@ impl Log {
                 self.file.as_raw_fd(),
                 libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                 self.block_offset(block) as libc::off_t,
-                (blocks * PAGE_BYTES as u64) as libc::off_t,
+                (blocks * BLOCK_BYTES as u64) as libc::off_t,
             )
         };
     }
@@ -534,7 +536,7 @@ impl Log {
     ) -> Result<()> {
         let len = RECORD_HEADER + tokens.rolled_back.len() * 16 + changes.len() * 20;
         let blocks = self.record_blocks(len as u64);
-        let mut buf = AlignedBuf::new(blocks as usize * PAGE_BYTES);
+        let mut buf = AlignedBuf::new(blocks as usize * BLOCK_BYTES);
         let b = buf.as_mut_slice();
         let prev = if full {
             None
@@ -638,7 +640,7 @@ mod tests {
         let path = temp("torn");
         let _guard = Remove(path.clone());
         let e = Entry {
-            flash_page: 8,
+            flash_page: 32,
             prev: 0,
             valid: 1,
             time: 1,

@@ -21,7 +21,7 @@
 //! error would.
 
 use crate::cache::Cache;
-use crate::entry::{status, Entry, SEGMENTS_PER_PAGE};
+use crate::entry::{status, Entry, FLASH_PAGES_PER_BLOCK, POSITIONS, SEGMENTS_PER_PAGE};
 use crate::error::{ErrorKind, NvmmError, Result};
 use crate::gc::{self, GcOutcome};
 use crate::log::{AlignedBuf, Log, FLASH_PAGE_BYTES, PAGE_BYTES};
@@ -280,36 +280,47 @@ impl State {
     }
 
     /// The flash page segment `seg` of `vpn` is programmed to at the pending
-    /// time: a free page of the head's block if the head is uncommitted and
-    /// lacks the segment (flash pages are programmed once), else a new
-    /// version with a new block.
+    /// time. Flash pages are programmed once: if the head is uncommitted, the
+    /// segment goes to its first position in the head's block or, written
+    /// again, to the next position; otherwise (or with all four positions
+    /// used) to a new version with a new block.
     fn prepare_segment(&mut self, vpn: u64, seg: u64) -> Result<u64> {
         let pending = self.tokens.pending();
         let head = self.table.head(vpn);
-        let mut e = if head.is_present()
-            && head.time as u64 == pending
-            && !(head.has(status::MAPPED) && head.segment_valid(seg as usize))
-        {
-            head
-        } else {
-            self.ensure_version_slot()?;
-            self.table.push_version(vpn, pending)?
+        let s = seg as usize;
+        let reuse = head.is_present() && head.time as u64 == pending;
+        let position = match (reuse, head.has(status::MAPPED), head.segment_position(s)) {
+            (true, false, _) | (true, true, None) => Some(0),
+            (true, true, Some(k)) if k + 1 < POSITIONS => Some(k + 1),
+            _ => None,
+        };
+        let (mut e, k) = match position {
+            Some(k) => (head, k),
+            None => {
+                self.ensure_version_slot()?;
+                (self.table.push_version(vpn, pending)?, 0)
+            }
         };
         if !e.has(status::MAPPED) {
-            e.flash_page = self.log.alloc_block()? * SEGS;
+            e.flash_page = self.log.alloc_block()? * FLASH_PAGES_PER_BLOCK;
             e.status |= status::MAPPED;
             e.valid = 0;
         }
-        e.valid |= 1 << seg;
+        for old in 0..POSITIONS {
+            e.valid &= !(1 << (s + SEGMENTS_PER_PAGE * old));
+        }
+        e.valid |= 1 << (s + SEGMENTS_PER_PAGE * k);
         e.status |= status::ALLOCATED;
         self.table.set(vpn as u32, e);
-        Ok(e.flash_page + seg)
+        Ok(e.flash_page + (s + SEGMENTS_PER_PAGE * k) as u64)
     }
 
     fn release_block(&mut self, e: &Entry) {
         if e.has(status::MAPPED) {
-            self.log
-                .free_block(e.flash_page / SEGS, e.time as u64 <= self.tokens.last);
+            self.log.free_block(
+                e.flash_page / FLASH_PAGES_PER_BLOCK,
+                e.time as u64 <= self.tokens.last,
+            );
         }
     }
 

@@ -137,8 +137,10 @@ impl Table {
         while e.is_present() {
             let visible = at.is_none_or(|t| e.time as u64 <= t);
             if visible {
-                if e.has(status::MAPPED) && e.segment_valid(segment) {
-                    return Some(e.flash_page + segment as u64);
+                if e.has(status::MAPPED) {
+                    if let Some(fp) = e.segment_flash_page(segment) {
+                        return Some(fp);
+                    }
                 }
                 if e.has(status::FRESH) {
                     return None;
