@@ -211,6 +211,9 @@ pub unsafe extern "C" fn nvmm_close(n: *mut Nvmm) -> u64 {
         }
         // SAFETY: the caller's promise: a handle from Box::into_raw.
         let n = unsafe { Box::from_raw(n) };
+        if std::env::var_os("NVMM_STATS").is_some() {
+            eprintln!("libnvmm: {:?}", n.stats());
+        }
         n.close().map_err(|e| e.to_string())
     })
 }

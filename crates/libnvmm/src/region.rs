@@ -76,7 +76,11 @@ impl Options {
             prefetch_blocks: 0,
             timing: Box::new(FixedLatency::default()),
             direct_io: true,
-            handler_spin_ns: 20_000,
+            handler_spin_ns: std::env::var("NVMM_SPIN_US")
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(20)
+                * 1000,
         }
     }
 }
