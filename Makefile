@@ -57,6 +57,7 @@ test: setup
 	$(CARGO) bench -p libmoneta --bench fidelity -- --smoke
 	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
 	$(CARGO) bench -p moneta-model --bench san_speed -- --smoke
+	$(CARGO) bench -p libnvmm --bench nvmm -- --smoke
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
 # emulator software overhead against pread(2) on tmpfs and against the raw

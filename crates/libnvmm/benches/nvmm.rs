@@ -40,14 +40,14 @@ fn main() {
             hit_accesses: 200_000,
             miss_region: 16 * MB,
             gups_dram: 4 * MB,
-            gups_ops: 4_000,
+            gups_ops: 2_000,
         }
     } else {
         Scale {
             hit_accesses: 5_000_000,
             miss_region: 128 * MB,
             gups_dram: 64 * MB,
-            gups_ops: 200_000,
+            gups_ops: 20_000,
         }
     };
     println!(

@@ -3,12 +3,14 @@
 //! backing file is the journaled flash.
 //!
 //! Miss path (SPEC §7): a missing-page fault reaches the handler thread; it
-//! picks the set's oldest block as victim, writes it to the log if dirty
-//! (write-protect, program a new flash page, MADV_DONTNEED), translates the
-//! faulting block through the page table, reads it from the file, waits
-//! until the flash timing's completion time on the wall clock, and installs
-//! the whole block with UFFDIO_COPY — write-protected, so the first store
-//! raises a write-protect fault that marks the block dirty. Optionally the
+//! translates the faulting block through the page table, reads it from the
+//! file, waits until the flash timing's completion time on the wall clock,
+//! and installs the whole block with UFFDIO_COPY into a free way of its set
+//! — write-protected, so the first store raises a write-protect fault that
+//! marks the block dirty. Then, with the application running again, it
+//! frees a way for the next miss: the set's oldest block is written to the
+//! log if dirty (write-protect, program a new flash page) and dropped
+//! (MADV_DONTNEED). Optionally the
 //! next N blocks are prefetched (installed when their reads complete).
 //! sync writes every dirty block as a new page version and commits; rollback
 //! drops the cache and truncates every chain to the token's time.
@@ -448,6 +450,7 @@ impl State {
                 let p = self.prefetching.swap_remove(i);
                 if !self.cache.is_resident(p.block) {
                     self.install(sh, p.block, p.buf.as_ptr(), false)?;
+                    self.evict_ahead(sh, p.block)?;
                 }
                 self.spare.push(p.buf);
             } else {
@@ -484,8 +487,6 @@ impl State {
             self.spare.push(p.buf);
             bump(&sh.counters.prefetch_used, 1);
         } else {
-            // Room first: the victim's write-back precedes the read (SPEC §7).
-            self.make_room(sh, block)?;
             let (done, modeled) = self.read_block(sh, block, None)?;
             self.issue_prefetch(sh, block)?;
             sh.clock.wait_until(done);
@@ -495,6 +496,22 @@ impl State {
         }
         bump(&sh.counters.misses, 1);
         bump(&sh.counters.miss_handler_ns, sh.clock.now_ns() - t0);
+        // The faulting thread runs again; free a way for the next miss now.
+        self.evict_ahead(sh, block)
+    }
+
+    /// Keep a free way in `block`'s set (when sets have more than one):
+    /// the victim is written back and dropped after a fill has woken the
+    /// application, off the next miss's critical path — the report's early
+    /// write-back of cold dirty pages. The set never holds more than its
+    /// ways, so the DRAM budget holds at every instant; in steady state one
+    /// way per set is free.
+    fn evict_ahead(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        if self.cache.ways() > 1 {
+            if let Some(victim) = self.cache.victim_for(block) {
+                self.evict(sh, victim)?;
+            }
+        }
         Ok(())
     }
 
