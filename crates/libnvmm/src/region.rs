@@ -1,0 +1,1084 @@
+//! The NVMM region of a process (SPEC §7, issue 13): a mapping far larger
+//! than its DRAM budget whose resident pages are the DRAM cache and whose
+//! backing file is the journaled flash.
+//!
+//! Miss path (SPEC §7): a missing-page fault reaches the handler thread; it
+//! translates the faulting block through the page table, reads it from the
+//! file, waits until the flash timing's completion time on the wall clock,
+//! and installs the whole block with UFFDIO_COPY into a free way of its set
+//! — write-protected, so the first store raises a write-protect fault that
+//! marks the block dirty. Then, with the application running again, it
+//! frees a way for the next miss: the set's oldest block is written to the
+//! log if dirty (write-protect, program a new flash page) and dropped
+//! (MADV_DONTNEED). Optionally the
+//! next N blocks are prefetched (installed when their reads complete).
+//! sync writes every dirty block as a new page version and commits; rollback
+//! drops the cache and truncates every chain to the token's time.
+//!
+//! One lock guards the state; the handler, the GC thread and API calls take
+//! it in turn. No code holding it touches the region's memory from user
+//! space (the kernel reads resident blocks for pwrite), so it cannot wait on
+//! its own fault. A failure the handler cannot report to a caller (an IO
+//! error while a thread waits on a fault) aborts the process, as a memory
+//! error would.
+
+use crate::cache::Cache;
+use crate::entry::{status, Entry, FLASH_PAGES_PER_BLOCK, POSITIONS, SEGMENTS_PER_PAGE};
+use crate::error::{ErrorKind, NvmmError, Result};
+use crate::gc::{self, GcOutcome};
+use crate::log::{AlignedBuf, Log, FLASH_PAGE_BYTES, PAGE_BYTES};
+use crate::table::Table;
+use crate::timing::{FixedLatency, FlashTiming, WallClock};
+use crate::tokens::Tokens;
+use crate::uffd::{Fault, Userfault};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const BLOCK: u64 = FLASH_PAGE_BYTES as u64;
+const PAGE: u64 = PAGE_BYTES as u64;
+const SEGS: u64 = SEGMENTS_PER_PAGE as u64;
+/// Prefetch depth bound (the report's scheme fetches the next 16 pages).
+pub const MAX_PREFETCH_BLOCKS: usize = 64;
+
+/// Page permissions for [`Nvmm::set_perms`] (SPEC §7 setperms).
+pub mod perms {
+    pub const READ: u8 = super::status::READ;
+    pub const WRITE: u8 = super::status::WRITE;
+    /// Collected when the application ends (at close or the next open).
+    pub const TEMPORARY: u8 = super::status::TEMPORARY;
+}
+
+/// How a region is opened.
+pub struct Options {
+    /// DRAM cache size: at most this many bytes of the region are resident.
+    pub dram_bytes: u64,
+    /// Cache associativity (0: fully associative).
+    pub ways: usize,
+    /// Blocks after a missing one to read ahead (SPEC §7: 16).
+    pub prefetch_blocks: usize,
+    /// Flash completion times; [`FixedLatency`] (the placeholder) by default.
+    pub timing: Box<dyn FlashTiming>,
+    /// Open the backing file with O_DIRECT when its file system allows, so
+    /// the page cache does not double the DRAM budget (never on tmpfs,
+    /// whose file pages are already memory and whose O_DIRECT is slow).
+    pub direct_io: bool,
+    /// After a fault, keep polling for the next this long before sleeping.
+    pub handler_spin_ns: u64,
+}
+
+impl Options {
+    pub fn new(dram_bytes: u64) -> Options {
+        Options {
+            dram_bytes,
+            ways: 16,
+            prefetch_blocks: 0,
+            timing: Box::new(FixedLatency::default()),
+            direct_io: true,
+            handler_spin_ns: std::env::var("NVMM_SPIN_US")
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(20)
+                * 1000,
+        }
+    }
+}
+
+/// Counters since open.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub misses: u64,
+    /// Handler time of misses, fault read to UFFDIO_COPY done.
+    pub miss_handler_ns: u64,
+    /// Flash time the timing model charged to those misses.
+    pub miss_modeled_ns: u64,
+    pub write_protect_faults: u64,
+    pub write_backs: u64,
+    pub evictions: u64,
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    pub syncs: u64,
+    pub resident_blocks: u64,
+    pub capacity_blocks: u64,
+    pub versions_used: u64,
+    pub version_capacity: u64,
+    pub log_blocks: u64,
+    pub gc: GcOutcome,
+    pub direct_io: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    misses: AtomicU64,
+    miss_handler_ns: AtomicU64,
+    miss_modeled_ns: AtomicU64,
+    write_protect_faults: AtomicU64,
+    write_backs: AtomicU64,
+    evictions: AtomicU64,
+    prefetch_issued: AtomicU64,
+    prefetch_used: AtomicU64,
+    syncs: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+struct Prefetched {
+    block: u64,
+    done_ns: u64,
+    buf: AlignedBuf,
+}
+
+struct State {
+    table: Table,
+    log: Log,
+    tokens: Tokens,
+    cache: Cache,
+    timing: Box<dyn FlashTiming>,
+    buf: AlignedBuf,
+    /// Garbage collection's copy buffer (never `buf`, which may hold a
+    /// block being installed).
+    gc_buf: AlignedBuf,
+    zero: AlignedBuf,
+    prefetch_blocks: usize,
+    prefetching: Vec<Prefetched>,
+    spare: Vec<AlignedBuf>,
+    program_busy_until_ns: u64,
+    alloc_cursor: u64,
+    gc: GcOutcome,
+    failed: Option<NvmmError>,
+}
+
+struct Shared {
+    uffd: Userfault,
+    base: u64,
+    len: u64,
+    state: Mutex<State>,
+    stop: AtomicBool,
+    wake: OwnedFd,
+    clock: WallClock,
+    counters: Counters,
+    spin_ns: u64,
+    prefetch_enabled: bool,
+}
+
+/// A mapped NVMM region. Dropping it without [`Nvmm::close`] is a crash:
+/// the file keeps the last sync.
+pub struct Nvmm {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn madvise_dontneed(addr: u64, len: u64) -> Result<()> {
+    // SAFETY: the range lies inside our own anonymous mapping; dropping its
+    // pages is what the cache means by eviction.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len as usize, libc::MADV_DONTNEED) } != 0 {
+        return Err(NvmmError::last_os(format!(
+            "madvise(DONTNEED) at {addr:#x}"
+        )));
+    }
+    Ok(())
+}
+
+fn protection(st: u8) -> libc::c_int {
+    if st & status::WRITE != 0 {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else if st & status::READ != 0 {
+        libc::PROT_READ
+    } else {
+        libc::PROT_NONE
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        let st = self.state.lock().map_err(|_| {
+            NvmmError::new(ErrorKind::Io, "a thread panicked holding the region lock")
+        })?;
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        Ok(st)
+    }
+
+    fn block_addr(&self, block: u64) -> u64 {
+        self.base + block * BLOCK
+    }
+
+    fn mprotect_page(&self, vpn: u64, st: u8) -> Result<()> {
+        // SAFETY: the page lies inside our own mapping.
+        let r = unsafe {
+            libc::mprotect(
+                (self.base + vpn * PAGE) as *mut libc::c_void,
+                PAGE as usize,
+                protection(st),
+            )
+        };
+        if r != 0 {
+            return Err(NvmmError::last_os(format!("mprotect page {vpn}")));
+        }
+        Ok(())
+    }
+
+    /// Every page's protection from its head entry (after open/rollback).
+    fn apply_all_perms(&self, st: &State) -> Result<()> {
+        for vpn in 0..st.table.pages() {
+            let head = st.table.head(vpn);
+            let want = if head.is_present() {
+                head.status
+            } else {
+                status::READ | status::WRITE
+            };
+            if protection(want) != libc::PROT_READ | libc::PROT_WRITE {
+                self.mprotect_page(vpn, want)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    /// A free version entry, collecting garbage first if there is none.
+    fn ensure_version_slot(&mut self) -> Result<()> {
+        if self.table.has_free_version() {
+            return Ok(());
+        }
+        // A short pause: free an eighth of the area, a few chains at a time
+        // (the background collector does the rest between faults).
+        let target = self.table.version_capacity() - self.table.version_capacity() / 8;
+        while !self.table.has_free_version() {
+            let before = self.table.versions_used();
+            gc::collect(
+                &mut self.table,
+                &mut self.log,
+                &mut self.tokens,
+                target,
+                16,
+                &mut self.gc_buf,
+                &mut self.gc,
+            )?;
+            if self.table.versions_used() == before {
+                break;
+            }
+        }
+        if !self.table.has_free_version() {
+            return Err(NvmmError::new(
+                ErrorKind::Exhausted,
+                "the version area is full even with one token left",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The head of `vpn` to change for a metadata update at the pending
+    /// time: the head itself if written since the last sync, else a new one.
+    fn metadata_version(&mut self, vpn: u64) -> Result<Entry> {
+        let head = self.table.head(vpn);
+        if head.is_present() && head.time as u64 == self.tokens.pending() {
+            return Ok(head);
+        }
+        self.ensure_version_slot()?;
+        self.table.push_version(vpn, self.tokens.pending())
+    }
+
+    /// The flash page segment `seg` of `vpn` is programmed to at the pending
+    /// time. Flash pages are programmed once: if the head is uncommitted, the
+    /// segment goes to its first position in the head's block or, written
+    /// again, to the next position; otherwise (or with all four positions
+    /// used) to a new version with a new block.
+    fn prepare_segment(&mut self, vpn: u64, seg: u64) -> Result<u64> {
+        let pending = self.tokens.pending();
+        let head = self.table.head(vpn);
+        let s = seg as usize;
+        let reuse = head.is_present() && head.time as u64 == pending;
+        let position = match (reuse, head.has(status::MAPPED), head.segment_position(s)) {
+            (true, false, _) | (true, true, None) => Some(0),
+            (true, true, Some(k)) if k + 1 < POSITIONS => Some(k + 1),
+            _ => None,
+        };
+        let (mut e, k) = match position {
+            Some(k) => (head, k),
+            None => {
+                self.ensure_version_slot()?;
+                (self.table.push_version(vpn, pending)?, 0)
+            }
+        };
+        if !e.has(status::MAPPED) {
+            e.flash_page = self.log.alloc_block()? * FLASH_PAGES_PER_BLOCK;
+            e.status |= status::MAPPED;
+            e.valid = 0;
+        }
+        for old in 0..POSITIONS {
+            e.valid &= !(1 << (s + SEGMENTS_PER_PAGE * old));
+        }
+        e.valid |= 1 << (s + SEGMENTS_PER_PAGE * k);
+        e.status |= status::ALLOCATED;
+        self.table.set(vpn as u32, e);
+        Ok(e.flash_page + (s + SEGMENTS_PER_PAGE * k) as u64)
+    }
+
+    fn release_block(&mut self, e: &Entry) {
+        if e.has(status::MAPPED) {
+            self.log.free_block(
+                e.flash_page / FLASH_PAGES_PER_BLOCK,
+                e.time as u64 <= self.tokens.last,
+            );
+        }
+    }
+
+    fn write_back(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        let addr = sh.block_addr(block);
+        sh.uffd.write_protect(addr, BLOCK, true)?;
+        let fp = self.prepare_segment(block / SEGS, block % SEGS)?;
+        // SAFETY: the block is resident (mapped by UFFDIO_COPY) and now
+        // write-protected, so nothing writes it while the kernel reads it.
+        let data = unsafe { std::slice::from_raw_parts(addr as *const u8, FLASH_PAGE_BYTES) };
+        self.log.write_segment(fp, data)?;
+        let done = self.timing.program_page(sh.clock.now_ns(), fp);
+        self.program_busy_until_ns = self.program_busy_until_ns.max(done);
+        self.cache.set_dirty(block, false);
+        bump(&sh.counters.write_backs, 1);
+        Ok(())
+    }
+
+    fn evict(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        if self.cache.is_dirty(block) {
+            self.write_back(sh, block)?;
+        }
+        madvise_dontneed(sh.block_addr(block), BLOCK)?;
+        self.cache.remove(block);
+        bump(&sh.counters.evictions, 1);
+        Ok(())
+    }
+
+    fn make_room(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        while let Some(victim) = self.cache.victim_for(block) {
+            self.evict(sh, victim)?;
+        }
+        Ok(())
+    }
+
+    /// Read `block`'s current contents into `buf`; returns when the flash
+    /// read completes on the timing's clock, and the modeled time.
+    fn read_block(
+        &mut self,
+        sh: &Shared,
+        block: u64,
+        into_spare: Option<&mut AlignedBuf>,
+    ) -> Result<(u64, u64)> {
+        let now = sh.clock.now_ns();
+        let loc = self
+            .table
+            .locate(block / SEGS, (block % SEGS) as usize, None);
+        let buf = match into_spare {
+            Some(b) => b,
+            None => &mut self.buf,
+        };
+        match loc {
+            Some(fp) => {
+                self.log
+                    .read_segment(fp, &mut buf.as_mut_slice()[..FLASH_PAGE_BYTES])?;
+                let done = self.timing.read_page(now, fp);
+                Ok((done, done.saturating_sub(now)))
+            }
+            None => {
+                buf.as_mut_slice()[..FLASH_PAGE_BYTES]
+                    .copy_from_slice(&self.zero.as_slice()[..FLASH_PAGE_BYTES]);
+                Ok((now, 0))
+            }
+        }
+    }
+
+    /// Install `buf` as `block`; writable and dirty if the fault was a write.
+    fn install(&mut self, sh: &Shared, block: u64, src: *const u8, write: bool) -> Result<()> {
+        self.make_room(sh, block)?;
+        // SAFETY: src is a live buffer of at least BLOCK bytes; the block
+        // lies in the registered range.
+        unsafe { sh.uffd.copy(sh.block_addr(block), src, BLOCK, !write)? };
+        self.cache.insert(block, write);
+        if write {
+            self.note_written(block)?;
+        }
+        Ok(())
+    }
+
+    /// A page written to becomes allocated (SPEC §7: writing a
+    /// never-allocated page creates it).
+    fn note_written(&mut self, block: u64) -> Result<()> {
+        let vpn = block / SEGS;
+        if !self.table.head(vpn).has(status::ALLOCATED) {
+            let mut e = self.metadata_version(vpn)?;
+            e.status |= status::ALLOCATED;
+            self.table.set(vpn as u32, e);
+        }
+        Ok(())
+    }
+
+    fn issue_prefetch(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        let blocks = sh.len / BLOCK;
+        for next in block + 1..=block + self.prefetch_blocks as u64 {
+            if next >= blocks
+                || self.cache.is_resident(next)
+                || self.prefetching.iter().any(|p| p.block == next)
+            {
+                continue;
+            }
+            let Some(mut buf) = self.spare.pop() else {
+                return Ok(());
+            };
+            let (done_ns, _) = self.read_block(sh, next, Some(&mut buf))?;
+            self.prefetching.push(Prefetched {
+                block: next,
+                done_ns,
+                buf,
+            });
+            bump(&sh.counters.prefetch_issued, 1);
+        }
+        Ok(())
+    }
+
+    /// Install the prefetched blocks whose reads have completed.
+    fn install_due_prefetches(&mut self, sh: &Shared) -> Result<()> {
+        let now = sh.clock.now_ns();
+        let mut i = 0;
+        while i < self.prefetching.len() {
+            if self.prefetching[i].done_ns <= now {
+                let p = self.prefetching.swap_remove(i);
+                if !self.cache.is_resident(p.block) {
+                    self.install(sh, p.block, p.buf.as_ptr(), false)?;
+                    self.evict_ahead(sh, p.block)?;
+                }
+                self.spare.push(p.buf);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn next_prefetch_due(&self) -> Option<u64> {
+        self.prefetching.iter().map(|p| p.done_ns).min()
+    }
+
+    fn handle_fault(&mut self, sh: &Shared, f: Fault) -> Result<()> {
+        let block = (f.address - sh.base) / BLOCK;
+        let addr = sh.block_addr(block);
+        if self.cache.is_resident(block) {
+            if f.write_protect || f.write {
+                bump(&sh.counters.write_protect_faults, 1);
+                if !self.cache.is_dirty(block) {
+                    self.cache.set_dirty(block, true);
+                    self.cache.touch(block);
+                    self.note_written(block)?;
+                }
+                return sh.uffd.write_protect(addr, BLOCK, false);
+            }
+            return sh.uffd.wake(addr, BLOCK);
+        }
+        let t0 = sh.clock.now_ns();
+        if let Some(i) = self.prefetching.iter().position(|p| p.block == block) {
+            let p = self.prefetching.swap_remove(i);
+            sh.clock.wait_until(p.done_ns);
+            self.install(sh, block, p.buf.as_ptr(), f.write)?;
+            self.spare.push(p.buf);
+            bump(&sh.counters.prefetch_used, 1);
+        } else {
+            let (done, modeled) = self.read_block(sh, block, None)?;
+            self.issue_prefetch(sh, block)?;
+            sh.clock.wait_until(done);
+            let src = self.buf.as_ptr();
+            self.install(sh, block, src, f.write)?;
+            bump(&sh.counters.miss_modeled_ns, modeled);
+        }
+        bump(&sh.counters.misses, 1);
+        bump(&sh.counters.miss_handler_ns, sh.clock.now_ns() - t0);
+        // The faulting thread runs again; free a way for the next miss now.
+        self.evict_ahead(sh, block)
+    }
+
+    /// Keep a free way in `block`'s set (when sets have more than one):
+    /// the victim is written back and dropped after a fill has woken the
+    /// application, off the next miss's critical path — the report's early
+    /// write-back of cold dirty pages. The set never holds more than its
+    /// ways, so the DRAM budget holds at every instant; in steady state one
+    /// way per set is free.
+    fn evict_ahead(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        if self.cache.ways() > 1 {
+            if let Some(victim) = self.cache.victim_for(block) {
+                self.evict(sh, victim)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn drop_block(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        if self.cache.is_resident(block) {
+            madvise_dontneed(sh.block_addr(block), BLOCK)?;
+            self.cache.remove(block);
+        }
+        if let Some(i) = self.prefetching.iter().position(|p| p.block == block) {
+            let p = self.prefetching.swap_remove(i);
+            self.spare.push(p.buf);
+        }
+        Ok(())
+    }
+
+    /// Write every dirty block and commit: the sync of SPEC §7.
+    fn sync(&mut self, sh: &Shared) -> Result<u64> {
+        for block in self.cache.dirty_blocks() {
+            self.write_back(sh, block)?;
+        }
+        sh.clock.wait_until(self.program_busy_until_ns);
+        self.commit()
+    }
+
+    fn commit(&mut self) -> Result<u64> {
+        let token = self.tokens.next_token()?;
+        let changes = self.table.take_changes();
+        let full = self
+            .log
+            .wants_full(changes.len(), self.table.present_count());
+        let entries = if full { self.table.present() } else { changes };
+        let mut tokens = self.tokens.clone();
+        tokens.last = token;
+        match self.log.commit(&tokens, entries, full) {
+            Ok(()) => {
+                self.tokens = tokens;
+                Ok(token)
+            }
+            Err(e) => {
+                // The in-memory table is ahead of a log whose commit failed
+                // half way: refuse further work rather than guess.
+                self.failed = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    fn delete(&mut self, sh: &Shared, vpn: u64) -> Result<()> {
+        for block in vpn * SEGS..(vpn + 1) * SEGS {
+            self.drop_block(sh, block)?;
+        }
+        let mut e = self.metadata_version(vpn)?;
+        self.release_block(&e);
+        e.status = status::PRESENT | status::FRESH | status::READ | status::WRITE;
+        e.valid = 0;
+        e.flash_page = 0;
+        self.table.set(vpn as u32, e);
+        sh.mprotect_page(vpn, e.status)
+    }
+
+    fn collect_temporary(&mut self, sh: &Shared) -> Result<()> {
+        for vpn in 0..self.table.pages() {
+            let head = self.table.head(vpn);
+            if head.has(status::ALLOCATED) && head.has(status::TEMPORARY) {
+                self.delete(sh, vpn)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Nvmm {
+    /// Map a region of `size` bytes (rounded up to 64 KB pages; 0: the
+    /// size the file was made with) backed by the log at `path`, with
+    /// `dram_bytes` of DRAM cache.
+    pub fn open(path: impl AsRef<Path>, size: u64, dram_bytes: u64) -> Result<Nvmm> {
+        Self::open_with(path, size, Options::new(dram_bytes))
+    }
+
+    pub fn open_with(path: impl AsRef<Path>, size: u64, options: Options) -> Result<Nvmm> {
+        let pages = size.div_ceil(PAGE);
+        if options.dram_bytes < BLOCK {
+            return Err(NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a DRAM budget of {} bytes holds no 8 KB block",
+                    options.dram_bytes
+                ),
+            ));
+        }
+        if options.prefetch_blocks > MAX_PREFETCH_BLOCKS {
+            return Err(NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "prefetch depth {} exceeds {MAX_PREFETCH_BLOCKS}",
+                    options.prefetch_blocks
+                ),
+            ));
+        }
+        let uffd = Userfault::open()?;
+        let (log, recovered) = Log::open(path.as_ref(), pages, options.direct_io)?;
+        let pages = log.pages();
+        let table = Table::from_entries(pages, recovered.entries)?;
+        let len = pages * PAGE;
+        let cache = Cache::new(len / BLOCK, options.dram_bytes / BLOCK, options.ways);
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(NvmmError::last_os(format!("mmap of {len} bytes")));
+        }
+        // SAFETY: our mapping; huge pages would make 2 MB the fill unit.
+        unsafe { libc::madvise(base, len as usize, libc::MADV_NOHUGEPAGE) };
+        let unmap = |e: NvmmError| {
+            // SAFETY: unmapping the mapping made above, which nothing uses yet.
+            unsafe { libc::munmap(base, len as usize) };
+            e
+        };
+        uffd.register(base as u64, len).map_err(unmap)?;
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if wake < 0 {
+            return Err(unmap(NvmmError::last_os("eventfd")));
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let state = State {
+            table,
+            log,
+            tokens: recovered.tokens,
+            cache,
+            timing: options.timing,
+            buf: AlignedBuf::new(FLASH_PAGE_BYTES),
+            gc_buf: AlignedBuf::new(FLASH_PAGE_BYTES),
+            zero: AlignedBuf::new(FLASH_PAGE_BYTES),
+            prefetch_blocks: options.prefetch_blocks,
+            prefetching: Vec::new(),
+            spare: (0..options.prefetch_blocks)
+                .map(|_| AlignedBuf::new(FLASH_PAGE_BYTES))
+                .collect(),
+            program_busy_until_ns: 0,
+            alloc_cursor: 0,
+            gc: GcOutcome::default(),
+            failed: None,
+        };
+        let shared = Arc::new(Shared {
+            uffd,
+            base: base as u64,
+            len,
+            state: Mutex::new(state),
+            stop: AtomicBool::new(false),
+            wake,
+            clock: WallClock::new(),
+            counters: Counters::default(),
+            spin_ns: options.handler_spin_ns,
+            prefetch_enabled: options.prefetch_blocks > 0,
+        });
+        let mut nvmm = Nvmm {
+            shared: shared.clone(),
+            threads: Vec::new(),
+        };
+        {
+            let mut st = shared.lock()?;
+            shared.apply_all_perms(&st)?;
+            // The application that made these pages temporary has ended.
+            st.collect_temporary(&shared)?;
+        }
+        let sh = shared.clone();
+        nvmm.threads.push(
+            std::thread::Builder::new()
+                .name("nvmm-fault".into())
+                .spawn(move || fault_handler(&sh))
+                .map_err(|e| NvmmError::os("spawn the fault handler", e))?,
+        );
+        let sh = shared.clone();
+        nvmm.threads.push(
+            std::thread::Builder::new()
+                .name("nvmm-gc".into())
+                .spawn(move || collector(&sh))
+                .map_err(|e| NvmmError::os("spawn the collector", e))?,
+        );
+        Ok(nvmm)
+    }
+
+    /// The first byte of the region.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.shared.base as *mut u8
+    }
+
+    pub fn len(&self) -> u64 {
+        self.shared.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shared.len == 0
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.shared.len)
+        {
+            return Err(NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "[{offset}, +{len}) is outside the {}-byte region",
+                    self.shared.len
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copy bytes out of the region (faulting blocks in as needed).
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.check_range(offset, out.len() as u64)?;
+        // SAFETY: in range; the handler thread serves the faults this
+        // causes, and this thread holds no lock.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.as_ptr().add(offset as usize),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copy bytes into the region.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        // SAFETY: as in read; the pages must be writable (set_perms).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.as_ptr().add(offset as usize),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Flush every dirty block to the log and commit; the token names the
+    /// state for [`Nvmm::rollback`] (SPEC §7 sync).
+    pub fn sync(&self) -> Result<u64> {
+        let mut st = self.shared.lock()?;
+        let token = st.sync(&self.shared)?;
+        bump(&self.shared.counters.syncs, 1);
+        Ok(token)
+    }
+
+    /// Restore the region as it was at `token`, discarding everything
+    /// written since (including unsynced data), and commit that as a new
+    /// token, which is returned. Tokens after `token` become invalid.
+    pub fn rollback(&self, token: u64) -> Result<u64> {
+        let sh = &*self.shared;
+        let mut st = sh.lock()?;
+        if !st.tokens.is_live(token) {
+            return Err(NvmmError::new(
+                ErrorKind::StaleToken,
+                format!(
+                    "token {token} is not live (live: {}..={} minus rolled-back intervals)",
+                    st.tokens.horizon, st.tokens.last
+                ),
+            ));
+        }
+        for block in st.cache.resident_blocks() {
+            st.drop_block(sh, block)?;
+        }
+        for p in std::mem::take(&mut st.prefetching) {
+            st.spare.push(p.buf);
+        }
+        for vpn in 0..st.table.pages() {
+            loop {
+                let head = st.table.head(vpn);
+                if !head.is_present() || head.time as u64 <= token {
+                    break;
+                }
+                st.release_block(&head);
+                if head.prev != 0 {
+                    let older = st.table.get(head.prev);
+                    st.table.free_version(head.prev);
+                    st.table.set(vpn as u32, older);
+                } else {
+                    st.table.set(vpn as u32, Entry::default());
+                }
+            }
+        }
+        st.tokens.abandon_after(token);
+        let new_token = st.commit()?;
+        // SAFETY: our own mapping.
+        unsafe {
+            libc::mprotect(
+                sh.base as *mut libc::c_void,
+                sh.len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        sh.apply_all_perms(&st)?;
+        Ok(new_token)
+    }
+
+    /// A never-allocated (or deleted) page, zero-filled; its offset.
+    pub fn alloc(&self) -> Result<u64> {
+        let sh = &*self.shared;
+        let mut st = sh.lock()?;
+        let pages = st.table.pages();
+        for i in 0..pages {
+            let vpn = (st.alloc_cursor + i) % pages;
+            if st.table.head(vpn).has(status::ALLOCATED) {
+                continue;
+            }
+            let mut e = st.metadata_version(vpn)?;
+            st.release_block(&e);
+            e.status =
+                status::PRESENT | status::FRESH | status::ALLOCATED | status::READ | status::WRITE;
+            e.valid = 0;
+            e.flash_page = 0;
+            st.table.set(vpn as u32, e);
+            for block in vpn * SEGS..(vpn + 1) * SEGS {
+                st.drop_block(sh, block)?;
+            }
+            st.alloc_cursor = vpn + 1;
+            return Ok(vpn * PAGE);
+        }
+        Err(NvmmError::new(
+            ErrorKind::Exhausted,
+            "every page of the region is allocated",
+        ))
+    }
+
+    fn page_of(&self, offset: u64) -> Result<u64> {
+        self.check_range(offset, 1)?;
+        Ok(offset / PAGE)
+    }
+
+    /// Delete the page holding `offset` now (SPEC §7 delete): it reads as
+    /// zero and is no longer allocated; older tokens still hold its data.
+    pub fn delete(&self, offset: u64) -> Result<()> {
+        let vpn = self.page_of(offset)?;
+        let mut st = self.shared.lock()?;
+        st.delete(&self.shared, vpn)
+    }
+
+    /// Set the page's permissions ([`perms`]: READ, WRITE, TEMPORARY);
+    /// enforced by the MMU (a store to a read-only page is SIGSEGV).
+    pub fn set_perms(&self, offset: u64, perms: u8) -> Result<()> {
+        let vpn = self.page_of(offset)?;
+        if perms & !status::PERMS != 0 {
+            return Err(NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!("permission bits {perms:#x} outside READ|WRITE|TEMPORARY"),
+            ));
+        }
+        let mut st = self.shared.lock()?;
+        let mut e = st.metadata_version(vpn)?;
+        e.status = (e.status & !status::PERMS) | perms | status::ALLOCATED;
+        st.table.set(vpn as u32, e);
+        self.shared.mprotect_page(vpn, e.status)
+    }
+
+    /// The page's status bits (see [`crate::entry::status`]).
+    pub fn page_status(&self, offset: u64) -> Result<u8> {
+        let vpn = self.page_of(offset)?;
+        let st = self.shared.lock()?;
+        let head = st.table.head(vpn);
+        Ok(if head.is_present() {
+            head.status
+        } else {
+            status::READ | status::WRITE
+        })
+    }
+
+    /// The last committed token.
+    pub fn last_token(&self) -> Result<u64> {
+        Ok(self.shared.lock()?.tokens.last)
+    }
+
+    /// The oldest token rollback still accepts.
+    pub fn oldest_token(&self) -> Result<u64> {
+        Ok(self.shared.lock()?.tokens.horizon)
+    }
+
+    /// Run garbage collection now down to `target_used` version entries.
+    pub fn collect_garbage(&self, target_used: u64) -> Result<GcOutcome> {
+        let mut st = self.shared.lock()?;
+        let st = &mut *st;
+        let mut out = GcOutcome::default();
+        gc::collect(
+            &mut st.table,
+            &mut st.log,
+            &mut st.tokens,
+            target_used,
+            0,
+            &mut st.gc_buf,
+            &mut out,
+        )?;
+        add_gc(&mut st.gc, &out);
+        Ok(out)
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut s = Stats {
+            misses: get(&c.misses),
+            miss_handler_ns: get(&c.miss_handler_ns),
+            miss_modeled_ns: get(&c.miss_modeled_ns),
+            write_protect_faults: get(&c.write_protect_faults),
+            write_backs: get(&c.write_backs),
+            evictions: get(&c.evictions),
+            prefetch_issued: get(&c.prefetch_issued),
+            prefetch_used: get(&c.prefetch_used),
+            syncs: get(&c.syncs),
+            ..Stats::default()
+        };
+        if let Ok(st) = self.shared.state.lock() {
+            s.resident_blocks = st.cache.resident();
+            s.capacity_blocks = st.cache.capacity_blocks();
+            s.versions_used = st.table.versions_used();
+            s.version_capacity = st.table.version_capacity();
+            s.log_blocks = st.log.blocks_in_use();
+            s.gc = st.gc;
+            s.direct_io = st.log.is_direct();
+        }
+        s
+    }
+
+    /// Collect temporary pages, sync, and unmap; returns the final token.
+    pub fn close(mut self) -> Result<u64> {
+        let token = {
+            let mut st = self.shared.lock()?;
+            st.collect_temporary(&self.shared)?;
+            let t = st.sync(&self.shared)?;
+            bump(&self.shared.counters.syncs, 1);
+            t
+        };
+        self.stop_threads();
+        Ok(token)
+    }
+
+    fn stop_threads(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.shared.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn add_gc(total: &mut GcOutcome, o: &GcOutcome) {
+    total.chains_merged += o.chains_merged;
+    total.versions_freed += o.versions_freed;
+    total.segments_copied += o.segments_copied;
+    total.tokens_discarded += o.tokens_discarded;
+}
+
+impl Drop for Nvmm {
+    fn drop(&mut self) {
+        self.stop_threads();
+        // SAFETY: the handler has stopped; the region is ours to unmap. Any
+        // access to it after this is the caller's use-after-free.
+        unsafe {
+            libc::munmap(
+                self.shared.base as *mut libc::c_void,
+                self.shared.len as usize,
+            )
+        };
+    }
+}
+
+fn fatal(what: &str, e: &NvmmError) -> ! {
+    eprintln!("libnvmm: {what}: {e}; a faulting thread cannot be resumed, aborting");
+    std::process::abort();
+}
+
+/// The handler thread: resolve faults, install completed prefetches, poll.
+fn fault_handler(sh: &Shared) {
+    let mut last_fault_ns = 0;
+    while !sh.stop.load(Ordering::Acquire) {
+        let mut handled = false;
+        loop {
+            match sh.uffd.next_fault() {
+                Ok(Some(f)) => {
+                    handled = true;
+                    if f.address < sh.base || f.address >= sh.base + sh.len {
+                        continue;
+                    }
+                    let mut st = match sh.state.lock() {
+                        Ok(st) => st,
+                        Err(_) => fatal(
+                            "region lock poisoned",
+                            &NvmmError::new(ErrorKind::Io, "poisoned"),
+                        ),
+                    };
+                    if let Err(e) = st.handle_fault(sh, f) {
+                        fatal(&format!("fault at {:#x}", f.address), &e);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => fatal("reading userfaultfd", &e),
+            }
+        }
+        let next_due = if !sh.prefetch_enabled {
+            None
+        } else {
+            let Ok(mut st) = sh.state.lock() else { return };
+            if !st.prefetching.is_empty() {
+                if let Err(e) = st.install_due_prefetches(sh) {
+                    fatal("installing a prefetched block", &e);
+                }
+            }
+            st.next_prefetch_due()
+        };
+        let now = sh.clock.now_ns();
+        if handled {
+            last_fault_ns = now;
+        }
+        if now.saturating_sub(last_fault_ns) < sh.spin_ns {
+            std::hint::spin_loop();
+            continue;
+        }
+        let timeout_ms = match next_due {
+            Some(due) => (due.saturating_sub(now).div_ceil(1_000_000)).min(100) as i32,
+            None => 100,
+        };
+        if let Err(e) = sh.uffd.poll(sh.wake.as_raw_fd(), timeout_ms) {
+            fatal("polling userfaultfd", &e);
+        }
+    }
+}
+
+/// The background collector: when more than half the version area is in
+/// use, merge chains (a bounded number per lock hold) down to a quarter.
+fn collector(sh: &Shared) {
+    while !sh.stop.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(10));
+        let Ok(mut guard) = sh.state.lock() else {
+            return;
+        };
+        let st = &mut *guard;
+        if st.failed.is_some() || st.table.versions_used() <= st.table.version_capacity() / 2 {
+            continue;
+        }
+        let target = st.table.version_capacity() / 4;
+        let mut out = GcOutcome::default();
+        if let Err(e) = gc::collect(
+            &mut st.table,
+            &mut st.log,
+            &mut st.tokens,
+            target,
+            64,
+            &mut st.gc_buf,
+            &mut out,
+        ) {
+            st.failed = Some(e);
+        }
+        add_gc(&mut st.gc, &out);
+    }
+}
