@@ -8,6 +8,12 @@
  * -1 / NULL / 0 on failure; nvmm_last_error() says why (per thread; the
  * text stays valid until the next failing call on that thread).
  *
+ * Flash timing: misses and syncs complete when the flash says. By default
+ * a fixed latency (0: the library's own cost; nvmm_options_t sets others);
+ * with NVMM_TIMING=<preset> in the environment (nvmm-mlc, nvmm-slc, ...;
+ * `moneta nvmm presets`), the NVMM model's flash subsystem: ONFI channels,
+ * FTL and die queues, planes, the same component `moneta nvmm sim` runs.
+ *
  * Link with -lnvmm (target/release/libnvmm.so).
  */
 #ifndef NVMM_H
@@ -36,7 +42,7 @@ typedef struct Nvmm nvmm_t;
 typedef struct nvmm_options {
     uint32_t ways;             /* cache associativity; 0 = fully associative (default 16) */
     uint32_t prefetch_blocks;  /* blocks read ahead after a miss (0..64) */
-    uint64_t read_latency_ns;  /* flash read time added to a miss (placeholder timing) */
+    uint64_t read_latency_ns;  /* fixed flash read time added to a miss (ignored under NVMM_TIMING) */
     uint64_t program_latency_ns; /* flash program time a sync waits for */
     int direct_io;             /* O_DIRECT on the backing file (never on tmpfs) */
 } nvmm_options_t;

@@ -3,7 +3,7 @@
 //! 1. hit: a random 8-byte load from a resident block against the same load
 //!    from plain memory (target: equal).
 //! 2. miss: the application-observed time of a read miss with the
-//!    placeholder timing at 0 and at 50 µs, minus the modeled flash time =
+//!    fixed timing at 0 and at 50 µs, minus the modeled flash time =
 //!    the software overhead (target ≤ 10 µs), on tmpfs; and on the disk
 //!    with O_DIRECT for reference (that total includes the disk).
 //! 3. GUPS and random reads (C and Rust programs) on libnvmm and on plain
@@ -151,7 +151,7 @@ fn miss(s: &Scale, dir: &Path, what: &str, read_us: u64) {
     let mean = lat.iter().sum::<u64>() as f64 / lat.len() as f64;
     let modeled = read_us as f64 * 1000.0;
     println!(
-        "miss: {what}, placeholder read latency {read_us} µs: {} misses, app-observed mean {:.1} µs, median {:.1} µs, p99 {:.1} µs; overhead (mean − modeled) {:.1} µs (target ≤ 10); handler mean {:.1} µs",
+        "miss: {what}, fixed read latency {read_us} µs: {} misses, app-observed mean {:.1} µs, median {:.1} µs, p99 {:.1} µs; overhead (mean − modeled) {:.1} µs (target ≤ 10); handler mean {:.1} µs",
         lat.len(),
         mean / 1000.0,
         lat[lat.len() / 2] as f64 / 1000.0,

@@ -4,7 +4,7 @@
 //! No call panics across the boundary: a panic becomes an error return.
 
 use crate::region::{Nvmm, Options};
-use crate::timing::FixedLatency;
+use crate::timing::{timing_from_env, FixedLatency};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -74,6 +74,10 @@ pub unsafe extern "C" fn nvmm_open_ex(
                 program_ns: x.program_latency_ns,
             });
             o.direct_io = x.direct_io != 0;
+        }
+        // NVMM_TIMING=<preset>: the model's flash instead of fixed latencies.
+        if let Some(model) = timing_from_env()? {
+            o.timing = Box::new(model);
         }
         let n = Nvmm::open_with(path, size, o).map_err(|e| e.to_string())?;
         Ok(Box::into_raw(Box::new(n)))

@@ -10,7 +10,7 @@
 //! sync, rollback), [`cache`] (sets and recency), [`table`] and [`entry`]
 //! (page table, 16-byte entries), [`log`] (the backing file, checkpoints),
 //! [`gc`] (chain consolidation), [`tokens`] (liveness of sync tokens),
-//! [`timing`] (flash completion times; the fixed-latency placeholder),
+//! [`timing`] (flash completion times: the NVMM model's flash, or a fixed latency),
 //! [`capi`] (the C ABI of `include/nvmm.h`).
 
 pub mod cache;
@@ -29,4 +29,4 @@ pub mod uffd;
 pub use error::{ErrorKind, NvmmError, Result};
 pub use log::{FLASH_PAGE_BYTES, PAGE_BYTES};
 pub use region::{perms, Nvmm, Options, Stats};
-pub use timing::{FixedLatency, FlashTiming};
+pub use timing::{timing_from_env, FixedLatency, FlashTiming, ModelTiming};

@@ -60,7 +60,8 @@ pub struct Options {
     pub ways: usize,
     /// Blocks after a missing one to read ahead (SPEC §7: 16).
     pub prefetch_blocks: usize,
-    /// Flash completion times; [`FixedLatency`] (the placeholder) by default.
+    /// Flash completion times: [`FixedLatency`] 0 by default (the library's
+    /// own cost); `ModelTiming::preset("nvmm-mlc")` for the model's flash.
     pub timing: Box<dyn FlashTiming>,
     /// Open the backing file with O_DIRECT when its file system allows, so
     /// the page cache does not double the DRAM budget (never on tmpfs,

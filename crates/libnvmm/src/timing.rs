@@ -4,11 +4,19 @@
 //! that, as the FPGA prototypes of the Moneta family inserted their
 //! technology's latencies.
 //!
-//! PLACEHOLDER: [`FixedLatency`] is a constant per-operation latency (0 by
-//! default: no added delay). The channel/die queue model of NVMM lives in
-//! `moneta_model::nvmm` (branch nvmm-model); at merge its clock-agnostic
-//! flash component implements [`FlashTiming`] and replaces this one, so the
-//! mechanism exists once.
+//! Two implementations:
+//! - [`ModelTiming`]: the NVMM model's own flash subsystem
+//!   (`moneta_model::nvmm::FlashTiming`: ONFI channels, FTL and die queues,
+//!   planes with two registers), the same component the simulator runs in
+//!   virtual time, so the mechanism exists once. `ModelTiming::preset`
+//!   takes any NVMM preset (`moneta nvmm presets`).
+//! - [`FixedLatency`]: a constant per operation; 0 (the default of
+//!   [`crate::Options::new`]) adds no delay and measures the library's own
+//!   cost.
+//!
+//! `NVMM_TIMING=<preset>` in the environment makes the C `nvmm_open` and
+//! `nvmm_open_ex` use the model with that preset (see [`timing_from_env`]),
+//! so C programs run at a technology's speed without a change.
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +29,8 @@ pub trait FlashTiming: Send {
     fn program_page(&mut self, now_ns: u64, flash_page: u64) -> u64;
 }
 
-/// PLACEHOLDER until the model's flash component is merged: every read
-/// takes `read_ns`, every program `program_ns`, with unlimited parallelism.
+/// Every read takes `read_ns`, every program `program_ns`, with unlimited
+/// parallelism (no queues): 0 measures the library alone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FixedLatency {
     pub read_ns: u64,
@@ -44,6 +52,57 @@ impl FlashTiming for FixedLatency {
     }
     fn program_page(&mut self, now_ns: u64, _flash_page: u64) -> u64 {
         now_ns + self.program_ns
+    }
+}
+
+/// The model's flash subsystem on the wall clock: each page the log names
+/// is placed on the model's geometry (modulo its size) and queues behind
+/// the operations issued before it on its channel, die and plane.
+pub struct ModelTiming {
+    flash: moneta_model::nvmm::FlashTiming,
+    preset: String,
+}
+
+impl ModelTiming {
+    /// The flash of NVMM preset `name` (e.g. `nvmm-mlc`, `nvmm-slc`).
+    pub fn preset(name: &str) -> Result<ModelTiming, String> {
+        let config = moneta_model::nvmm::NvmmConfig::preset(name).map_err(|e| e.to_string())?;
+        Ok(ModelTiming {
+            flash: moneta_model::nvmm::FlashTiming::new(&config),
+            preset: name.to_string(),
+        })
+    }
+
+    pub fn preset_name(&self) -> &str {
+        &self.preset
+    }
+
+    /// A lone page read on an idle subsystem (the floor of a miss).
+    pub fn idle_read_ns(&self) -> u64 {
+        self.flash.idle_read_ns(crate::log::FLASH_PAGE_BYTES as u64)
+    }
+}
+
+impl FlashTiming for ModelTiming {
+    fn read_page(&mut self, now_ns: u64, flash_page: u64) -> u64 {
+        self.flash
+            .read_page(now_ns, flash_page, crate::log::FLASH_PAGE_BYTES as u64)
+            .done_ns
+    }
+    fn program_page(&mut self, now_ns: u64, flash_page: u64) -> u64 {
+        self.flash
+            .program_page(now_ns, flash_page, crate::log::FLASH_PAGE_BYTES as u64)
+    }
+}
+
+/// The timing `NVMM_TIMING` asks for: the model with that preset, or None
+/// when it is unset or empty. A name that is not a preset is an error.
+pub fn timing_from_env() -> Result<Option<ModelTiming>, String> {
+    match std::env::var("NVMM_TIMING") {
+        Ok(name) if !name.trim().is_empty() => ModelTiming::preset(name.trim())
+            .map(Some)
+            .map_err(|e| format!("NVMM_TIMING={name}: {e}")),
+        _ => Ok(None),
     }
 }
 

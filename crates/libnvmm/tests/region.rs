@@ -258,3 +258,60 @@ fn garbage_collection_discards_the_oldest_tokens_first() {
     }
     n.close().unwrap();
 }
+
+#[test]
+fn misses_take_the_model_flash_time() {
+    use nvmm::ModelTiming;
+    assert!(ModelTiming::preset("nosuch").is_err());
+    let timing = ModelTiming::preset("nvmm-slc").unwrap();
+    let floor_ns = timing.idle_read_ns();
+    assert!(
+        floor_ns > 1_000,
+        "an SLC page read takes µs, not {floor_ns} ns"
+    );
+    let file = TempPath::new(fast_dir(), "model-timing");
+    let blocks = 64u64;
+    let stride = 8192 * 2;
+    {
+        let n = Nvmm::open_with(file.path(), 8 * MB, small(1 << 20, 4)).unwrap();
+        for i in 0..blocks {
+            n.write(i * stride, &(i + 1).to_le_bytes()).unwrap();
+        }
+        n.sync().unwrap();
+        n.close().unwrap();
+    }
+    let mut o = small(1 << 20, 4);
+    o.timing = Box::new(timing);
+    let n = Nvmm::open_with(file.path(), 0, o).unwrap();
+    // Misses of written blocks one after another: each waits for the
+    // modeled read at least (the wall clock can only be later than the
+    // model, never earlier). Never-written blocks need no flash read.
+    let t0 = std::time::Instant::now();
+    let mut b = [0u8; 8];
+    for i in 0..blocks {
+        n.read(i * stride, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b), i + 1, "block {i}");
+    }
+    let elapsed = t0.elapsed().as_nanos() as u64;
+    let s = n.stats();
+    assert!(s.misses >= blocks / 2, "{s:?}");
+    assert!(
+        s.miss_modeled_ns >= s.misses * floor_ns,
+        "modeled {} ns for {} misses, floor {floor_ns} each",
+        s.miss_modeled_ns,
+        s.misses
+    );
+    assert!(
+        elapsed >= s.misses * floor_ns,
+        "{} misses in {elapsed} ns: faster than the flash ({floor_ns} ns each)",
+        s.misses
+    );
+    println!(
+        "{} misses: modeled {:.1} µs each (idle floor {:.1}), wall {:.1} µs each",
+        s.misses,
+        s.miss_modeled_ns as f64 / s.misses as f64 / 1e3,
+        floor_ns as f64 / 1e3,
+        elapsed as f64 / blocks as f64 / 1e3
+    );
+    n.close().unwrap();
+}
