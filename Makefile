@@ -63,6 +63,7 @@ test: setup
 	$(MONETA) nvmm sim wear --endurance-scale 1000
 	$(CARGO) bench -p moneta-model --bench nvmm_speed -- --smoke
 	$(CARGO) bench -p libnvmm --bench nvmm -- --smoke
+	$(CARGO) bench -p libnvmm --bench model_vs_library -- --smoke
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
 # emulator software overhead against pread(2) on tmpfs and against the raw

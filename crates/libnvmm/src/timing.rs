@@ -73,6 +73,14 @@ impl ModelTiming {
         })
     }
 
+    /// The flash of a configuration already loaded (and maybe overridden).
+    pub fn from_config(config: &moneta_model::nvmm::NvmmConfig) -> ModelTiming {
+        ModelTiming {
+            flash: moneta_model::nvmm::FlashTiming::new(config),
+            preset: config.name.clone(),
+        }
+    }
+
     pub fn preset_name(&self) -> &str {
         &self.preset
     }
