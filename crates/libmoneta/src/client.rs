@@ -482,6 +482,22 @@ impl Moneta {
         }
     }
 
+    /// A SAN node's daemon: inject `faults` (`moneta_wire::LinkFaults`
+    /// syntax; `none` heals) into its link to `peer`, or to every peer
+    /// (the daemon's owner only).
+    pub fn san_fault(&self, peer: Option<u16>, faults: &str) -> Result<(), EmuError> {
+        match self.call(Request::SanFault {
+            peer,
+            faults: faults.to_string(),
+        })? {
+            Response::Done {} => Ok(()),
+            other => Err(EmuError::new(
+                ErrorKind::Protocol,
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
     pub fn stats(&self) -> Result<EngineStats, EmuError> {
         match self.call(Request::Stats {})? {
             Response::Stats(s) => Ok(*s),

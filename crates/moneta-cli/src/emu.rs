@@ -8,6 +8,7 @@ use moneta::bench::{self, BenchSpec, BenchSummary};
 use moneta::{CompletionMode, Moneta};
 use moneta_emu::control::ControlPlane;
 use moneta_emu::daemon::Daemon;
+use moneta_emu::dirty::DirtyMap;
 use moneta_emu::engine::{Engine, EngineOptions};
 use moneta_emu::medium::Medium;
 use moneta_emu::san_file::SanFile;
@@ -15,6 +16,7 @@ use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
 use moneta_model::workload::{OpMix, RunLimit, Workload};
 use moneta_nbd::{Export, Listen, NbdServer};
+use moneta_wire::FaultHandle;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -102,6 +104,10 @@ pub struct BenchArgs {
     /// Bytes of the device the threads touch [default: 1 GiB or the whole device if smaller].
     #[arg(long)]
     region_bytes: Option<u64>,
+    /// Where the region starts (bytes; on a SAN node, a global address:
+    /// another node's slice makes every request remote).
+    #[arg(long, default_value_t = 0)]
+    region_offset: u64,
     /// dma, forwarding or issue-sleep (SPEC §3.5).
     #[arg(long, default_value = "dma")]
     completion: String,
@@ -165,11 +171,31 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         post_ahead_ns: a.post_ahead_ns,
         ..EngineOptions::default()
     };
-    let (name, capacity) = (config.name.clone(), config.device.capacity_bytes);
-    let engine = Arc::new(Engine::start(config, medium, options).map_err(|e| e.to_string())?);
+    let name = config.name.clone();
+    let faults = FaultHandle::new();
+    let engine = match &san {
+        None => Engine::start(config, medium, options),
+        Some((_, file, index)) => {
+            // What failed mirrors missed is kept beside the image.
+            let dirty = match &a.image {
+                Some(image) => DirtyMap::load(&image.with_extension("dirty"))
+                    .map_err(|e| format!("the dirty map beside the image: {e}"))?,
+                None => DirtyMap::in_memory(),
+            };
+            let port = file
+                .open_port(*index, faults.clone(), dirty, 0)
+                .map_err(|e| e.to_string())?;
+            Engine::start_san(config, medium, options, port)
+        }
+    };
+    let engine = Arc::new(engine.map_err(|e| e.to_string())?);
+    let capacity = engine.address_space_bytes();
     // SAFETY: geteuid has no preconditions.
     let owner = unsafe { libc::geteuid() };
     let plane = Arc::new(ControlPlane::new(engine, owner));
+    if san.is_some() {
+        plane.set_san_faults(faults);
+    }
     if let Some(dir) = &a.watch_fs {
         // With the kernel path through NBD (`moneta up --kernel-path
         // device`) the file system is mounted after the daemon starts:
@@ -241,7 +267,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             .map_or("anonymous memory".to_string(), |p| p.display().to_string()),
         daemon.path().display()
     );
-    if let Some(role) = &san {
+    if let Some((role, _, _)) = &san {
         eprintln!("monetad: {role}");
     }
     let served = std::thread::scope(|scope| {
@@ -260,7 +286,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
 }
 
 /// Check this daemon's place in a SAN file and describe it.
-fn san_node(path: &Path, node: &str, config: &Config) -> Result<String, String> {
+fn san_node(path: &Path, node: &str, config: &Config) -> Result<(String, SanFile, u16), String> {
     let file = SanFile::load(path).map_err(|e| e.to_string())?;
     let index = file.node_index(node).map_err(|e| e.to_string())?;
     let has_memory = file.has_memory(index);
@@ -294,14 +320,13 @@ fn san_node(path: &Path, node: &str, config: &Config) -> Result<String, String> 
         })
         .flatten()
         .collect();
-    Ok(format!(
-        "SAN node {index} ({}) of {}, {:?}{}, global space {} bytes in slices of {}; holds: {}. \
-         The network port is not connected yet: requests to other nodes' addresses are refused \
-         (issue 12).",
+    let role = format!(
+        "SAN node {index} ({}) of {}, {:?}{}, {:?} transport, global space {} bytes in slices of {}; holds: {}",
         file.nodes[index as usize].name,
         file.nodes.len(),
         file.topology,
         if file.mirror { ", mirrored" } else { "" },
+        file.transport,
         map.capacity_bytes(),
         map.slice_bytes(),
         if owned.is_empty() {
@@ -309,7 +334,8 @@ fn san_node(path: &Path, node: &str, config: &Config) -> Result<String, String> 
         } else {
             owned.join(", ")
         }
-    ))
+    );
+    Ok((role, file, index))
 }
 
 pub fn run_bench(a: BenchArgs) -> Result<(), String> {
@@ -347,7 +373,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         OpMix::Mixed(_) => OpMix::Mixed(a.read_fraction),
         other => other,
     };
-    let region = region(m.capacity_bytes());
+    let region = region(m.capacity_bytes().saturating_sub(a.region_offset));
     // The limit is in real time here (or a request count).
     let limit = a.limit.limit(0)?;
     crate::warn_if_threads_exceed_ops(u64::from(a.threads) * u64::from(a.qd), limit);
@@ -366,6 +392,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         a.model.seed,
     );
     workload.groups[0].random = !a.sequential;
+    workload.groups[0].region_offset_bytes = a.region_offset;
     let spec = BenchSpec {
         group: workload.groups[0].clone(),
         queue_depth: a.qd,
@@ -374,7 +401,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         mode,
         seed: a.model.seed,
     };
-    m.grant_raw(0, region, mix != OpMix::Read)
+    m.grant_raw(a.region_offset, region, mix != OpMix::Read)
         .map_err(|e| format!("{e} (raw grants need the daemon's owner)"))?;
     let before = m.stats().map_err(|e| e.to_string())?;
     let result = bench::run(&m, &spec).map_err(|e| e.to_string())?;

@@ -42,6 +42,12 @@ pub enum SanCommand {
     Down(crate::san_up::SanDownArgs),
     /// Whether each node's namespace, link and daemon are there.
     Status(crate::san_up::SanStatusArgs),
+    /// Start a node that died or was killed again, on its image; it
+    /// resyncs from its mirror partners (root).
+    Restart(crate::san_up::SanRestartArgs),
+    /// Inject faults into a node's link at run time: drop, corrupt,
+    /// duplicate, reorder, delay, partition; `none` heals.
+    Fault(crate::san_up::SanFaultArgs),
 }
 
 #[derive(Subcommand)]
@@ -273,6 +279,8 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Up(a) => crate::san_up::up(a),
         SanCommand::Down(a) => crate::san_up::down(a),
         SanCommand::Status(a) => crate::san_up::status(a),
+        SanCommand::Restart(a) => crate::san_up::restart(a),
+        SanCommand::Fault(a) => crate::san_up::fault(a),
     }
 }
 

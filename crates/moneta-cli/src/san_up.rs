@@ -109,6 +109,31 @@ pub struct SanStatusArgs {
     format: SanFormat,
 }
 
+#[derive(Args)]
+pub struct SanRestartArgs {
+    #[arg(long, default_value = "san")]
+    name: String,
+    /// The node to start again (its name, e.g. n1, or index); it must not
+    /// be running. It keeps its image, and resyncs from its mirror partners.
+    #[arg(long)]
+    node: String,
+}
+
+#[derive(Args)]
+pub struct SanFaultArgs {
+    #[arg(long, default_value = "san")]
+    name: String,
+    /// The node whose link gets the faults (name or index).
+    #[arg(long)]
+    node: String,
+    /// Only its link to this peer (name or index); default: every peer.
+    #[arg(long)]
+    peer: Option<String>,
+    /// What to inject, e.g. `drop=1%,corrupt=0.1%,reorder=5%,reorder-us=50`,
+    /// `duplicate=1%`, `delay-us=100,jitter-us=20`, `partition`; `none` heals.
+    faults: String,
+}
+
 /// What `up` made, for `status` and `down`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SanState {
@@ -116,6 +141,11 @@ struct SanState {
     bridge: String,
     san_file: PathBuf,
     nodes: Vec<NodeState>,
+    /// `up`'s --set and --size, so that `restart` starts a node alike.
+    #[serde(default)]
+    sets: Vec<String>,
+    #[serde(default)]
+    size: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -339,6 +369,8 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         bridge,
         san_file,
         nodes,
+        sets: a.sets.clone(),
+        size,
     };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
     let path = dir.join("state.json");
@@ -572,6 +604,93 @@ pub fn down(a: SanDownArgs) -> Result<(), String> {
             }
         );
     }
+    Ok(())
+}
+
+/// The state of SAN `name` and the index of its node `node`.
+fn find_node(name: &str, node: &str) -> Result<(SanState, usize), String> {
+    check_name(name)?;
+    let state = read_state(&san_dir(name))?
+        .ok_or_else(|| format!("SAN '{name}' is not up (moneta san up --name {name})"))?;
+    let i = state
+        .nodes
+        .iter()
+        .position(|n| n.name == node)
+        .or_else(|| {
+            node.parse::<usize>()
+                .ok()
+                .filter(|&i| i < state.nodes.len())
+        })
+        .ok_or_else(|| {
+            format!(
+                "SAN '{name}' has no node '{node}' (nodes: {})",
+                state
+                    .nodes
+                    .iter()
+                    .map(|n| n.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+    Ok((state, i))
+}
+
+/// Start a node that died (or was killed) again, on its image.
+pub fn restart(a: SanRestartArgs) -> Result<(), String> {
+    need_root("san restart")?;
+    let (mut state, i) = find_node(&a.name, &a.node)?;
+    let n = state.nodes[i].clone();
+    if socket_of(n.pid as i32).as_deref() == Some(n.socket.as_path()) {
+        return Err(format!(
+            "node {} of SAN '{}' is running (pid {})",
+            n.name, a.name, n.pid
+        ));
+    }
+    let _ = fs::remove_file(&n.socket);
+    let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
+    let mut rb = Rollback::default();
+    let pid = start_node(
+        &exe,
+        &n.netns,
+        &n.preset,
+        &state.sets,
+        state.size,
+        &n.socket,
+        &n.image,
+        &n.log,
+        &state.san_file,
+        i as u16,
+        &mut rb,
+    )?;
+    state.nodes[i].pid = pid;
+    let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
+    let path = san_dir(&a.name).join("state.json");
+    fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    rb.commit();
+    println!(
+        "node {} of SAN '{}' started again (pid {pid}); it reads the copies it shares          from its mirror partners until they have resynced it",
+        n.name, a.name
+    );
+    Ok(())
+}
+
+/// Inject faults into a node's link (`moneta_wire::fault`), at run time.
+pub fn fault(a: SanFaultArgs) -> Result<(), String> {
+    let (state, i) = find_node(&a.name, &a.node)?;
+    let peer = match &a.peer {
+        Some(p) => Some(find_node(&a.name, p)?.1 as u16),
+        None => None,
+    };
+    let m = moneta::Moneta::connect(&state.nodes[i].socket).map_err(|e| e.to_string())?;
+    m.san_fault(peer, &a.faults).map_err(|e| e.to_string())?;
+    println!(
+        "node {}: link to {} now: {}",
+        state.nodes[i].name,
+        peer.map_or("every peer".to_string(), |p| state.nodes[p as usize]
+            .name
+            .clone()),
+        a.faults
+    );
     Ok(())
 }
 

@@ -140,10 +140,12 @@ pub enum ResultCode {
     OutOfRange = 6,
     /// The device could not complete the request (medium failure).
     DeviceFailure = 7,
+    /// A QuickSAN peer holding the data failed and no replica is up.
+    PeerUnreachable = 8,
 }
 
 impl ResultCode {
-    pub const ALL: [ResultCode; 8] = [
+    pub const ALL: [ResultCode; 9] = [
         ResultCode::Ok,
         ResultCode::MissingRecord,
         ResultCode::PermissionDenied,
@@ -152,6 +154,7 @@ impl ResultCode {
         ResultCode::OutsideDmaBuffer,
         ResultCode::OutOfRange,
         ResultCode::DeviceFailure,
+        ResultCode::PeerUnreachable,
     ];
 
     /// Decode a code read from shared memory; unknown values are failures.
@@ -172,6 +175,7 @@ impl ResultCode {
             ResultCode::OutsideDmaBuffer => "request does not fit the DMA buffer",
             ResultCode::OutOfRange => "access beyond the device's capacity",
             ResultCode::DeviceFailure => "device failure",
+            ResultCode::PeerUnreachable => "the SAN peer holding the data is unreachable",
         }
     }
 }

@@ -87,6 +87,14 @@ pub enum Request {
     Mapped {},
     /// This process unmapped the file whose descriptor is attached.
     Unmapped {},
+    /// A SAN node: inject faults into its link to `peer` (every peer when
+    /// absent): `moneta_wire::LinkFaults::parse` syntax, e.g.
+    /// `drop=1%,corrupt=0.1%`, `partition`, `none` (daemon owner only).
+    SanFault {
+        #[serde(default)]
+        peer: Option<u16>,
+        faults: String,
+    },
 }
 
 /// What a client learns about its channel.
@@ -347,6 +355,8 @@ pub struct ControlPlane {
     grants: Mutex<HashMap<u16, Vec<Extent>>>,
     /// Every channel's file grants, by inode.
     files: Arc<FileTable>,
+    /// A SAN node's fault injector (`moneta san fault`).
+    san_faults: Mutex<Option<moneta_wire::FaultHandle>>,
 }
 
 impl ControlPlane {
@@ -356,7 +366,26 @@ impl ControlPlane {
             engine,
             owner_uid,
             grants: Mutex::new(HashMap::new()),
+            san_faults: Mutex::new(None),
         }
+    }
+
+    /// The handle of the faults this SAN node's link injects.
+    pub fn set_san_faults(&self, handle: moneta_wire::FaultHandle) {
+        *self.san_faults.lock().expect("faults") = Some(handle);
+    }
+
+    fn owner_only(&self, session: &Session, what: &str) -> Result<(), EmuError> {
+        if session.peer.uid != self.owner_uid && session.peer.uid != 0 {
+            return Err(EmuError::new(
+                ErrorKind::Unauthorized,
+                format!(
+                    "{what} are for the daemon's owner (uid {}), not uid {}",
+                    self.owner_uid, session.peer.uid
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The table of granted files (layout-change watchers report to it).
@@ -416,7 +445,7 @@ impl ControlPlane {
             let c = self.engine.config();
             let info = ChannelInfo {
                 channel,
-                capacity_bytes: c.device.capacity_bytes,
+                capacity_bytes: self.engine.address_space_bytes(),
                 tags: CHANNEL_TAGS as u32,
                 slice_bytes: SLICE_BYTES as u64,
                 dma_buffer_bytes: DMA_BUFFER_BYTES as u64,
@@ -430,17 +459,23 @@ impl ControlPlane {
             .ok_or_else(|| EmuError::new(ErrorKind::Protocol, "send hello first"))?;
         match request {
             Request::Hello { .. } => unreachable!("handled above"),
-            Request::GrantRaw { start, len, write } => {
-                if session.peer.uid != self.owner_uid && session.peer.uid != 0 {
-                    return Err(EmuError::new(
-                        ErrorKind::Unauthorized,
-                        format!(
-                            "raw grants are for the daemon's owner (uid {}), not uid {}",
-                            self.owner_uid, session.peer.uid
-                        ),
-                    ));
+            Request::SanFault { peer, faults } => {
+                self.owner_only(session, "SAN faults")?;
+                let parsed = moneta_wire::LinkFaults::parse(&faults)
+                    .map_err(|e| EmuError::new(ErrorKind::Protocol, e.to_string()))?;
+                let guard = self.san_faults.lock().expect("faults");
+                let handle = guard.as_ref().ok_or_else(|| {
+                    EmuError::new(ErrorKind::Protocol, "this daemon is not a SAN node")
+                })?;
+                match peer {
+                    Some(p) => handle.set_link(p, parsed),
+                    None => handle.set_all(parsed),
                 }
-                let capacity = self.engine.config().device.capacity_bytes;
+                Ok((Response::Done {}, None))
+            }
+            Request::GrantRaw { start, len, write } => {
+                self.owner_only(session, "raw grants")?;
+                let capacity = self.engine.address_space_bytes();
                 if len == 0 || start.checked_add(len).is_none_or(|end| end > capacity) {
                     return Err(EmuError::new(
                         ErrorKind::Protocol,

@@ -53,6 +53,12 @@
 //! instead of spinning, so an idle daemon does not burn a core; a client that
 //! submits while it naps rings the doorbell (channel.rs), and the stamp
 //! keeps the wake-up out of the request's modeled time.
+//!
+//! A SAN node ([`Engine::start_san`], QuickSAN, SPEC §4) has the model's
+//! network port on a real wire (`engine/port.rs`): channel addresses are
+//! global, each turn also moves the port's frames and bytes, and an idle
+//! device thread naps at most `SAN_MAX_NAP_NS` so that peers' requests are
+//! not held for long.
 
 use crate::channel::{
     self, ChannelMemory, Doorbell, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES,
@@ -66,6 +72,7 @@ use moneta_model::breakdown::Breakdown;
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
 use moneta_model::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
+use moneta_model::device::network::{NetworkPort, RouteTable};
 use moneta_model::device::protection::{self, Update};
 use moneta_model::device::retag::RoundRobin;
 use moneta_model::stats::LatencyHistogram;
@@ -90,6 +97,10 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// cache-line transfer plus a poll on the machines measured (300 ns still
 /// left completions late here; README "Fidelity").
 pub const DEFAULT_POST_AHEAD_NS: u64 = 1000;
+
+/// The longest nap of a SAN node's idle device thread: a peer's request
+/// that arrives meanwhile waits for its end.
+pub const SAN_MAX_NAP_NS: u64 = 200_000;
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -182,6 +193,9 @@ pub struct EngineStats {
     /// The control plane's file grants (filled in by the control plane).
     #[serde(default)]
     pub files: crate::file_table::FileTableStats,
+    /// A SAN node's network port.
+    #[serde(default)]
+    pub san: Option<PortStats>,
 }
 
 enum ControlOp {
@@ -217,6 +231,7 @@ struct ErrorEntry {
 struct Shared {
     config: Config,
     medium: Medium,
+    address_space_bytes: u64,
     stop: AtomicBool,
     mailbox: Mutex<Vec<ControlOp>>,
     mailbox_pending: AtomicBool,
@@ -238,13 +253,18 @@ struct Shared {
 
 impl Shared {
     /// Fresh device state on `medium`: no channels but the trusted one.
-    fn new(config: Config, medium: Medium) -> Result<Arc<Shared>, EmuError> {
+    fn new(
+        config: Config,
+        medium: Medium,
+        address_space_bytes: u64,
+    ) -> Result<Arc<Shared>, EmuError> {
         let mut allocated = vec![false; CHANNELS];
         allocated[0] = true;
         let doorbell = Doorbell::create().map_err(|e| EmuError::io("creating the doorbell", e))?;
         Ok(Arc::new(Shared {
             config,
             medium,
+            address_space_bytes,
             stop: AtomicBool::new(false),
             mailbox: Mutex::new(Vec::new()),
             mailbox_pending: AtomicBool::new(false),
@@ -275,6 +295,29 @@ impl Engine {
         medium: Medium,
         options: EngineOptions,
     ) -> Result<Engine, EmuError> {
+        Self::start_with(config, medium, options, None)
+    }
+
+    /// Start a SAN node: the device with its network port on `port`'s
+    /// wire; channels address the global space of `port.routes`.
+    pub fn start_san(
+        config: Config,
+        medium: Medium,
+        options: EngineOptions,
+        port: SanPort,
+    ) -> Result<Engine, EmuError> {
+        if !config.network.has_memory && port.routes.global_bytes() == 0 {
+            return Err(EmuError::new(ErrorKind::Config, "an empty global space"));
+        }
+        Self::start_with(config, medium, options, Some(port))
+    }
+
+    fn start_with(
+        config: Config,
+        medium: Medium,
+        options: EngineOptions,
+        port: Option<SanPort>,
+    ) -> Result<Engine, EmuError> {
         config
             .validate()
             .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
@@ -291,8 +334,11 @@ impl Engine {
         medium
             .populate(0, options.populate_bytes)
             .map_err(|e| EmuError::io("populating the medium", e))?;
-        let shared = Shared::new(config, medium)?;
-        let device = DeviceThread::new(shared.clone(), &options, WallClock::new());
+        let address_space_bytes = port
+            .as_ref()
+            .map_or(config.device.capacity_bytes, |p| p.routes.global_bytes());
+        let shared = Shared::new(config, medium, address_space_bytes)?;
+        let device = DeviceThread::new(shared.clone(), &options, WallClock::new(), port)?;
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -314,6 +360,12 @@ impl Engine {
 
     pub fn medium(&self) -> &Medium {
         &self.shared.medium
+    }
+
+    /// The bytes channels address: the device's capacity, or a SAN's
+    /// global space.
+    pub fn address_space_bytes(&self) -> u64 {
+        self.shared.address_space_bytes
     }
 
     fn send(&self, op: ControlOp) -> Result<(), EmuError> {
@@ -477,19 +529,50 @@ struct DeviceThread<C: StampClock = WallClock> {
     /// a new command may not enter before it.
     model_floor: Ns,
     device_time: Breakdown,
+    /// A SAN node's network port on its wire.
+    port: Option<port::PortState>,
 }
 
 impl<C: StampClock> DeviceThread<C> {
-    fn new(shared: Arc<Shared>, options: &EngineOptions, clock: C) -> Self {
+    fn new(
+        shared: Arc<Shared>,
+        options: &EngineOptions,
+        clock: C,
+        san: Option<SanPort>,
+    ) -> Result<Self, EmuError> {
         let config = &shared.config;
         let limits = CommandLimits {
-            capacity_bytes: config.device.capacity_bytes,
+            capacity_bytes: shared.address_space_bytes,
             tags: CHANNEL_TAGS as u32,
             max_len_bytes: DMA_BUFFER_BYTES as u64,
         };
         debug_assert!(CommandFormat::Channel.max_len_bytes() >= limits.max_len_bytes);
-        DeviceThread {
-            driver: DeviceDriver::with_channels(config, options.seed, CHANNELS as u16),
+        let (driver, port, max_nap_ns) = match san {
+            None => (
+                DeviceDriver::with_channels(config, options.seed, CHANNELS as u16),
+                None,
+                options.max_nap_ns,
+            ),
+            Some(san) => {
+                let timing = moneta_model::san::fabric::FabricTiming::derive(&config.network)
+                    .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
+                let mut routes: RouteTable = san.routes.clone();
+                // Until each mirror partner says this node's copies are in
+                // sync, reads of them go to the partner (engine/port.rs).
+                routes.set_unsynced(&routes.partners());
+                let network = NetworkPort::new(&config.network, routes, timing.nic_tx_ns);
+                let driver =
+                    DeviceDriver::with_port(config, options.seed, CHANNELS as u16, network);
+                (
+                    driver,
+                    Some(port::PortState::new(san, timing.nic_tx_ns)),
+                    options.max_nap_ns.min(SAN_MAX_NAP_NS),
+                )
+            }
+        };
+        Ok(DeviceThread {
+            driver,
+            port,
             // A turn may finish each physical tag more than once.
             finished: Vec::with_capacity(4 * config.device.tags as usize),
             tree_step_ns: config.direct.tree_step_ns,
@@ -498,7 +581,7 @@ impl<C: StampClock> DeviceThread<C> {
             active: Vec::new(),
             round_robin: RoundRobin::default(),
             idle_spin_ns: options.idle_spin_ns,
-            max_nap_ns: options.max_nap_ns,
+            max_nap_ns,
             post_ahead_ns: options.post_ahead_ns,
             in_flight_total: 0,
             stats: EngineStats::default(),
@@ -508,7 +591,7 @@ impl<C: StampClock> DeviceThread<C> {
             device_time: Breakdown::default(),
             clock,
             shared,
-        }
+        })
     }
 
     /// The wall-clock polling loop around [`Self::turn`].
@@ -520,7 +603,8 @@ impl<C: StampClock> DeviceThread<C> {
             }
             let now = self.clock.now();
             let worked = self.turn(now);
-            if worked || !self.driver.is_idle() {
+            let port_busy = self.port.as_ref().is_some_and(|p| !p.is_quiet());
+            if worked || port_busy || !self.driver.is_idle() {
                 // Busy: go round again at once (no pause: it would add its
                 // ~50 ns to every completion's lateness).
                 last_work_ns = now;
@@ -580,8 +664,9 @@ impl<C: StampClock> DeviceThread<C> {
             0
         };
         let delivered = self.deliver_due_events(now + ahead);
+        let ported = self.port_turn(now);
         self.post_finished();
-        delivered || worked
+        delivered || worked || ported
     }
 
     fn apply_control(&mut self) {
@@ -668,6 +753,7 @@ impl<C: StampClock> DeviceThread<C> {
         s.accept_delay_ns_mean = self.accept_delay.mean_ns();
         s.accept_delay_ns_p99 = self.accept_delay.percentile_ns(0.99);
         s.device_time_requests = self.device_time.count();
+        s.san = self.port.as_ref().map(|p| p.stats());
         s.device_time_us = self
             .device_time
             .mean_us()
@@ -710,7 +796,12 @@ impl<C: StampClock> DeviceThread<C> {
                 ch.free_at[tag as usize] = posted.max(due);
             }
             self.device_time.record_device(&f.completion.parts);
-            self.finish(channel, tag, ResultCode::Ok, due);
+            let code = if f.completion.failed {
+                ResultCode::PeerUnreachable
+            } else {
+                ResultCode::Ok
+            };
+            self.finish(channel, tag, code, due);
         }
         self.finished = finished;
     }
@@ -949,18 +1040,31 @@ impl<C: StampClock> DeviceThread<C> {
             barrier: cmd.barrier,
         };
         let medium = &self.shared.medium;
+        // The runs of the request this device holds: all of it, or on a
+        // SAN node the parts of the global range with a copy here (the
+        // rest moves through the port, `engine/port.rs`).
+        let mut runs = [(0u64, cmd.addr.0, cmd.len_bytes); 1].to_vec();
+        if let Some(port) = self.driver.device().port() {
+            runs.clear();
+            port.routes
+                .local_runs(cmd.addr.0, cmd.len_bytes, |o, l, b| runs.push((o, l, b)));
+        }
         // Retag → protection → (the data copy) → the model's queues.
         let accepted = self.driver.submit_channel(at, channel, tag, request, || {
-            // SAFETY: `dma` covers `len` bytes inside the channel's DMA buffer
-            // (dma_ptr checked), which is a separate mapping from the medium. The
-            // client may change those bytes concurrently; we copy whatever is there.
-            let moved = unsafe {
-                match cmd.op {
-                    Op::Write => medium.write_from(cmd.addr.0, dma, len),
-                    Op::Read => medium.read_into(cmd.addr.0, dma, len),
-                }
-            };
-            moved.is_ok()
+            runs.iter().all(|&(offset, local, bytes)| {
+                // SAFETY: `dma` covers `len` bytes inside the channel's DMA
+                // buffer (dma_ptr checked) and each run lies within them; it is
+                // a separate mapping from the medium. The client may change
+                // those bytes concurrently; we copy whatever is there.
+                let moved = unsafe {
+                    let at = dma.add(offset as usize);
+                    match cmd.op {
+                        Op::Write => medium.write_from(local, at, bytes as usize),
+                        Op::Read => medium.read_into(local, at, bytes as usize),
+                    }
+                };
+                moved.is_ok()
+            })
         });
         if let Err(refusal) = accepted {
             let code = match refusal {
@@ -975,6 +1079,9 @@ impl<C: StampClock> DeviceThread<C> {
         match cmd.op {
             Op::Read => self.stats.bytes_read += cmd.len_bytes,
             Op::Write => self.stats.bytes_written += cmd.len_bytes,
+        }
+        if let (Some(port), Op::Write) = (self.port.as_mut(), cmd.op) {
+            port.note_write(cmd.addr.0, cmd.len_bytes);
         }
         let ch = self.channels[channel as usize].as_mut().expect("open");
         ch.in_flight[tag as usize] = Some(InFlight {
@@ -1051,6 +1158,9 @@ pub fn raw_record(channel: u16, start: u64, len: u64, perms: u8) -> Update {
         perms,
     })
 }
+
+mod port;
+pub use port::{PortStats, SanPort};
 
 #[cfg(test)]
 mod twin;

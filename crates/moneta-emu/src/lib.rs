@@ -16,6 +16,7 @@
 pub mod channel;
 pub mod control;
 pub mod daemon;
+pub mod dirty;
 pub mod engine;
 pub mod error;
 pub mod file_table;

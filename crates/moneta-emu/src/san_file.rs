@@ -27,9 +27,13 @@
 //! A.3). Parsing never panics; every error names the field and the allowed
 //! values.
 
+use crate::dirty::DirtyMap;
+use crate::engine::SanPort;
 use moneta_model::device::network::RouteTable;
 use moneta_model::device::packet::Mac;
 use moneta_model::san::address_map::AddressMap;
+use moneta_wire::link::LinkSpec;
+use moneta_wire::{Endpoint, FaultHandle, Faulty, WireConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -267,6 +271,65 @@ impl SanFile {
                     .join(", ")
             )),
         }
+    }
+
+    /// The link of node `node` to every other node, as the file names them.
+    pub fn link(&self, node: u16) -> Result<LinkSpec, SanFileError> {
+        let me = self
+            .nodes
+            .get(node as usize)
+            .ok_or_else(|| SanFileError(format!("node {node}: no such node")))?;
+        let others = (0..self.nodes.len() as u16).filter(|&j| j != node);
+        Ok(match self.transport {
+            Transport::Ethernet => LinkSpec::Packet {
+                interface: me.interface.clone().unwrap_or_default(),
+                ethertype: self.ethertype,
+                peers: others
+                    .map(|j| Ok((j, parse_mac(&self.nodes[j as usize].mac)?)))
+                    .collect::<Result<_, SanFileError>>()?,
+            },
+            Transport::Udp => {
+                let addr = |j: u16| -> Result<SocketAddr, SanFileError> {
+                    let udp = self.nodes[j as usize].udp.as_deref().unwrap_or_default();
+                    udp.parse()
+                        .map_err(|_| SanFileError(format!("node {j}: udp '{udp}'")))
+                };
+                LinkSpec::Udp {
+                    bind: addr(node)?,
+                    peers: others
+                        .map(|j| Ok((j, addr(j)?)))
+                        .collect::<Result<_, SanFileError>>()?,
+                }
+            }
+        })
+    }
+
+    /// Open node `node`'s port: its link (with `faults` injected, for
+    /// `moneta san fault`), the endpoint on it, and the routing tables.
+    /// `dirty` is where the node keeps what failed mirrors missed.
+    pub fn open_port(
+        &self,
+        node: u16,
+        faults: FaultHandle,
+        dirty: DirtyMap,
+        now_ns: u64,
+    ) -> Result<SanPort, SanFileError> {
+        let routes = self.route_table(node)?;
+        let link = self.link(node)?;
+        let transport = link
+            .open(node)
+            .map_err(|e| SanFileError(format!("node {node}: opening its link: {e}")))?;
+        let transport: Box<dyn moneta_wire::Transport + Send> =
+            Box::new(Faulty::new(transport, faults, 0x5A4E ^ u64::from(node)));
+        let config = WireConfig::new(node, &link.peer_nodes());
+        let endpoint = Endpoint::new(transport, config, now_ns)
+            .map_err(|e| SanFileError(format!("node {node}: its endpoint: {e}")))?;
+        Ok(SanPort {
+            routes,
+            endpoint,
+            nodes: self.nodes.len() as u16,
+            dirty,
+        })
     }
 
     /// Who holds global byte `addr`: the primary and, if mirrored, the

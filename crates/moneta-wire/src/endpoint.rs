@@ -857,6 +857,15 @@ impl<T: Transport> Endpoint<T> {
         Some(r)
     }
 
+    /// The sender and header of the packet `recv` would hand over next,
+    /// without taking it (a device whose buffer is full leaves it here, and
+    /// the pause frames follow from this buffer filling).
+    pub fn peek(&self) -> Option<(PeerId, PacketHeader)> {
+        let &p = self.deliveries.front()?;
+        let entry = self.entries[p as usize];
+        Some((self.sessions[usize::from(entry.from)].peer, entry.header?))
+    }
+
     /// The next peer event, if any.
     pub fn next_event(&mut self) -> Option<WireEvent> {
         self.events.pop_front()

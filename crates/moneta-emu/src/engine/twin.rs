@@ -195,13 +195,15 @@ struct Emulated {
 impl Emulated {
     fn new(config: Config) -> Self {
         let medium = Medium::anonymous(config.device.capacity_bytes).unwrap();
-        let shared = Shared::new(config, medium).unwrap();
+        let capacity = config.device.capacity_bytes;
+        let shared = Shared::new(config, medium, capacity).unwrap();
         // Completions at their model time (the simulator has no cores to cross).
         let options = EngineOptions {
             post_ahead_ns: 0,
             ..EngineOptions::default()
         };
-        let mut core = DeviceThread::new(shared.clone(), &options, VirtualClock::new());
+        let mut core = DeviceThread::new(shared.clone(), &options, VirtualClock::new(), None)
+            .expect("a device thread without a port");
         let mut memories = vec![None; CHANNELS];
         for &id in &CHANNEL_IDS {
             let memory = Arc::new(ChannelMemory::create(id, &shared.doorbell).unwrap());

@@ -13,9 +13,18 @@
 //! stall the caller waits out) and the [`PermissionTable`] (the channel's
 //! tree walk; its steps × `direct.tree_step_ns` are the request's protection
 //! time). The kernel stacks bring their own physical tags and skip both.
+//!
+//! With a QuickSAN port on a real wire (the emulator's SAN, SPEC §4.2;
+//! [`DeviceDriver::with_port`]) channel addresses are global, and the
+//! driver takes the packets that arrive off the wire: each is written into
+//! the port's receive packet buffer and processed when it is stored whole,
+//! an event in the same queue as the device's own.
 
+use super::network::{NetworkPort, Packet, PortOutput};
+use super::packet::PacketHeader;
 use super::pipeline::{
     CommandWords, Completion, Device, DeviceCounters, DeviceError, DeviceEvent, DeviceRequest,
+    Missed,
 };
 use super::protection::{Access, CheckOutcome, PermissionTable};
 use super::retag::Retag;
@@ -65,13 +74,26 @@ pub struct Finished {
     pub channel_tag: Option<(u16, u8)>,
 }
 
+/// What the driver's queue delivers: the device's own events, and packets
+/// from a real wire once stored whole in the receive packet buffer.
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    Device(DeviceEvent),
+    Packet(u32),
+}
+
 pub struct DeviceDriver {
     device: Device,
-    queue: EventQueue<DeviceEvent>,
+    queue: EventQueue<Due>,
     front: Option<ChannelFront>,
     completions: Vec<Completion>,
     /// Time of the last event delivered.
     model_time_ns: Ns,
+    /// Channel requests carry global addresses (a QuickSAN port).
+    routed: bool,
+    /// Packets from the wire waiting in the receive packet buffer.
+    arrivals: Vec<Option<Packet>>,
+    free_arrivals: Vec<u32>,
 }
 
 impl DeviceDriver {
@@ -83,7 +105,85 @@ impl DeviceDriver {
             front: None,
             completions: Vec::with_capacity(config.device.tags as usize),
             model_time_ns: 0,
+            routed: false,
+            arrivals: Vec::new(),
+            free_arrivals: Vec::new(),
         }
+    }
+
+    /// A QuickSAN device behind `channels` channels whose port is on a
+    /// real wire: channel requests address the global space (QuickSAN-D:
+    /// permissions are checked here, at the source), segments on peers
+    /// leave through [`Self::port_output`], and packets from peers come in
+    /// through [`Self::receive_packet`].
+    pub fn with_port(config: &Config, seed: u64, channels: u16, port: NetworkPort) -> Self {
+        let mut driver = Self::with_channels(config, seed, channels);
+        driver.device = Device::with_port(config, seed, port);
+        driver.routed = true;
+        driver
+    }
+
+    /// Packets (and the port's pause requests, which a real wire's own
+    /// flow control replaces) the port produced, with their model times:
+    /// the caller takes them out.
+    pub fn port_output(&mut self) -> &mut Vec<(Ns, PortOutput)> {
+        &mut self.device.port_out
+    }
+
+    /// Mirrored copies that failed peers missed: the caller takes them out
+    /// and records them for the resync.
+    pub fn missed(&mut self) -> &mut Vec<Missed> {
+        &mut self.device.missed
+    }
+
+    /// Whether a packet with `header` fits in the receive packet buffer
+    /// now; a caller that must not overflow leaves it on the wire (whose
+    /// flow control then pauses the sender) until it does.
+    pub fn port_has_room(&self, header: &PacketHeader) -> bool {
+        let Some(port) = self.device.port() else {
+            return false;
+        };
+        !header.kind.has_payload() || port.rx.gauge.has_room(port.rx.stored_bytes(header))
+    }
+
+    /// A packet from node `from` came off the wire at `now_ns`: it is
+    /// stored in the receive packet buffer and processed when whole.
+    /// Returns its model arrival time (never before model time reached).
+    pub fn receive_packet(&mut self, now_ns: Ns, from: u16, header: PacketHeader) -> Ns {
+        let now_ns = now_ns.max(self.model_time_ns);
+        let mut packet = self.device.packet_from_wire(now_ns, from, header);
+        let arrive = packet.chain.mark_ns;
+        let ready = self.device.port_arrive(arrive, &mut packet);
+        let id = match self.free_arrivals.pop() {
+            Some(id) => {
+                self.arrivals[id as usize] = Some(packet);
+                id
+            }
+            None => {
+                self.arrivals.push(Some(packet));
+                (self.arrivals.len() - 1) as u32
+            }
+        };
+        self.queue.push(ready, Due::Packet(id));
+        self.collect_scheduled();
+        arrive
+    }
+
+    /// The wire declared `node` failed at `now_ns`.
+    pub fn peer_failed(&mut self, now_ns: Ns, node: u16) {
+        self.device
+            .peer_failed(now_ns.max(self.model_time_ns), node);
+        self.collect_scheduled();
+    }
+
+    /// The port's routing tables (a device with a port).
+    pub fn routes_mut(&mut self) -> Option<&mut super::network::RouteTable> {
+        self.device.routes_mut()
+    }
+
+    /// The wire hears from `node` again.
+    pub fn peer_up(&mut self, node: u16) {
+        self.device.peer_up(node);
     }
 
     /// The device behind `channels` Moneta-D channels: retag onto its
@@ -148,7 +248,7 @@ impl DeviceDriver {
     /// Move the events the device just scheduled into the queue.
     fn collect_scheduled(&mut self) {
         for (t, e) in self.device.outbox.drain(..) {
-            self.queue.push(t, e);
+            self.queue.push(t, Due::Device(e));
         }
     }
 
@@ -226,7 +326,12 @@ impl DeviceDriver {
             barrier: request.barrier,
             protection_ns: check.steps as Ns * front.tree_step_ns,
         };
-        if let Err(e) = self.device.submit(now_ns, tag, device_request) {
+        let submitted = if self.routed {
+            self.device.submit_global(now_ns, tag, device_request)
+        } else {
+            self.device.submit(now_ns, tag, device_request)
+        };
+        if let Err(e) = submitted {
             self.front_mut().retag.release(tag);
             return Err(ChannelRefusal::Device(e));
         }
@@ -240,9 +345,16 @@ impl DeviceDriver {
     pub fn deliver_due(&mut self, now_ns: Ns, mut on_finished: impl FnMut(Finished)) -> u64 {
         let mut delivered = 0;
         while self.queue.peek_time().is_some_and(|t| t <= now_ns) {
-            let (t, event) = self.queue.pop().expect("peeked");
+            let (t, due) = self.queue.pop().expect("peeked");
             self.model_time_ns = t;
-            self.device.handle(t, event);
+            match due {
+                Due::Device(event) => self.device.handle(t, event),
+                Due::Packet(id) => {
+                    let packet = self.arrivals[id as usize].take().expect("a stored packet");
+                    self.free_arrivals.push(id);
+                    self.device.receive(t, packet);
+                }
+            }
             self.collect_scheduled();
             std::mem::swap(&mut self.completions, &mut self.device.completions);
             for i in 0..self.completions.len() {

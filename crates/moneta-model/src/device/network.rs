@@ -122,6 +122,14 @@ pub struct RouteTable {
     slices: Vec<SliceOwners>,
     /// Round-robin position over replicas for remote reads.
     read_turn: u64,
+    /// Peers declared failed (the emulator's wire reports them; the
+    /// simulator's links never fail): reads avoid them while a replica is
+    /// up, and mirrored writes skip them (degraded, SPEC §4.3).
+    down: Vec<u16>,
+    /// Mirror partners whose copies may be newer than this node's (a node
+    /// that restarted, until each partner says its resync is done): reads
+    /// of the copies they share go to them while they are up.
+    unsynced: Vec<u16>,
 }
 
 impl RouteTable {
@@ -141,7 +149,114 @@ impl RouteTable {
             slice_shift,
             slices,
             read_turn: 0,
+            down: Vec::new(),
+            unsynced: Vec::new(),
         }
+    }
+
+    /// The nodes holding the other copy of a slice this node holds.
+    pub fn partners(&self) -> Vec<u16> {
+        let mut partners: Vec<u16> = self
+            .slices
+            .iter()
+            .filter_map(|s| {
+                let (p, r) = (s.primary.0, s.replica?.0);
+                match self.node {
+                    n if n == p => Some(r),
+                    n if n == r => Some(p),
+                    _ => None,
+                }
+            })
+            .collect();
+        partners.sort_unstable();
+        partners.dedup();
+        partners
+    }
+
+    /// Treat `partners`' copies as possibly newer until [`Self::set_synced`].
+    pub fn set_unsynced(&mut self, partners: &[u16]) {
+        self.unsynced = partners.to_vec();
+    }
+
+    pub fn set_synced(&mut self, partner: u16) {
+        self.unsynced.retain(|&n| n != partner);
+    }
+
+    pub fn unsynced(&self) -> &[u16] {
+        &self.unsynced
+    }
+
+    /// The global address of this node's device-local byte `local`, if it
+    /// holds a copy there.
+    pub fn global_of(&self, local: u64) -> Option<u64> {
+        let slice_bytes = 1u64 << self.slice_shift;
+        self.slices.iter().enumerate().find_map(|(i, s)| {
+            [Some(s.primary), s.replica]
+                .into_iter()
+                .flatten()
+                .find(|&(n, base)| n == self.node && (base..base + slice_bytes).contains(&local))
+                .map(|(_, base)| ((i as u64) << self.slice_shift) + local - base)
+        })
+    }
+
+    /// The holder of the copy of global `addr` that is not on this node.
+    pub fn other_holder(&self, addr: u64) -> Option<(u16, u64)> {
+        (0..2)
+            .filter_map(|copy| self.holder(addr, copy))
+            .find(|&(n, _)| n != self.node)
+    }
+
+    /// Mark `node` failed (`true`) or back (`false`).
+    pub fn set_down(&mut self, node: u16, down: bool) {
+        self.down.retain(|&n| n != node);
+        if down {
+            self.down.push(node);
+        }
+    }
+
+    pub fn is_down(&self, node: u16) -> bool {
+        self.down.contains(&node)
+    }
+
+    /// Where this node holds a copy of global byte `addr` (primary or
+    /// replica), if it holds one: the device-local address.
+    pub fn local_copy(&self, addr: u64) -> Option<u64> {
+        if addr & self.local_request_mask == self.local_request_tag {
+            return Some(addr & !self.local_request_mask);
+        }
+        let (owners, offset) = self.owners(addr);
+        match owners.replica {
+            Some((node, base)) if node == self.node => Some(base + offset),
+            _ => None,
+        }
+    }
+
+    /// The runs of `[addr, addr + len)` this node holds a copy of, in
+    /// order: `f(offset in the range, device-local address, bytes)`. A
+    /// run never crosses a slice (the copies of the next slice live
+    /// elsewhere). The range must lie within the global space.
+    pub fn local_runs(&self, addr: u64, len: u64, mut f: impl FnMut(u64, u64, u64)) {
+        let slice_bytes = 1u64 << self.slice_shift;
+        let mut offset = 0;
+        while offset < len {
+            let at = addr + offset;
+            let bytes = (slice_bytes - (at & (slice_bytes - 1))).min(len - offset);
+            if let Some(local) = self.local_copy(at) {
+                f(offset, local, bytes);
+            }
+            offset += bytes;
+        }
+    }
+
+    /// The node holding copy `copy` of global byte `addr` and its address
+    /// there (this node's own included).
+    pub fn holder(&self, addr: u64, copy: u8) -> Option<(u16, u64)> {
+        let (owners, offset) = self.owners(addr);
+        let (node, base) = match copy {
+            0 => owners.primary,
+            _ => owners.replica?,
+        };
+        Some((node, base + offset))
     }
 
     /// Size of the global space the table covers.
@@ -183,17 +298,24 @@ impl RouteTable {
     }
 
     /// A read of `addr`: a local copy if there is one, else the replicas
-    /// in turn (SPEC §4.3).
+    /// in turn (SPEC §4.3), skipping a failed one while the other is up.
     pub fn route_read(&mut self, addr: u64) -> Target {
-        if addr & self.local_request_mask == self.local_request_tag {
-            return Target::Local(addr & !self.local_request_mask);
+        if let Some(local) = self.local_copy(addr) {
+            return match self.other_holder(addr) {
+                Some((node, at)) if self.unsynced.contains(&node) && !self.is_down(node) => {
+                    Target::Remote { node, addr: at }
+                }
+                _ => Target::Local(local),
+            };
         }
         let (owners, offset) = self.owners(addr);
         let Some(replica) = owners.replica else {
             return self.target(owners.primary, offset);
         };
-        if replica.0 == self.node {
-            return self.target(replica, offset);
+        match (self.is_down(owners.primary.0), self.is_down(replica.0)) {
+            (true, false) => return self.target(replica, offset),
+            (false, true) => return self.target(owners.primary, offset),
+            _ => {}
         }
         self.read_turn += 1;
         if self.read_turn.is_multiple_of(2) {
@@ -359,6 +481,12 @@ impl PauseGauge {
 
     pub fn occupancy_bytes(&self) -> u64 {
         self.occupancy_bytes
+    }
+
+    /// Whether `bytes` more fit (a receiver that must not overflow asks
+    /// before it takes a packet off its link).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        self.occupancy_bytes + bytes <= self.capacity_bytes
     }
 
     pub fn max_occupancy_bytes(&self) -> u64 {

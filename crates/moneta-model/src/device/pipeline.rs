@@ -99,6 +99,30 @@ pub struct Completion {
     /// (QuickSAN; a lone device serves everything locally).
     pub local_bytes: u64,
     pub remote_bytes: u64,
+    /// A segment could not be served: its peer failed and no replica was up
+    /// (QuickSAN on a real wire; never in the simulator).
+    pub failed: bool,
+}
+
+/// A mirrored write's copy that a failed peer missed (SPEC §4.3, degraded
+/// mode): whoever drives the device records it for the resync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Missed {
+    pub node: u16,
+    /// The global address and length of the copy.
+    pub addr: u64,
+    pub bytes: u64,
+}
+
+/// Where the payload of a packet leaving the port comes from (the
+/// emulator attaches real bytes; the simulator carries none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadSource {
+    /// This device's memory at this device-local address (a read completion).
+    Memory(u64),
+    /// A host request's data (a remote write segment): the request's
+    /// token and the segment's offset in it.
+    Host { token: u64, offset: u64 },
 }
 
 /// The words a host wrote to the command registers (SPEC §1.2).
@@ -197,6 +221,7 @@ struct RequestState {
     segments_done: u32,
     local_bytes: u64,
     remote_bytes: u64,
+    failed: bool,
     /// Where time goes: accepted at `submitted_ns`, past retag and
     /// protection at `queued_ns`; the chain of the segment that finishes
     /// last so far and when it finishes. A peer's request starts with the
@@ -225,7 +250,24 @@ struct SegmentState {
     rx_stored_bytes: u64,
     /// Waiting for a peer's completion packet of this kind.
     awaiting: Option<PacketKind>,
+    /// A mirrored write's copy sent to the other holder because its own
+    /// holder failed: the packet says so (`CTRL_DEGRADED`), so that the
+    /// holder records what its partner missed.
+    degraded: bool,
 }
+
+/// What becomes of a segment whose copy lives on a failed peer.
+enum Detour {
+    /// Write it to the other copy's holder instead (degraded).
+    Elsewhere { node: u16, addr: u64 },
+    /// Nothing more to send: the segment is done (degraded, with this
+    /// device's own copy recorded as the only one) or failed.
+    Done,
+}
+
+/// Table A.3's CTRL bit this model gives a degraded mirrored write: the
+/// receiver holds the only live copy and records what its partner missed.
+pub const CTRL_DEGRADED: u8 = 1;
 
 /// Counters of the device's components, for reports and the power model.
 #[derive(Debug, Clone, Default)]
@@ -286,6 +328,8 @@ pub struct Device {
     pub completions: Vec<Completion>,
     /// What the network port hands to the fabric (QuickSAN).
     pub port_out: Vec<(Ns, PortOutput)>,
+    /// Mirrored copies a failed peer missed, since the driver last drained it.
+    pub missed: Vec<Missed>,
 }
 
 impl Device {
@@ -326,6 +370,7 @@ impl Device {
             controller_wait_ns: 0,
             rx_stored_bytes: 0,
             awaiting: None,
+            degraded: false,
         };
         Self {
             capacity_bytes: d.capacity_bytes,
@@ -356,6 +401,7 @@ impl Device {
             outbox: Vec::with_capacity(64),
             completions: Vec::with_capacity(64),
             port_out: Vec::new(),
+            missed: Vec::new(),
         }
     }
 
@@ -379,6 +425,12 @@ impl Device {
 
     pub fn port(&self) -> Option<&NetworkPort> {
         self.port.as_ref()
+    }
+
+    /// The port's routing tables, for whoever drives a port on a real wire
+    /// (which peers are synced, failed).
+    pub fn routes_mut(&mut self) -> Option<&mut super::network::RouteTable> {
+        self.port.as_mut().map(|p| &mut p.routes)
     }
 
     fn port_mut(&mut self) -> &mut NetworkPort {
@@ -497,6 +549,7 @@ impl Device {
             segments_done: 0,
             local_bytes: 0,
             remote_bytes: 0,
+            failed: false,
             submitted_ns: now_ns,
             queued_ns,
             start_chain: Chain::starting(queued_ns),
@@ -684,6 +737,20 @@ impl Device {
                 },
                 _ => piece,
             };
+            let mut target = target;
+            let mut degraded = false;
+            if let Target::Remote { node, .. } = target {
+                if self.port_mut().routes.is_down(node) {
+                    match self.detour(now_ns, request, op, at, segment.bytes, node) {
+                        Detour::Done => continue,
+                        Detour::Elsewhere { node, addr } => {
+                            target = Target::Remote { node, addr };
+                            degraded = true;
+                        }
+                    }
+                }
+            }
+            let req = self.requests[request as usize].as_mut().expect("live");
             match target {
                 Target::Local(_) => req.local_bytes += segment.bytes,
                 Target::Remote { .. } => req.remote_bytes += segment.bytes,
@@ -698,6 +765,7 @@ impl Device {
                 controller_wait_ns: 0,
                 rx_stored_bytes: 0,
                 awaiting: None,
+                degraded,
             };
             // Barriers, the request queue and the wait for this buffer.
             state.chain.spend(Component::DeviceQueue, now_ns);
@@ -712,21 +780,204 @@ impl Device {
                     // The buffer is allocated before the request leaves
                     // (SPEC §4.2): the completion lands in it.
                     self.remote_reads_holding += 1;
-                    self.segments[buffer as usize].awaiting = Some(PacketKind::ReadCompletion);
-                    let header = self.port_mut().header(
-                        PacketKind::ReadRequest,
-                        node,
-                        HeaderFields {
-                            addr,
-                            cmd: CMD_READ,
-                            offsets: buffer,
-                            tag: request,
-                            size: segment.bytes as u16,
-                        },
-                    );
-                    self.port_send(now_ns, header, node, state.chain, None);
+                    self.send_read_request(now_ns, buffer, node, addr);
                 }
             }
+        }
+    }
+
+    /// A remote read segment in `buffer` asks `node` for its data at `addr`.
+    fn send_read_request(&mut self, now_ns: Ns, buffer: u16, node: u16, addr: u64) {
+        let state = &mut self.segments[buffer as usize];
+        state.awaiting = Some(PacketKind::ReadCompletion);
+        state.target = Target::Remote { node, addr };
+        let (request, bytes, chain) = (state.request, state.segment.bytes, state.chain);
+        let header = self.port_mut().header(
+            PacketKind::ReadRequest,
+            node,
+            HeaderFields {
+                addr,
+                cmd: CMD_READ,
+                offsets: buffer,
+                tag: request,
+                size: bytes as u16,
+            },
+        );
+        self.port_send(now_ns, header, node, chain, None);
+    }
+
+    /// A segment of `request` (global `addr`, `bytes`) whose copy lives on
+    /// failed `node`. A mirrored write whose other copy is up goes on
+    /// degraded (SPEC §4.3): to the other copy's holder, flagged, or, when
+    /// that is this device, recorded as missed (its own copy is written by
+    /// its own segment). Anything else fails the request.
+    fn detour(
+        &mut self,
+        now_ns: Ns,
+        request: u16,
+        op: Op,
+        addr: u64,
+        bytes: u64,
+        node: u16,
+    ) -> Detour {
+        let routes = &self.port.as_ref().expect("a port").routes;
+        let other = (0..2)
+            .filter_map(|copy| routes.holder(addr, copy))
+            .find(|&(n, _)| n != node);
+        let me = routes.node;
+        let other_down = other.is_some_and(|(n, _)| routes.is_down(n));
+        let req = self.requests[request as usize].as_mut().expect("live");
+        let mirrored_write = op == Op::Write && req.copies == 2;
+        match other {
+            Some((n, _)) if mirrored_write && n == me => {
+                self.missed.push(Missed { node, addr, bytes });
+            }
+            Some((n, at)) if mirrored_write && !other_down => {
+                return Detour::Elsewhere { node: n, addr: at };
+            }
+            _ => req.failed = true,
+        }
+        self.outbox
+            .push((now_ns, DeviceEvent::SegmentDone(request)));
+        Detour::Done
+    }
+
+    /// The wire declared `node` failed (QuickSAN on a real wire): segments
+    /// waiting on it are re-read from a replica, or go on degraded
+    /// (mirrored writes), or fail; new segments avoid it.
+    pub fn peer_failed(&mut self, now_ns: Ns, node: u16) {
+        let Some(port) = self.port.as_mut() else {
+            return;
+        };
+        port.routes.set_down(node, true);
+        for slot in 0..self.segments.len() {
+            let s = self.segments[slot];
+            let waiting_on_node = matches!(s.target, Target::Remote { node: n, .. } if n == node);
+            let Some(kind) = s.awaiting.filter(|_| waiting_on_node) else {
+                continue;
+            };
+            let slot = slot as u16;
+            self.segments[slot as usize].awaiting = None;
+            let addr = self.request(s.request).addr + s.segment.offset_bytes;
+            match kind {
+                PacketKind::ReadCompletion => match self.port_mut().routes.route_read(addr) {
+                    Target::Remote {
+                        node: other,
+                        addr: at,
+                    } if !self.port_mut().routes.is_down(other) => {
+                        self.send_read_request(now_ns, slot, other, at)
+                    }
+                    Target::Local(local) => {
+                        self.remote_reads_holding -= 1;
+                        let state = &mut self.segments[slot as usize];
+                        state.target = Target::Local(local);
+                        state.segment = Segment {
+                            offset_bytes: s.segment.offset_bytes,
+                            ..self.striping.segment(local, s.segment.bytes, 0)
+                        };
+                        self.read_from_controller(now_ns, slot);
+                    }
+                    Target::Remote { .. } => {
+                        self.remote_reads_holding -= 1;
+                        self.requests[s.request as usize]
+                            .as_mut()
+                            .expect("live")
+                            .failed = true;
+                        self.outbox.push((now_ns, DeviceEvent::BufferFree(slot)));
+                        self.outbox
+                            .push((now_ns, DeviceEvent::SegmentDone(s.request)));
+                    }
+                },
+                _ => match self.detour(now_ns, s.request, Op::Write, addr, s.segment.bytes, node) {
+                    Detour::Done => self.free_remote_slots.push(slot),
+                    Detour::Elsewhere { node, addr } => {
+                        // The data left its buffer: the packet goes again
+                        // from the host's copy, to the other holder.
+                        let state = &mut self.segments[slot as usize];
+                        state.target = Target::Remote { node, addr };
+                        state.degraded = true;
+                        state.awaiting = Some(PacketKind::WriteCompletion);
+                        self.send_write_request(now_ns, slot, None);
+                    }
+                },
+            }
+        }
+    }
+
+    /// The wire hears from `node` again: new segments may use it.
+    pub fn peer_up(&mut self, node: u16) {
+        if let Some(port) = self.port.as_mut() {
+            port.routes.set_down(node, false);
+        }
+    }
+
+    /// Where the payload of a packet leaving the port comes from, if it
+    /// carries one and its segment is still waiting for it.
+    pub fn payload_source(&self, header: &PacketHeader) -> Option<PayloadSource> {
+        match header.kind {
+            PacketKind::ReadCompletion => Some(PayloadSource::Memory(header.addr)),
+            PacketKind::WriteRequest => {
+                let s = self.segments.get(header.offsets as usize)?;
+                if s.awaiting != Some(PacketKind::WriteCompletion) || s.request != header.tag {
+                    return None;
+                }
+                let req = self.requests.get(s.request as usize)?.as_ref()?;
+                Some(PayloadSource::Host {
+                    token: req.token,
+                    offset: s.segment.offset_bytes,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The segment slot an arriving completion from `from` belongs to, if
+    /// one waits for it (a stale or malformed one matches nothing).
+    fn live_remote_slot(&self, from: u16, h: &PacketHeader) -> Option<usize> {
+        let slot = h.offsets as usize;
+        self.segments
+            .get(slot)
+            .is_some_and(|s| {
+                s.awaiting == Some(h.kind)
+                    && s.request == h.tag
+                    && matches!(s.target, Target::Remote { node, .. } if node == from)
+                    && (h.kind == PacketKind::WriteCompletion
+                        || u64::from(h.size) == s.segment.bytes)
+            })
+            .then_some(slot)
+    }
+
+    /// Where an arriving read completion's payload goes: the host
+    /// request's token and the segment's offset in it.
+    pub fn completion_destination(&self, from: u16, h: &PacketHeader) -> Option<(u64, u64)> {
+        if h.kind != PacketKind::ReadCompletion {
+            return None;
+        }
+        let s = &self.segments[self.live_remote_slot(from, h)?];
+        let req = self.requests[s.request as usize].as_ref()?;
+        Some((req.token, s.segment.offset_bytes))
+    }
+
+    /// A packet that came off a real wire from `from` at `now_ns`, as the
+    /// port sees it: a completion continues its segment's chain (the time
+    /// since its request left counts as network), a request starts one.
+    pub fn packet_from_wire(&self, now_ns: Ns, from: u16, header: PacketHeader) -> Packet {
+        let chain = match header.kind {
+            PacketKind::ReadCompletion | PacketKind::WriteCompletion => {
+                self.live_remote_slot(from, &header).map(|slot| {
+                    let mut chain = self.segments[slot].chain;
+                    chain.spend(Component::Network, now_ns.max(chain.mark_ns));
+                    chain
+                })
+            }
+            _ => None,
+        };
+        Packet {
+            header,
+            from_node: from,
+            to_node: self.port.as_ref().map_or(0, |p| p.node()),
+            chain: chain.unwrap_or(Chain::starting(now_ns)),
+            release_buffer: None,
         }
     }
 
@@ -861,6 +1112,7 @@ impl Device {
             parts,
             local_bytes: req.local_bytes,
             remote_bytes: req.remote_bytes,
+            failed: req.failed,
         });
         self.counters.requests_completed += 1;
         match req.op {
@@ -1032,6 +1284,7 @@ impl Device {
             segments_done: 0,
             local_bytes: bytes,
             remote_bytes: 0,
+            failed: false,
             submitted_ns: now_ns,
             queued_ns: now_ns,
             start_chain: packet.chain,
@@ -1070,6 +1323,7 @@ impl Device {
             controller_wait_ns: 0,
             rx_stored_bytes: 0,
             awaiting: None,
+            degraded: false,
         };
         match op {
             Op::Read => self.read_from_controller(now_ns, buffer),
@@ -1087,16 +1341,39 @@ impl Device {
     /// request packet carries it. The segment waits for the completion in
     /// a slot past the buffers; the buffer is free once the frame is sent.
     fn send_remote_write(&mut self, now_ns: Ns, buffer: u16) {
+        let mut fill = self.segments[buffer as usize];
+        if let Target::Remote { node, .. } = fill.target {
+            if self.port_mut().routes.is_down(node) {
+                let addr = self.request(fill.request).addr + fill.segment.offset_bytes;
+                let bytes = fill.segment.bytes;
+                match self.detour(now_ns, fill.request, Op::Write, addr, bytes, node) {
+                    Detour::Done => {
+                        self.outbox.push((now_ns, DeviceEvent::BufferFree(buffer)));
+                        return;
+                    }
+                    Detour::Elsewhere { node, addr } => {
+                        fill.target = Target::Remote { node, addr };
+                        fill.degraded = true;
+                    }
+                }
+            }
+        }
         // Bounded by the tags and their requests' segments.
-        let fill = self.segments[buffer as usize];
         let slot = free_or_new(&mut self.free_remote_slots, &mut self.segments, fill);
-        let mut state = self.segments[buffer as usize];
-        state.awaiting = Some(PacketKind::WriteCompletion);
-        self.segments[slot as usize] = state;
+        fill.awaiting = Some(PacketKind::WriteCompletion);
+        self.segments[slot as usize] = fill;
+        self.send_write_request(now_ns, slot, Some(buffer));
+    }
+
+    /// The write request of the remote write segment in `slot`; its data
+    /// leaves from `buffer` (freed once the frame is on the wire), or,
+    /// sent again to another holder, from the host's copy.
+    fn send_write_request(&mut self, now_ns: Ns, slot: u16, buffer: Option<u16>) {
+        let state = self.segments[slot as usize];
         let Target::Remote { node, addr } = state.target else {
             unreachable!("a remote segment")
         };
-        let header = self.port_mut().header(
+        let mut header = self.port_mut().header(
             PacketKind::WriteRequest,
             node,
             HeaderFields {
@@ -1107,7 +1384,12 @@ impl Device {
                 size: state.segment.bytes as u16,
             },
         );
-        self.port_send(now_ns, header, node, state.chain, Some(buffer));
+        if state.degraded {
+            header.ctrl |= CTRL_DEGRADED;
+        }
+        let mut chain = state.chain;
+        chain.mark_ns = chain.mark_ns.max(now_ns);
+        self.port_send(now_ns, header, node, chain, buffer);
     }
 
     /// A peer's read has its data in `slot`'s buffer: the completion packet
@@ -1177,16 +1459,9 @@ impl Device {
     /// A completion for one of this device's remote segments.
     fn receive_completion(&mut self, now_ns: Ns, packet: Packet) -> bool {
         let h = packet.header;
-        let slot = h.offsets as usize;
-        let live = self.segments.get(slot).is_some_and(|s| {
-            s.awaiting == Some(h.kind)
-                && s.request == h.tag
-                && matches!(s.target, Target::Remote { node, .. } if node == packet.from_node)
-                && (h.kind == PacketKind::WriteCompletion || u64::from(h.size) == s.segment.bytes)
-        });
-        if !live {
+        let Some(slot) = self.live_remote_slot(packet.from_node, &h) else {
             return false;
-        }
+        };
         let slot = slot as u16;
         let state = &mut self.segments[slot as usize];
         state.awaiting = None;
@@ -1221,8 +1496,8 @@ fn free_or_new<T>(free: &mut Vec<u16>, slots: &mut Vec<T>, fill: T) -> u16 {
 }
 
 /// The command byte of SPEC §1.2 a packet carries (opcode bits).
-const CMD_READ: u8 = 0b01;
-const CMD_WRITE: u8 = 0b10;
+pub const CMD_READ: u8 = 0b01;
+pub const CMD_WRITE: u8 = 0b10;
 
 #[cfg(test)]
 mod tests {
