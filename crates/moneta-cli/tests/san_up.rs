@@ -403,7 +403,15 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
         b
     };
     let pid = |node: usize| san.status()["nodes"][node]["pid"].as_u64().unwrap() as i32;
+    /// Stops the writer however the scope ends (a failed assertion too).
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|scope| {
+        let _stop = Stop(&stop);
         let writer = scope.spawn(|| {
             let c = client(&san, 0);
             let mut rng = seed | 1;
