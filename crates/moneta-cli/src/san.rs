@@ -42,6 +42,13 @@ pub enum SanCommand {
     Down(crate::san_up::SanDownArgs),
     /// Whether each node's namespace, link and daemon are there.
     Status(crate::san_up::SanStatusArgs),
+    /// The distributed sort (SPEC §4.4) for real: one worker per host on a
+    /// SAN (or N workers on one daemon), validated, timed, and next to the
+    /// simulator's prediction.
+    Sort(Box<crate::san_sort::SortRunArgs>),
+    /// One host's sort worker (started by `moneta san sort`).
+    #[command(hide = true)]
+    SortWorker(crate::sort_worker::SortWorkerArgs),
 }
 
 #[derive(Subcommand)]
@@ -273,6 +280,8 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Up(a) => crate::san_up::up(a),
         SanCommand::Down(a) => crate::san_up::down(a),
         SanCommand::Status(a) => crate::san_up::status(a),
+        SanCommand::Sort(a) => crate::san_sort::run(*a),
+        SanCommand::SortWorker(a) => crate::sort_worker::run(a),
     }
 }
 

@@ -89,6 +89,11 @@ pub struct SanUpArgs {
     /// The SAN's name (1–8 of a-z, 0-9), so several can run at once.
     #[arg(long, default_value = "san")]
     name: String,
+    /// Also serve each SSD's own slice over NBD on this TCP port at the
+    /// node's address: target software on every host, the iSCSI-like path
+    /// of `moneta san sort --via nbd`.
+    #[arg(long)]
+    nbd_port: Option<u16>,
 }
 
 #[derive(Args)]
@@ -109,27 +114,42 @@ pub struct SanStatusArgs {
     format: SanFormat,
 }
 
-/// What `up` made, for `status` and `down`.
+/// What `up` made, for `status`, `down` and `sort`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct SanState {
-    name: String,
+pub(crate) struct SanState {
+    pub(crate) name: String,
     bridge: String,
-    san_file: PathBuf,
-    nodes: Vec<NodeState>,
+    pub(crate) san_file: PathBuf,
+    pub(crate) nodes: Vec<NodeState>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct NodeState {
-    name: String,
-    netns: String,
+pub(crate) struct NodeState {
+    pub(crate) name: String,
+    pub(crate) netns: String,
     host_link: String,
     mac: String,
-    ip: String,
-    socket: PathBuf,
+    pub(crate) ip: String,
+    pub(crate) socket: PathBuf,
     image: PathBuf,
     log: PathBuf,
     pid: u32,
-    preset: String,
+    pub(crate) preset: String,
+    /// HOST:PORT of the node's NBD server (`up --nbd-port`), serving the
+    /// export [`NBD_EXPORT`]: the node's primary slice.
+    #[serde(default)]
+    pub(crate) nbd: Option<String>,
+}
+
+/// The name of each node's NBD export (`up --nbd-port`).
+pub(crate) const NBD_EXPORT: &str = "slice";
+
+/// The state of SAN `name`, or an error saying it is not up.
+pub(crate) fn load_state(name: &str) -> Result<SanState, String> {
+    check_name(name)?;
+    read_state(&san_dir(name))?.ok_or_else(|| {
+        format!("no SAN '{name}' is up (moneta san up --name {name}; moneta san status)")
+    })
 }
 
 fn check_name(name: &str) -> Result<(), String> {
@@ -252,6 +272,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
     // anything is made.
     let text = file.to_toml();
     SanFile::parse(&text).map_err(|e| e.to_string())?;
+    let slice_bytes = file.address_map().map_err(|e| e.to_string())?.slice_bytes();
 
     let mut rb = Rollback::default();
     let created_dir = !dir.exists();
@@ -318,8 +339,28 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             node_dir.join("device.img"),
             node_dir.join("monetad.log"),
         );
+        // The primary slice is the first `slice_bytes` of each SSD.
+        let nbd = a
+            .nbd_port
+            .filter(|_| file.has_memory(i))
+            .map(|port| format!("{}:{port}", node_ip(i)));
+        let nbd_listen = nbd.as_ref().map(|addr| NbdListen {
+            addr: addr.clone(),
+            export: format!("{NBD_EXPORT}:0:{slice_bytes}"),
+        });
         let pid = start_node(
-            &exe, &ns, &preset, &a.sets, size, &socket, &image, &log, &san_file, i, &mut rb,
+            &exe,
+            &ns,
+            &preset,
+            &a.sets,
+            size,
+            &socket,
+            &image,
+            &log,
+            &san_file,
+            i,
+            nbd_listen.as_ref(),
+            &mut rb,
         )?;
         nodes.push(NodeState {
             name: format!("n{i}"),
@@ -332,6 +373,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             log,
             pid,
             preset,
+            nbd,
         });
     }
     let state = SanState {
@@ -357,16 +399,25 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
     );
     for n in &state.nodes {
         println!(
-            "  {}  ns {}  {}  {}  pid {}  socket {}",
+            "  {}  ns {}  {}  {}  pid {}  socket {}{}",
             n.name,
             n.netns,
             n.ip,
             n.mac,
             n.pid,
-            n.socket.display()
+            n.socket.display(),
+            n.nbd
+                .as_ref()
+                .map_or(String::new(), |a| format!("  nbd://{a}/{NBD_EXPORT}"))
         );
     }
     Ok(())
+}
+
+/// Where a node's NBD server listens and what it exports.
+struct NbdListen {
+    addr: String,
+    export: String,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -381,6 +432,7 @@ fn start_node(
     log_path: &Path,
     san_file: &Path,
     node: u16,
+    nbd: Option<&NbdListen>,
     rb: &mut Rollback,
 ) -> Result<u32, String> {
     let mut log = OpenOptions::new()
@@ -405,6 +457,12 @@ fn start_node(
         .arg(san_file)
         .arg("--node")
         .arg(node.to_string());
+    if let Some(n) = nbd {
+        cmd.arg("--nbd")
+            .arg(format!("tcp://{}", n.addr))
+            .arg("--nbd-export")
+            .arg(&n.export);
+    }
     let _ = writeln!(
         log,
         "---- moneta san up: ip {}",
@@ -624,6 +682,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             "socket": n.socket,
                             "image": n.image,
                             "log": n.log,
+                            "nbd": n.nbd,
                         })
                     })
                     .collect()
