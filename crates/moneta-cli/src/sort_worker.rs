@@ -67,7 +67,8 @@ const STAGE_SORTED: u64 = 3;
 pub(crate) struct Layout {
     pub(crate) nodes: u16,
     pub(crate) slice_bytes: u64,
-    /// Barrier blocks, `BLOCK_BYTES` per host (slice 0's are used).
+    /// Where the input starts: after the barrier blocks, `BLOCK_BYTES` per
+    /// host (those of slice 0 are used).
     pub(crate) input_offset: u64,
     pub(crate) input_records_max: u64,
     pub(crate) temp_offset: u64,

@@ -92,15 +92,14 @@ impl<S: Read + Write> NbdClient<S> {
                 .read_exact(&mut data)
                 .map_err(|e| io_error("option reply", e))?;
             match kind {
-                proto::REP_INFO => {
+                proto::REP_INFO
                     if data.len() == 12
-                        && u16::from_be_bytes([data[0], data[1]]) == proto::INFO_EXPORT
-                    {
-                        export_info = Some((
-                            u64::from_be_bytes(data[2..10].try_into().expect("8")),
-                            u16::from_be_bytes([data[10], data[11]]),
-                        ));
-                    }
+                        && u16::from_be_bytes([data[0], data[1]]) == proto::INFO_EXPORT =>
+                {
+                    export_info = Some((
+                        u64::from_be_bytes(data[2..10].try_into().expect("8")),
+                        u16::from_be_bytes([data[10], data[11]]),
+                    ));
                 }
                 proto::REP_ACK => {
                     let (size, transmission_flags) = export_info
