@@ -627,8 +627,14 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
             a.completion
         ));
     }
+    if a.timeout_s == 0 {
+        return Err("--timeout-s must be at least 1".into());
+    }
     let hosts = match (&a.name, &a.socket, a.nodes) {
-        (Some(name), _, _) => san_hosts(name)?,
+        (Some(name), _, _) => {
+            crate::mount::need_root("san sort --name (workers run in the SAN's namespaces)")?;
+            san_hosts(name)?
+        }
         (None, Some(socket), Some(nodes)) => one_daemon_hosts(socket, nodes, a.nbd.as_deref())?,
         _ => return Err("give --name NAME (a SAN) or --socket PATH --nodes N".into()),
     };
