@@ -327,8 +327,10 @@ impl Storage for Direct {
 
 struct Nbd {
     slice_bytes: u64,
-    /// One connection per slice owner, with where the slice starts in its export.
-    slices: Vec<(NbdClient<TcpStream>, u64)>,
+    /// One connection per server and export.
+    connections: Vec<NbdClient<TcpStream>>,
+    /// Per slice: its connection, and where the slice starts in the export.
+    slices: Vec<(usize, u64)>,
 }
 
 impl Nbd {
@@ -351,10 +353,11 @@ impl Nbd {
 
     fn conn(&mut self, slice: usize) -> Result<&mut NbdClient<TcpStream>, String> {
         let count = self.slices.len();
-        self.slices
-            .get_mut(slice)
-            .map(|s| &mut s.0)
-            .ok_or_else(|| format!("address in slice {slice}, beyond the {count} slices"))
+        let (c, _) = *self
+            .slices
+            .get(slice)
+            .ok_or_else(|| format!("address in slice {slice}, beyond the {count} slices"))?;
+        Ok(&mut self.connections[c])
     }
 }
 
@@ -372,7 +375,7 @@ impl Storage for Nbd {
         Ok(())
     }
     fn sync(&mut self) -> Result<(), String> {
-        for (c, _) in &mut self.slices {
+        for c in &mut self.connections {
             c.flush()?;
         }
         Ok(())
@@ -414,25 +417,33 @@ fn open(plan: &Plan, node: u16) -> Result<Box<dyn Storage>, String> {
                 ));
             }
             let timeout = Duration::from_millis(plan.timeout_ms.max(1000));
-            let slices = targets
-                .iter()
-                .map(|t| {
-                    let c = NbdClient::connect_tcp(&t.addr, &t.export, timeout)?;
-                    if c.size() < t.base + layout.used_bytes {
-                        return Err(format!(
-                            "nbd://{}/{} holds {} B, the sort needs {} B from {}",
-                            t.addr,
-                            t.export,
-                            c.size(),
-                            layout.used_bytes,
-                            t.base
-                        ));
+            // Slices served by the same server and export share a connection
+            // (all of them, when one daemon holds the whole space).
+            let mut opened: Vec<(&str, &str)> = Vec::new();
+            let mut connections = Vec::new();
+            let mut slices = Vec::new();
+            for t in targets {
+                let key = (t.addr.as_str(), t.export.as_str());
+                let c = match opened.iter().position(|&k| k == key) {
+                    Some(c) => c,
+                    None => {
+                        connections.push(NbdClient::connect_tcp(&t.addr, &t.export, timeout)?);
+                        opened.push(key);
+                        opened.len() - 1
                     }
-                    Ok((c, t.base))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
+                };
+                let size = connections[c].size();
+                if size < t.base + layout.used_bytes {
+                    return Err(format!(
+                        "nbd://{}/{} holds {size} B, the sort needs {} B from {}",
+                        t.addr, t.export, layout.used_bytes, t.base
+                    ));
+                }
+                slices.push((c, t.base));
+            }
             Ok(Box::new(Nbd {
                 slice_bytes: layout.slice_bytes,
+                connections,
                 slices,
             }))
         }
