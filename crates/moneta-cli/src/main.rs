@@ -21,7 +21,9 @@ mod nvmm;
 mod output;
 mod plot;
 mod san;
+mod san_sort;
 mod san_up;
+mod sort_worker;
 
 use clap::{Args, Parser, Subcommand};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};

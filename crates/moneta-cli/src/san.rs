@@ -48,6 +48,13 @@ pub enum SanCommand {
     /// Inject faults into a node's link at run time: drop, corrupt,
     /// duplicate, reorder, delay, partition; `none` heals.
     Fault(crate::san_up::SanFaultArgs),
+    /// The distributed sort (SPEC §4.4) for real: one worker per host on a
+    /// SAN (or N workers on one daemon), validated, timed, and next to the
+    /// simulator's prediction.
+    Sort(Box<crate::san_sort::SortRunArgs>),
+    /// One host's sort worker (started by `moneta san sort`).
+    #[command(hide = true)]
+    SortWorker(crate::sort_worker::SortWorkerArgs),
 }
 
 #[derive(Subcommand)]
@@ -281,6 +288,8 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Status(a) => crate::san_up::status(a),
         SanCommand::Restart(a) => crate::san_up::restart(a),
         SanCommand::Fault(a) => crate::san_up::fault(a),
+        SanCommand::Sort(a) => crate::san_sort::run(*a),
+        SanCommand::SortWorker(a) => crate::sort_worker::run(a),
     }
 }
 

@@ -89,6 +89,11 @@ pub struct SanUpArgs {
     /// The SAN's name (1–8 of a-z, 0-9), so several can run at once.
     #[arg(long, default_value = "san")]
     name: String,
+    /// Also serve each SSD's own slice over NBD on this TCP port at the
+    /// node's address: target software on every host, the iSCSI-like path
+    /// of `moneta san sort --via nbd`.
+    #[arg(long)]
+    nbd_port: Option<u16>,
 }
 
 #[derive(Args)]
@@ -134,13 +139,13 @@ pub struct SanFaultArgs {
     faults: String,
 }
 
-/// What `up` made, for `status` and `down`.
+/// What `up` made, for `status`, `down`, `restart` and `sort`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct SanState {
-    name: String,
+pub(crate) struct SanState {
+    pub(crate) name: String,
     bridge: String,
-    san_file: PathBuf,
-    nodes: Vec<NodeState>,
+    pub(crate) san_file: PathBuf,
+    pub(crate) nodes: Vec<NodeState>,
     /// `up`'s --set and --size, so that `restart` starts a node alike.
     #[serde(default)]
     sets: Vec<String>,
@@ -149,17 +154,32 @@ struct SanState {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct NodeState {
-    name: String,
-    netns: String,
+pub(crate) struct NodeState {
+    pub(crate) name: String,
+    pub(crate) netns: String,
     host_link: String,
     mac: String,
-    ip: String,
-    socket: PathBuf,
+    pub(crate) ip: String,
+    pub(crate) socket: PathBuf,
     image: PathBuf,
     log: PathBuf,
     pid: u32,
-    preset: String,
+    pub(crate) preset: String,
+    /// HOST:PORT of the node's NBD server (`up --nbd-port`), serving the
+    /// export [`NBD_EXPORT`]: the node's primary slice.
+    #[serde(default)]
+    pub(crate) nbd: Option<String>,
+}
+
+/// The name of each node's NBD export (`up --nbd-port`).
+pub(crate) const NBD_EXPORT: &str = "slice";
+
+/// The state of SAN `name`, or an error saying it is not up.
+pub(crate) fn load_state(name: &str) -> Result<SanState, String> {
+    check_name(name)?;
+    read_state(&san_dir(name))?.ok_or_else(|| {
+        format!("no SAN '{name}' is up (moneta san up --name {name}; moneta san status)")
+    })
 }
 
 fn check_name(name: &str) -> Result<(), String> {
@@ -282,6 +302,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
     // anything is made.
     let text = file.to_toml();
     SanFile::parse(&text).map_err(|e| e.to_string())?;
+    let slice_bytes = file.address_map().map_err(|e| e.to_string())?.slice_bytes();
 
     let mut rb = Rollback::default();
     let created_dir = !dir.exists();
@@ -348,8 +369,24 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             node_dir.join("device.img"),
             node_dir.join("monetad.log"),
         );
+        let nbd = a
+            .nbd_port
+            .filter(|_| file.has_memory(i))
+            .map(|port| format!("{}:{port}", node_ip(i)));
+        let nbd_listen = nbd.as_ref().map(|addr| nbd_listen(addr, i, slice_bytes));
         let pid = start_node(
-            &exe, &ns, &preset, &a.sets, size, &socket, &image, &log, &san_file, i, &mut rb,
+            &exe,
+            &ns,
+            &preset,
+            &a.sets,
+            size,
+            &socket,
+            &image,
+            &log,
+            &san_file,
+            i,
+            nbd_listen.as_ref(),
+            &mut rb,
         )?;
         nodes.push(NodeState {
             name: format!("n{i}"),
@@ -362,6 +399,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             log,
             pid,
             preset,
+            nbd,
         });
     }
     let state = SanState {
@@ -389,16 +427,34 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
     );
     for n in &state.nodes {
         println!(
-            "  {}  ns {}  {}  {}  pid {}  socket {}",
+            "  {}  ns {}  {}  {}  pid {}  socket {}{}",
             n.name,
             n.netns,
             n.ip,
             n.mac,
             n.pid,
-            n.socket.display()
+            n.socket.display(),
+            n.nbd
+                .as_ref()
+                .map_or(String::new(), |a| format!("  nbd://{a}/{NBD_EXPORT}"))
         );
     }
     Ok(())
+}
+
+/// Where a node's NBD server listens and what it exports.
+struct NbdListen {
+    addr: String,
+    export: String,
+}
+
+/// Node `i`'s NBD server on `addr`: it exports its primary slice, which
+/// is slice `i` of the global space its daemon addresses.
+fn nbd_listen(addr: &str, i: u16, slice_bytes: u64) -> NbdListen {
+    NbdListen {
+        addr: addr.to_string(),
+        export: format!("{NBD_EXPORT}:{}:{slice_bytes}", u64::from(i) * slice_bytes),
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -413,6 +469,7 @@ fn start_node(
     log_path: &Path,
     san_file: &Path,
     node: u16,
+    nbd: Option<&NbdListen>,
     rb: &mut Rollback,
 ) -> Result<u32, String> {
     let mut log = OpenOptions::new()
@@ -437,6 +494,12 @@ fn start_node(
         .arg(san_file)
         .arg("--node")
         .arg(node.to_string());
+    if let Some(n) = nbd {
+        cmd.arg("--nbd")
+            .arg(format!("tcp://{}", n.addr))
+            .arg("--nbd-export")
+            .arg(&n.export);
+    }
     let _ = writeln!(
         log,
         "---- moneta san up: ip {}",
@@ -648,6 +711,14 @@ pub fn restart(a: SanRestartArgs) -> Result<(), String> {
     }
     let _ = fs::remove_file(&n.socket);
     let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
+    let slice_bytes = SanFile::load(&state.san_file)
+        .and_then(|f| f.address_map())
+        .map_err(|e| e.to_string())?
+        .slice_bytes();
+    let nbd = n
+        .nbd
+        .as_ref()
+        .map(|addr| nbd_listen(addr, i as u16, slice_bytes));
     let mut rb = Rollback::default();
     let pid = start_node(
         &exe,
@@ -660,6 +731,7 @@ pub fn restart(a: SanRestartArgs) -> Result<(), String> {
         &n.log,
         &state.san_file,
         i as u16,
+        nbd.as_ref(),
         &mut rb,
     )?;
     state.nodes[i].pid = pid;
@@ -743,6 +815,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             "socket": n.socket,
                             "image": n.image,
                             "log": n.log,
+                            "nbd": n.nbd,
                         })
                     })
                     .collect()

@@ -10,8 +10,13 @@
 //!   as checked parsing and encoding.
 //! - [`server`]: listeners, fixed newstyle negotiation, and the
 //!   transmission phase on a channel per connection.
+//! - [`client`]: a minimal client (GO, read, write, flush), the initiator
+//!   of the distributed sort's iSCSI-like path.
 
+pub mod client;
 pub mod proto;
 pub mod server;
+
+pub use client::NbdClient;
 
 pub use server::{negotiate, Export, Listen, NbdServer, Negotiated};

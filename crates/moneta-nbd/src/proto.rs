@@ -239,6 +239,52 @@ pub fn parse_request(b: &[u8; REQUEST_BYTES]) -> Result<RequestHeader, ProtoErro
     })
 }
 
+/// A request header's 28 bytes (the client's side of [`parse_request`]).
+pub fn encode_request(h: &RequestHeader) -> [u8; REQUEST_BYTES] {
+    let mut b = [0u8; REQUEST_BYTES];
+    b[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&h.flags.to_be_bytes());
+    b[6..8].copy_from_slice(&h.kind.to_be_bytes());
+    b[8..16].copy_from_slice(&h.cookie.to_be_bytes());
+    b[16..24].copy_from_slice(&h.offset.to_be_bytes());
+    b[24..28].copy_from_slice(&h.length.to_be_bytes());
+    b
+}
+
+/// A client's option: `IHAVEOPT`, the option, its data's length and data.
+pub fn option_request(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut m = IHAVEOPT.to_be_bytes().to_vec();
+    m.extend_from_slice(&option.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    m
+}
+
+/// An option reply's 20-byte header: (option, reply type, data length).
+pub fn parse_option_reply(b: &[u8; 20]) -> Result<(u32, u32, u32), ProtoError> {
+    let magic = u64::from_be_bytes(b[0..8].try_into().expect("8"));
+    if magic != REPLY_MAGIC {
+        return Err(bad(format!("option reply magic {magic:#x}")));
+    }
+    Ok((
+        u32::from_be_bytes(b[8..12].try_into().expect("4")),
+        u32::from_be_bytes(b[12..16].try_into().expect("4")),
+        u32::from_be_bytes(b[16..20].try_into().expect("4")),
+    ))
+}
+
+/// A simple reply's 16 bytes: (error, cookie).
+pub fn parse_simple_reply(b: &[u8; 16]) -> Result<(u32, u64), ProtoError> {
+    let magic = u32::from_be_bytes(b[0..4].try_into().expect("4"));
+    if magic != SIMPLE_REPLY_MAGIC {
+        return Err(bad(format!("simple reply magic {magic:#x}")));
+    }
+    Ok((
+        u32::from_be_bytes(b[4..8].try_into().expect("4")),
+        u64::from_be_bytes(b[8..16].try_into().expect("8")),
+    ))
+}
+
 /// What to do with a request whose header parsed: either serve it, or
 /// answer it with an error right away (the payload of a write, if any, has
 /// to be read and dropped first). `size` is the export's, `read_only` its
@@ -475,6 +521,28 @@ mod tests {
             ),
             Err(EOVERFLOW)
         );
+    }
+
+    #[test]
+    fn client_encodings_round_trip_through_the_server_parsers() {
+        let h = RequestHeader {
+            flags: CMD_FLAG_FUA,
+            kind: CMD_WRITE,
+            cookie: 0x0102_0304_0506_0708,
+            offset: 1 << 40,
+            length: 4096,
+        };
+        assert_eq!(parse_request(&encode_request(&h)), Ok(h));
+        let reply: [u8; 16] = simple_reply(EIO, 9);
+        assert_eq!(parse_simple_reply(&reply), Ok((EIO, 9)));
+        let opt = option_reply(OPT_GO, REP_ACK, &[]);
+        assert_eq!(
+            parse_option_reply(&opt[..20].try_into().unwrap()),
+            Ok((OPT_GO, REP_ACK, 0))
+        );
+        let o = option_request(OPT_GO, b"xy");
+        assert_eq!(o.len(), 16 + 2);
+        assert_eq!(&o[..8], &IHAVEOPT.to_be_bytes());
     }
 
     #[test]

@@ -925,11 +925,7 @@ mod tests {
     }
 
     fn option(kind: u32, data: &[u8]) -> Vec<u8> {
-        let mut m = proto::IHAVEOPT.to_be_bytes().to_vec();
-        m.extend_from_slice(&kind.to_be_bytes());
-        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        m.extend_from_slice(data);
-        m
+        proto::option_request(kind, data)
     }
 
     fn go(name: &str) -> Vec<u8> {

@@ -360,16 +360,13 @@ impl Client {
 
     /// Send an option and read replies up to the final one; its type.
     fn option(&mut self, option: u32, data: &[u8]) -> u32 {
-        let mut m = proto::IHAVEOPT.to_be_bytes().to_vec();
-        m.extend_from_slice(&option.to_be_bytes());
-        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        m.extend_from_slice(data);
-        self.s.write_all(&m).unwrap();
+        self.s
+            .write_all(&proto::option_request(option, data))
+            .unwrap();
         loop {
             let mut h = [0u8; 20];
             self.s.read_exact(&mut h).unwrap();
-            let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
-            let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+            let (_, kind, len) = proto::parse_option_reply(&h).unwrap();
             let mut d = vec![0u8; len as usize];
             self.s.read_exact(&mut d).unwrap();
             if kind != proto::REP_INFO
@@ -390,12 +387,14 @@ impl Client {
         length: u32,
         payload: &[u8],
     ) {
-        let mut m = proto::REQUEST_MAGIC.to_be_bytes().to_vec();
-        m.extend_from_slice(&flags.to_be_bytes());
-        m.extend_from_slice(&kind.to_be_bytes());
-        m.extend_from_slice(&cookie.to_be_bytes());
-        m.extend_from_slice(&offset.to_be_bytes());
-        m.extend_from_slice(&length.to_be_bytes());
+        let mut m = proto::encode_request(&proto::RequestHeader {
+            flags,
+            kind,
+            cookie,
+            offset,
+            length,
+        })
+        .to_vec();
         m.extend_from_slice(payload);
         self.s.write_all(&m).unwrap();
     }
@@ -601,4 +600,37 @@ fn flushed_and_fua_writes_are_in_the_image_file() {
         image[3 * MIB as usize..3 * MIB as usize + 4096] == b[..],
         "FUA write not in the image"
     );
+}
+
+#[test]
+fn the_crate_client_reads_what_it_wrote_and_is_refused_cleanly() {
+    use moneta_nbd::NbdClient;
+    let mut rng = Rng(seed() | 1);
+    let s = Server::start(null(8 * MIB), &["moneta", "tail:4M:4M"]);
+    let stream = UnixStream::connect(&s.socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut c = NbdClient::negotiate(stream, "tail").unwrap();
+    assert_eq!(c.size(), 4 * MIB);
+    assert!(!c.read_only());
+    let data = rng.bytes(300_000);
+    c.write(12_345, &data).unwrap();
+    c.flush().unwrap();
+    let mut back = vec![0u8; data.len()];
+    c.read(12_345, &mut back).unwrap();
+    assert!(back == data);
+    // Past the export's end: the server's error, as a value.
+    let e = c.write(4 * MIB - 1, &[1, 2]).unwrap_err();
+    assert!(e.contains("error 28"), "{e}");
+    c.disconnect();
+    // The whole device sees the write at the export's offset.
+    let mut all = NbdClient::negotiate(UnixStream::connect(&s.socket).unwrap(), "moneta").unwrap();
+    let mut b = vec![0u8; 100];
+    all.read(4 * MIB + 12_345, &mut b).unwrap();
+    assert!(b[..] == data[..100]);
+    let e = NbdClient::negotiate(UnixStream::connect(&s.socket).unwrap(), "nosuch")
+        .err()
+        .unwrap();
+    assert!(e.contains("refused"), "{e}");
 }

@@ -51,7 +51,7 @@ use moneta_model::device::packet::{PacketHeader, PacketKind};
 use moneta_model::device::pipeline::{PayloadSource, CMD_WRITE, CTRL_DEGRADED};
 use moneta_model::units::Ns;
 use moneta_wire::reliable::PeerState;
-use moneta_wire::{Endpoint, Transport, WireEvent};
+use moneta_wire::{Endpoint, Transport, WireError, WireEvent};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The TAG of a resync write (never a request index: those are below the
@@ -89,6 +89,8 @@ pub struct PortStats {
     /// Packets the wire would not take (the peer failed) or whose segment
     /// had already given up on them.
     pub packets_dropped: u64,
+    /// Turns a packet waited because its peer's window was full.
+    pub window_waits: u64,
     /// Arrivals left on the wire for a turn because the receive packet
     /// buffer was full.
     pub rx_buffer_waits: u64,
@@ -250,13 +252,16 @@ impl<C: StampClock> DeviceThread<C> {
             }
             let routes = self.driver.device().port().expect("a port").routes.clone();
             if state.port.dirty.is_clean(peer) {
-                if state.resyncing.keys().any(|&(p, _)| p == peer) || !state.announced.insert(peer)
+                if state.resyncing.keys().any(|&(p, _)| p == peer)
+                    || state.announced.contains(&peer)
                 {
                     continue;
                 }
-                worked = true;
                 let header = self.header_to(peer, PacketKind::WriteCompletion, 0, SYNC_DONE_TAG, 0);
-                let _ = state.port.endpoint.send(now, peer, header, &[]);
+                if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
+                    worked = true;
+                    state.announced.insert(peer);
+                }
                 continue;
             }
             let in_flight = state.resyncing.keys().filter(|&&(p, _)| p == peer).count();
@@ -480,6 +485,14 @@ impl<C: StampClock> DeviceThread<C> {
                     state.stats.packets_sent += 1;
                     state.stats.payload_bytes_sent += bytes as u64;
                 }
+                Err(WireError::WindowFull { .. }) => {
+                    // The session's window is full: the packet waits (the
+                    // port's one link sends in order), taken again next turn.
+                    state.stats.window_waits += 1;
+                    state.outgoing.push_front((now, p));
+                    break;
+                }
+                // A failed peer: the model fails or re-routes what waits on it.
                 Err(_) => state.stats.packets_dropped += 1,
             }
         }

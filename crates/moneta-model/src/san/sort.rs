@@ -37,11 +37,21 @@ pub type Record = [u8; RECORD_BYTES];
 /// The paper's input: 102.4 GB.
 pub const PAPER_INPUT_BYTES: u64 = 102_400_000_000;
 
-/// `n` records with uniformly random keys and values.
+/// `n` records with uniformly random keys and values: records `0..n` of
+/// the data set of `seed` (see [`generate_records_at`]).
 pub fn generate_records(n: usize, seed: u64) -> Vec<Record> {
-    let mut rng = Rng::new(seed);
-    (0..n)
-        .map(|_| {
+    generate_records_at(seed, 0, n)
+}
+
+/// Records `first..first + n` of the data set of `seed`. Record `k` comes
+/// from its own random stream (`Rng::stream(seed, k)`), as gensort derives
+/// each record from its index: any node can generate its slice of the
+/// input without the others', and the data does not depend on how many
+/// nodes share it.
+pub fn generate_records_at(seed: u64, first: u64, n: usize) -> Vec<Record> {
+    (first..first + n as u64)
+        .map(|k| {
+            let mut rng = Rng::stream(seed, k);
             let mut r = [0u8; RECORD_BYTES];
             for chunk in r.chunks_mut(8) {
                 let v = rng.next_u64().to_le_bytes();
@@ -290,6 +300,8 @@ mod tests {
             .windows(2)
             .all(|w| w[0][..KEY_BYTES] <= w[1][..KEY_BYTES]));
         assert_eq!(generate_records(10, 5), generate_records(10, 5));
+        // Any slice of the data set is the same records, however it is cut.
+        assert_eq!(generate_records_at(5, 3, 4), generate_records(7, 5)[3..]);
     }
 
     fn setup(interface: Interface, centralized: bool, input_bytes: u64) -> SortSetup {
