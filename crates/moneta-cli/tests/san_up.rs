@@ -373,6 +373,88 @@ fn remote_reads_and_writes_move_real_bytes_between_hosts() {
             "n{i}: {p:?}"
         );
     }
+
+    // Item 5: a lossy, corrupting, reordering link on every node; the
+    // checksummed data still crosses without an error.
+    for node in ["n0", "n1", "n2"] {
+        ok(&moneta(&[
+            "san",
+            "fault",
+            "--name",
+            &san.0,
+            "--node",
+            node,
+            "drop=1%,corrupt=0.1%,reorder=5%,reorder-us=50,duplicate=0.5%",
+        ]));
+    }
+    for k in 0..60u64 {
+        let len = [4096u64, 8192, 65536][k as usize % 3];
+        let addr = next(&mut rng) % (global - len);
+        let mut data = vec![0u8; len as usize];
+        fill(&mut rng, &mut data);
+        let (writer, reader) = ((k % 3) as usize, ((k + 1) % 3) as usize);
+        clients[writer]
+            .write(addr, &data)
+            .expect("a write over a lossy link");
+        let mut got = vec![0u8; len as usize];
+        clients[reader]
+            .read(addr, &mut got)
+            .expect("a read over a lossy link");
+        assert!(
+            got == data,
+            "{len} B at {addr}: n{reader} read other bytes than n{writer} wrote"
+        );
+    }
+    let retransmits: u64 = clients.iter().map(|c| port_stats(c).retransmits).sum();
+    let crc_errors: u64 = clients.iter().map(|c| port_stats(c).crc_errors).sum();
+    eprintln!("lossy links: {retransmits} retransmissions, {crc_errors} corrupt frames dropped");
+    assert!(retransmits > 0, "1% loss caused no retransmission");
+    for node in ["n0", "n1", "n2"] {
+        ok(&moneta(&[
+            "san", "fault", "--name", &san.0, "--node", node, "none",
+        ]));
+    }
+
+    // A partition makes requests to the cut-off host fail cleanly (no
+    // replica: unmirrored), and healing it makes them work again.
+    ok(&moneta(&[
+        "san",
+        "fault",
+        "--name",
+        &san.0,
+        "--node",
+        "n1",
+        "partition",
+    ]));
+    let at = (16 << 20) + 4096;
+    let mut buf = vec![0u8; 4096];
+    let started = std::time::Instant::now();
+    let err = clients[0]
+        .read(at, &mut buf)
+        .expect_err("a read from a partitioned host succeeded");
+    assert!(
+        err.to_string().contains("unreachable") && started.elapsed().as_secs() < 10,
+        "{err} after {:?}",
+        started.elapsed()
+    );
+    ok(&moneta(&[
+        "san", "fault", "--name", &san.0, "--node", "n1", "none",
+    ]));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match clients[0].read(at, &mut buf) {
+            Ok(()) => break,
+            Err(e) => assert!(
+                std::time::Instant::now() < deadline,
+                "still failing 10 s after healing: {e}"
+            ),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        buf == shadow[at as usize..at as usize + 4096],
+        "n1's data changed across the partition"
+    );
 }
 
 /// Issue 12 item 6: kill -9 of a mirrored node under a write load; reads
