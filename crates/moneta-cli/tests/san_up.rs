@@ -29,6 +29,7 @@ fn refused(o: &Output, needle: &str) {
 }
 
 use common::root;
+use moneta_model::kernel::rng::Rng;
 
 /// A SAN name unique to this test and process; `down --purge` on drop.
 struct San(String);
@@ -278,34 +279,30 @@ fn bad_requests_are_refused_and_leave_nothing() {
     refused(&moneta(&["san", "down", "--name", "x/../y"]), "a-z and 0-9");
 }
 
-/// A seed from MONETA_SEED or the clock, printed so a failure can be rerun.
 fn seed() -> u64 {
-    let seed = std::env::var("MONETA_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (MONETA_SEED={seed} reruns it)");
-    seed
+    moneta_model::kernel::rng::seed_from_env("MONETA_SEED")
 }
 
-/// xorshift64*: the test's own generator.
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    state.wrapping_mul(0x2545_F491_4F6C_DD1D)
+/// `moneta san fault` on `node`'s link.
+fn fault(san: &San, node: &str, faults: &str) {
+    ok(&moneta(&[
+        "san", "fault", "--name", &san.0, "--node", node, faults,
+    ]));
 }
 
-fn fill(state: &mut u64, buf: &mut [u8]) {
-    for chunk in buf.chunks_mut(8) {
-        let v = next(state).to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
+/// Three 16 MiB nodes up (with `extra` arguments), or None without root.
+fn up_three(tag: &str, extra: &[&str]) -> Option<San> {
+    if !root() {
+        eprintln!("skipped: needs root");
+        return None;
     }
+    let san = San::new(tag);
+    let mut args = vec![
+        "san", "up", "--nodes", "3", "--size", "16M", "--name", &san.0,
+    ];
+    args.extend_from_slice(extra);
+    ok(&moneta(&args));
+    Some(san)
 }
 
 fn client(san: &San, node: u16) -> moneta::Moneta {
@@ -324,31 +321,26 @@ fn port_stats(m: &moneta::Moneta) -> moneta_emu::engine::PortStats {
 /// requests that span two hosts' slices.
 #[test]
 fn remote_reads_and_writes_move_real_bytes_between_hosts() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    let Some(san) = up_three("r", &[]) else {
         return;
-    }
-    let san = San::new("r");
-    ok(&moneta(&[
-        "san", "up", "--nodes", "3", "--size", "16M", "--name", &san.0,
-    ]));
+    };
     let clients: Vec<_> = (0..3).map(|i| client(&san, i)).collect();
     let global = clients[0].capacity_bytes();
     assert_eq!(global, 48 << 20, "three 16 MiB slices");
-    let mut rng = seed() | 1;
+    let mut rng = Rng::new(seed());
     let mut shadow = vec![0u8; global as usize];
     let mut written = Vec::new();
     for k in 0..90 {
         let len = [512u64, 4096, 8192, 65536, 12_345][k % 5];
         let addr = if k % 9 == 0 {
             // Across a slice boundary: two hosts in one request.
-            (16 << 20) * (1 + next(&mut rng) % 2) - len / 2
+            (16 << 20) * (1 + rng.next_u64() % 2) - len / 2
         } else {
-            next(&mut rng) % (global - len)
+            rng.next_u64() % (global - len)
         };
         let mut data = vec![0u8; len as usize];
-        fill(&mut rng, &mut data);
-        let writer = (next(&mut rng) % 3) as usize;
+        rng.fill(&mut data);
+        let writer = (rng.next_u64() % 3) as usize;
         clients[writer]
             .write(addr, &data)
             .unwrap_or_else(|e| panic!("write of {len} B at {addr} through n{writer}: {e}"));
@@ -377,21 +369,17 @@ fn remote_reads_and_writes_move_real_bytes_between_hosts() {
     // Item 5: a lossy, corrupting, reordering link on every node; the
     // checksummed data still crosses without an error.
     for node in ["n0", "n1", "n2"] {
-        ok(&moneta(&[
-            "san",
-            "fault",
-            "--name",
-            &san.0,
-            "--node",
+        fault(
+            &san,
             node,
             "drop=1%,corrupt=0.1%,reorder=5%,reorder-us=50,duplicate=0.5%",
-        ]));
+        );
     }
     for k in 0..60u64 {
         let len = [4096u64, 8192, 65536][k as usize % 3];
-        let addr = next(&mut rng) % (global - len);
+        let addr = rng.next_u64() % (global - len);
         let mut data = vec![0u8; len as usize];
-        fill(&mut rng, &mut data);
+        rng.fill(&mut data);
         let (writer, reader) = ((k % 3) as usize, ((k + 1) % 3) as usize);
         clients[writer]
             .write(addr, &data)
@@ -410,22 +398,12 @@ fn remote_reads_and_writes_move_real_bytes_between_hosts() {
     eprintln!("lossy links: {retransmits} retransmissions, {crc_errors} corrupt frames dropped");
     assert!(retransmits > 0, "1% loss caused no retransmission");
     for node in ["n0", "n1", "n2"] {
-        ok(&moneta(&[
-            "san", "fault", "--name", &san.0, "--node", node, "none",
-        ]));
+        fault(&san, node, "none");
     }
 
     // A partition makes requests to the cut-off host fail cleanly (no
     // replica: unmirrored), and healing it makes them work again.
-    ok(&moneta(&[
-        "san",
-        "fault",
-        "--name",
-        &san.0,
-        "--node",
-        "n1",
-        "partition",
-    ]));
+    fault(&san, "n1", "partition");
     let at = (16 << 20) + 4096;
     let mut buf = vec![0u8; 4096];
     let started = std::time::Instant::now();
@@ -437,9 +415,7 @@ fn remote_reads_and_writes_move_real_bytes_between_hosts() {
         "{err} after {:?}",
         started.elapsed()
     );
-    ok(&moneta(&[
-        "san", "fault", "--name", &san.0, "--node", "n1", "none",
-    ]));
+    fault(&san, "n1", "none");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match clients[0].read(at, &mut buf) {
@@ -462,14 +438,9 @@ fn remote_reads_and_writes_move_real_bytes_between_hosts() {
 /// dirty maps, and no acknowledged write is lost on any copy.
 #[test]
 fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    let Some(san) = up_three("m", &["--mirror"]) else {
         return;
-    }
-    let san = San::new("m");
-    ok(&moneta(&[
-        "san", "up", "--nodes", "3", "--mirror", "--size", "16M", "--name", &san.0,
-    ]));
+    };
     let global = client(&san, 0).capacity_bytes();
     assert_eq!(global, 24 << 20);
     const BLOCK: u64 = 4096;
@@ -479,9 +450,8 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
     // The last acknowledged version of each block written (0: never).
     let acked = std::sync::Mutex::new(std::collections::HashMap::<u64, u64>::new());
     let content = |block: u64, version: u64| {
-        let mut s = (block << 32 | version) ^ seed | 1;
         let mut b = vec![0u8; BLOCK as usize];
-        fill(&mut s, &mut b);
+        Rng::new((block << 32 | version) ^ seed).fill(&mut b);
         b
     };
     let pid = |node: usize| san.status()["nodes"][node]["pid"].as_u64().unwrap() as i32;
@@ -496,11 +466,11 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
         let _stop = Stop(&stop);
         let writer = scope.spawn(|| {
             let c = client(&san, 0);
-            let mut rng = seed | 1;
+            let mut rng = Rng::new(seed);
             let mut version = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 version += 1;
-                let block = next(&mut rng) % blocks;
+                let block = rng.next_u64() % blocks;
                 c.write(block * BLOCK, &content(block, version))
                     .unwrap_or_else(|e| panic!("write {version} to block {block}: {e}"));
                 acked.lock().unwrap().insert(block, version);

@@ -23,17 +23,7 @@ use std::time::{Duration, Instant};
 const MIB: u64 = 1 << 20;
 
 fn seed() -> u64 {
-    let s = std::env::var("MONETA_NBD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {s} (MONETA_NBD_SEED={s} replays it)");
-    s
+    moneta_model::kernel::rng::seed_from_env("MONETA_NBD_SEED")
 }
 
 struct Rng(u64);

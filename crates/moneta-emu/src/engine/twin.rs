@@ -361,17 +361,7 @@ impl TwinDevice for Simulated {
 }
 
 fn seed() -> u64 {
-    let seed = std::env::var("MONETA_TWIN_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("twin seed {seed} (MONETA_TWIN_SEED={seed} replays it)");
-    seed
+    moneta_model::kernel::rng::seed_from_env("MONETA_TWIN_SEED")
 }
 
 #[test]
