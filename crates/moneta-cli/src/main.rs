@@ -21,6 +21,7 @@ mod nvmm;
 mod output;
 mod plot;
 mod san;
+mod san_bench;
 mod san_sort;
 mod san_up;
 mod sort_worker;

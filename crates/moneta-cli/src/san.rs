@@ -48,6 +48,9 @@ pub enum SanCommand {
     /// Inject faults into a node's link at run time: drop, corrupt,
     /// duplicate, reorder, delay, partition; `none` heals.
     Fault(crate::san_up::SanFaultArgs),
+    /// Local against remote access on a SAN that is up, through node 0's
+    /// daemon, beside the simulator's prediction (issue 12 item 8).
+    Bench(crate::san_bench::SanBenchArgs),
     /// The distributed sort (SPEC §4.4) for real: one worker per host on a
     /// SAN (or N workers on one daemon), validated, timed, and next to the
     /// simulator's prediction.
@@ -288,6 +291,7 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Status(a) => crate::san_up::status(a),
         SanCommand::Restart(a) => crate::san_up::restart(a),
         SanCommand::Fault(a) => crate::san_up::fault(a),
+        SanCommand::Bench(a) => crate::san_bench::run(a),
         SanCommand::Sort(a) => crate::san_sort::run(*a),
         SanCommand::SortWorker(a) => crate::sort_worker::run(a),
     }
