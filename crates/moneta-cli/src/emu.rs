@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// Spin this long without work before the device thread starts napping.
     #[arg(long, default_value_t = 2000)]
     idle_spin_us: u64,
+    /// With --san: spin this long idle before napping (a frame or a client
+    /// wakes the nap); longer is faster and takes a core per daemon.
+    #[arg(long, default_value_t = moneta_emu::engine::SAN_IDLE_SPIN_NS / 1000)]
+    san_idle_spin_us: u64,
     /// Fault in this many bytes of the medium at start (benchmarks then do
     /// not measure first-touch page faults).
     #[arg(long, default_value_t = 0)]
@@ -167,6 +171,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     let options = EngineOptions {
         seed: a.model.seed,
         idle_spin_ns: a.idle_spin_us.saturating_mul(1000),
+        san_idle_spin_ns: a.san_idle_spin_us.saturating_mul(1000),
         populate_bytes: a.populate_bytes,
         post_ahead_ns: a.post_ahead_ns,
         ..EngineOptions::default()

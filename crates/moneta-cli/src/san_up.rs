@@ -94,6 +94,11 @@ pub struct SanUpArgs {
     /// of `moneta san sort --via nbd`.
     #[arg(long)]
     nbd_port: Option<u16>,
+    /// How long each daemon's device thread spins idle before it naps (a
+    /// frame or a client wakes it): on a machine with a core per daemon and
+    /// client, a large value gives the lowest latency.
+    #[arg(long, default_value_t = moneta_emu::engine::SAN_IDLE_SPIN_NS / 1000)]
+    idle_spin_us: u64,
 }
 
 #[derive(Args)]
@@ -151,6 +156,8 @@ pub(crate) struct SanState {
     sets: Vec<String>,
     #[serde(default)]
     size: u64,
+    #[serde(default = "default_idle_spin_us")]
+    idle_spin_us: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -378,7 +385,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             &exe,
             &ns,
             &preset,
-            &a.sets,
+            &daemon_args(&a.sets, a.idle_spin_us),
             size,
             &socket,
             &image,
@@ -409,6 +416,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         nodes,
         sets: a.sets.clone(),
         size,
+        idle_spin_us: a.idle_spin_us,
     };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
     let path = dir.join("state.json");
@@ -457,12 +465,27 @@ fn nbd_listen(addr: &str, i: u16, slice_bytes: u64) -> NbdListen {
     }
 }
 
+fn default_idle_spin_us() -> u64 {
+    moneta_emu::engine::SAN_IDLE_SPIN_NS / 1000
+}
+
+/// What a node's daemon is started with besides its place in the SAN:
+/// the preset overrides and the idle spin.
+fn daemon_args(sets: &[String], idle_spin_us: u64) -> Vec<String> {
+    let mut args: Vec<String> = sets
+        .iter()
+        .flat_map(|kv| ["--set".to_string(), kv.clone()])
+        .collect();
+    args.extend(["--san-idle-spin-us".to_string(), idle_spin_us.to_string()]);
+    args
+}
+
 #[allow(clippy::too_many_arguments)]
 fn start_node(
     exe: &Path,
     ns: &str,
     preset: &str,
-    sets: &[String],
+    daemon_args: &[String],
     size: u64,
     socket: &Path,
     image: &Path,
@@ -481,9 +504,7 @@ fn start_node(
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns]).arg(exe).arg("serve");
     cmd.args(["--preset", preset]);
-    for kv in sets {
-        cmd.arg("--set").arg(kv);
-    }
+    cmd.args(daemon_args);
     cmd.arg("--set")
         .arg(format!("device.capacity_bytes={size}"))
         .arg("--image")
@@ -724,7 +745,7 @@ pub fn restart(a: SanRestartArgs) -> Result<(), String> {
         &exe,
         &n.netns,
         &n.preset,
-        &state.sets,
+        &daemon_args(&state.sets, state.idle_spin_us),
         state.size,
         &n.socket,
         &n.image,

@@ -56,9 +56,11 @@
 //!
 //! A SAN node ([`Engine::start_san`], QuickSAN, SPEC §4) has the model's
 //! network port on a real wire (`engine/port.rs`): channel addresses are
-//! global, each turn also moves the port's frames and bytes, and an idle
-//! device thread naps at most `SAN_MAX_NAP_NS` so that peers' requests are
-//! not held for long.
+//! global, and each turn also moves the port's frames and bytes. Idle, the
+//! device thread of a SAN node spins only `SAN_IDLE_SPIN_NS` before it naps
+//! (several daemons share this machine's cores), and a watcher thread
+//! sleeping in poll(2) on the link rings the doorbell when a frame comes
+//! while it naps.
 
 use crate::channel::{
     self, ChannelMemory, Doorbell, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES,
@@ -98,9 +100,13 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 /// left completions late here; README "Fidelity").
 pub const DEFAULT_POST_AHEAD_NS: u64 = 1000;
 
-/// The longest nap of a SAN node's idle device thread: a peer's request
-/// that arrives meanwhile waits for its end.
+/// The longest nap of a SAN node's idle device thread (frames usually wake
+/// it at once through the watcher; those a fault injector holds back wait
+/// for the end of the nap).
 pub const SAN_MAX_NAP_NS: u64 = 200_000;
+/// How long a SAN node's device thread spins idle before it naps, by
+/// default (`EngineOptions::san_idle_spin_ns`).
+pub const SAN_IDLE_SPIN_NS: u64 = 50_000;
 
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
@@ -123,6 +129,8 @@ pub struct EngineOptions {
     /// Fault in the first this-many bytes of the medium before starting, so
     /// that benchmarks do not measure the kernel's first-touch page faults.
     pub populate_bytes: u64,
+    /// A SAN node's `idle_spin_ns` (several daemons share the cores).
+    pub san_idle_spin_ns: u64,
 }
 
 impl Default for EngineOptions {
@@ -133,6 +141,7 @@ impl Default for EngineOptions {
             max_nap_ns: 100_000_000,
             post_ahead_ns: DEFAULT_POST_AHEAD_NS,
             populate_bytes: 0,
+            san_idle_spin_ns: SAN_IDLE_SPIN_NS,
         }
     }
 }
@@ -249,6 +258,10 @@ struct Shared {
     kernel_sleeping: AtomicBool,
     /// The device thread naps on it; clients and the control plane ring it.
     doorbell: Doorbell,
+    /// The device thread is napping; `nap_word` changes when it starts or
+    /// ends a nap (the wire watcher sleeps on it meanwhile).
+    napping: AtomicBool,
+    nap_word: AtomicU32,
 }
 
 impl Shared {
@@ -278,6 +291,8 @@ impl Shared {
             interrupt_word: AtomicU32::new(0),
             kernel_sleeping: AtomicBool::new(false),
             doorbell,
+            napping: AtomicBool::new(false),
+            nap_word: AtomicU32::new(0),
         }))
     }
 }
@@ -338,6 +353,23 @@ impl Engine {
             .as_ref()
             .map_or(config.device.capacity_bytes, |p| p.routes.global_bytes());
         let shared = Shared::new(config, medium, address_space_bytes)?;
+        // The watcher polls its own descriptor of the link.
+        let wire_fd = match port.as_ref().and_then(|p| p.endpoint.transport().wait_fd()) {
+            // SAFETY: dup(2) of a descriptor the endpoint holds open.
+            Some(fd) => match unsafe { libc::dup(fd) } {
+                -1 => {
+                    return Err(EmuError::io(
+                        "dup of the link's descriptor",
+                        std::io::Error::last_os_error(),
+                    ))
+                }
+                // SAFETY: a fresh descriptor we own.
+                d => Some(unsafe {
+                    <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(d)
+                }),
+            },
+            None => None,
+        };
         let device = DeviceThread::new(shared.clone(), &options, WallClock::new(), port)?;
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -351,6 +383,13 @@ impl Engine {
             "moneta-interrupt",
             Box::new(move || kernel_role(&kernel_shared)),
         )?);
+        if let Some(fd) = wire_fd {
+            let watcher_shared = shared.clone();
+            threads.push(spawn(
+                "moneta-wire-watch",
+                Box::new(move || wire_watcher(&watcher_shared, &fd)),
+            )?);
+        }
         Ok(Engine { shared, threads })
     }
 
@@ -468,6 +507,8 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.doorbell.ring();
+        self.shared.nap_word.fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(&self.shared.nap_word);
         self.shared.interrupt_word.fetch_add(1, Ordering::Release);
         sys::futex_wake_all(&self.shared.interrupt_word);
         for t in self.threads.drain(..) {
@@ -547,11 +588,12 @@ impl<C: StampClock> DeviceThread<C> {
             max_len_bytes: DMA_BUFFER_BYTES as u64,
         };
         debug_assert!(CommandFormat::Channel.max_len_bytes() >= limits.max_len_bytes);
-        let (driver, port, max_nap_ns) = match san {
+        let (driver, port, max_nap_ns, idle_spin_ns) = match san {
             None => (
                 DeviceDriver::with_channels(config, options.seed, CHANNELS as u16),
                 None,
                 options.max_nap_ns,
+                options.idle_spin_ns,
             ),
             Some(san) => {
                 let timing = moneta_model::san::fabric::FabricTiming::derive(&config.network)
@@ -567,6 +609,7 @@ impl<C: StampClock> DeviceThread<C> {
                     driver,
                     Some(port::PortState::new(san, timing.nic_tx_ns)),
                     options.max_nap_ns.min(SAN_MAX_NAP_NS),
+                    options.san_idle_spin_ns,
                 )
             }
         };
@@ -580,7 +623,7 @@ impl<C: StampClock> DeviceThread<C> {
             channels: (0..CHANNELS).map(|_| None).collect(),
             active: Vec::new(),
             round_robin: RoundRobin::default(),
-            idle_spin_ns: options.idle_spin_ns,
+            idle_spin_ns,
             max_nap_ns,
             post_ahead_ns: options.post_ahead_ns,
             in_flight_total: 0,
@@ -603,7 +646,11 @@ impl<C: StampClock> DeviceThread<C> {
             }
             let now = self.clock.now();
             let worked = self.turn(now);
-            let port_busy = self.port.as_ref().is_some_and(|p| !p.is_quiet());
+            // A SAN node waits for its peers' answers spinning.
+            let port_busy = self
+                .port
+                .as_ref()
+                .is_some_and(|p| !p.is_quiet() || self.in_flight_total > 0);
             if worked || port_busy || !self.driver.is_idle() {
                 // Busy: go round again at once (no pause: it would add its
                 // ~50 ns to every completion's lateness).
@@ -638,7 +685,12 @@ impl<C: StampClock> DeviceThread<C> {
         self.post_finished();
         if !worked {
             self.stats.naps += 1;
+            shared.napping.store(true, Ordering::SeqCst);
+            shared.nap_word.fetch_add(1, Ordering::SeqCst);
+            sys::futex_wake_all(&shared.nap_word);
             sys::futex_wait(doorbell.word(), rung, Some(self.max_nap_ns));
+            shared.napping.store(false, Ordering::SeqCst);
+            shared.nap_word.fetch_add(1, Ordering::SeqCst);
         }
         for &id in &self.active {
             let ch = self.channels[id as usize].as_ref().expect("active");
@@ -1090,6 +1142,32 @@ impl<C: StampClock> DeviceThread<C> {
         });
         ch.in_flight_count += 1;
         self.in_flight_total += 1;
+    }
+}
+
+/// A SAN node's wire watcher: while the device thread naps, sleep in
+/// poll(2) on the link and ring the doorbell when a frame comes; while it
+/// works, sleep until its next nap.
+fn wire_watcher(shared: &Shared, fd: &std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    while !shared.stop.load(Ordering::Acquire) {
+        let seen = shared.nap_word.load(Ordering::SeqCst);
+        if !shared.napping.load(Ordering::SeqCst) {
+            sys::futex_wait(&shared.nap_word, seen, Some(100_000_000));
+            continue;
+        }
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a bounded wait.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if ready > 0 && shared.napping.load(Ordering::SeqCst) {
+            shared.doorbell.ring();
+            // Until the nap it ends is over (or the next begins).
+            sys::futex_wait(&shared.nap_word, seen, Some(10_000_000));
+        }
     }
 }
 

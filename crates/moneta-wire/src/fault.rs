@@ -366,6 +366,9 @@ impl<T: Transport> Transport for Faulty<T> {
     fn mtu_bytes(&self) -> usize {
         self.inner.mtu_bytes()
     }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.wait_fd()
+    }
 
     fn local_mac(&self) -> Mac {
         self.inner.local_mac()

@@ -391,6 +391,9 @@ impl Transport for PacketSocket {
     fn mtu_bytes(&self) -> usize {
         self.mtu_bytes
     }
+    fn wait_fd(&self) -> Option<RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
 
     fn local_mac(&self) -> Mac {
         self.local_mac

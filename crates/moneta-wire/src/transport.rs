@@ -39,6 +39,11 @@ pub trait Transport {
         now_ns: u64,
         buf: &mut [u8],
     ) -> Result<Option<(PeerId, usize)>, WireError>;
+    /// A descriptor that polls readable when a frame may be waiting, for a
+    /// receiver that sleeps while idle (poll(2) on it); None if there is none.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {
@@ -63,6 +68,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
         buf: &mut [u8],
     ) -> Result<Option<(PeerId, usize)>, WireError> {
         (**self).poll_recv(now_ns, buf)
+    }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        (**self).wait_fd()
     }
 }
 

@@ -73,6 +73,9 @@ impl Transport for UdpTransport {
     fn mtu_bytes(&self) -> usize {
         self.mtu_bytes
     }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.socket.as_raw_fd())
+    }
 
     fn local_mac(&self) -> Mac {
         Mac::of_node(self.node)
