@@ -66,6 +66,14 @@ impl Cache {
         (set.len() >= self.ways).then(|| set[0])
     }
 
+    /// The block to evict now so that `block`'s set still has a free way
+    /// after `block` is filled (None with one way per set, which cannot
+    /// keep one free).
+    pub fn victim_after_fill(&self, block: u64) -> Option<u64> {
+        let set = &self.sets[self.set_of(block)];
+        (self.ways > 1 && set.len() + 1 >= self.ways).then(|| set[0])
+    }
+
     pub fn insert(&mut self, block: u64, dirty: bool) {
         debug_assert!(!self.is_resident(block));
         let s = self.set_of(block);
@@ -131,6 +139,7 @@ mod tests {
         c.insert(2, true);
         assert_eq!(c.victim_for(1), None, "block 1 maps to the other set");
         assert_eq!(c.victim_for(4), Some(0));
+        assert_eq!(c.victim_after_fill(1), None, "the other set is empty");
         c.touch(0);
         assert_eq!(c.victim_for(4), Some(2));
         assert_eq!(c.dirty_blocks(), vec![2]);
