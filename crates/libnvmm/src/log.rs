@@ -17,17 +17,10 @@
 //! committed state are never rewritten: a block freed since the last commit
 //! waits in `pending_free` until the next commit is durable. Freed blocks
 //! are punched out of the file (FALLOC_FL_PUNCH_HOLE).
-//!
-//! Without O_DIRECT (a file on tmpfs, or `direct_io` off) the file is also
-//! mapped read-only, 1 GB at a time on first use, so the fault handler can
-//! hand a segment's bytes to UFFDIO_COPY where they are ([`Log::segment_in_place`])
-//! instead of `pread`ing them into a staging buffer first: one system call
-//! and one 8 KB copy less per miss.
 
 use crate::entry::{Entry, FLASH_PAGES_PER_BLOCK, SEGMENTS_PER_PAGE};
 use crate::error::{ErrorKind, NvmmError, Result};
 use crate::tokens::Tokens;
-use std::cell::Cell;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -49,10 +42,6 @@ const RECORD_HEADER: usize = 64;
 const FORMAT_VERSION: u32 = 1;
 /// A full record is written after this many deltas, bounding recovery.
 const MAX_DELTAS: usize = 32;
-/// The read-only file mappings for in-place reads: 1 GB each, at most 64
-/// of them (segments beyond 64 GB of log are read with pread).
-const WINDOW_SHIFT: u32 = 30;
-const MAX_WINDOWS: usize = 64;
 
 /// CRC-32 (IEEE), bitwise-table form; enough for checkpoints and records.
 pub fn crc32(data: &[u8]) -> u32 {
@@ -137,10 +126,6 @@ pub struct Recovered {
 pub struct Log {
     file: File,
     direct: bool,
-    /// The file's size as this process wrote it (in-place reads stay below).
-    file_len: Cell<u64>,
-    /// Addresses of the read-only windows of the file (0: not mapped).
-    windows: Vec<usize>,
     pages: u64,
     tail_block: u64,
     free_blocks: Vec<u64>,
@@ -213,7 +198,7 @@ impl Log {
             name.push(format!(".format-{}", std::process::id()));
             let tmp = path.with_file_name(name);
             let (file, direct) = open_file(&tmp, want_direct)?;
-            let mut log = Log::with_file(file, direct, pages)?;
+            let mut log = Log::with_file(file, direct, pages);
             let made = log.format().and_then(|()| {
                 std::fs::rename(&tmp, path)
                     .map_err(|e| NvmmError::os(format!("rename to {}", path.display()), e))
@@ -238,28 +223,22 @@ impl Log {
                 path.display()
             )));
         }
-        let mut log = Log::with_file(file, direct, pages)?;
+        let mut log = Log::with_file(file, direct, pages);
         let recovered = log.recover(pages)?;
         Ok((log, recovered))
     }
 
-    fn with_file(file: File, direct: bool, pages: u64) -> Result<Log> {
-        let len = file
-            .metadata()
-            .map_err(|e| NvmmError::os("fstat the log", e))?
-            .len();
-        Ok(Log {
+    fn with_file(file: File, direct: bool, pages: u64) -> Log {
+        Log {
             file,
             direct,
-            file_len: Cell::new(len),
-            windows: Vec::new(),
             pages,
             tail_block: 0,
             free_blocks: Vec::new(),
             pending_free: Vec::new(),
             slot_seq: 0,
             chain: Vec::new(),
-        })
+        }
     }
 
     pub fn pages(&self) -> u64 {
@@ -272,10 +251,7 @@ impl Log {
     fn pwrite_all(&self, buf: &[u8], offset: u64) -> Result<()> {
         self.file
             .write_all_at(buf, offset)
-            .map_err(|e| NvmmError::os(format!("pwrite {} bytes at {offset}", buf.len()), e))?;
-        self.file_len
-            .set(self.file_len.get().max(offset + buf.len() as u64));
-        Ok(())
+            .map_err(|e| NvmmError::os(format!("pwrite {} bytes at {offset}", buf.len()), e))
     }
 
     /// Read `buf.len()` bytes at `offset`; bytes past the end read as zero.
@@ -542,49 +518,6 @@ impl Log {
         self.pread_full(buf, self.flash_page_offset(flash_page))
     }
 
-    /// Where the bytes of `flash_page` can be read in place (a read-only
-    /// mapping of the file), or None: with O_DIRECT, beyond what this
-    /// process wrote, beyond the windows, or if mapping fails (then
-    /// [`read_segment`](Self::read_segment) reads them). The pointer stays
-    /// valid until the log is dropped; the bytes change only when the flash
-    /// page is programmed again, which the caller orders.
-    pub fn segment_in_place(&mut self, flash_page: u64) -> Option<*const u8> {
-        let offset = self.flash_page_offset(flash_page);
-        let end = offset.checked_add(FLASH_PAGE_BYTES as u64)?;
-        if self.direct || end > self.file_len.get() {
-            return None;
-        }
-        let w = (offset >> WINDOW_SHIFT) as usize;
-        if w >= MAX_WINDOWS {
-            return None;
-        }
-        if self.windows.len() <= w {
-            self.windows.resize(w + 1, 0);
-        }
-        if self.windows[w] == 0 {
-            // Not MAP_POPULATE: mapping a whole window's pages up front
-            // took ~0.3 s here, longer than the misses it would speed up;
-            // UFFDIO_COPY faults each source page in as it reads it.
-            // SAFETY: a new shared read-only mapping of our own file; the
-            // kernel picks the address. Nothing writes through it.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    1 << WINDOW_SHIFT,
-                    libc::PROT_READ,
-                    libc::MAP_SHARED | libc::MAP_NORESERVE,
-                    self.file.as_raw_fd(),
-                    (w << WINDOW_SHIFT) as libc::off_t,
-                )
-            };
-            if p == libc::MAP_FAILED {
-                return None;
-            }
-            self.windows[w] = p as usize;
-        }
-        Some((self.windows[w] + (offset & ((1 << WINDOW_SHIFT) - 1)) as usize) as *const u8)
-    }
-
     /// Program one flash page. `data` must be FLASH_PAGE_BYTES long and,
     /// for O_DIRECT, 4 KB aligned (a cache block of the region is).
     pub fn write_segment(&self, flash_page: u64, data: &[u8]) -> Result<()> {
@@ -676,16 +609,6 @@ impl Log {
     /// Whether the next commit should be a full record.
     pub fn wants_full(&self, delta_entries: usize, present_entries: usize) -> bool {
         self.chain.len() > MAX_DELTAS || delta_entries >= present_entries
-    }
-}
-
-impl Drop for Log {
-    fn drop(&mut self) {
-        for &w in self.windows.iter().filter(|&&w| w != 0) {
-            // SAFETY: a window mapped by segment_in_place; the region's
-            // handler, the only user of its pointers, has stopped.
-            unsafe { libc::munmap(w as *mut libc::c_void, 1 << WINDOW_SHIFT) };
-        }
     }
 }
 
