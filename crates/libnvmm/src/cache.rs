@@ -5,7 +5,8 @@
 //! loads and stores, which is the point), so "LRU" orders blocks by their
 //! last fill or dirtying: within a set it is FIFO-with-dirtying, not the
 //! hardware's true LRU. The region keeps one way per set free (it evicts
-//! right after a fill), so a miss does not wait for an eviction.
+//! during a fill's flash wait, or right after the fill), so a miss does not
+//! wait for an eviction.
 
 pub const RESIDENT: u8 = 1;
 pub const DIRTY: u8 = 2;
