@@ -96,6 +96,14 @@ fn bench() -> Result<(), String> {
         "  library: {library_rate:>10.0} updates/s, hit rate {library_hit:.3}, {misses} misses, flash time charged {:.1} µs per miss",
         modeled_ns as f64 / misses.max(1) as f64 / 1e3
     );
+    println!(
+        "  library work in the timed loop: {} write-protect faults, {} write-backs, {} evictions; GC merged {} chains and copied {} segments",
+        after.write_protect_faults - before.write_protect_faults,
+        after.write_backs - before.write_backs,
+        after.evictions - before.evictions,
+        after.gc.chains_merged - before.gc.chains_merged,
+        after.gc.segments_copied - before.gc.segments_copied
+    );
     let within = (ratio - 1.0).abs() <= 0.10;
     println!(
         "  library / model: {ratio:.2}× (goal: within 10%): {}",

@@ -5,7 +5,8 @@
 //! loads and stores, which is the point), so "LRU" orders blocks by their
 //! last fill or dirtying: within a set it is FIFO-with-dirtying, not the
 //! hardware's true LRU. The region keeps one way per set free (it evicts
-//! right after a fill), so a miss does not wait for an eviction.
+//! during a fill's flash wait, or right after the fill), so a miss does not
+//! wait for an eviction.
 
 pub const RESIDENT: u8 = 1;
 pub const DIRTY: u8 = 2;
@@ -64,6 +65,14 @@ impl Cache {
     pub fn victim_for(&self, block: u64) -> Option<u64> {
         let set = &self.sets[self.set_of(block)];
         (set.len() >= self.ways).then(|| set[0])
+    }
+
+    /// The block to evict now so that `block`'s set still has a free way
+    /// after `block` is filled (None with one way per set, which cannot
+    /// keep one free).
+    pub fn victim_after_fill(&self, block: u64) -> Option<u64> {
+        let set = &self.sets[self.set_of(block)];
+        (self.ways > 1 && set.len() + 1 >= self.ways).then(|| set[0])
     }
 
     pub fn insert(&mut self, block: u64, dirty: bool) {
@@ -131,6 +140,7 @@ mod tests {
         c.insert(2, true);
         assert_eq!(c.victim_for(1), None, "block 1 maps to the other set");
         assert_eq!(c.victim_for(4), Some(0));
+        assert_eq!(c.victim_after_fill(1), None, "the other set is empty");
         c.touch(0);
         assert_eq!(c.victim_for(4), Some(2));
         assert_eq!(c.dirty_blocks(), vec![2]);

@@ -11,6 +11,18 @@
 
 use crate::units::Ns;
 
+/// Up to this many live intervals, [`Calendar::fit`] scans instead of
+/// searching.
+const LINEAR_SCAN_MAX: usize = 16;
+
+/// Where a reservation would go: its start, and the position in the list
+/// that [`Calendar::book_at`] puts it at (found once, used twice).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Fit {
+    pub start_ns: Ns,
+    at: usize,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Calendar {
     /// Intervals from `head` on are live; those before it ended already
@@ -25,23 +37,28 @@ impl Calendar {
     /// Returns the reservation's start.
     #[inline]
     pub fn reserve(&mut self, now_ns: Ns, earliest_ns: Ns, duration_ns: Ns) -> Ns {
-        let start = self.first_fit(now_ns, earliest_ns, duration_ns);
-        self.book(start, duration_ns);
-        start
+        self.prune(now_ns);
+        let fit = self.fit(earliest_ns, duration_ns);
+        self.book_at(fit, duration_ns);
+        fit.start_ns
     }
 
     /// Drop intervals that ended by `now_ns`.
     #[inline]
     pub fn prune(&mut self, now_ns: Ns) {
-        while self.head < self.busy.len() && self.busy[self.head].1 <= now_ns {
-            self.head += 1;
+        let len = self.busy.len();
+        let mut head = self.head;
+        while head < len && self.busy[head].1 <= now_ns {
+            head += 1;
         }
-        if self.head == self.busy.len() {
+        if head == len {
             self.busy.clear();
             self.head = 0;
-        } else if self.head >= 64 {
-            self.busy.drain(..self.head);
+        } else if head >= 64 {
+            self.busy.drain(..head);
             self.head = 0;
+        } else {
+            self.head = head;
         }
     }
 
@@ -49,13 +66,33 @@ impl Calendar {
     #[inline]
     pub fn first_fit(&mut self, now_ns: Ns, earliest_ns: Ns, duration_ns: Ns) -> Ns {
         self.prune(now_ns);
+        self.fit(earliest_ns, duration_ns).start_ns
+    }
+
+    /// The first gap of `duration_ns` at or after `earliest_ns` among the
+    /// intervals left by the last [`prune`](Self::prune).
+    #[inline]
+    pub fn fit(&self, earliest_ns: Ns, duration_ns: Ns) -> Fit {
+        let len = self.busy.len();
         // Common case: nothing booked after `earliest_ns`.
         if self.last_end() <= earliest_ns {
-            return earliest_ns;
+            return Fit {
+                start_ns: earliest_ns,
+                at: len,
+            };
         }
         let live = &self.busy[self.head..];
         let mut start = earliest_ns;
-        let mut at = live.partition_point(|&(_, end)| end <= start);
+        // Intervals do not overlap, so their ends are sorted too: the first
+        // one still busy at `start`. The live list is short (the work in
+        // flight), so a scan beats a binary search until it is not.
+        let mut at = if live.len() <= LINEAR_SCAN_MAX {
+            live.iter()
+                .position(|&(_, end)| end > start)
+                .unwrap_or(live.len())
+        } else {
+            live.partition_point(|&(_, end)| end <= start)
+        };
         while at < live.len() {
             let (b_start, b_end) = live[at];
             if start + duration_ns <= b_start {
@@ -64,29 +101,69 @@ impl Calendar {
             start = start.max(b_end);
             at += 1;
         }
-        start
+        Fit {
+            start_ns: start,
+            at: self.head + at,
+        }
     }
 
     /// Book `[start, start + duration)`, which must be free.
     #[inline]
     pub fn book(&mut self, start_ns: Ns, duration_ns: Ns) {
+        if self.last_end() <= start_ns {
+            return self.book_at(
+                Fit {
+                    start_ns,
+                    at: self.busy.len(),
+                },
+                duration_ns,
+            );
+        }
+        // Before the first interval that starts at or after `start_ns`;
+        // bookings are made near the end, so scan from there.
+        let mut at = self.busy.len();
+        while at > self.head && self.busy[at - 1].0 >= start_ns {
+            at -= 1;
+        }
+        self.book_at(Fit { start_ns, at }, duration_ns);
+    }
+
+    /// Book `duration_ns` where [`fit`](Self::fit) found room, with no
+    /// booking or pruning since.
+    #[inline]
+    pub fn book_at(&mut self, fit: Fit, duration_ns: Ns) {
         if duration_ns == 0 {
             return;
         }
-        if self.last_end() <= start_ns {
-            self.busy.push((start_ns, start_ns + duration_ns));
-            return;
+        let interval = (fit.start_ns, fit.start_ns + duration_ns);
+        let (len, at) = (self.busy.len(), fit.at);
+        debug_assert!(self.head <= at && at <= len);
+        debug_assert!(
+            at == self.head || self.busy[at - 1].1 <= interval.0,
+            "overlap"
+        );
+        debug_assert!(at == len || interval.1 <= self.busy[at].0, "overlap");
+        if at == len {
+            self.busy.push(interval);
+        } else if self.head > 0 && at - self.head < len - at {
+            // Move whichever side is shorter by one slot: the live
+            // intervals before `at` down into the dropped slot below
+            // `head`, or those after it up (a handful of moves, no call
+            // into memmove).
+            for i in self.head..at {
+                self.busy[i - 1] = self.busy[i];
+            }
+            self.head -= 1;
+            self.busy[at - 1] = interval;
+        } else {
+            self.busy.push(interval);
+            let mut i = len;
+            while i > at {
+                self.busy[i] = self.busy[i - 1];
+                i -= 1;
+            }
+            self.busy[at] = interval;
         }
-        let at = self.head + self.busy[self.head..].partition_point(|&(s, _)| s < start_ns);
-        debug_assert!(
-            at == self.head || self.busy[at - 1].1 <= start_ns,
-            "overlap"
-        );
-        debug_assert!(
-            at == self.busy.len() || start_ns + duration_ns <= self.busy[at].0,
-            "overlap"
-        );
-        self.busy.insert(at, (start_ns, start_ns + duration_ns));
     }
 
     /// When the last booked interval ends (0 if none).

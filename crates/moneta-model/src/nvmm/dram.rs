@@ -26,6 +26,9 @@ pub struct DramTiming {
     latest_now_ns: Ns,
     line_bytes: u64,
     line_transfer_ns: Ns,
+    /// A DRAM cache block (a flash page): fills and write-backs.
+    block_bytes: u64,
+    block_transfer_ns: Ns,
     /// Bytes moved, for reports.
     pub bytes: u64,
 }
@@ -45,6 +48,8 @@ impl DramTiming {
             latest_now_ns: 0,
             line_bytes: d.line_bytes,
             line_transfer_ns: transfer_ns(d.line_bytes, d.channel_bytes_per_s),
+            block_bytes: config.flash.page_bytes,
+            block_transfer_ns: transfer_ns(config.flash.page_bytes, d.channel_bytes_per_s),
             bytes: 0,
         }
     }
@@ -81,40 +86,44 @@ impl DramTiming {
         } else {
             self.latency_ns_read
         };
+        // The two sizes of every simulated access, computed once (no
+        // floating point per access).
         let transfer = if bytes == self.line_bytes {
             self.line_transfer_ns
+        } else if bytes == self.block_bytes {
+            self.block_transfer_ns
         } else {
             transfer_ns(bytes, self.bytes_per_s)
         };
         self.latest_now_ns = self.latest_now_ns.max(now_ns);
         let now = self.latest_now_ns;
-        let mut start = start_ns.max(now);
+        let start = start_ns.max(now);
+        let (bank, bus) = (&mut self.banks[bank], &mut self.buses[channel]);
+        bank.prune(now);
+        bus.prune(now);
         // The bank from `start`, the bus from `start + latency`: find a start
-        // where both are free.
-        let mut found = false;
-        self.banks[bank].prune(now);
-        self.buses[channel].prune(now);
-        if self.banks[bank].last_end() <= start && self.buses[channel].last_end() <= start + latency
-        {
-            // Nothing booked ahead on either: free now (the loop would say so).
-            found = true;
-        }
-        for _ in 0..if found { 0 } else { 8 } {
-            start = self.banks[bank].first_fit(now, start, latency + transfer);
-            let bus = self.buses[channel].first_fit(now, start + latency, transfer);
-            if bus == start + latency {
-                found = true;
+        // where both are free (at once when nothing is booked ahead).
+        let mut bank_fit = bank.fit(start, latency + transfer);
+        let mut bus_fit = bus.fit(bank_fit.start_ns + latency, transfer);
+        let mut tries = 1;
+        while bus_fit.start_ns != bank_fit.start_ns + latency {
+            if tries == 8 {
+                // Give up on gaps: after everything booked on both.
+                let start = (bus_fit.start_ns - latency)
+                    .max(bank.last_end())
+                    .max(bus.last_end().saturating_sub(latency));
+                bank_fit = bank.fit(start, latency + transfer);
+                bus_fit = bus.fit(start + latency, transfer);
+                debug_assert_eq!(bus_fit.start_ns, bank_fit.start_ns + latency);
                 break;
             }
-            start = bus - latency;
+            tries += 1;
+            bank_fit = bank.fit(bus_fit.start_ns - latency, latency + transfer);
+            bus_fit = bus.fit(bank_fit.start_ns + latency, transfer);
         }
-        if !found {
-            start = start
-                .max(self.banks[bank].last_end())
-                .max(self.buses[channel].last_end().saturating_sub(latency));
-        }
-        self.banks[bank].book(start, latency + transfer);
-        self.buses[channel].book(start + latency, transfer);
+        bank.book_at(bank_fit, latency + transfer);
+        bus.book_at(bus_fit, transfer);
+        let start = bank_fit.start_ns;
         self.bytes += bytes;
         start + latency + transfer
     }

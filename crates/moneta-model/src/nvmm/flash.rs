@@ -108,25 +108,7 @@ impl FlashGeometry {
 
     /// The channel, die, plane and block of a flash page.
     pub fn locate(&self, flash_page: u64) -> FlashLocation {
-        let page = flash_page % self.pages();
-        let block = (page / u64::from(self.pages_per_block)) as u32;
-        let page_in_block = (page % u64::from(self.pages_per_block)) as u32;
-        let mut plane = block / self.blocks_per_plane;
-        if self.layout == Layout::Interleaved {
-            // Page j of a block on plane P is on plane P + j: a bijection
-            // for each (block in plane, page) pair.
-            plane = (plane + page_in_block) % self.planes();
-        }
-        // Plane numbers: channel fastest, then volume, die, plane in die.
-        let channel = plane % self.channels;
-        let die = plane % self.dies();
-        FlashLocation {
-            channel,
-            die,
-            plane,
-            block,
-            page_in_block,
-        }
+        Locator::new(*self).locate(flash_page)
     }
 
     /// A logical page number spread over the planes: consecutive numbers
@@ -139,6 +121,85 @@ impl FlashGeometry {
         let within = logical / planes; // page index within the plane
         let per_plane = u64::from(self.blocks_per_plane) * u64::from(self.pages_per_block);
         plane * per_plane + within
+    }
+}
+
+/// A divisor, as a shift and a mask when it is a power of two (every
+/// preset's shape): `locate` runs on every flash operation, and a 64-bit
+/// division costs tens of cycles.
+#[derive(Copy, Clone, Debug)]
+struct Divisor {
+    value: u64,
+    shift: Option<u32>,
+}
+
+impl Divisor {
+    fn new(value: u64) -> Self {
+        Divisor {
+            value,
+            shift: value.is_power_of_two().then(|| value.trailing_zeros()),
+        }
+    }
+    #[inline]
+    fn div(self, x: u64) -> u64 {
+        match self.shift {
+            Some(s) => x >> s,
+            None => x / self.value,
+        }
+    }
+    #[inline]
+    fn rem(self, x: u64) -> u64 {
+        match self.shift {
+            Some(_) => x & (self.value - 1),
+            None => x % self.value,
+        }
+    }
+}
+
+/// [`FlashGeometry::locate`] with its divisors prepared once.
+#[derive(Copy, Clone, Debug)]
+struct Locator {
+    interleaved: bool,
+    pages: Divisor,
+    pages_per_block: Divisor,
+    blocks_per_plane: Divisor,
+    planes: Divisor,
+    channels: Divisor,
+    dies: Divisor,
+}
+
+impl Locator {
+    fn new(g: FlashGeometry) -> Self {
+        Locator {
+            interleaved: g.layout == Layout::Interleaved,
+            pages: Divisor::new(g.pages()),
+            pages_per_block: Divisor::new(g.pages_per_block.into()),
+            blocks_per_plane: Divisor::new(g.blocks_per_plane.into()),
+            planes: Divisor::new(g.planes().into()),
+            channels: Divisor::new(g.channels.into()),
+            dies: Divisor::new(g.dies().into()),
+        }
+    }
+
+    #[inline]
+    fn locate(&self, flash_page: u64) -> FlashLocation {
+        let page = self.pages.rem(flash_page);
+        let block = self.pages_per_block.div(page);
+        let page_in_block = self.pages_per_block.rem(page);
+        let mut plane = self.blocks_per_plane.div(block);
+        if self.interleaved {
+            // Page j of a block on plane P is on plane P + j: a bijection
+            // for each (block in plane, page) pair.
+            plane = self.planes.rem(plane + page_in_block);
+        }
+        // Plane numbers: channel fastest, then volume, die, plane in die.
+        FlashLocation {
+            channel: self.channels.rem(plane) as u32,
+            die: self.dies.rem(plane) as u32,
+            plane: plane as u32,
+            block: block as u32,
+            page_in_block: page_in_block as u32,
+        }
     }
 }
 
@@ -211,12 +272,16 @@ struct Die {
 #[derive(Clone, Debug)]
 pub struct FlashTiming {
     geometry: FlashGeometry,
+    locator: Locator,
     read_ns: Ns,
     program_ns: Ns,
     erase_ns: Ns,
     command_ns: Ns,
     ftl_ns: Ns,
     channel_bytes_per_s: f64,
+    /// A whole page and the critical 64 B on a channel, computed once.
+    page_transfer_ns: Ns,
+    critical_transfer_ns: Ns,
     latest_now_ns: Ns,
     ftl_free_ns: Ns,
     ftl_last_departure_ns: Ns,
@@ -234,12 +299,15 @@ impl FlashTiming {
         let geometry = FlashGeometry::new(config);
         FlashTiming {
             geometry,
+            locator: Locator::new(geometry),
             read_ns: f.read_ns,
             program_ns: f.program_ns,
             erase_ns: f.erase_ns,
             command_ns: f.command_ns,
             ftl_ns: f.ftl_ns,
             channel_bytes_per_s: f.onfi.bytes_per_s(),
+            page_transfer_ns: transfer_ns(f.page_bytes, f.onfi.bytes_per_s()),
+            critical_transfer_ns: transfer_ns(f.page_bytes.min(64), f.onfi.bytes_per_s()),
             latest_now_ns: 0,
             ftl_free_ns: 0,
             ftl_last_departure_ns: 0,
@@ -268,7 +336,19 @@ impl FlashTiming {
     /// A lone read of a whole page on an idle subsystem: command, array
     /// read, transfer (the hardware floor of a miss).
     pub fn idle_read_ns(&self, bytes: u64) -> Ns {
-        self.ftl_ns + self.command_ns + self.read_ns + transfer_ns(bytes, self.channel_bytes_per_s)
+        self.ftl_ns + self.command_ns + self.read_ns + self.transfer_ns(bytes)
+    }
+
+    /// `bytes` (at most a page) on a channel.
+    #[inline]
+    fn transfer_ns(&self, bytes: u64) -> Ns {
+        if bytes == self.geometry.page_bytes {
+            self.page_transfer_ns
+        } else if bytes == 64.min(self.geometry.page_bytes) {
+            self.critical_transfer_ns
+        } else {
+            transfer_ns(bytes, self.channel_bytes_per_s)
+        }
     }
 
     /// Read `bytes` (at most a page) of `flash_page`, the request arriving
@@ -289,7 +369,7 @@ impl FlashTiming {
         bytes: u64,
     ) -> FlashRead {
         let now = self.arrive(now_ns, arrival_ns);
-        let at = self.geometry.locate(flash_page);
+        let at = self.locator.locate(flash_page);
         let depart = self.through_ftl(now, at.die);
         let plane = &self.planes[at.plane as usize];
         let die = &self.dies[at.die as usize];
@@ -302,7 +382,7 @@ impl FlashTiming {
         let to_cache_register = array_done.max(plane.cache_register_free_ns);
         plane.array_free_ns = to_cache_register;
         let bytes = bytes.clamp(1, self.geometry.page_bytes);
-        let transfer = transfer_ns(bytes, self.channel_bytes_per_s);
+        let transfer = self.transfer_ns(bytes);
         let start = self.channels[at.channel as usize].reserve(
             self.latest_now_ns,
             to_cache_register,
@@ -313,9 +393,10 @@ impl FlashTiming {
         self.stats.reads += 1;
         self.stats.bytes_read += bytes;
         self.stats.channel_busy_ns += transfer + self.command_ns;
-        self.stats.queue_wait_ns += (done - now).saturating_sub(self.idle_read_ns(bytes));
+        self.stats.queue_wait_ns +=
+            (done - now).saturating_sub(self.ftl_ns + self.command_ns + self.read_ns + transfer);
         FlashRead {
-            critical_ns: start + transfer_ns(bytes.min(64), self.channel_bytes_per_s),
+            critical_ns: start + self.transfer_ns(bytes.min(64)),
             done_ns: done,
         }
     }
@@ -335,7 +416,7 @@ impl FlashTiming {
         bytes: u64,
     ) -> Ns {
         let now = self.arrive(now_ns, arrival_ns);
-        let at = self.geometry.locate(flash_page);
+        let at = self.locator.locate(flash_page);
         let depart = self.through_ftl(now, at.die);
         let plane = &self.planes[at.plane as usize];
         let die = &self.dies[at.die as usize];
@@ -343,7 +424,7 @@ impl FlashTiming {
             .max(die.last_issue_ns)
             .max(plane.cache_register_free_ns);
         let bytes = bytes.clamp(1, self.geometry.page_bytes);
-        let transfer = transfer_ns(bytes, self.channel_bytes_per_s);
+        let transfer = self.transfer_ns(bytes);
         let start = self.channels[at.channel as usize].reserve(
             self.latest_now_ns,
             ready,
@@ -372,7 +453,7 @@ impl FlashTiming {
     /// [`erase_block`](Self::erase_block) arriving at `arrival_ns` ≥ `now_ns`.
     pub fn erase_block_at(&mut self, now_ns: Ns, arrival_ns: Ns, flash_page: u64) -> Ns {
         let now = self.arrive(now_ns, arrival_ns);
-        let at = self.geometry.locate(flash_page);
+        let at = self.locator.locate(flash_page);
         let depart = self.through_ftl(now, at.die);
         let plane = &self.planes[at.plane as usize];
         let ready = depart

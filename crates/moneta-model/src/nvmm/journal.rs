@@ -353,22 +353,42 @@ impl Journal {
     ) -> Result<Ns, OutOfSpace> {
         let upper = self.table.len() - self.virtual_pages as usize;
         let target = (upper / 16).max(1);
-        let mut chains: Vec<(u16, u32)> = self
-            .chain_len
-            .iter()
-            .enumerate()
-            .filter(|&(_, &l)| l > 1)
-            .map(|(v, &l)| (l, v as u32))
-            .collect();
-        chains.sort_unstable_by_key(|&(l, v)| (std::cmp::Reverse(l), v));
         let mut done = now;
-        for (_, vpn) in chains {
+        for vpn in self.chains_longest_first() {
             if self.free_entries.len() >= target {
                 break;
             }
             done = done.max(self.consolidate(now, vpn.into(), false, flash.as_deref_mut())?);
         }
         Ok(done)
+    }
+
+    /// Pages with more than one version, longest chain first, then by
+    /// page number: a counting sort (chain lengths are a few versions; a
+    /// comparison sort of every page was a visible share of a run).
+    fn chains_longest_first(&self) -> Vec<u32> {
+        let longest = self.chain_len.iter().copied().max().unwrap_or(0) as usize;
+        // next[l]: where the next page with a chain of l goes.
+        let mut next = vec![0usize; longest + 2];
+        for &l in &self.chain_len {
+            if l > 1 {
+                next[l as usize] += 1;
+            }
+        }
+        let mut at = 0;
+        for l in (2..=longest).rev() {
+            let count = next[l];
+            next[l] = at;
+            at += count;
+        }
+        let mut order = vec![0u32; at];
+        for (vpn, &l) in self.chain_len.iter().enumerate() {
+            if l > 1 {
+                order[next[l as usize]] = vpn as u32;
+                next[l as usize] += 1;
+            }
+        }
+        order
     }
 
     /// Read the current segments of `vpn` and write them as one version,
