@@ -572,6 +572,9 @@ struct DeviceThread<C: StampClock = WallClock> {
     device_time: Breakdown,
     /// A SAN node's network port on its wire.
     port: Option<port::PortState>,
+    /// The (offset, device address, bytes) runs of the command being
+    /// accepted that this device holds (kept to avoid an allocation).
+    runs: Vec<(u64, u64, u64)>,
 }
 
 impl<C: StampClock> DeviceThread<C> {
@@ -616,6 +619,7 @@ impl<C: StampClock> DeviceThread<C> {
         Ok(DeviceThread {
             driver,
             port,
+            runs: Vec::with_capacity(4),
             // A turn may finish each physical tag more than once.
             finished: Vec::with_capacity(4 * config.device.tags as usize),
             tree_step_ns: config.direct.tree_step_ns,
@@ -1095,11 +1099,13 @@ impl<C: StampClock> DeviceThread<C> {
         // The runs of the request this device holds: all of it, or on a
         // SAN node the parts of the global range with a copy here (the
         // rest moves through the port, `engine/port.rs`).
-        let mut runs = [(0u64, cmd.addr.0, cmd.len_bytes); 1].to_vec();
-        if let Some(port) = self.driver.device().port() {
-            runs.clear();
-            port.routes
-                .local_runs(cmd.addr.0, cmd.len_bytes, |o, l, b| runs.push((o, l, b)));
+        let mut runs = std::mem::take(&mut self.runs);
+        runs.clear();
+        match self.driver.device().port() {
+            Some(port) => port
+                .routes
+                .local_runs(cmd.addr.0, cmd.len_bytes, |o, l, b| runs.push((o, l, b))),
+            None => runs.push((0, cmd.addr.0, cmd.len_bytes)),
         }
         // Retag → protection → (the data copy) → the model's queues.
         let accepted = self.driver.submit_channel(at, channel, tag, request, || {
@@ -1118,6 +1124,7 @@ impl<C: StampClock> DeviceThread<C> {
                 moved.is_ok()
             })
         });
+        self.runs = runs;
         if let Err(refusal) = accepted {
             let code = match refusal {
                 ChannelRefusal::MissingRecord { .. } => ResultCode::MissingRecord,
