@@ -347,6 +347,13 @@ impl<C: StampClock> DeviceThread<C> {
     fn take_arrivals(&mut self, state: &mut PortState, now: Ns) -> bool {
         let mut worked = false;
         while let Some((from, header)) = state.port.endpoint.peek() {
+            if !self.driver.port_can_hold(&header) {
+                // Larger than the whole receive buffer: malformed, dropped.
+                state.port.endpoint.recv(|_, _, _| ());
+                state.stats.packets_dropped += 1;
+                worked = true;
+                continue;
+            }
             if !self.driver.port_has_room(&header) {
                 state.stats.rx_buffer_waits += 1;
                 break;

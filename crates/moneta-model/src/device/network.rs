@@ -489,6 +489,10 @@ impl PauseGauge {
         self.occupancy_bytes + bytes <= self.capacity_bytes
     }
 
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_bytes
+    }
+
     pub fn max_occupancy_bytes(&self) -> u64 {
         self.max_occupancy_bytes
     }
