@@ -541,3 +541,35 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
     eprintln!("{n} blocks checked on n1's resynced copies alone");
     assert!(n > 0);
 }
+
+/// Split brain: a partition with writers on both sides of a mirrored
+/// slice. On healing each side learns that the other also wrote alone, and
+/// neither overwrites the other (no silent last-writer-wins).
+#[test]
+fn a_partition_with_writers_on_both_sides_is_detected_as_split_brain() {
+    let Some(san) = up_three("s", &["--mirror"]) else {
+        return;
+    };
+    let (c0, c1) = (client(&san, 0), client(&san, 1));
+    // Slice 0: primary on n0, replica on n1.
+    c0.write(0, &[1u8; 4096]).unwrap();
+    fault(&san, "n1", "partition");
+    c0.write(4096, &[2u8; 4096]).expect("n0 writes on alone");
+    c1.write(8192, &[3u8; 4096]).expect("n1 writes on alone");
+    assert!(port_stats(&c0).dirty_bytes > 0 && port_stats(&c1).dirty_bytes > 0);
+    fault(&san, "n1", "none");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let (s0, s1) = (port_stats(&c0), port_stats(&c1));
+        if s0.split_brain_peers == [1] && s1.split_brain_peers == [0] {
+            // Nothing was resynced over the other side's writes.
+            assert!(s0.dirty_bytes > 0 && s1.dirty_bytes > 0, "{s0:?} {s1:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "split brain not seen in 15 s: {s0:?} {s1:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -96,6 +96,11 @@ impl DirtyMap {
         }
     }
 
+    /// Granules `node` misses.
+    pub fn granules(&self, node: u16) -> u64 {
+        self.missed.get(&node).map_or(0, |s| s.len() as u64)
+    }
+
     pub fn is_clean(&self, node: u16) -> bool {
         !self.missed.contains_key(&node)
     }

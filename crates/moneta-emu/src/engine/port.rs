@@ -59,6 +59,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 pub const RESYNC_TAG: u16 = u16::MAX;
 /// The TAG of a completion that tells a partner it is in sync with us.
 pub const SYNC_DONE_TAG: u16 = u16::MAX - 1;
+/// The TAG of a completion that tells a partner, each time it comes up,
+/// how many granules it missed here (its ADDR field).
+pub const MISSED_TAG: u16 = u16::MAX - 2;
 /// Resync writes in flight per peer at most.
 const RESYNC_WINDOW: usize = 16;
 /// The dirty map is saved at most this often while it changes.
@@ -106,6 +109,10 @@ pub struct PortStats {
     pub unsynced_partners: Vec<u16>,
     /// Saving the dirty map failed (the error), if it did.
     pub dirty_save_error: Option<String>,
+    /// Mirror partners that missed writes here while this node missed
+    /// writes there (both wrote degraded: a partition with writers on both
+    /// sides). Neither side resyncs the other automatically.
+    pub split_brain_peers: Vec<u16>,
     pub retransmits: u64,
     pub crc_errors: u64,
     pub pauses_sent: u64,
@@ -124,6 +131,12 @@ pub(super) struct PortState {
     resyncing: BTreeMap<(u16, u64), (u64, bool)>,
     /// Partners told they are in sync with us (since they were last up).
     announced: BTreeSet<u16>,
+    /// Partners told how many granules they missed here, and what each
+    /// said it holds for us, since they were last up.
+    told: BTreeSet<u16>,
+    heard: BTreeMap<u16, u64>,
+    /// Partners that missed writes here while we missed writes there.
+    split_brain: BTreeSet<u16>,
     last_save_ns: Ns,
 }
 
@@ -141,6 +154,9 @@ impl PortState {
             },
             resyncing: BTreeMap::new(),
             announced: BTreeSet::new(),
+            told: BTreeSet::new(),
+            heard: BTreeMap::new(),
+            split_brain: BTreeSet::new(),
             last_save_ns: 0,
         }
     }
@@ -177,6 +193,7 @@ impl PortState {
             })
             .collect();
         s.dirty_bytes = self.port.dirty.bytes();
+        s.split_brain_peers = self.split_brain.iter().copied().collect();
         let w = e.stats();
         s.retransmits = w.retransmits;
         s.crc_errors = w.crc_errors;
@@ -220,6 +237,9 @@ impl<C: StampClock> DeviceThread<C> {
                 }
             };
             state.announced.remove(&peer);
+            state.told.remove(&peer);
+            state.heard.remove(&peer);
+            state.split_brain.remove(&peer);
             state.resyncing.retain(|&(p, _), _| p != peer);
         }
         worked |= self.take_arrivals(&mut state, now);
@@ -250,7 +270,31 @@ impl<C: StampClock> DeviceThread<C> {
             if state.port.endpoint.peer_state(peer) != Some(PeerState::Up) {
                 continue;
             }
-            let routes = self.driver.device().port().expect("a port").routes.clone();
+            // Generations, DRBD-style: each side first says how much the
+            // other missed here; the side that wrote alone is the source.
+            if !state.told.contains(&peer) {
+                let missed = state.port.dirty.granules(peer);
+                let header =
+                    self.header_to(peer, PacketKind::WriteCompletion, missed, MISSED_TAG, 0);
+                if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
+                    worked = true;
+                    state.told.insert(peer);
+                }
+                continue;
+            }
+            let Some(&theirs) = state.heard.get(&peer) else {
+                continue;
+            };
+            if theirs > 0 && !state.port.dirty.is_clean(peer) {
+                if state.split_brain.insert(peer) {
+                    eprintln!(
+                        "monetad: split brain with node {peer}: it missed {} granules here and \
+                         this node missed {theirs} there; neither is resynced (moneta stats: san)",
+                        state.port.dirty.granules(peer)
+                    );
+                }
+                continue;
+            }
             if state.port.dirty.is_clean(peer) {
                 if state.resyncing.keys().any(|&(p, _)| p == peer)
                     || state.announced.contains(&peer)
@@ -268,6 +312,7 @@ impl<C: StampClock> DeviceThread<C> {
             if in_flight >= RESYNC_WINDOW {
                 continue;
             }
+            let routes = self.driver.device().port().expect("a port").routes.clone();
             for global in state.port.dirty.pending(peer, RESYNC_WINDOW * 4) {
                 if state.resyncing.len() >= RESYNC_WINDOW + in_flight {
                     break;
@@ -376,6 +421,10 @@ impl<C: StampClock> DeviceThread<C> {
                         state.stats.resync_granules += 1;
                     }
                 }
+                continue;
+            }
+            if h.kind == PacketKind::WriteCompletion && h.tag == MISSED_TAG {
+                state.heard.insert(from, h.addr);
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == SYNC_DONE_TAG {
