@@ -41,6 +41,11 @@
 //!   partner from that partner until the partner says it is in sync (the
 //!   direction of the resync: the partner that stayed up holds the newer
 //!   copies, and says which). A partner that is down is not waited for.
+//! - each time two partners meet, each first says how many granules the
+//!   other missed here (`MISSED_TAG`, DRBD's generations reduced to what
+//!   decides the direction): the side that wrote alone resyncs the other;
+//!   if both did (a partition with writers on both sides), that is split
+//!   brain: neither resyncs, and stats list the partner.
 
 use super::{DeviceThread, SLICE_BYTES};
 use crate::dirty::{DirtyMap, GRANULE_BYTES};
