@@ -753,7 +753,14 @@ impl Moneta {
             io.in_flight = false;
             match code {
                 ResultCode::Ok => return Ok(()),
-                ResultCode::MissingRecord if retries < MISS_RETRIES => {
+                // A record without the needed bit may be another of this
+                // channel's files over the same blocks (two descriptors of
+                // one file, read-only and read-write: the newest grant
+                // holds the range); the hard miss re-installs the grant
+                // that allows it, if any.
+                ResultCode::MissingRecord | ResultCode::PermissionDenied
+                    if retries < MISS_RETRIES =>
+                {
                     retries += 1;
                     self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
                     self.resolve(io.addr, io.len, io.op == Op::Write)?;
@@ -772,7 +779,7 @@ impl Moneta {
         io.in_flight = false;
         match code {
             ResultCode::Ok => Some(Ok(())),
-            ResultCode::MissingRecord => {
+            ResultCode::MissingRecord | ResultCode::PermissionDenied => {
                 self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
                 match self
                     .resolve(io.addr, io.len, io.op == Op::Write)
@@ -965,8 +972,14 @@ fn clock_reached(t: u64) -> bool {
 }
 
 fn request_error(io: &Io, code: ResultCode) -> EmuError {
+    // A refusal the hard miss could not mend means the grant is gone: the
+    // file library asks the control plane again (or uses the kernel).
+    let kind = match code {
+        ResultCode::MissingRecord | ResultCode::PermissionDenied => ErrorKind::Unauthorized,
+        _ => ErrorKind::Request,
+    };
     EmuError::new(
-        ErrorKind::Request,
+        kind,
         format!(
             "{} of {} B at {}: {}",
             io.op.as_str(),

@@ -15,7 +15,8 @@
 //!
 //! - **Growth goes through the kernel.** A write that touches a hole, an
 //!   unwritten extent or the end of the file is written whole through the
-//!   kernel (its page cache allocates, as for any program), and the pages it
+//!   kernel (never zeros over a "hole" that may hold another process's
+//!   unallocated data: README, "Direct-path contract") (its page cache allocates, as for any program), and the pages it
 //!   touched become this handle's *kernel pages*: this handle reads and
 //!   rewrites them through the kernel from then on, so the page cache stays
 //!   the one copy of them and nothing of it can be written back over direct
@@ -59,10 +60,6 @@ const FOLIO_MAX: u64 = 2 << 20;
 /// A request whose records keep being revoked under it is retried this
 /// often, then served by the kernel.
 const REVOKED_RETRIES: u32 = 8;
-/// Allocation granularity of writes into holes and unwritten extents
-/// inside a file (SPEC §3.4: "the library allocates 1 MB chunks").
-const CHUNK: u64 = 1 << 20;
-static ZEROS: [u8; CHUNK as usize] = [0; CHUNK as usize];
 /// At a sync, a handle's kernel pages go direct once the file is this big
 /// (or registered already): below it, registering would cost more than the
 /// kernel path saves.
@@ -473,20 +470,13 @@ impl MonetaFile {
             self.follow_epoch(m);
             let shared = self.kernel_writes.read().expect("kernel writes");
             let segments = self.plan(m, offset, end, attempt >= REVOKED_RETRIES)?;
-            if segments.iter().any(|s| s.kind.unallocated()) {
-                // A hole or unwritten extent inside the file (a sparse or
-                // preallocated file): allocate it in chunks through the
-                // kernel, then write directly (SPEC §3.4).
-                drop(shared);
-                self.allocate(m, offset, end)?;
-                attempt += 1;
-                if attempt > REVOKED_RETRIES {
-                    self.kernel_write(buf, offset, size)?;
-                    self.invalidate(offset, end);
-                    return Ok(buf.len());
-                }
-                continue;
-            }
+            // A hole or unwritten extent inside the file (a sparse or
+            // preallocated file) is written through the kernel, which
+            // allocates it. SPEC §3.4's library allocates 1 MB chunks by
+            // writing zeros there, but a chunk's "hole" may hold another
+            // process's data that the kernel has not allocated yet (delayed
+            // allocation, or a write racing with the map): zeros over it
+            // would lose that data. Only the caller's bytes are written.
             if !segments.iter().all(direct) {
                 drop(shared);
                 self.kernel_write(buf, offset, size)?;
@@ -682,48 +672,6 @@ impl MonetaFile {
             pages.clear();
         }
         written
-    }
-
-    /// Make the holes and unwritten extents of `[offset, end)` (inside the
-    /// file) written blocks: zeros through the kernel over the unallocated
-    /// parts only, in 1 MiB-aligned chunks never past the end of the file,
-    /// then a flush (so the file system's zeros cannot land on direct data
-    /// later) and a fresh map there (SPEC §3.4).
-    fn allocate(&self, m: &Moneta, offset: u64, end: u64) -> Result<(), EmuError> {
-        let _alone = self.kernel_writes.write().expect("kernel writes");
-        let size = self.len()?;
-        let from = offset / CHUNK * CHUNK;
-        let to = end.div_ceil(CHUNK).saturating_mul(CHUNK).min(size);
-        if from >= to {
-            return Ok(());
-        }
-        self.invalidate(from, to);
-        let mut fills: Vec<(u64, u64)> = Vec::new();
-        for s in self.plan(m, from, to, false)? {
-            if !s.kind.unallocated() {
-                continue;
-            }
-            match fills.last_mut() {
-                Some(last) if last.1 == s.logical => last.1 = s.end(),
-                _ => fills.push((s.logical, s.end())),
-            }
-        }
-        if fills.is_empty() {
-            return Ok(());
-        }
-        self.drop_cache(fills[0].0, fills[fills.len() - 1].1)?;
-        for &(a, b) in &fills {
-            let mut at = a;
-            while at < b {
-                let n = (b - at).min(CHUNK);
-                sys::pwrite_all(self.kernel_fd(), &ZEROS[..n as usize], at)
-                    .map_err(|e| EmuError::io("allocating through the kernel", e))?;
-                at += n;
-            }
-        }
-        sys::fdatasync(self.kernel_fd()).map_err(|e| EmuError::io("fdatasync of the file", e))?;
-        self.invalidate(from, to);
-        Ok(())
     }
 
     /// After direct writes, the kernel's clean cached pages of the file

@@ -159,6 +159,15 @@ pub struct FileTableStats {
     pub kernel_event_handler_ns_max: u64,
     pub layout_changes: u64,
     pub revocations: u64,
+    /// Reads through the kernel of held files (each revokes what it may
+    /// cache and drops stale cached pages first).
+    pub kernel_reads: u64,
+    /// Times stale clean pages of a held file were dropped before the
+    /// kernel used its cache.
+    pub cache_drops: u64,
+    /// Soft misses that granted nothing because the page cache held pages
+    /// of the range it could not drop (mapped, locked or dirtied meanwhile).
+    pub grants_refused_cached: u64,
 }
 
 /// Every channel's file grants, by inode.
@@ -318,6 +327,16 @@ impl FileTable {
                         if early && self.open_outside_the_shim(inode) {
                             st.blind = Some(Instant::now());
                         }
+                        // A mapping made before the watch faults pages in
+                        // unseen: the file is mapped from the start.
+                        if st.mapped.is_none() && sys::inode_mapped_anywhere(inode.dev, inode.ino) {
+                            if let Ok(keep) = sys::dup(file.raw_fd()) {
+                                st.mapped = Some(Mapped {
+                                    fd: keep,
+                                    checked: Instant::now(),
+                                });
+                            }
+                        }
                     }
                     Err(e) => eprintln!("monetad: {e}"),
                 }
@@ -414,6 +433,10 @@ impl FileTable {
                     std::thread::sleep(NEW_WATCH_GRACE - age);
                 }
             }
+            // The page cache of the window goes to the device first: no
+            // dirty page may lie under a direct write grant.
+            let (window_from, window_len) = folio_window(offset, len);
+            let _ = sys::write_back_range(reader.raw_fd(), window_from, window_len);
             let (extents, covered) = reader.read_extents(offset, len, capacity)?;
             drop(reader);
             let mut t = self.lock();
@@ -424,10 +447,27 @@ impl FileTable {
                 // blocks the file is losing.
                 continue;
             }
-            let limit = st.limit();
+            let mut limit = st.limit();
             let file = files
                 .get_mut(&(channel, file_id))
                 .ok_or_else(|| not_open(file_id))?;
+            // No cached page may lie under a grant: a direct write would
+            // make it stale, and the kernel might use it later (a partial
+            // buffered write, a mapping's write-back). Dropped here, under
+            // the lock every kernel access's report takes too; what cannot
+            // be dropped (mapped, locked, dirtied since) keeps the window
+            // on the kernel path.
+            if limit > offset && file.device_bytes().is_none() {
+                let fd = file.raw_fd();
+                let _ = sys::drop_cached_pages(fd, window_from, window_len);
+                match sys::cachestat(fd, offset, covered - offset) {
+                    Ok(c) if c.cached == 0 => {}
+                    _ => {
+                        limit = offset;
+                        self.stats.lock().expect("stats").grants_refused_cached += 1;
+                    }
+                }
+            }
             let (extents, updates) = file.grant(channel, offset, covered, extents, limit)?;
             // Applied under the lock: a revocation cannot slip between.
             self.engine.update_permissions(updates)?;
@@ -467,6 +507,10 @@ impl FileTable {
         let inode = file.inode();
         if let Some(st) = t.inodes.get_mut(&inode) {
             st.holders.remove(&(channel, file_id));
+            if st.holders.is_empty() {
+                // Unwatched from now on: no stale page may outlive the grants.
+                drop_stale_pages(file.raw_fd());
+            }
             if st.holders.is_empty() && st.watched_since.take().is_some() {
                 if let Some(w) = self.watcher() {
                     let _ = w.unwatch(file.raw_fd());
@@ -492,6 +536,23 @@ impl FileTable {
         from: u64,
         truncate_to: Option<u64>,
     ) -> Result<(), EmuError> {
+        self.begin_kernel_use(inode, owner, from, truncate_to, false)
+    }
+
+    /// The kernel is about to use the page cache of `inode` from byte
+    /// `from` on (a layout change, a write, or a read when `read`): every
+    /// channel's grants there are revoked (the device has applied it when
+    /// this returns), nothing is granted there until the use ends, and
+    /// clean cached pages, which direct writes may have made stale, are
+    /// dropped so the kernel reads the device's data.
+    fn begin_kernel_use(
+        &self,
+        inode: InodeId,
+        owner: ChangeOwner,
+        from: u64,
+        truncate_to: Option<u64>,
+        read: bool,
+    ) -> Result<(), EmuError> {
         let mut t = self.lock();
         let Table { files, inodes } = &mut *t;
         let st = inodes.entry(inode).or_default();
@@ -503,9 +564,19 @@ impl FileTable {
         });
         st.generation += 1;
         let revoked = self.revoke(files, st, from)?;
+        let dropped = st
+            .holders
+            .iter()
+            .find_map(|h| files.get(h))
+            .is_some_and(|f| drop_stale_pages(f.raw_fd()));
         let mut stats = self.stats.lock().expect("stats");
-        stats.layout_changes += 1;
+        if read {
+            stats.kernel_reads += 1;
+        } else {
+            stats.layout_changes += 1;
+        }
         stats.revocations += revoked;
+        stats.cache_drops += u64::from(dropped);
         Ok(())
     }
 
@@ -547,6 +618,13 @@ impl FileTable {
                 ChangeOwner::Thread(tid),
                 from / BLOCK_FLOOR * BLOCK_FLOOR,
                 None,
+            ),
+            LayoutEvent::Read { inode, tid, from } => self.begin_kernel_use(
+                inode,
+                ChangeOwner::Thread(tid),
+                from / FOLIO_BYTES * FOLIO_BYTES,
+                None,
+                true,
             ),
             LayoutEvent::Map { inode, .. } => self.mapped_inode(inode),
             LayoutEvent::Done { inode, tid } => {
@@ -758,6 +836,30 @@ fn mount_point_of(dir: &std::path::Path) -> std::path::PathBuf {
         at = parent;
     }
     at.to_path_buf()
+}
+
+/// The largest folio the page cache may hold (a PMD, 2 MiB on x86-64): the
+/// cache is dropped in whole folios, and a read fills at least one.
+const FOLIO_BYTES: u64 = 2 << 20;
+
+/// `[offset, offset + len)` widened to whole folios, as (start, length).
+fn folio_window(offset: u64, len: u64) -> (u64, u64) {
+    let from = offset / FOLIO_BYTES * FOLIO_BYTES;
+    let to = offset
+        .saturating_add(len)
+        .div_ceil(FOLIO_BYTES)
+        .saturating_mul(FOLIO_BYTES);
+    (from, to - from)
+}
+
+/// Drop the file's clean cached pages if it has any (cachestat first: a
+/// file whose cache is all dirty, or empty, costs one system call).
+/// Whether pages were dropped.
+fn drop_stale_pages(fd: std::os::fd::RawFd) -> bool {
+    match sys::cachestat(fd, 0, 0) {
+        Ok(c) if c.clean() == 0 => false,
+        _ => sys::drop_cached_pages(fd, 0, 0).is_ok(),
+    }
 }
 
 /// Write the file's dirty pages to the device, then drop its clean cached

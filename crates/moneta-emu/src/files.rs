@@ -248,6 +248,11 @@ impl GrantedFile {
         })
     }
 
+    /// The size of the block device when the file is the device itself.
+    pub fn device_bytes(&self) -> Option<u64> {
+        self.device_bytes
+    }
+
     /// The daemon's descriptor of the file (its proof of permission).
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -342,7 +347,12 @@ impl GrantedFile {
     /// layout change there is about to happen): the updates that leave
     /// only the grants before it, or none if nothing was granted there.
     pub fn revoke_from(&mut self, channel: u16, from: u64) -> Vec<Update> {
-        if self.take_grants(from, u64::MAX).is_empty() {
+        self.revoke_range(channel, from, u64::MAX)
+    }
+
+    /// Revoke this channel's grants of the file over `[from, to)`.
+    pub fn revoke_range(&mut self, channel: u16, from: u64, to: u64) -> Vec<Update> {
+        if self.take_grants(from, to).is_empty() {
             return Vec::new();
         }
         let mut updates = vec![self.remove(channel)];

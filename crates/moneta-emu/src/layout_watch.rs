@@ -9,7 +9,7 @@
 //!
 //! | what a process does | event (in order) | measured on this kernel, XFS and ext4 |
 //! |---|---|---|
-//! | read, pread | FAN_PRE_ACCESS (range) | nothing to revoke |
+//! | read, pread | FAN_PRE_ACCESS (range), FAN_ACCESS after | revoke from the range's start until the access event; drop stale clean pages |
 //! | write, pwrite, fallocate (any mode), copy into it | FAN_PRE_ACCESS (range), FAN_MODIFY after | revoke from the range's start |
 //! | truncate(2) | FAN_PRE_ACCESS (new size, count 0); no event after | revoke from the new size |
 //! | ftruncate | FAN_PRE_ACCESS (new size, count 0); FAN_CLOSE_WRITE at close | revoke from the new size |
@@ -38,8 +38,11 @@ const FAN_PRE_ACCESS: u64 = 0x0010_0000;
 /// FAN_EVENT_INFO_TYPE_RANGE (uapi/linux/fanotify.h, Linux 6.14).
 const FAN_EVENT_INFO_TYPE_RANGE: u8 = 6;
 /// The events a watched file's mark asks for.
-const MARK_MASK: u64 =
-    FAN_PRE_ACCESS | libc::FAN_OPEN_PERM | libc::FAN_MODIFY | libc::FAN_CLOSE_WRITE;
+const MARK_MASK: u64 = FAN_PRE_ACCESS
+    | libc::FAN_OPEN_PERM
+    | libc::FAN_ACCESS
+    | libc::FAN_MODIFY
+    | libc::FAN_CLOSE_WRITE;
 
 /// x86-64 system call numbers the watcher tells apart.
 mod nr {
@@ -67,7 +70,11 @@ pub enum LayoutEvent {
     Change { inode: InodeId, tid: i32, from: u64 },
     /// The file is being mapped.
     Map { inode: InodeId, tid: i32 },
-    /// The thread finished a change (FAN_MODIFY, FAN_CLOSE_WRITE).
+    /// A read through the kernel from byte `from` on: the page cache is
+    /// about to be filled there (and read ahead past it).
+    Read { inode: InodeId, tid: i32, from: u64 },
+    /// The thread finished a change or a read (FAN_MODIFY,
+    /// FAN_CLOSE_WRITE, FAN_ACCESS).
     Done { inode: InodeId, tid: i32 },
 }
 
@@ -328,7 +335,7 @@ fn classify(meta: &libc::fanotify_event_metadata, info: &[u8], fd: RawFd) -> Opt
         ino: st.st_ino,
     };
     let tid = meta.pid;
-    if meta.mask & (libc::FAN_MODIFY | libc::FAN_CLOSE_WRITE) != 0 {
+    if meta.mask & (libc::FAN_MODIFY | libc::FAN_CLOSE_WRITE | libc::FAN_ACCESS) != 0 {
         return Some(LayoutEvent::Done { inode, tid });
     }
     let call = syscall_of(tid);
@@ -348,9 +355,16 @@ fn classify(meta: &libc::fanotify_event_metadata, info: &[u8], fd: RawFd) -> Opt
     }
     let (offset, count) = range_of(info).unwrap_or((0, 0));
     match call {
-        // Reading changes nothing (sendfile and splice count as changes:
-        // the watched file may be their destination).
-        Some((nr::READ | nr::PREAD64 | nr::READV | nr::PREADV | nr::PREADV2, _)) => None,
+        // Reading changes no layout, but fills the page cache (sendfile
+        // and splice count as changes: the watched file may be their
+        // destination).
+        Some((nr::READ | nr::PREAD64 | nr::READV | nr::PREADV | nr::PREADV2, _)) => {
+            Some(LayoutEvent::Read {
+                inode,
+                tid,
+                from: offset,
+            })
+        }
         Some((nr::MMAP, _)) => Some(LayoutEvent::Map { inode, tid }),
         Some((nr::TRUNCATE | nr::FTRUNCATE, _)) => Some(LayoutEvent::Truncate {
             inode,

@@ -344,6 +344,95 @@ pub fn drop_cached_pages(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     }
 }
 
+/// The alignment O_DIRECT needs on the open file `fd`: (memory, offset)
+/// in bytes, from statx(2)'s STATX_DIOALIGN (Linux 6.1); None when the
+/// file system does not say (then direct I/O is not supported there).
+pub fn dio_alignment(fd: RawFd) -> Option<(u32, u32)> {
+    /// STATX_DIOALIGN (uapi/linux/stat.h).
+    const STATX_DIOALIGN: u32 = 0x2000;
+    /// Offsets of stx_dio_mem_align and stx_dio_offset_align in struct
+    /// statx (uapi/linux/stat.h), which the libc crate does not expose.
+    const MEM_ALIGN_AT: usize = 152;
+    let mut buf = [0u8; 256];
+    let empty = b"\0";
+    // SAFETY: statx writes at most 256 bytes (struct statx) into `buf`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            fd,
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            STATX_DIOALIGN,
+            buf.as_mut_ptr(),
+        )
+    };
+    let mask = u32::from_ne_bytes(buf[..4].try_into().ok()?);
+    if r != 0 || mask & STATX_DIOALIGN == 0 {
+        return None;
+    }
+    let word = |at: usize| u32::from_ne_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
+    let (mem, offset) = (word(MEM_ALIGN_AT), word(MEM_ALIGN_AT + 4));
+    (mem > 0 && offset > 0).then_some((mem, offset))
+}
+
+/// What the page cache holds of a file's range (cachestat(2), Linux 6.5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStat {
+    /// Pages cached (clean, dirty or under writeback).
+    pub cached: u64,
+    pub dirty: u64,
+    pub writeback: u64,
+}
+
+impl CacheStat {
+    /// Cached pages that are neither dirty nor being written: the ones a
+    /// direct write can make stale.
+    pub fn clean(&self) -> u64 {
+        self.cached.saturating_sub(self.dirty + self.writeback)
+    }
+}
+
+/// cachestat(2) of `[offset, offset + len)` (len 0: to the end of the file).
+pub fn cachestat(fd: RawFd, offset: u64, len: u64) -> io::Result<CacheStat> {
+    /// x86-64's number for cachestat (uapi asm/unistd_64.h).
+    const SYS_CACHESTAT: libc::c_long = 451;
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    let range = Range { off: offset, len };
+    let mut st = Stat::default();
+    // SAFETY: the kernel reads `range` and writes `st`, both ours and of
+    // the layout uapi/linux/mman.h gives.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            fd,
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(CacheStat {
+        cached: st.nr_cache,
+        dirty: st.nr_dirty,
+        writeback: st.nr_writeback,
+    })
+}
+
 /// Set the file's length.
 pub fn ftruncate(fd: RawFd, len: u64) -> io::Result<()> {
     let len = libc::off_t::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;

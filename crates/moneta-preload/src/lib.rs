@@ -135,6 +135,7 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
                 fresh: AtomicBool::new(
                     st.st_size == 0 && flags & libc::O_ACCMODE != libc::O_RDONLY,
                 ),
+                direct_align: std::sync::atomic::AtomicU64::new(direct_alignment(fd, flags)),
                 // The library keeps a descriptor of its own for the open file
                 // description (made when first needed): the program may dup2
                 // and close the one it got (dd does), and the shim's must
@@ -144,6 +145,28 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
         );
     });
     fd
+}
+
+/// O_DIRECT's alignment for [`OpenFile::direct_align`] (0 without it).
+fn direct_alignment(fd: c_int, flags: c_int) -> u64 {
+    if flags & libc::O_DIRECT == 0 {
+        return 0;
+    }
+    // Where the file system does not say, the logical block of every
+    // device here (512 B).
+    let (mem, offset) = moneta_emu::sys::dio_alignment(fd).unwrap_or((512, 512));
+    (mem as u64) << 32 | offset as u64
+}
+
+/// Whether a direct (O_DIRECT) access of `len` bytes at `addr` in memory
+/// and `offset` in the file breaks its alignment.
+fn misaligned(of: &OpenFile, addr: usize, len: usize, offset: u64) -> bool {
+    let a = of.direct_align.load(Ordering::Acquire);
+    if a == 0 {
+        return false;
+    }
+    let (mem, off) = ((a >> 32).max(1), (a & 0xFFFF_FFFF).max(1));
+    addr as u64 % mem != 0 || len as u64 % off != 0 || offset % off != 0
 }
 
 /// Run `f` with the open file's library handle, re-registering it first if
@@ -193,13 +216,33 @@ fn ours<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
     .flatten()
 }
 
-/// As [`ours`], for reads and writes: a file being created (see
-/// [`OpenFile::fresh`]) falls through to the kernel too.
-fn ours_io<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
+/// As [`ours`], for reads and writes of the buffers `io` (address,
+/// length) at `offset` (None: the file position): a file being created
+/// (see [`OpenFile::fresh`]) falls through to the kernel too, and so does
+/// misaligned O_DIRECT I/O, whose outcome is the file system's to decide
+/// (EINVAL, or a short read at the end of the file or in a hole).
+fn ours_io<T>(
+    fd: c_int,
+    io: &[(usize, usize)],
+    offset: Option<i64>,
+    f: impl FnOnce(&Arc<OpenFile>) -> T,
+) -> Option<T> {
     enter(|| {
         let of = shim().get(fd)?;
         if of.fresh.load(Ordering::Acquire) {
             return None;
+        }
+        if of.direct_align.load(Ordering::Acquire) != 0 {
+            let mut at = match offset {
+                Some(o) => u64::try_from(o).ok()?,
+                None => position(fd).ok()?,
+            };
+            for &(addr, len) in io {
+                if misaligned(&of, addr, len, at) {
+                    return None;
+                }
+                at += len as u64;
+            }
         }
         of.own_fd(fd)?;
         Some(f(&of))
@@ -292,27 +335,77 @@ fn position(fd: c_int) -> Result<u64, c_int> {
     Ok(p as u64)
 }
 
-fn set_position(fd: c_int, at: u64) {
+/// Move the kernel's file position by `delta` bytes in one system call
+/// (atomic for every holder of the open file description, across fork,
+/// exec and SCM_RIGHTS alike): the new position.
+fn advance(fd: c_int, delta: i64) -> Result<u64, c_int> {
     // SAFETY: lseek on the caller's descriptor.
-    unsafe { (real().lseek64)(fd, at as i64, libc::SEEK_SET) };
+    let p = unsafe { (real().lseek64)(fd, delta, libc::SEEK_CUR) };
+    if p < 0 {
+        // SAFETY: reading this thread's errno.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    Ok(p as u64)
 }
 
-/// read/write/readv/writev: `io` at the kernel's file position, which then
-/// moves past what it did.
-fn at_position(of: &OpenFile, fd: c_int, io: impl FnOnce(u64) -> Result<usize, c_int>) -> ssize_t {
+/// write/writev: `len` bytes at the kernel's file position. The range is
+/// reserved first by moving the shared position past it in one lseek, so
+/// processes sharing the open file description (fork, exec, SCM_RIGHTS)
+/// never write over each other, as the kernel's own write guarantees.
+fn write_at_position(
+    of: &OpenFile,
+    fd: c_int,
+    len: usize,
+    io: impl FnOnce(u64) -> Result<usize, c_int>,
+) -> ssize_t {
+    let Ok(_held) = of.position.lock() else {
+        return fail(libc::EIO);
+    };
+    let r = advance(fd, len as i64).and_then(|end| {
+        let at = end - len as u64;
+        io(at).inspect_err(|_| {
+            // Nothing was written: give the range back (the kernel's
+            // write leaves the position alone when it fails).
+            let _ = advance(fd, -(len as i64));
+        })
+    });
+    ret(r)
+}
+
+/// read/readv: up to `len` bytes at the kernel's file position, reserved
+/// as for writes (up to the end of the file); a short read gives back
+/// what it did not use.
+fn read_at_position(
+    of: &OpenFile,
+    fd: c_int,
+    len: usize,
+    io: impl FnOnce(u64, usize) -> Result<usize, c_int>,
+) -> ssize_t {
     let Ok(_held) = of.position.lock() else {
         return fail(libc::EIO);
     };
     let r = position(fd).and_then(|at| {
-        let n = io(at)?;
-        set_position(fd, at + n as u64);
+        let size =
+            moneta_emu::sys::file_len(fd).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let want = (len as u64).min(size.saturating_sub(at)) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let at = advance(fd, want as i64)? - want as u64;
+        let n = io(at, want).inspect_err(|_| {
+            let _ = advance(fd, -(want as i64));
+        })?;
+        if n != want {
+            let _ = advance(fd, n as i64 - want as i64);
+        }
         Ok(n)
     });
     ret(r)
 }
 
 fn do_read(of: &OpenFile, fd: c_int, buf: &mut [u8]) -> ssize_t {
-    at_position(of, fd, |at| read_at(of, buf, at))
+    let len = buf.len();
+    read_at_position(of, fd, len, |at, want| read_at(of, &mut buf[..want], at))
 }
 
 fn do_write(of: &OpenFile, fd: c_int, buf: &[u8]) -> ssize_t {
@@ -320,7 +413,7 @@ fn do_write(of: &OpenFile, fd: c_int, buf: &[u8]) -> ssize_t {
         // The kernel appends atomically and moves the position itself.
         return ret(append(of, fd, buf));
     }
-    at_position(of, fd, |at| write_at(of, buf, at))
+    write_at_position(of, fd, buf.len(), |at| write_at(of, buf, at))
 }
 
 fn check_offset(offset: i64) -> Result<u64, c_int> {
@@ -540,7 +633,9 @@ fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, r: c_int) -> c_int {
         libc::F_SETFL if r == 0 => {
             let _ = ours(fd, |of| {
                 of.append
-                    .store(arg as c_int & libc::O_APPEND != 0, Ordering::Release)
+                    .store(arg as c_int & libc::O_APPEND != 0, Ordering::Release);
+                of.direct_align
+                    .store(direct_alignment(fd, arg as c_int), Ordering::Release);
             });
             r
         }
@@ -562,8 +657,10 @@ pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    ours_io(fd, |of| do_read(of, fd, unsafe { slice_mut(buf, len) }))
-        .unwrap_or_else(|| unsafe { (real().read)(fd, buf, len) })
+    ours_io(fd, &[(buf as usize, len)], None, |of| {
+        do_read(of, fd, unsafe { slice_mut(buf, len) })
+    })
+    .unwrap_or_else(|| unsafe { (real().read)(fd, buf, len) })
 }
 
 #[no_mangle]
@@ -573,7 +670,7 @@ pub unsafe extern "C" fn __read_chk(
     len: size_t,
     buflen: size_t,
 ) -> ssize_t {
-    ours_io(fd, |of| {
+    ours_io(fd, &[(buf as usize, len.min(buflen))], None, |of| {
         do_read(of, fd, unsafe { slice_mut(buf, len.min(buflen)) })
     })
     .unwrap_or_else(|| unsafe { (real().__read_chk)(fd, buf, len, buflen) })
@@ -581,18 +678,20 @@ pub unsafe extern "C" fn __read_chk(
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
-    ours_io(fd, |of| do_write(of, fd, unsafe { slice(buf, len) }))
-        .unwrap_or_else(|| unsafe { (real().write)(fd, buf, len) })
+    ours_io(fd, &[(buf as usize, len)], None, |of| {
+        do_write(of, fd, unsafe { slice(buf, len) })
+    })
+    .unwrap_or_else(|| unsafe { (real().write)(fd, buf, len) })
 }
 
 fn do_pread(fd: c_int, buf: *mut c_void, len: size_t, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, |of| {
+    ours_io(fd, &[(buf as usize, len)], Some(offset), |of| {
         ret(check_offset(offset).and_then(|o| read_at(of, unsafe { slice_mut(buf, len) }, o)))
     })
 }
 
 fn do_pwrite(fd: c_int, buf: *const c_void, len: size_t, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, |of| {
+    ours_io(fd, &[(buf as usize, len)], Some(offset), |of| {
         ret(check_offset(offset).and_then(|o| write_at(of, unsafe { slice(buf, len) }, o)))
     })
 }
@@ -677,6 +776,18 @@ unsafe fn iovecs<'a>(iov: *const iovec, count: c_int) -> Result<&'a [iovec], c_i
     Ok(unsafe { std::slice::from_raw_parts(iov, count as usize) })
 }
 
+/// The (address, length) of each buffer, for the O_DIRECT alignment check
+/// (none if the vector itself is invalid: the call reports that).
+///
+/// # Safety
+/// As [`iovecs`].
+unsafe fn buffers(iov: *const iovec, count: c_int) -> Vec<(usize, usize)> {
+    // SAFETY: the caller's promise.
+    unsafe { iovecs(iov, count) }
+        .map(|v| v.iter().map(|x| (x.iov_base as usize, x.iov_len)).collect())
+        .unwrap_or_default()
+}
+
 /// Read into each buffer in turn from `offset`; stops early at end of file.
 fn vread(of: &OpenFile, iov: &[iovec], offset: u64) -> Result<usize, c_int> {
     let mut done = 0usize;
@@ -706,16 +817,21 @@ fn vwrite(of: &OpenFile, iov: &[iovec], offset: u64) -> Result<usize, c_int> {
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    ours_io(fd, |of| match unsafe { iovecs(iov, count) } {
-        Ok(v) => at_position(of, fd, |at| vread(of, v, at)),
-        Err(e) => fail(e),
+    ours_io(fd, &unsafe { buffers(iov, count) }, None, |of| {
+        match unsafe { iovecs(iov, count) } {
+            Ok(v) => {
+                let len = v.iter().map(|x| x.iov_len).sum();
+                read_at_position(of, fd, len, |at, _| vread(of, v, at))
+            }
+            Err(e) => fail(e),
+        }
     })
     .unwrap_or_else(|| unsafe { (real().readv)(fd, iov, count) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    ours_io(fd, |of| {
+    ours_io(fd, &unsafe { buffers(iov, count) }, None, |of| {
         let v = match unsafe { iovecs(iov, count) } {
             Ok(v) => v,
             Err(e) => return fail(e),
@@ -727,20 +843,21 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> s
                 .collect();
             return do_write(of, fd, &data);
         }
-        at_position(of, fd, |at| vwrite(of, v, at))
+        let len = v.iter().map(|x| x.iov_len).sum();
+        write_at_position(of, fd, len, |at| vwrite(of, v, at))
     })
     .unwrap_or_else(|| unsafe { (real().writev)(fd, iov, count) })
 }
 
 fn do_preadv(fd: c_int, iov: *const iovec, count: c_int, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, |of| {
+    ours_io(fd, &unsafe { buffers(iov, count) }, Some(offset), |of| {
         ret(check_offset(offset)
             .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vread(of, v, o))))
     })
 }
 
 fn do_pwritev(fd: c_int, iov: *const iovec, count: c_int, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, |of| {
+    ours_io(fd, &unsafe { buffers(iov, count) }, Some(offset), |of| {
         ret(check_offset(offset)
             .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vwrite(of, v, o))))
     })

@@ -34,6 +34,10 @@ pub struct OpenFile {
     pub position: Mutex<()>,
     /// O_APPEND: writes go through the kernel, which makes them atomic.
     pub append: AtomicBool,
+    /// O_DIRECT's alignment on this open file, (memory << 32) | offset in
+    /// bytes; 0 without O_DIRECT. Misaligned direct I/O goes to the
+    /// kernel, whose file system decides (EINVAL, or a short read).
+    pub direct_align: AtomicU64,
     /// Empty when opened for writing (being created or rewritten): reads
     /// and writes go to the kernel until the program's first fsync of it.
     pub fresh: AtomicBool,

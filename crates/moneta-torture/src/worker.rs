@@ -149,6 +149,9 @@ impl Private {
     }
 
     fn model_write(&mut self, off: u64, data: &[u8]) {
+        if data.is_empty() {
+            return; // a write of nothing extends nothing
+        }
         let end = off as usize + data.len();
         if end > self.model.len() {
             self.model.resize(end, 0);
@@ -218,8 +221,10 @@ impl Worker {
                 }],
             });
         }
-        let shared_fd = sys::open(&cfg.dir.join("shared"), libc::O_RDWR).expect("shared file") as i32;
-        let mapped_fd = sys::open(&cfg.dir.join("mapped"), libc::O_RDWR).expect("mapped file") as i32;
+        let shared_fd =
+            sys::open(&cfg.dir.join("shared"), libc::O_RDWR).expect("shared file") as i32;
+        let mapped_fd =
+            sys::open(&cfg.dir.join("mapped"), libc::O_RDWR).expect("mapped file") as i32;
         Worker {
             rng,
             files,
@@ -379,7 +384,7 @@ impl Worker {
                         _ => libc::dup2(old, 200 + (self.cfg.worker as i32 * 4) + k as i32),
                     }
                 };
-                if new >= 0 {
+                if new >= 0 && new != old {
                     sys::close(old);
                     f.fds[0].fd = new;
                 }
@@ -443,7 +448,9 @@ impl Worker {
                 } else {
                     sys::seek(fd, off as i64, libc::SEEK_SET)
                         // SAFETY: iovecs over `data`.
-                        .and_then(|_| sys::check(unsafe { libc::writev(fd, iov.as_ptr(), 3) } as i64))
+                        .and_then(|_| {
+                            sys::check(unsafe { libc::writev(fd, iov.as_ptr(), 3) } as i64)
+                        })
                 }
             }
             _ => sys::seek(fd, off as i64, libc::SEEK_SET).and_then(|_| sys::write(fd, &data)),
@@ -546,8 +553,8 @@ impl Worker {
             off = off / 4096 * 4096;
             len = len.div_ceil(4096) * 4096;
         }
-        let grows = mode & libc::FALLOC_FL_KEEP_SIZE == 0
-            && mode & (libc::FALLOC_FL_COLLAPSE_RANGE) == 0;
+        let grows =
+            mode & libc::FALLOC_FL_KEEP_SIZE == 0 && mode & (libc::FALLOC_FL_COLLAPSE_RANGE) == 0;
         if (grows && off + len > MAX_FILE)
             || (mode == libc::FALLOC_FL_INSERT_RANGE && size + len > MAX_FILE)
         {
@@ -581,7 +588,10 @@ impl Worker {
                 _ => {}
             }
         }
-        self.say(format_args!("fallocate {k} {mode} {off} {len} {}", show(res)));
+        self.say(format_args!(
+            "fallocate {k} {mode} {off} {len} {}",
+            show(res)
+        ));
         Ok(())
     }
 
@@ -596,7 +606,12 @@ impl Worker {
         sys::close(f.fds[i].fd);
         let res = sys::open(&f.path, kind.flags());
         match res {
-            Ok(fd) => f.fds[i] = Desc { fd: fd as i32, kind },
+            Ok(fd) => {
+                f.fds[i] = Desc {
+                    fd: fd as i32,
+                    kind,
+                }
+            }
             Err(e) if i == 0 => {
                 let what = format!("reopening {}: errno {e}", f.path.display());
                 return self.fail(what);
@@ -650,7 +665,8 @@ impl Worker {
         let src_off = r.below(src_size + 1);
         let dst_size = self.files[k].model.len() as u64;
         let dst_off = Self::offset(r, dst_size).min(MAX_FILE - 1);
-        let len = r.length(if name == "splice" { 64 << 10 } else { MAX_IO })
+        let len = r
+            .length(if name == "splice" { 64 << 10 } else { MAX_IO })
             .min(MAX_FILE - dst_off);
         let (sfd, dfd) = (self.files[src].rw(), self.files[k].rw());
         let res = match name {
@@ -673,11 +689,16 @@ impl Worker {
         if let Ok(n) = res {
             let data = self.files[src].expect(src_off, n as u64).to_vec();
             if data.len() as i64 != n {
-                return self.fail(format!("{name} copied {n} bytes from a {src_size}-byte file at {src_off}"));
+                return self.fail(format!(
+                    "{name} copied {n} bytes from a {src_size}-byte file at {src_off}"
+                ));
             }
             self.files[k].model_write(dst_off, &data);
         }
-        self.say(format_args!("{name} {k} {src_off} {dst_off} {len} {}", show(res)));
+        self.say(format_args!(
+            "{name} {k} {src_off} {dst_off} {len} {}",
+            show(res)
+        ));
         Ok(())
     }
 
@@ -729,7 +750,11 @@ impl Worker {
         let id = log_id(self.cfg.worker);
         let records = 50 + r.below(400);
         let Ok(fd) = sys::open(&path, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC) else {
-            return self.fail(format!("creating {}: errno {}", path.display(), sys::errno()));
+            return self.fail(format!(
+                "creating {}: errno {}",
+                path.display(),
+                sys::errno()
+            ));
         };
         let fd = fd as i32;
         let total = records * 2 * 64;
@@ -771,7 +796,11 @@ impl Worker {
                 _ => bad += 1,
             }
         }
-        self.say(format_args!("fork_log {records} {status} {} {}", show(pos), show(got)));
+        self.say(format_args!(
+            "fork_log {records} {status} {} {}",
+            show(pos),
+            show(got)
+        ));
         if status != 0 || seen.len() as u64 != records * 2 || bad != 0 || pos != Ok(total as i64) {
             return self.fail(format!(
                 "fork_log: {} of {} records in the file, {bad} slots without a whole record, \
@@ -797,7 +826,10 @@ impl Worker {
         let data = stamped(first, id, at, self.op as u32);
         let wrote = sys::seek(fd, at as i64, libc::SEEK_SET).and_then(|_| sys::write(fd, &data));
         if wrote != Ok(first as i64) {
-            return self.fail(format!("exec_write: write of {first} at {at}: {}", show(wrote)));
+            return self.fail(format!(
+                "exec_write: write of {first} at {at}: {}",
+                show(wrote)
+            ));
         }
         self.files[k].model_write(at, &data);
         let version = (self.op as u32) ^ 0x8000_0000;
@@ -822,7 +854,10 @@ impl Worker {
             let tail = stamped(second, id, at + first, version);
             self.files[k].model_write(at + first, &tail);
         }
-        self.say(format_args!("exec_write {k} {at} {first} {second} {status} {}", show(synced)));
+        self.say(format_args!(
+            "exec_write {k} {at} {first} {second} {status} {}",
+            show(synced)
+        ));
         if status != 0 {
             return self.fail(format!("exec_write: the child exited with {status}"));
         }
@@ -839,7 +874,8 @@ impl Worker {
         let data = stamped(len, id, at, self.op as u32);
         let mut pair = [0i32; 2];
         // SAFETY: plain syscall into a two-element array.
-        if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) } != 0 {
+        if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, pair.as_mut_ptr()) } != 0
+        {
             return self.fail(format!("socketpair: errno {}", sys::errno()));
         }
         // SAFETY: the child only makes system calls, then _exit.
@@ -903,7 +939,10 @@ impl Worker {
                 }
             }
             // SAFETY: leaving the child.
-            unsafe { libc::pause(); libc::_exit(0) };
+            unsafe {
+                libc::pause();
+                libc::_exit(0)
+            };
         }
         sys::close(pipe[1]);
         std::thread::sleep(std::time::Duration::from_micros(500 + r.below(5000)));
@@ -921,8 +960,9 @@ impl Worker {
         sys::close(pipe[0]);
         let synced = (told.len() / 4) as u64;
         let Ok(fd) = sys::open(&path, libc::O_RDONLY) else {
-            self.say(format_args!("kill_writer nofile"));
+            self.say(format_args!("~kill_writer nofile"));
             return if synced == 0 {
+                self.say(format_args!("kill_writer ok"));
                 Ok(())
             } else {
                 self.fail(format!("kill_writer: {} is gone", path.display()))
@@ -1028,7 +1068,11 @@ impl Worker {
                     "contested unit at {pos} of the shared file holds {:?} ({}); this worker \
                      wrote it: {}",
                     pattern::parse(u),
-                    if u.iter().all(|&b| b == 0) { "zeros" } else { "not a unit of it" },
+                    if u.iter().all(|&b| b == 0) {
+                        "zeros"
+                    } else {
+                        "not a unit of it"
+                    },
                     self.contested_mine.contains(&index)
                 ));
             }
@@ -1055,7 +1099,8 @@ impl Worker {
                 },
                 None => {
                     if sys::pwrite(self.mapped_fd, &u, i * UNIT) != Ok(16) {
-                        return self.fail(format!("pwrite of mapped unit {i}: errno {}", sys::errno()));
+                        return self
+                            .fail(format!("pwrite of mapped unit {i}: errno {}", sys::errno()));
                     }
                 }
             }
@@ -1117,7 +1162,10 @@ impl Worker {
             libc::fsync(self.mapped_fd);
         }
         for (k, f) in self.files.iter().enumerate() {
-            let out = self.cfg.results.join(format!("w{}.f{k}.model", self.cfg.worker));
+            let out = self
+                .cfg
+                .results
+                .join(format!("w{}.f{k}.model", self.cfg.worker));
             std::fs::write(out, &f.model).expect("writing a model");
         }
         let stripe: String = self
@@ -1125,18 +1173,34 @@ impl Worker {
             .iter()
             .map(|(j, v)| format!("{j} {v}\n"))
             .collect();
-        std::fs::write(self.cfg.results.join(format!("w{}.stripe", self.cfg.worker)), stripe)
-            .expect("writing the stripe model");
+        std::fs::write(
+            self.cfg
+                .results
+                .join(format!("w{}.stripe", self.cfg.worker)),
+            stripe,
+        )
+        .expect("writing the stripe model");
         let mapped: String = self
             .mapped_model
             .iter()
             .map(|(i, v)| format!("{i} {v}\n"))
             .collect();
-        std::fs::write(self.cfg.results.join(format!("w{}.mapped", self.cfg.worker)), mapped)
-            .expect("writing the mapped model");
-        let contested: String = self.contested_mine.iter().map(|i| format!("{i}\n")).collect();
         std::fs::write(
-            self.cfg.results.join(format!("w{}.contested", self.cfg.worker)),
+            self.cfg
+                .results
+                .join(format!("w{}.mapped", self.cfg.worker)),
+            mapped,
+        )
+        .expect("writing the mapped model");
+        let contested: String = self
+            .contested_mine
+            .iter()
+            .map(|i| format!("{i}\n"))
+            .collect();
+        std::fs::write(
+            self.cfg
+                .results
+                .join(format!("w{}.contested", self.cfg.worker)),
             contested,
         )
         .expect("writing the contested list");
@@ -1172,7 +1236,14 @@ fn splice_copy(sfd: i32, src_off: u64, dfd: i32, dst_off: u64, len: u64) -> Sys 
             let mut moved = 0i64;
             let mut err = None;
             while moved < n as i64 {
-                let m = libc::splice(p[0], std::ptr::null_mut(), dfd, &mut d, (n as i64 - moved) as usize, 0);
+                let m = libc::splice(
+                    p[0],
+                    std::ptr::null_mut(),
+                    dfd,
+                    &mut d,
+                    (n as i64 - moved) as usize,
+                    0,
+                );
                 if m <= 0 {
                     err = Some(sys::errno());
                     break;
