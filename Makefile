@@ -8,13 +8,16 @@ all: build
 
 # Toolchain pieces and system packages the tests use (xfsprogs for moneta up;
 # fio, sqlite3, Berkeley DB and PostgreSQL for the workloads on its file
-# system; python3 for the torture test; libnbd-bin, nbdkit and qemu-utils
+# system; xfs_fsr, e4defrag, losetup and blkdiscard for the torture gate; python3
+# for the program benchmarks; libnbd-bin, nbdkit and qemu-utils
 # for the NBD conformance tests; iproute2 for the wire's veth tests); idempotent.
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
-	@command -v mkfs.xfs >/dev/null || (apt-get update && apt-get install -y xfsprogs)
+	@command -v mkfs.xfs >/dev/null && command -v xfs_fsr >/dev/null || (apt-get update && apt-get install -y xfsprogs)
+	@command -v e4defrag >/dev/null || (apt-get update && apt-get install -y e2fsprogs)
+	@command -v blkdiscard >/dev/null && command -v losetup >/dev/null || (apt-get update && apt-get install -y util-linux)
 	@command -v fio >/dev/null || (apt-get update && apt-get install -y fio)
 	@command -v sqlite3 >/dev/null || (apt-get update && apt-get install -y sqlite3)
 	@dpkg -s libdb5.3-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y libdb5.3-dev)
@@ -86,17 +89,31 @@ fidelity: build
 	@mkdir -p out
 	$(CARGO) bench -p libmoneta --bench fidelity -- --json $(CURDIR)/out/fidelity.json
 
-# The direct path's randomized torture test, long mode (issue 8): shim and
-# plain processes on one Moneta file system; TORTURE_SEED reproduces a run.
-TORTURE_OPS ?= 2000
-TORTURE_WORKERS ?= 6
-TORTURE_FS ?= xfs
+# The direct path's differential torture harness, long mode (issue 20,
+# README "The gate: moneta-torture"): the scripted data-loss classes, then
+# seeded random schedules (each run through the kernel alone and through
+# the shim, compared) until TORTURE_OPS operations ran on each file system.
+# TORTURE_SEED starts the seeds (default: from the clock).
+TORTURE_OPS ?= 10000000
+TORTURE_WORKERS ?= 4
+TORTURE_RUN_OPS ?= 20000
+TORTURE_FS ?= xfs ext4
 torture: build
-	@mkdir -p out
-	$(MONETA) up --mount /tmp/moneta-torture --size 2G --fs $(TORTURE_FS) --fresh
-	python3 scripts/torture.py --mount /tmp/moneta-torture --workers $(TORTURE_WORKERS) \
-		--ops $(TORTURE_OPS) $(if $(TORTURE_SEED),--seed $(TORTURE_SEED)) --timeout 3600; \
-		status=$$?; $(MONETA) down --purge --mount /tmp/moneta-torture; exit $$status
+	@for fs in $(TORTURE_FS); do \
+		m=/tmp/moneta-torture-$$fs; \
+		$(MONETA) up --mount $$m --size 2G --fs $$fs --fresh >/dev/null || exit 1; \
+		target/release/moneta-torture scenario all --mount $$m --moneta $(MONETA) || \
+			{ $(MONETA) down --purge --mount $$m; exit 1; }; \
+		seed=$${TORTURE_SEED:-$$(date +%s)}; done_ops=0; \
+		while [ $$done_ops -lt $(TORTURE_OPS) ]; do \
+			target/release/moneta-torture run --mount $$m --moneta $(MONETA) --seed $$seed \
+				--workers $(TORTURE_WORKERS) --ops $(TORTURE_RUN_OPS) --json || \
+				{ $(MONETA) down --purge --mount $$m; exit 1; }; \
+			done_ops=$$((done_ops + $(TORTURE_WORKERS) * $(TORTURE_RUN_OPS))); seed=$$((seed + 1)); \
+			echo "torture $$fs: $$done_ops of $(TORTURE_OPS) operations, no differences"; \
+		done; \
+		$(MONETA) down --purge --mount $$m; \
+	done
 
 # The calibration table of README.
 calibrate: build

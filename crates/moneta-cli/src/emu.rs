@@ -217,7 +217,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             if let Err(e) = plane.file_table().watch_file_system(&dir) {
                 eprintln!(
                     "monetad: {e}; layout changes by processes outside the shim are not seen \
-                     (README, \"Direct-path semantics\")"
+                     (README, \"Direct-path contract\")"
                 );
             }
         };

@@ -1,51 +1,85 @@
-//! The randomized torture test of the direct path (issue 8,
-//! `scripts/torture.py`), smoke size: four processes, two through the shim
-//! and two plain, on XFS and on ext4, with a random seed printed for
-//! reproduction; first a run with plain processes only, which proves the
-//! checker's model right on this kernel. `make torture` runs the long mode.
+//! The direct path's safety gate in `make test` (issue 20): on XFS and on
+//! ext4, every scripted data-loss class (`moneta-torture scenario all`:
+//! exec after open, a mapping beside a shim writer, fork with a shared
+//! position, xfs_fsr/e4defrag under a syncing writer, a loop device
+//! discarding a held file, sparse writers, 1,100 open files, a nearly full
+//! disk), then a short differential run (four concurrent workers, two
+//! through the shim, admin tools, every operation family) with a random
+//! seed printed for reproduction. `make torture` runs the long mode.
 
 mod common;
 
 use common::{root, Mounted};
+use std::path::PathBuf;
 use std::process::Command;
 
-fn torture(m: &Mounted, extra: &[&str]) {
-    let o = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/torture.py"
-        ))
-        .args([
-            "--mount",
-            m.mount.to_str().unwrap(),
-            "--workers",
-            "4",
-            "--ops",
-            "60",
-        ])
-        .args(["--moneta", env!("CARGO_BIN_EXE_moneta"), "--timeout", "240"])
-        .args(extra)
+fn torture_binary() -> PathBuf {
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_moneta")).with_file_name("moneta-torture");
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (cargo build --release)",
+        p.display()
+    );
+    p
+}
+
+fn torture(m: &Mounted, args: &[&str]) -> String {
+    let o = Command::new(torture_binary())
+        .args(args)
+        .arg("--mount")
+        .arg(&m.mount)
+        .args(["--moneta", env!("CARGO_BIN_EXE_moneta")])
         .output()
         .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    println!("{out}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(o.status.success(), "torture failed:\n{out}");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    println!("{text}");
+    assert!(
+        o.status.success(),
+        "moneta-torture {args:?} failed:\n{text}"
+    );
+    text
 }
 
 #[test]
-fn torture_smoke_on_xfs_and_ext4() {
-    if !root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
+fn direct_path_gate_on_xfs_and_ext4() {
+    assert!(root(), "the torture gate mounts file systems: run as root");
+    let seed = std::env::var("TORTURE_SEED").unwrap_or_else(|_| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        (t.as_nanos() as u64 % 1_000_000_007).to_string()
+    });
+    println!("torture seed {seed} (TORTURE_SEED={seed} reproduces it)");
     for fs in ["xfs", "ext4"] {
-        let m = Mounted::up(&format!("torture-{fs}"), fs, "512M");
-        torture(&m, &["--plain"]);
+        let m = Mounted::up(&format!("gate-{fs}"), fs, "512M");
+        let out = torture(&m, &["scenario", "all"]);
+        assert_eq!(
+            out.matches(": ok in").count(),
+            8,
+            "{fs}: not every scenario ran and passed:\n{out}"
+        );
         let before = m.device_requests();
-        torture(&m, &[]);
+        let out = torture(
+            &m,
+            &[
+                "run",
+                "--seed",
+                &seed,
+                "--ops",
+                "1500",
+                "--workers",
+                "4",
+                "--json",
+            ],
+        );
+        assert!(out.contains("no differences"), "{fs}:\n{out}");
         assert!(
-            m.device_requests() > before,
-            "{fs}: the shim workers never reached the device"
+            m.device_requests() > before + 500,
+            "{fs}: the shim workers barely reached the device"
         );
     }
 }

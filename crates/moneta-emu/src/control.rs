@@ -531,9 +531,11 @@ impl ControlPlane {
                         "open-file needs the file's descriptor attached (SCM_RIGHTS)",
                     )
                 })?;
+                // A limit of the channel, not a bad request: refused, so a
+                // lazy client (the shim) serves the file through the kernel.
                 if session.files.len() >= MAX_OPEN_FILES {
                     return Err(EmuError::new(
-                        ErrorKind::Protocol,
+                        ErrorKind::Unauthorized,
                         format!("this channel already has {MAX_OPEN_FILES} files open"),
                     ));
                 }

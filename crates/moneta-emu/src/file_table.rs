@@ -30,6 +30,17 @@
 //! - A file a process outside the shim opened before the file system was
 //!   covered (its open cannot report accesses) is *blind*: granted to no
 //!   channel until no such open is left (checked in /proc).
+//! - A file a process outside the shim opens for writing, or that a loop
+//!   device is attached to, has a *foreign writer*: its ioctls (xfs_fsr's
+//!   swapext, EXT4_IOC_SWAP_BOOT, exchange-range) and the loop driver move
+//!   or free blocks with no event, so it is granted to no channel while
+//!   such a writer has it open (checked in /proc and /sys/block).
+//! - No page cache under a grant (issue 20): every kernel access of a held
+//!   file (reads included) revokes the grants from its offset on until it
+//!   ends and first drops clean cached pages, which direct writes may have
+//!   made stale; a soft miss writes back and drops its window and grants
+//!   nothing where pages remain. So no buffered write, read-modify-write or
+//!   mapping write-back ever starts from a stale copy of direct data.
 //!
 //! Each holder's LAYOUT EPOCH word (per file, in its channel's shared page)
 //! is bumped on every revocation and when changes end, so libraries drop
@@ -56,7 +67,7 @@ const THREAD_CHANGE_EXPIRY: Duration = Duration::from_secs(2);
 /// A layout change already past the kernel's hook when a file's watch was
 /// placed is not reported; the first grant after a new watch waits this
 /// long so that such a change has taken the inode's lock (see README,
-/// "Direct-path semantics").
+/// "Direct-path contract").
 const NEW_WATCH_GRACE: Duration = Duration::from_millis(2);
 /// How often a mapped file is checked for still being mapped somewhere.
 const MAPPED_RECHECK: Duration = Duration::from_millis(100);
@@ -105,11 +116,22 @@ struct InodeState {
     /// unseen. Nothing is granted until no such open is left (last checked
     /// then).
     blind: Option<Instant>,
+    /// A process outside the shim opened the file for writing (or a loop
+    /// device is attached to it): its ioctls may move blocks with no event
+    /// (XFS_IOC_SWAPEXT, EXT4_IOC_SWAP_BOOT, exchange-range; the loop
+    /// driver's I/O), so nothing is granted while it has the file open for
+    /// writing (last checked then), and the shim's writes go through the
+    /// kernel, where they change the file's times (xfs_fsr then refuses to
+    /// swap a file changed under it).
+    foreign_writer: Option<Instant>,
 }
 
 impl InodeState {
     fn unused(&self) -> bool {
-        self.holders.is_empty() && self.changes.is_empty() && self.mapped.is_none()
+        self.holders.is_empty()
+            && self.changes.is_empty()
+            && self.mapped.is_none()
+            && self.foreign_writer.is_none()
     }
 
     /// Drop the changes that are over: expired ones the kernel reported,
@@ -129,7 +151,7 @@ impl InodeState {
     /// Grants end below this offset while changes are pending (a mapped
     /// file: no grants at all).
     fn limit(&self) -> u64 {
-        if self.mapped.is_some() || self.blind.is_some() {
+        if self.mapped.is_some() || self.blind.is_some() || self.foreign_writer.is_some() {
             return 0;
         }
         self.changes
@@ -159,6 +181,11 @@ pub struct FileTableStats {
     pub kernel_event_handler_ns_max: u64,
     pub layout_changes: u64,
     pub revocations: u64,
+    /// Opens for writing by processes outside the shim (or loop devices)
+    /// that sent a held file to the kernel path.
+    pub foreign_writers: u64,
+    /// Inodes on the kernel path now because of such a writer.
+    pub inodes_foreign_written: u64,
     /// Reads through the kernel of held files (each revokes what it may
     /// cache and drops stale cached pages first).
     pub kernel_reads: u64,
@@ -218,6 +245,11 @@ impl FileTable {
             files_open: t.files.len() as u64,
             inodes_held: t.inodes.values().filter(|s| !s.holders.is_empty()).count() as u64,
             inodes_mapped: t.inodes.values().filter(|s| s.mapped.is_some()).count() as u64,
+            inodes_foreign_written: t
+                .inodes
+                .values()
+                .filter(|s| s.foreign_writer.is_some())
+                .count() as u64,
             inodes_watched: t
                 .inodes
                 .values()
@@ -245,7 +277,7 @@ impl FileTable {
                     Err(e) => {
                         eprintln!(
                             "monetad: {e}; layout changes by processes outside the shim are \
-                             not seen (README, \"Direct-path semantics\")"
+                             not seen (README, \"Direct-path contract\")"
                         );
                         None
                     }
@@ -324,12 +356,21 @@ impl FileTable {
                             .expect("covered")
                             .as_ref()
                             .is_none_or(|early| early.contains(&inode));
-                        if early && self.open_outside_the_shim(inode) {
+                        // One pass over /proc: opens from before the file
+                        // system was covered cannot report (blind); a
+                        // writer outside the shim that opened it before
+                        // the watch (xfs_fsr at work) and a loop device on
+                        // it can move blocks unseen; a mapping made before
+                        // the watch faults pages in unseen.
+                        let uses = self.outside_uses(inode, true);
+                        if early && uses.open {
                             st.blind = Some(Instant::now());
+                        } else if uses.open_for_writing
+                            || sys::inode_backs_loop_device(inode.dev, inode.ino)
+                        {
+                            st.foreign_writer = Some(Instant::now());
                         }
-                        // A mapping made before the watch faults pages in
-                        // unseen: the file is mapped from the start.
-                        if st.mapped.is_none() && sys::inode_mapped_anywhere(inode.dev, inode.ino) {
+                        if st.mapped.is_none() && uses.mapped {
                             if let Ok(keep) = sys::dup(file.raw_fd()) {
                                 st.mapped = Some(Mapped {
                                     fd: keep,
@@ -353,7 +394,9 @@ impl FileTable {
             .insert(session, pid);
     }
 
-    fn open_outside_the_shim(&self, inode: InodeId) -> bool {
+    /// How processes outside the shim use `inode` (and, with `maps`,
+    /// whether any process maps it).
+    fn outside_uses(&self, inode: InodeId, maps: bool) -> sys::OutsideUses {
         let pids: Vec<i32> = self
             .session_pids
             .lock()
@@ -362,15 +405,68 @@ impl FileTable {
             .copied()
             .collect();
         let root = self.mount_root.lock().expect("mount root").clone();
-        sys::inode_open_elsewhere(inode.dev, inode.ino, &pids, root.as_deref())
+        sys::outside_uses(inode.dev, inode.ino, &pids, root.as_deref(), true, maps)
+    }
+
+    fn open_outside_the_shim(&self, inode: InodeId, for_writing: bool) -> bool {
+        let uses = self.outside_uses(inode, false);
+        if for_writing {
+            uses.open_for_writing
+        } else {
+            uses.open
+        }
+    }
+
+    /// Whether thread `tid` belongs to a client of the control plane (a
+    /// process under the shim).
+    fn in_session(&self, tid: i32) -> bool {
+        let Some(pid) = sys::process_of_thread(tid) else {
+            return false;
+        };
+        self.session_pids
+            .lock()
+            .expect("session pids")
+            .values()
+            .any(|&p| p == pid)
     }
 
     /// If `inode` is blind and was not checked lately: once no process
-    /// outside the shim has it open from before its watch, grants resume.
+    /// outside the shim has it open from before its watch, grants resume
+    /// (opens since the watch report; only older ones were blind).
     fn recheck_blind(&self, inode: InodeId) {
+        self.recheck(
+            inode,
+            |st| &mut st.blind,
+            || self.open_outside_the_shim(inode, false),
+        );
+    }
+
+    /// If a writer outside the shim sent `inode` to the kernel path and it
+    /// was not checked lately: once no such process has it open for
+    /// writing and no loop device is attached to it, grants resume.
+    fn recheck_foreign_writer(&self, inode: InodeId) {
+        self.recheck(
+            inode,
+            |st| &mut st.foreign_writer,
+            || {
+                self.open_outside_the_shim(inode, true)
+                    || sys::inode_backs_loop_device(inode.dev, inode.ino)
+            },
+        );
+    }
+
+    /// A reason `field` keeps `inode` on the kernel path, checked again
+    /// (`still`) at most every [`MAPPED_RECHECK`]; cleared once it no
+    /// longer holds.
+    fn recheck(
+        &self,
+        inode: InodeId,
+        field: impl Fn(&mut InodeState) -> &mut Option<Instant>,
+        still: impl FnOnce() -> bool,
+    ) {
         {
             let mut t = self.lock();
-            let Some(checked) = t.inodes.get_mut(&inode).and_then(|s| s.blind.as_mut()) else {
+            let Some(checked) = t.inodes.get_mut(&inode).and_then(|s| field(s).as_mut()) else {
                 return;
             };
             if checked.elapsed() < MAPPED_RECHECK {
@@ -378,16 +474,33 @@ impl FileTable {
             }
             *checked = Instant::now();
         }
-        if self.open_outside_the_shim(inode) {
+        if still() {
             return;
         }
         let mut t = self.lock();
         if let Some(st) = t.inodes.get_mut(&inode) {
-            // Opens since the watch report; only older ones were blind.
-            st.blind = None;
+            *field(st) = None;
             st.generation += 1;
             self.changes_ended(st);
         }
+    }
+
+    /// A process outside the shim is opening `inode` for writing: every
+    /// channel's records are revoked and it goes to the kernel path (see
+    /// [`InodeState::foreign_writer`]).
+    fn foreign_writer(&self, inode: InodeId) -> Result<(), EmuError> {
+        let mut t = self.lock();
+        let Table { files, inodes } = &mut *t;
+        let Some(st) = inodes.get_mut(&inode) else {
+            return Ok(());
+        };
+        st.foreign_writer = Some(Instant::now());
+        st.generation += 1;
+        let revoked = self.revoke(files, st, 0)?;
+        let mut stats = self.stats.lock().expect("stats");
+        stats.foreign_writers += 1;
+        stats.revocations += revoked;
+        Ok(())
     }
 
     /// The soft miss (SPEC §3.2): the file's extents over
@@ -413,6 +526,7 @@ impl FileTable {
                 .inode();
             self.recheck_mapped(inode);
             self.recheck_blind(inode);
+            self.recheck_foreign_writer(inode);
             let (reader, generation, watched_since) = {
                 let mut t = self.lock();
                 let reader = t
@@ -626,6 +740,22 @@ impl FileTable {
                 None,
                 true,
             ),
+            LayoutEvent::OpenForWrite {
+                inode,
+                tid,
+                truncate,
+            } => {
+                let truncated = if truncate {
+                    self.begin_change(inode, ChangeOwner::Thread(tid), 0, Some(0))
+                } else {
+                    Ok(())
+                };
+                if self.in_session(tid) {
+                    truncated
+                } else {
+                    truncated.and(self.foreign_writer(inode))
+                }
+            }
             LayoutEvent::Map { inode, .. } => self.mapped_inode(inode),
             LayoutEvent::Done { inode, tid } => {
                 self.end_change(inode, ChangeOwner::Thread(tid));

@@ -14,6 +14,7 @@
 //! | truncate(2) | FAN_PRE_ACCESS (new size, count 0); no event after | revoke from the new size |
 //! | ftruncate | FAN_PRE_ACCESS (new size, count 0); FAN_CLOSE_WRITE at close | revoke from the new size |
 //! | open with O_TRUNC | FAN_OPEN_PERM only (the truncation itself sends nothing) | the opener's flags, read from /proc/TID/syscall |
+//! | open for writing outside the shim (xfs_fsr, e4defrag, losetup, any plain writer) | FAN_OPEN_PERM | every channel to the kernel while the writer has it open (its ioctls can move blocks unreported) |
 //! | mmap | FAN_PRE_ACCESS (the mapped range); page faults send nothing | the file goes to the kernel path while mapped |
 //!
 //! A pre-access event does not say whether it is a read, a write, a hole
@@ -68,6 +69,15 @@ pub enum LayoutEvent {
     /// A change of content or layout from byte `from` on (a write, a
     /// fallocate, or an access the watcher could not classify).
     Change { inode: InodeId, tid: i32, from: u64 },
+    /// The file is being opened for writing (`truncate`: with O_TRUNC).
+    /// A writer outside the shim may move the file's blocks with calls no
+    /// event reports (XFS_IOC_SWAPEXT as xfs_fsr does, EXT4_IOC_SWAP_BOOT,
+    /// exchange-range, a loop device attached to it).
+    OpenForWrite {
+        inode: InodeId,
+        tid: i32,
+        truncate: bool,
+    },
     /// The file is being mapped.
     Map { inode: InodeId, tid: i32 },
     /// A read through the kernel from byte `from` on: the page cache is
@@ -340,15 +350,28 @@ fn classify(meta: &libc::fanotify_event_metadata, info: &[u8], fd: RawFd) -> Opt
     }
     let call = syscall_of(tid);
     if meta.mask & libc::FAN_OPEN_PERM != 0 {
-        let truncates = match call {
-            Some((nr::OPEN, args)) => args[1] & libc::O_TRUNC as u64 != 0,
-            Some((nr::OPENAT, args)) => args[2] & libc::O_TRUNC as u64 != 0,
-            Some((nr::CREAT, _)) => true,
-            // openat2 keeps its flags in user memory; unknown: assume it truncates.
-            Some((nr::OPENAT2, _)) | None => true,
-            Some(_) => false,
+        let flags = match call {
+            Some((nr::OPEN, args)) => Some(args[1] as i32),
+            Some((nr::OPENAT, args)) => Some(args[2] as i32),
+            Some((nr::CREAT, _)) => Some(libc::O_WRONLY | libc::O_TRUNC),
+            // openat2 keeps its flags in user memory, and an unreadable
+            // call is unknown: assume the worst (writing, truncating).
+            Some((nr::OPENAT2, _)) | None => Some(libc::O_RDWR | libc::O_TRUNC),
+            // exec, a loop device's attach through another call: writing.
+            Some(_) => None,
         };
-        return truncates.then_some(LayoutEvent::Truncate { inode, tid, to: 0 });
+        let (write, truncate) = match flags {
+            Some(f) => (
+                f & libc::O_ACCMODE != libc::O_RDONLY,
+                f & libc::O_TRUNC != 0,
+            ),
+            None => (true, false),
+        };
+        return write.then_some(LayoutEvent::OpenForWrite {
+            inode,
+            tid,
+            truncate,
+        });
     }
     if meta.mask & FAN_PRE_ACCESS == 0 {
         return None;

@@ -560,29 +560,7 @@ pub fn fiemap(fd: RawFd, start: u64, len: u64) -> io::Result<Vec<FiemapExtent>> 
 /// Whether any process maps the file (dev, ino) (a line of some
 /// /proc/PID/maps names it). Processes that exit meanwhile are skipped.
 pub fn inode_mapped_anywhere(dev: u64, ino: u64) -> bool {
-    let want = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
-    let ino = ino.to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(maps) = std::fs::read_to_string(entry.path().join("maps")) else {
-            continue;
-        };
-        let found = maps.lines().any(|line| {
-            let mut fields = line.split_ascii_whitespace();
-            let (_range, _perms, _offset) = (fields.next(), fields.next(), fields.next());
-            fields.next() == Some(want.as_str()) && fields.next() == Some(ino.as_str())
-        });
-        if found {
-            return true;
-        }
-    }
-    false
+    outside_uses(dev, ino, &[], None, false, true).mapped
 }
 
 /// Size in bytes of the block device open on `fd` (BLKGETSIZE64).
@@ -627,22 +605,37 @@ pub fn write_back_range(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
-/// Whether a process other than those in `except` (and this one) has the
-/// file (dev, ino) open (a /proc/PID/fd entry names it). Only descriptors
-/// whose path lies under `under` are examined (when given): a stat of a
-/// descriptor on a hung network file system would hang the scan.
-/// Processes that exit meanwhile are skipped.
-pub fn inode_open_elsewhere(
+/// How processes other than this one use the file (dev, ino), from one
+/// pass over /proc.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutsideUses {
+    /// A descriptor of it is open (in a process not in `except`).
+    pub open: bool,
+    /// One of those is open for writing.
+    pub open_for_writing: bool,
+    /// Some process (any but this one) maps it.
+    pub mapped: bool,
+}
+
+/// One pass over /proc: the descriptors of every process but this one and
+/// `except` (only those whose path is `under`, if given) when `fds`, and
+/// every process's mappings when `maps`.
+pub fn outside_uses(
     dev: u64,
     ino: u64,
     except: &[i32],
     under: Option<&std::path::Path>,
-) -> bool {
+    fds: bool,
+    maps: bool,
+) -> OutsideUses {
     use std::os::unix::fs::MetadataExt;
     let me = std::process::id() as i32;
+    let mut uses = OutsideUses::default();
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return false;
+        return uses;
     };
+    let want_dev = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+    let want_ino = ino.to_string();
     for entry in dir.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -651,26 +644,85 @@ pub fn inode_open_elsewhere(
         else {
             continue;
         };
-        if pid == me || except.contains(&pid) {
+        if pid == me {
             continue;
         }
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
-            continue;
-        };
-        let open = fds.flatten().any(|f| {
-            let path = f.path();
-            under.is_none_or(|u| std::fs::read_link(&path).is_ok_and(|t| t.starts_with(u)))
-                && std::fs::metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino)
-        });
-        if open {
-            return true;
+        if fds && !uses.open_for_writing && !except.contains(&pid) {
+            if let Ok(list) = std::fs::read_dir(entry.path().join("fd")) {
+                for f in list.flatten() {
+                    let path = f.path();
+                    let ours = under
+                        .is_none_or(|u| std::fs::read_link(&path).is_ok_and(|t| t.starts_with(u)))
+                        && std::fs::metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino);
+                    if ours {
+                        uses.open = true;
+                        if fd_writable(&entry.path(), &f.file_name()) {
+                            uses.open_for_writing = true;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if maps && !uses.mapped {
+            if let Ok(text) = std::fs::read_to_string(entry.path().join("maps")) {
+                uses.mapped = text.lines().any(|line| {
+                    let mut fields = line.split_ascii_whitespace();
+                    let (_range, _perms, _offset) = (fields.next(), fields.next(), fields.next());
+                    fields.next() == Some(want_dev.as_str())
+                        && fields.next() == Some(want_ino.as_str())
+                });
+            }
+        }
+        if (!fds || uses.open_for_writing) && (!maps || uses.mapped) {
+            break;
         }
     }
-    false
+    uses
 }
 
 /// The inodes (dev, ino) of every regular file some process (other than
 /// this one) has open under directory `root` (by the descriptor's path).
+/// Whether descriptor `fd` of the process at `/proc/PID` is open for
+/// writing (its fdinfo's octal flags; unreadable counts as writable).
+fn fd_writable(proc: &std::path::Path, fd: &std::ffi::OsStr) -> bool {
+    let Ok(info) = std::fs::read_to_string(proc.join("fdinfo").join(fd)) else {
+        return true;
+    };
+    info.lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|f| i32::from_str_radix(f.trim(), 8).ok())
+        .is_none_or(|flags| flags & libc::O_ACCMODE != libc::O_RDONLY)
+}
+
+/// Whether a loop device is attached to the file (dev, ino): the loop
+/// driver reads, writes and discards it from inside the kernel, where no
+/// fanotify event reports it.
+pub fn inode_backs_loop_device(dev: u64, ino: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir("/sys/block") else {
+        return false;
+    };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .any(|path| {
+            std::fs::metadata(path.trim_end_matches('\n'))
+                .is_ok_and(|m| m.dev() == dev && m.ino() == ino)
+        })
+}
+
+/// The thread group (process) of thread `tid`, from /proc.
+pub fn process_of_thread(tid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 pub fn inodes_open_under(
     root: &std::path::Path,
 ) -> std::collections::HashSet<crate::files::InodeId> {

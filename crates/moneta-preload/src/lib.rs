@@ -13,7 +13,8 @@
 //! readv, writev, preadv(64), pwritev(64), dup, dup2, dup3, fcntl(64)
 //! (F_DUPFD, F_DUPFD_CLOEXEC, F_SETFL's O_APPEND; the rest pass through),
 //! truncate(64), ftruncate(64), fallocate(64), fsync, fdatasync, mmap(64),
-//! munmap, mremap, and the fortified __read_chk / __pread(64)_chk. fstat and
+//! munmap, mremap, ioctl (any but a few read-only ones runs as a layout
+//! change of the whole file), and the fortified __read_chk / __pread(64)_chk. fstat and
 //! lseek need no interposing: the kernel keeps the file's size (the library
 //! grows files through it) and its file position (the shim reads and moves
 //! it), so both are shared across dup, fork and exec as POSIX says.
@@ -651,6 +652,47 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     fcntl_common(fd, cmd, arg, unsafe { (real().fcntl64)(fd, cmd, arg) })
+}
+
+/// ioctls that only read a file's state (or the terminal's): everything
+/// else a program asks of a file on the mount may move its blocks where no
+/// event reports it (XFS_IOC_SWAPEXT, XFS_IOC_EXCHANGE_RANGE,
+/// EXT4_IOC_SWAP_BOOT, EXT4_IOC_MOVE_EXT, …), so it runs as a layout
+/// change of the whole file.
+const READ_ONLY_IOCTLS: [libc::c_ulong; 6] = [
+    0xC020_660B, // FS_IOC_FIEMAP
+    0x8008_6601, // FS_IOC_GETFLAGS
+    0x801C_581F, // FS_IOC_FSGETXATTR
+    0x0000_0002, // FIGETBSZ
+    0x0000_541B, // FIONREAD
+    0x8004_6601, // FS_IOC32_GETFLAGS
+];
+
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: usize) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let real_call = || unsafe { (real().ioctl)(fd, request, arg) };
+    if READ_ONLY_IOCTLS.contains(&request) {
+        return real_call();
+    }
+    let handled = ours(fd, |of| {
+        let r = with_file(of, |m, f| {
+            f.layout_change(m, 0, || {
+                let r = real_call();
+                // SAFETY: reading this thread's errno right after the call.
+                Ok((r, unsafe { *libc::__errno_location() }))
+            })
+            .map_err(io_error)
+        });
+        match r {
+            Ok((r, errno)) => {
+                set_errno(errno);
+                r
+            }
+            Err(e) => fail(e),
+        }
+    });
+    handled.unwrap_or_else(real_call)
 }
 
 // ---- read, write ----------------------------------------------------------

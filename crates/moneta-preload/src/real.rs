@@ -55,6 +55,7 @@ real_fns! {
     dup3: fn(c_int, c_int, c_int) -> c_int;
     fcntl: fn(c_int, c_int, usize) -> c_int;
     fcntl64: fn(c_int, c_int, usize) -> c_int;
+    ioctl: fn(c_int, libc::c_ulong, usize) -> c_int;
     ftruncate: fn(c_int, off_t) -> c_int;
     ftruncate64: fn(c_int, off64_t) -> c_int;
     fallocate64: fn(c_int, c_int, off64_t, off64_t) -> c_int;

@@ -24,6 +24,7 @@
 //! kinds of operation) and prints the smallest that still fails.
 
 mod pattern;
+mod scenario;
 mod sys;
 mod worker;
 
@@ -41,6 +42,8 @@ usage:
                      [--shim-workers K] [--skip op,op] [--no-admin] [--no-fill]
                      [--results DIR] [--json]
   moneta-torture shrink (the same options): cut a failing schedule down
+  moneta-torture scenario NAME|all --mount DIR [--moneta PATH]: the scripted
+                     schedules of the data-loss classes issue 20 found
   moneta-torture ops: the operation names (--skip takes them)
 
 run: the schedule (seed S, N operations per worker, P workers of which the
@@ -173,6 +176,8 @@ fn main() {
     let code = match args.first().map(String::as_str) {
         Some("worker") => run_worker(&args[1..]),
         Some("exec-write") => worker::exec_write(&args[1..]),
+        Some("step") => scenario::step(&args[1..]),
+        Some("scenario") => run_scenarios(&args[1..]),
         Some("ops") => {
             for (name, _) in worker::OPS {
                 println!("{name}");
@@ -197,6 +202,45 @@ fn main() {
         }
     };
     std::process::exit(code);
+}
+
+fn run_scenarios(args: &[String]) -> i32 {
+    let Some(name) = args.first() else {
+        eprintln!("{USAGE}");
+        return 2;
+    };
+    let a = match parse_run(&args[1..]) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("moneta-torture: {e}");
+            return 2;
+        }
+    };
+    let names: Vec<&str> = if name == "all" {
+        scenario::SCENARIOS.to_vec()
+    } else {
+        vec![name.as_str()]
+    };
+    let c = scenario::Ctx {
+        mount: a.mount.clone(),
+        moneta: a.moneta.clone(),
+        dir: a.mount.join("torture-scenario"),
+    };
+    let mut failed = 0;
+    for n in names {
+        let t0 = Instant::now();
+        match scenario::run(n, &c) {
+            Ok(what) => eprintln!(
+                "scenario {n}: ok in {:.1} s — {what}",
+                t0.elapsed().as_secs_f64()
+            ),
+            Err(e) => {
+                failed += 1;
+                eprintln!("scenario {n}: FAILED — {e}");
+            }
+        }
+    }
+    i32::from(failed > 0)
 }
 
 fn run_worker(args: &[String]) -> i32 {
@@ -397,26 +441,31 @@ fn make_shared_files(dir: &Path, workers: u32) -> std::io::Result<()> {
 }
 
 fn device_requests(a: &RunArgs) -> Option<u64> {
-    let out = Command::new(&a.moneta)
+    daemon_counter(&a.moneta, &a.mount, "requests_completed")
+}
+
+/// A counter of the monetad serving `mount` (`moneta stats`), by key.
+fn daemon_counter(moneta: &Path, mount: &Path, key: &str) -> Option<u64> {
+    let out = Command::new(moneta)
         .args(["status", "--format", "json"])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     // The instance whose mount is ours: its socket, then its counters.
-    let mount = a.mount.canonicalize().ok()?;
+    let mount = mount.canonicalize().ok()?;
     let needle = format!("\"mount\":\"{}\"", mount.display());
     let at = text.replace(": ", ":").find(&needle)?;
     let rest = &text.replace(": ", ":")[at..];
-    let key = "\"socket\":\"";
-    let s = rest.find(key)? + key.len();
+    let socket_key = "\"socket\":\"";
+    let s = rest.find(socket_key)? + socket_key.len();
     let socket = &rest[s..s + rest[s..].find('"')?];
-    let stats = Command::new(&a.moneta)
+    let stats = Command::new(moneta)
         .args(["stats", "--daemon", socket])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&stats.stdout).replace(": ", ":");
-    let key = "\"requests_completed\":";
-    let s = text.find(key)? + key.len();
+    let key = format!("\"{key}\":");
+    let s = text.find(&key)? + key.len();
     text[s..]
         .chars()
         .take_while(|c| c.is_ascii_digit())
