@@ -167,7 +167,9 @@ fn misaligned(of: &OpenFile, addr: usize, len: usize, offset: u64) -> bool {
         return false;
     }
     let (mem, off) = ((a >> 32).max(1), (a & 0xFFFF_FFFF).max(1));
-    addr as u64 % mem != 0 || len as u64 % off != 0 || offset % off != 0
+    !(addr as u64).is_multiple_of(mem)
+        || !(len as u64).is_multiple_of(off)
+        || !offset.is_multiple_of(off)
 }
 
 /// Run `f` with the open file's library handle, re-registering it first if

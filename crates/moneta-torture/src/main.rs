@@ -531,7 +531,7 @@ fn fs_type(mount: &Path) -> String {
             let f: Vec<&str> = l.split_whitespace().collect();
             (f.len() > 2 && Path::new(f[1]) == m).then(|| f[2].to_string())
         })
-        .last()
+        .next_back()
         .unwrap_or_default()
 }
 
