@@ -758,12 +758,20 @@ impl Moneta {
                 // one file, read-only and read-write: the newest grant
                 // holds the range); the hard miss re-installs the grant
                 // that allows it, if any.
-                ResultCode::MissingRecord | ResultCode::PermissionDenied
-                    if retries < MISS_RETRIES =>
-                {
+                ResultCode::MissingRecord if retries < MISS_RETRIES => {
                     retries += 1;
                     self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
                     self.resolve(io.addr, io.len, io.op == Op::Write)?;
+                    self.issue(io)?;
+                }
+                ResultCode::PermissionDenied if retries < MISS_RETRIES => {
+                    retries += 1;
+                    self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
+                    // No grant of this channel allows it: the device's
+                    // refusal stands.
+                    if self.resolve(io.addr, io.len, io.op == Op::Write).is_err() {
+                        return Err(request_error(io, code));
+                    }
                     self.issue(io)?;
                 }
                 code => return Err(request_error(io, code)),
@@ -779,7 +787,17 @@ impl Moneta {
         io.in_flight = false;
         match code {
             ResultCode::Ok => Some(Ok(())),
-            ResultCode::MissingRecord | ResultCode::PermissionDenied => {
+            ResultCode::PermissionDenied => {
+                self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
+                match self.resolve(io.addr, io.len, io.op == Op::Write) {
+                    Ok(()) => match self.issue(io) {
+                        Ok(()) => None,
+                        Err(e) => Some(Err(e)),
+                    },
+                    Err(_) => Some(Err(request_error(io, code))),
+                }
+            }
+            ResultCode::MissingRecord => {
                 self.inner.hard_misses.fetch_add(1, Ordering::Relaxed);
                 match self
                     .resolve(io.addr, io.len, io.op == Op::Write)
@@ -972,10 +990,10 @@ fn clock_reached(t: u64) -> bool {
 }
 
 fn request_error(io: &Io, code: ResultCode) -> EmuError {
-    // A refusal the hard miss could not mend means the grant is gone: the
-    // file library asks the control plane again (or uses the kernel).
+    // A record the hard miss could not bring back means the grant is gone:
+    // the file library asks the control plane again (or uses the kernel).
     let kind = match code {
-        ResultCode::MissingRecord | ResultCode::PermissionDenied => ErrorKind::Unauthorized,
+        ResultCode::MissingRecord => ErrorKind::Unauthorized,
         _ => ErrorKind::Request,
     };
     EmuError::new(

@@ -33,6 +33,12 @@ fn fio_verifies_its_data_through_the_shim_on_xfs_and_ext4() {
                     "--do_verify=1",
                     "--verify_state_save=0", // no state file left in the working directory
                     "--randrepeat=1",
+                    // Lay the file out with data first: fio otherwise
+                    // preallocates (unwritten extents), and a write into an
+                    // unwritten extent goes through the kernel (README,
+                    // "Direct-path contract"); the random writes then
+                    // overwrite data, which is what the shim serves.
+                    "--overwrite=1",
                     "--output-format=json",
                 ],
             )
