@@ -561,9 +561,13 @@ except OSError as e:
 #[test]
 fn a_plain_process_that_opened_the_file_before_it_was_held_is_seen() {
     // The kernel decides at open whether an open file will report its
-    // accesses: this puncher opens X before any shim process holds it (and
-    // so before X is watched); monetad covers the whole file system from
-    // its start, so the punch is reported all the same.
+    // accesses: this puncher opens X for writing before any shim process
+    // holds it (and so before X is watched). A writer outside the shim may
+    // move blocks with calls no event reports (xfs_fsr's swapext), so
+    // monetad, finding it in /proc at X's first watch, keeps every channel
+    // on the kernel path for X while it has X open (README, "Direct-path
+    // contract"): the holder never reaches the device, and the punch
+    // cannot reach its blocks.
     const PUNCHER: &str = r#"
 import ctypes, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
@@ -596,7 +600,7 @@ os.fsync(fd)
             writeln!(p.0.stdin.take().unwrap(), "go").unwrap();
             assert!(p.0.wait().unwrap().success(), "the punch failed");
         },
-        true,
+        false,
     );
 }
 
