@@ -96,9 +96,10 @@ pub struct CommonArgs {
     /// core of the paper's dual Xeon E5520 hosts).
     #[arg(long, default_value_t = 8)]
     threads: u32,
-    /// Cores the iSCSI target software runs on per host (tgtd's one event loop).
-    #[arg(long, default_value_t = 1)]
-    target_cores: u32,
+    /// Cores the iSCSI target software runs on per host [default: the
+    /// preset's san.iscsi_target_cores, 1: tgtd's one event loop].
+    #[arg(long)]
+    target_cores: Option<u32>,
     /// Write an SVG plot.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
@@ -124,15 +125,16 @@ impl CommonArgs {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
-        if self.target_cores == 0 {
+        if self.target_cores == Some(0) {
             return Err("--target-cores must be at least 1".into());
         }
+        let device = self.device()?;
         let costs = InterfaceCosts {
-            iscsi_target_cores: self.target_cores,
-            ..InterfaceCosts::default()
+            iscsi_target_cores: self.target_cores.unwrap_or(device.san.iscsi_target_cores),
+            ..device.san.clone()
         };
         Ok(Setup {
-            device: self.device()?,
+            device,
             costs,
             seed: self.seed,
             ops,

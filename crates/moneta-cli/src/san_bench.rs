@@ -19,7 +19,7 @@ use moneta::{CompletionMode, Moneta};
 use moneta_emu::san_file::SanFile;
 use moneta_model::config::Config;
 use moneta_model::san::experiments::{self, Setup};
-use moneta_model::san::interfaces::{Interface, InterfaceCosts};
+use moneta_model::san::interfaces::Interface;
 use moneta_model::san::system::Topology;
 use moneta_model::units::Op;
 use moneta_model::workload::{OpMix, RunLimit, Workload};
@@ -89,7 +89,7 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
     let sim = if nodes >= 2 && remote.is_some() {
         let setup = Setup {
             device: config.clone(),
-            costs: InterfaceCosts::default(),
+            costs: config.san.clone(),
             seed: a.seed,
             ops: 2000,
             threads_per_host: 1,

@@ -37,7 +37,7 @@ use moneta::{CompletionMode, Moneta};
 use moneta_emu::san_file::{SanFile, SanTopology};
 use moneta_model::config::Config;
 use moneta_model::san::experiments::topology;
-use moneta_model::san::interfaces::{Interface, InterfaceCosts};
+use moneta_model::san::interfaces::Interface;
 use moneta_model::san::sort::{self, CpuCosts, SortResult, SortSetup, RECORD_BYTES};
 use moneta_model::san::system::SanConfig;
 use serde::Serialize;
@@ -482,13 +482,14 @@ fn predict(
         cores: 1,
         source: "measured in this run's workers (this machine, one core per host), unscaled".into(),
     };
+    let device = Config::preset(&a.preset).map_err(|e| e.to_string())?;
     sort::run(&SortSetup {
+        costs: device.san.clone(),
         san: SanConfig {
-            device: Config::preset(&a.preset).map_err(|e| e.to_string())?,
+            device,
             topology: topology(false, nodes)?,
             mirroring: false,
         },
-        costs: InterfaceCosts::default(),
         interface,
         input_bytes: a.records * RECORD_BYTES as u64,
         io_bytes: a.io_bytes,

@@ -23,6 +23,10 @@ pub struct Check {
     /// Accepted relative error (0.15 = ±15%).
     pub tolerance: f64,
     pub unit: &'static str,
+    /// A statement that gives a range rather than a number (SPEC §7's
+    /// "1.5–2×", "< 1"): within means within these bounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bounds: Option<(f64, f64)>,
 }
 
 impl Check {
@@ -31,8 +35,21 @@ impl Check {
     }
 
     pub fn within(&self) -> bool {
-        self.error().abs() <= self.tolerance
+        match self.bounds {
+            Some((low, high)) => low <= self.simulated && self.simulated <= high,
+            None => self.error().abs() <= self.tolerance,
+        }
     }
+}
+
+/// Why a check misses, if it is a documented deviation (the array's and
+/// QuickSAN's here, NVMM's in `nvmm::calibration`).
+pub fn known_deviation(name: &str) -> Option<&'static str> {
+    KNOWN_DEVIATIONS
+        .iter()
+        .chain(crate::nvmm::calibration::KNOWN_MISSES)
+        .find(|(n, _)| *n == name)
+        .map(|(_, why)| *why)
 }
 
 /// Checks the mechanisms do not reach, with why (README "Calibration").
@@ -57,7 +74,26 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
     ("2011 write 4096 B", CURVE_2011),
     ("2011 mixed 4096 B", CURVE_2011),
     ("2011 mixed 8192 B", CURVE_2011),
+    ("MICRO'10 random 4 KB IOPS, 50/50, Balance", TWO_BUFFERS),
+    (
+        "QuickSAN kernel remote 4 KB read, non-media",
+        KERNEL_COMPLETION,
+    ),
+    (
+        "QuickSAN kernel remote 4 KB write, non-media",
+        KERNEL_COMPLETION,
+    ),
+    (
+        "energy: iSCSI / QuickSAN-OS, lowest of read, write, 50/50",
+        ENERGY,
+    ),
+    ("energy: iSCSI / QuickSAN-OS, highest", ENERGY),
+    ("energy: iSCSI / QuickSAN-D, lowest", ENERGY),
+    ("energy: iSCSI / QuickSAN-D, highest", ENERGY),
 ];
+
+const KERNEL_COMPLETION: &str = "Table 5.1 gives one QuickSAN block-transport row (17.0 / 16.9 µs) for the kernel and the direct interface alike, so it holds the direct path's DMA completion (Table 4.2: 2.32 / 2.68 µs) and has no completion row for the kernel path. The kernel driver of the Moneta-D era completes by interrupt (Table 4.2 'baseline interrupts' 5.82 / 5.87 µs, §4.3.4), which san.kernel_completion = interrupt charges: +3.5 µs over Table 5.1's sum, +5.7 µs over the Moneta+Spin model before it. The QuickSAN-OS latencies Table 5.2 measured are reported (issue 23) to be above the model's Table 5.1-like ones throughout; set san.kernel_completion = spin to get 21.6 / 23.0 µs here.";
+const ENERGY: &str = "Host power is our assumption, linear from 150 W idle to 300 W with all 8 cores busy, and a spinning core counts as busy: QuickSAN-D spins on every core (DMA completion) while QuickSAN-OS sleeps for its interrupt, so OS reads come out cheaper than D reads (1.10 vs 1.46 mJ), whereas §5.4.7 has D cheaper for every op. iSCSI's 4 KB throughput is bound by the target's one tgtd core (our assumption), 142 µs of target software per request; its energy per request is 25–37× D's. With fs_write_atomicity, iSCSI writes (through GFS2 as well) also run one at a time per host, which raises iSCSI's write energy from 27 to 55 mJ: the highest iSCSI / D ratio goes from 25.5× (−7%) to 37× (+36%), the OS write ratio from 1.04× to 3.7× (published 4×).";
 
 const BASE_SERIAL: &str = "Base runs the whole block queue, the dispatch (tag, copy, PIO) and the completion in the single no-op scheduler context (~6.5 µs per 4 KB read, so ~155K requests/s, 632 MB/s) and gives 2.7×; 4× would need ~9.5 µs of serialized work per request, more than Table 3.1 attributes to those components.";
 const TWO_BUFFERS: &str = "2Q's +75% is 71% of 4 GB/s = 2.84 GB/s mixed. MICRO'10 §III.A buffers are store-and-forward (a write's buffer: DMA, then scoreboard, then ring, then free; a read's steps reversed), so each 8 KB segment holds one of the two buffers >= 8192 B / 2 GB/s + 8192 B / 4 GB/s = 6.14 µs even with no memory or DMA latency: two buffers move <= 2 × 8192 B / 6.14 µs = 2.67 GB/s < 2.84 GB/s (2.40 GB/s with 128 B TLPs). The published gain needs more buffers than the paper gives the design; the model is buffer-bound at ~1.8 GB/s under FIFO and 2Q alike (with the 2011 array's 8 buffers 2Q mixed reaches 3.3 GB/s, within 10% of that table).";
@@ -108,6 +144,7 @@ fn check(
         simulated,
         tolerance,
         unit,
+        bounds: None,
     }
 }
 
@@ -405,6 +442,178 @@ pub fn power() -> Vec<Check> {
     )]
 }
 
+/// Moneta-D (dissertation ch. 4) and the MICRO'10 headline numbers that a
+/// closed loop can measure (SPEC §2.3, §3.5).
+pub fn direct_and_headline() -> Vec<Check> {
+    let direct = preset("moneta-d", Stack::Direct);
+    let micro = preset("moneta-micro10", Stack::Spin);
+    let balance = preset("moneta-micro10", Stack::Balance);
+    // Table 4.2's Moneta-D write column (1 extent), summed: hardware + DMA
+    // 2.18, copy 0.13, extent lookup 0.12, hardware check 0.06, library
+    // 0.29, DMA completion 2.68 µs.
+    let table_4_2_write = 2.18 + 0.13 + 0.12 + 0.06 + 0.29 + 2.68;
+    vec![
+        check(
+            "Moneta-D 512 B write latency".into(),
+            "Table 4.2, Moneta-D column summed (SPEC §3.5)",
+            table_4_2_write,
+            latency_us(&direct, OpMix::Write, 512),
+            0.15,
+            "µs",
+        ),
+        check(
+            "Moneta-D 512 B write IOPS, 16 threads".into(),
+            "dissertation §4.4.2 \"1.8 M 512 B IO operations per second\" (SPEC §3.5)",
+            1.8e6,
+            iops(&direct, OpMix::Write, 512, 16),
+            0.15,
+            "IOPS",
+        ),
+        check(
+            "MICRO'10 512 B write latency".into(),
+            "MICRO'10 abstract (SPEC §2.3)",
+            9.0,
+            latency_us(&micro, OpMix::Write, 512),
+            0.15,
+            "µs",
+        ),
+        check(
+            "MICRO'10 random 4 KB IOPS, 50/50, Balance".into(),
+            "MICRO'10 abstract: 541K 4 KB IOPS, 2.2 GB/s (SPEC §2.3)",
+            541_000.0,
+            iops(&balance, OpMix::Mixed(0.5), 4096, 16),
+            0.15,
+            "IOPS",
+        ),
+    ]
+}
+
+/// QuickSAN (dissertation ch. 5): Table 5.1's non-media totals for a
+/// remote 4 KB access (one thread, distributed, 4 nodes), and §5.4.7's
+/// energy statements (distributed, 4 nodes, 4 KB, 8 threads per host).
+pub fn quicksan() -> Vec<Check> {
+    use crate::san::energy::HostPower;
+    use crate::san::experiments::{energy, latency, topology, Setup};
+    use crate::san::interfaces::Interface;
+    let device = Config::preset("quicksan-ssd").expect("shipped preset");
+    let setup = |ops| Setup {
+        costs: device.san.clone(),
+        device: device.clone(),
+        seed: SEED,
+        ops,
+        threads_per_host: 8,
+    };
+    let distributed = topology(false, 4).expect("4 nodes");
+    let all = [
+        Interface::QuicksanD,
+        Interface::QuicksanOs,
+        Interface::Iscsi,
+        Interface::FibreChannel,
+    ];
+    let rows =
+        latency(&setup(2_000), &all, distributed, 4096, &mut |_, _, _| {}).expect("latency runs");
+    let src = "Table 5.1 non-media total (SPEC §4.2)";
+    let mut v = Vec::new();
+    for (interface, label, read, write) in [
+        (Interface::QuicksanD, "QuickSAN direct", 17.2, 17.1),
+        (Interface::QuicksanOs, "QuickSAN kernel", 22.2, 22.6),
+        (Interface::Iscsi, "iSCSI", 288.1, 212.6),
+        (Interface::FibreChannel, "Fibre Channel", 90.1, 90.8),
+    ] {
+        for (op, published) in [("read", read), ("write", write)] {
+            let r = rows
+                .iter()
+                .find(|r| r.interface == interface && r.locality == "remote" && r.op == op)
+                .expect("a remote row per interface and op");
+            v.push(check(
+                format!("{label} remote 4 KB {op}, non-media"),
+                src,
+                published,
+                r.latency_us_mean - r.table_5_1.media_us,
+                0.15,
+                "µs",
+            ));
+        }
+    }
+    let mixes = [OpMix::Read, OpMix::Write, OpMix::Mixed(0.5)];
+    let three = [
+        Interface::QuicksanD,
+        Interface::QuicksanOs,
+        Interface::Iscsi,
+    ];
+    let e = energy(
+        &setup(20_000),
+        &three,
+        distributed,
+        &mixes,
+        4096,
+        &HostPower::default(),
+        &mut |_, _, _| {},
+    )
+    .expect("energy runs");
+    let joules = |i: Interface, op: &str| {
+        e.iter()
+            .find(|r| r.interface == i && r.op == op)
+            .expect("a row per interface and op")
+            .energy
+            .joules_per_op
+    };
+    let ratios = |over: Interface| -> Vec<f64> {
+        ["read", "write", "mixed"]
+            .iter()
+            .map(|op| joules(Interface::Iscsi, op) / joules(over, op))
+            .collect()
+    };
+    let lowest = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let src = "dissertation §5.4.7 (SPEC §4.4)";
+    let os = ratios(Interface::QuicksanOs);
+    let d = ratios(Interface::QuicksanD);
+    v.extend([
+        check(
+            "energy: iSCSI / QuickSAN-OS, lowest of read, write, 50/50".into(),
+            src,
+            6.2,
+            lowest(&os),
+            0.15,
+            "×",
+        ),
+        check(
+            "energy: iSCSI / QuickSAN-OS, highest".into(),
+            src,
+            12.7,
+            highest(&os),
+            0.15,
+            "×",
+        ),
+        check(
+            "energy: iSCSI / QuickSAN-D, lowest".into(),
+            src,
+            13.2,
+            lowest(&d),
+            0.15,
+            "×",
+        ),
+        check(
+            "energy: iSCSI / QuickSAN-D, highest".into(),
+            src,
+            27.4,
+            highest(&d),
+            0.15,
+            "×",
+        ),
+        check(
+            "energy, writes: QuickSAN-OS / QuickSAN-D".into(),
+            src,
+            4.0,
+            joules(Interface::QuicksanOs, "write") / joules(Interface::QuicksanD, "write"),
+            0.15,
+            "×",
+        ),
+    ]);
+    v
+}
+
 /// Every check, in README order.
 pub fn all() -> Vec<Check> {
     let mut v = table_3_4();
@@ -413,7 +622,10 @@ pub fn all() -> Vec<Check> {
     v.extend(balance());
     v.extend(latency_tolerance());
     v.extend(power());
+    v.extend(direct_and_headline());
     v.extend(moneta_2011_curves());
+    v.extend(quicksan());
+    v.extend(crate::nvmm::calibration::checks());
     v
 }
 
@@ -422,8 +634,13 @@ pub fn markdown(checks: &[Check]) -> String {
     let mut s = String::from("| check | source | published | simulated | error | tolerance | |\n|---|---|---|---|---|---|---|\n");
     for c in checks {
         let mark = if c.within() { "ok" } else { "**miss**" };
+        let tolerance = match c.bounds {
+            Some((low, high)) if high.is_finite() => format!("{} … {}", fmt(low), fmt(high)),
+            Some((low, _)) => format!("> {}", fmt(low)),
+            None => format!("±{:.0}%", 100.0 * c.tolerance),
+        };
         s.push_str(&format!(
-            "| {} | {} | {} {} | {} {} | {:+.1}% | ±{:.0}% | {} |\n",
+            "| {} | {} | {} {} | {} {} | {:+.1}% | {} | {} |\n",
             c.name,
             c.source,
             fmt(c.published),
@@ -431,7 +648,7 @@ pub fn markdown(checks: &[Check]) -> String {
             fmt(c.simulated),
             c.unit,
             100.0 * c.error(),
-            100.0 * c.tolerance,
+            tolerance,
             mark
         ));
     }
@@ -458,8 +675,11 @@ mod tests {
     fn calibration_against_published_numbers() {
         let checks = all();
         eprintln!("{}", markdown(&checks));
-        let known = |name: &str| KNOWN_DEVIATIONS.iter().any(|(n, _)| *n == name);
-        for (name, _) in KNOWN_DEVIATIONS {
+        let known = |name: &str| known_deviation(name).is_some();
+        for (name, _) in KNOWN_DEVIATIONS
+            .iter()
+            .chain(crate::nvmm::calibration::KNOWN_MISSES)
+        {
             assert!(
                 checks.iter().any(|c| c.name == *name),
                 "deviation '{name}' names no check"
