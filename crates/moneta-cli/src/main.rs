@@ -232,7 +232,7 @@ struct PatternArgs {
     #[arg(long, value_enum, default_value_t = Pattern::Random)]
     pattern: Pattern,
     /// Bytes of the device the threads touch [default: the whole device, at most 16 GiB].
-    #[arg(long)]
+    #[arg(long, value_parser = moneta_model::units::parse_size)]
     region_bytes: Option<u64>,
 }
 
@@ -271,8 +271,8 @@ struct RunArgs {
     /// read, write or mixed (50/50).
     #[arg(long, default_value = "read")]
     op: String,
-    /// Request size in bytes (multiple of 512).
-    #[arg(long, default_value_t = 4096)]
+    /// Request size: bytes or with K/M/G, a multiple of 512 (4k).
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Closed-loop threads.
     #[arg(long, default_value_t = 16)]
@@ -295,8 +295,8 @@ struct CompareArgs {
     /// read, write or mixed (50/50).
     #[arg(long, default_value = "read")]
     op: String,
-    /// Request size in bytes (multiple of 512).
-    #[arg(long, default_value_t = 4096)]
+    /// Request size: bytes or with K/M/G, a multiple of 512 (4k).
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Closed-loop threads [default: 1, an unloaded request as in Table 3.1].
     #[arg(long, default_value_t = 1)]
@@ -320,12 +320,13 @@ struct SweepArgs {
     /// Comma-separated operations.
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
-    /// Comma-separated request sizes in bytes.
+    /// Comma-separated request sizes: bytes, or with K/M/G (512,4k,1M).
     #[arg(
         long,
         default_value = "512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576"
     )]
     sizes: String,
+    /// Closed-loop threads (XDD's 16 in every paper's sweep).
     #[arg(long, default_value_t = 16)]
     threads: u32,
     /// Run only points i, i+n, i+2n, … (0-based), for cluster job arrays.
@@ -345,13 +346,17 @@ struct FairnessArgs {
     model: ModelArgs,
     #[command(flatten)]
     limit: LimitArgs,
+    /// Threads issuing small requests (SPEC §2.2: four 4 KB readers).
     #[arg(long, default_value_t = 4)]
     small_threads: u32,
-    #[arg(long, default_value_t = 4096)]
+    /// Size of the small requests (bytes, or with K/M/G).
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     small_size: u64,
+    /// Threads issuing large requests (SPEC §2.2: four 512 KB readers).
     #[arg(long, default_value_t = 4)]
     large_threads: u32,
-    #[arg(long, default_value_t = 524288)]
+    /// Size of the large requests (bytes, or with K/M/G).
+    #[arg(long, default_value_t = 524288, value_parser = moneta_model::units::parse_size)]
     large_size: u64,
 }
 
@@ -361,7 +366,7 @@ struct SpeedArgs {
     model: ModelArgs,
     #[arg(long, default_value_t = 2_000_000)]
     ops: u64,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     #[arg(long, default_value_t = 16)]
     threads: u32,
@@ -559,15 +564,7 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     let config = a.model.device.config()?;
     let ops: Vec<&str> = a.op.split(',').map(str::trim).collect();
-    let sizes: Vec<u64> = a
-        .sizes
-        .split(',')
-        .map(|s| {
-            s.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("--sizes: '{s}' is not a number of bytes"))
-        })
-        .collect::<Result<_, _>>()?;
+    let sizes = moneta_model::units::parse_size_list("--sizes", &a.sizes)?;
     let (shard, shards) = a
         .shard
         .as_deref()

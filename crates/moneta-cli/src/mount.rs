@@ -161,26 +161,9 @@ pub struct StatusArgs {
     format: StatusFormat,
 }
 
-/// `--size`: bytes, or K/M/G/T (optionally KiB, MiB, …) as powers of 1024.
-/// "GB" is refused rather than guessed.
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits);
-    let bad = || format!("'{s}': expected bytes, or a number with K, M, G or T (powers of 1024)");
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let shift = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(1 << shift)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
-}
+/// `--size`: bytes, or K/M/G/T (optionally KiB, MiB, …) as powers of 1024
+/// (the one parser, `moneta_model::units::parse_size`).
+pub(crate) use moneta_model::units::parse_size;
 
 pub(crate) fn human(bytes: u64) -> String {
     for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {

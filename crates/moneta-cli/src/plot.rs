@@ -51,6 +51,27 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// A series named `published <name>` holds published points: drawn as
+/// crosses without a line, in the colour of the series `<name>` (the model's
+/// curve they are compared with).
+pub const PUBLISHED_PREFIX: &str = "published ";
+
+impl Chart {
+    /// The colour index and whether series `i` is published points.
+    fn style(&self, i: usize) -> (usize, bool) {
+        match self.series[i].name.strip_prefix(PUBLISHED_PREFIX) {
+            Some(model) => (
+                self.series
+                    .iter()
+                    .position(|s| s.name == model)
+                    .unwrap_or(i),
+                true,
+            ),
+            None => (i, false),
+        }
+    }
+}
+
 /// A line chart; see [`Chart::to_svg`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Chart {
@@ -506,14 +527,19 @@ impl Chart {
 
         // Series: polyline then markers.
         for (i, pts) in data.iter().enumerate() {
-            let colour = PALETTE[i % PALETTE.len()];
-            let shape = MARKERS[i % MARKERS.len()];
+            let (style, published) = self.style(i);
+            let colour = PALETTE[style % PALETTE.len()];
+            let shape = if published {
+                Marker::Cross
+            } else {
+                MARKERS[style % MARKERS.len()]
+            };
             let _ = writeln!(
                 s,
                 "<g class=\"series\"><title>{}</title>",
                 escape(&self.series[i].name)
             );
-            if pts.len() > 1 {
+            if pts.len() > 1 && !published {
                 let coords: Vec<String> = pts
                     .iter()
                     .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
@@ -551,14 +577,21 @@ impl Chart {
                 };
                 let ex = x0 + col as f64 * entry_w;
                 let ey = y0 + row as f64 * row_h + row_h / 2.0;
-                let colour = PALETTE[i % PALETTE.len()];
-                let _ = writeln!(
-                    s,
-                    r#"<line x1="{ex:.1}" y1="{ey:.1}" x2="{:.1}" y2="{ey:.1}" stroke="{colour}" stroke-width="2"/>"#,
-                    ex + sample_w
-                );
+                let (style, published) = self.style(i);
+                let colour = PALETTE[style % PALETTE.len()];
+                if !published {
+                    let _ = writeln!(
+                        s,
+                        r#"<line x1="{ex:.1}" y1="{ey:.1}" x2="{:.1}" y2="{ey:.1}" stroke="{colour}" stroke-width="2"/>"#,
+                        ex + sample_w
+                    );
+                }
                 s.push_str(&marker_svg(
-                    MARKERS[i % MARKERS.len()],
+                    if published {
+                        Marker::Cross
+                    } else {
+                        MARKERS[style % MARKERS.len()]
+                    },
                     ex + sample_w / 2.0,
                     ey,
                     colour,
@@ -849,15 +882,38 @@ impl Report {
     }
 }
 
-/// Writes `contents` to `path`, creating parent directories.  Errors carry
-/// the path in their message.
+/// Writes `contents` (an SVG document or an HTML page) to `path`. The
+/// name must end in `.svg` or `.html`/`.htm` to match what is written: a
+/// `--plot x.png` is refused, not filled with SVG under a PNG name (convert
+/// with `rsvg-convert` or a browser). No directory is created: a missing
+/// parent is an error naming it. Errors carry the path in their message.
 pub fn write_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    let with_path =
-        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(with_path)?;
+    let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+    let is_svg = contents.trim_start().starts_with("<svg") || contents.starts_with("<?xml");
+    let wanted: &[&str] = if is_svg { &["svg"] } else { &["html", "htm"] };
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if !ext.as_deref().is_some_and(|e| wanted.contains(&e)) {
+        return Err(invalid(format!(
+            "{}: this writes {} only; name the file *.{} (for a PNG, convert the SVG, e.g. rsvg-convert)",
+            path.display(),
+            if is_svg { "SVG" } else { "HTML" },
+            wanted[0]
+        )));
     }
-    std::fs::write(path, contents).map_err(with_path)
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(invalid(format!(
+                "{}: directory {} does not exist (not created)",
+                path.display(),
+                parent.display()
+            )));
+        }
+    }
+    std::fs::write(path, contents)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
 #[cfg(test)]
@@ -1184,15 +1240,22 @@ mod tests {
     }
 
     #[test]
-    fn write_file_creates_dirs_and_reports_path() {
+    fn write_file_refuses_other_formats_and_missing_directories() {
         let dir = std::env::temp_dir().join(format!("moneta-plot-test-{}", std::process::id()));
-        let path = dir.join("a/b/report.html");
-        write_file(&path, "hello").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello");
-        // A file where a directory is needed: the error names the path.
-        let bad = dir.join("a/b/report.html/x.svg");
-        let err = write_file(&bad, "x").unwrap_err();
-        assert!(err.to_string().contains("report.html"), "{err}");
+        std::fs::create_dir_all(&dir).unwrap();
+        let svg = "<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>";
+        write_file(&dir.join("p.svg"), svg).unwrap();
+        write_file(&dir.join("r.html"), "<!doctype html><html></html>").unwrap();
+        let png = write_file(&dir.join("p.png"), svg).unwrap_err();
+        assert!(png.to_string().contains("p.png"), "{png}");
+        assert!(!dir.join("p.png").exists());
+        let html_as_svg = write_file(&dir.join("r.svg"), "<!doctype html>").unwrap_err();
+        assert!(html_as_svg.to_string().contains("HTML"), "{html_as_svg}");
+        // A missing directory is named and not created.
+        let deep = dir.join("a/b/p.svg");
+        let err = write_file(&deep, svg).unwrap_err();
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        assert!(!dir.join("a").exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

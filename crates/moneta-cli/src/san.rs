@@ -175,7 +175,7 @@ pub struct LatencyArgs {
     #[command(flatten)]
     scope: ScopeArgs,
     /// Request size in bytes.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
 }
 
@@ -211,7 +211,7 @@ pub struct ScalingArgs {
     /// read, write or mixed.
     #[arg(long, default_value = "mixed")]
     op: String,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
 }
 
@@ -225,7 +225,7 @@ pub struct ReplicationArgs {
     nodes: u16,
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
 }
 
@@ -244,7 +244,7 @@ pub struct SortArgs {
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
     /// Size of each read and buffered write.
-    #[arg(long, default_value_t = 262_144)]
+    #[arg(long, default_value_t = 262_144, value_parser = moneta_model::units::parse_size)]
     io_bytes: u64,
     /// Records to generate, partition and sort here to measure the CPU cost.
     #[arg(long, default_value_t = 2_000_000)]
@@ -268,7 +268,7 @@ pub struct EnergyArgs {
     scope: ScopeArgs,
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Our assumed host power with idle cores, W.
     #[arg(long, default_value_t = HostPower::default().idle_w)]
@@ -525,7 +525,7 @@ fn bandwidth(a: BandwidthArgs) -> Result<(), String> {
     let setup = a.common.setup(20_000)?;
     let (interfaces, t) = a.scope.parse()?;
     let mixes = parse_mixes(&a.op)?;
-    let sizes: Vec<u64> = parse_numbers("--sizes", &a.sizes)?;
+    let sizes = moneta_model::units::parse_size_list("--sizes", &a.sizes)?;
     for &s in &sizes {
         positive_size(s)?;
     }

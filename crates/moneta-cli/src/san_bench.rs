@@ -33,10 +33,10 @@ pub struct SanBenchArgs {
     #[arg(long, default_value_t = 5000)]
     ops: u64,
     /// Request size of the latency points, bytes.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Request size and queue depth of the bandwidth points.
-    #[arg(long, default_value_t = 65536)]
+    #[arg(long, default_value_t = 65536, value_parser = moneta_model::units::parse_size)]
     bw_size: u64,
     #[arg(long, default_value_t = 8)]
     qd: u32,

@@ -76,7 +76,7 @@ pub struct SortRunArgs {
     #[arg(long, value_enum, default_value_t = Via::Direct)]
     via: Via,
     /// Size of each read and of each destination's write buffer.
-    #[arg(long, default_value_t = 262_144)]
+    #[arg(long, default_value_t = 262_144, value_parser = moneta_model::units::parse_size)]
     io_bytes: u64,
     /// The data set: the same seed gives the same records.
     #[arg(long, default_value_t = 1)]

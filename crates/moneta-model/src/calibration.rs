@@ -164,6 +164,35 @@ pub const MONETA_2011: [(u64, f64, f64, f64); 12] = [
     (1048576, 1742.8, 1741.3, 2916.5),
 ];
 
+/// Published bandwidth points (request bytes, MB/s) of a random XDD sweep
+/// on `config` with `threads` threads and operation `op` ("read", "write",
+/// "mixed"), when the papers give them for that system: today the Moneta
+/// (2011) table of the Onyx thesis (preset `moneta`, 2Q, 16 threads). With
+/// the source to cite beside a plot.
+pub fn published_bandwidth(
+    config: &Config,
+    op: &str,
+    threads: u32,
+) -> Option<(&'static str, Vec<(u64, f64)>)> {
+    if config.name != "moneta" || config.host.stack != Stack::TwoQueue || threads != 16 {
+        return None;
+    }
+    let column = match op {
+        "read" => 1,
+        "write" => 2,
+        "mixed" => 3,
+        _ => return None,
+    };
+    let points = MONETA_2011
+        .iter()
+        .map(|&(size, r, w, m)| (size, [0.0, r, w, m][column]))
+        .collect();
+    Some((
+        "Onyx thesis Tables 5.1–5.3, Moneta column (SPEC §2.3)",
+        points,
+    ))
+}
+
 pub fn table_3_4() -> Vec<Check> {
     let c = preset("moneta-micro10", Stack::Spin);
     let src = "Table 3.4 (SPEC §2.3)";
