@@ -89,11 +89,13 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
     ),
     ("energy: iSCSI / QuickSAN-OS, highest", ENERGY),
     ("energy: iSCSI / QuickSAN-D, lowest", ENERGY),
-    ("energy: iSCSI / QuickSAN-D, highest", ENERGY),
+    ("bandwidth: QuickSAN-D / iSCSI, 4 KB read", ISCSI_TARGET),
 ];
 
+const ISCSI_TARGET: &str = "iSCSI's loaded 4 KB bandwidth is bound by the target software: Table 5.1's 284 µs split half and half between initiator and target (our assumption), the target's half on one tgtd core per host (our assumption) = 7,000 requests/s per target, 27 MB/s per host. 14.7× would need ~69 MB/s per host, about 2.5× the one-core target's rate; the seeds say nothing of the target's threads, so the assumption stays (san.iscsi_target_cores, --target-cores) and this check stays a miss. The small-request 167× (512 B) and the latency −93% are met.";
+
 const KERNEL_COMPLETION: &str = "Table 5.1 gives one QuickSAN block-transport row (17.0 / 16.9 µs) for the kernel and the direct interface alike, so it holds the direct path's DMA completion (Table 4.2: 2.32 / 2.68 µs) and has no completion row for the kernel path. The kernel driver of the Moneta-D era completes by interrupt (Table 4.2 'baseline interrupts' 5.82 / 5.87 µs, §4.3.4), which san.kernel_completion = interrupt charges: +3.5 µs over Table 5.1's sum, +5.7 µs over the Moneta+Spin model before it. The QuickSAN-OS latencies Table 5.2 measured are reported (issue 23) to be above the model's Table 5.1-like ones throughout; set san.kernel_completion = spin to get 21.6 / 23.0 µs here.";
-const ENERGY: &str = "Host power is our assumption, linear from 150 W idle to 300 W with all 8 cores busy, and a spinning core counts as busy: QuickSAN-D spins on every core (DMA completion) while QuickSAN-OS sleeps for its interrupt, so OS reads come out cheaper than D reads (1.10 vs 1.46 mJ), whereas §5.4.7 has D cheaper for every op. iSCSI's 4 KB throughput is bound by the target's one tgtd core (our assumption), 142 µs of target software per request; its energy per request is 25–37× D's. With fs_write_atomicity, iSCSI writes (through GFS2 as well) also run one at a time per host, which raises iSCSI's write energy from 27 to 55 mJ: the highest iSCSI / D ratio goes from 25.5× (−7%) to 37× (+36%), the OS write ratio from 1.04× to 3.7× (published 4×).";
+const ENERGY: &str = "Host power is our assumption, linear from 150 W idle to 300 W with all 8 cores busy, and a spinning core counts as busy: QuickSAN-D spins on every core (DMA completion) while QuickSAN-OS sleeps for its interrupt, so OS reads come out cheaper than D reads (1.10 vs 1.46 mJ), whereas §5.4.7 has D cheaper for every op (iSCSI / OS 34× for reads). iSCSI's 4 KB throughput is bound by the target's one tgtd core (our assumption; see the 14.7× bandwidth check), so its energy per request is 18.5–25.5× D's against 13.2–27.4×. The OS write ratio (4×, met at 3.7×) comes from san.fs_write_atomicity (1.04× without it).";
 
 const BASE_SERIAL: &str = "Base runs the whole block queue, the dispatch (tag, copy, PIO) and the completion in the single no-op scheduler context (~6.5 µs per 4 KB read, so ~155K requests/s, 632 MB/s) and gives 2.7×; 4× would need ~9.5 µs of serialized work per request, more than Table 3.1 attributes to those components.";
 const TWO_BUFFERS: &str = "2Q's +75% is 71% of 4 GB/s = 2.84 GB/s mixed. MICRO'10 §III.A buffers are store-and-forward (a write's buffer: DMA, then scoreboard, then ring, then free; a read's steps reversed), so each 8 KB segment holds one of the two buffers >= 8192 B / 2 GB/s + 8192 B / 4 GB/s = 6.14 µs even with no memory or DMA latency: two buffers move <= 2 × 8192 B / 6.14 µs = 2.67 GB/s < 2.84 GB/s (2.40 GB/s with 128 B TLPs). The published gain needs more buffers than the paper gives the design; the model is buffer-bound at ~1.8 GB/s under FIFO and 2Q alike (with the 2011 array's 8 buffers 2Q mixed reaches 3.3 GB/s, within 10% of that table).";
@@ -522,7 +524,7 @@ pub fn direct_and_headline() -> Vec<Check> {
 /// energy statements (distributed, 4 nodes, 4 KB, 8 threads per host).
 pub fn quicksan() -> Vec<Check> {
     use crate::san::energy::HostPower;
-    use crate::san::experiments::{energy, latency, topology, Setup};
+    use crate::san::experiments::{bandwidth, energy, latency, topology, Setup};
     use crate::san::interfaces::Interface;
     let device = Config::preset("quicksan-ssd").expect("shipped preset");
     let setup = |ops| Setup {
@@ -564,7 +566,65 @@ pub fn quicksan() -> Vec<Check> {
             ));
         }
     }
+    // Chapter 5's introduction and summary: "reduces overall latency by
+    // 93% and improves bandwidth by 14.7× for 4 KB requests"; "can improve
+    // bandwidth for small requests by up to 167×" (QuickSAN-D over iSCSI,
+    // distributed, 4 nodes; the 4 KB figure taken for reads, as the
+    // chapter's latency figures are).
+    let remote_read = |i: Interface| {
+        rows.iter()
+            .find(|r| r.interface == i && r.locality == "remote" && r.op == "read")
+            .expect("a remote read row")
+            .latency_us_mean
+    };
+    let src = "dissertation ch. 5 introduction and §5.5";
+    v.push(check(
+        "latency removed: 1 − QuickSAN-D / iSCSI, remote 4 KB read".into(),
+        src,
+        0.93,
+        1.0 - remote_read(Interface::QuicksanD) / remote_read(Interface::Iscsi),
+        0.05,
+        "",
+    ));
     let mixes = [OpMix::Read, OpMix::Write, OpMix::Mixed(0.5)];
+    let bw = bandwidth(
+        &setup(20_000),
+        &[Interface::QuicksanD, Interface::Iscsi],
+        distributed,
+        false,
+        &mixes,
+        &[512, 4096],
+        &mut |_, _, _| {},
+    )
+    .expect("bandwidth runs");
+    let per_host = |i: Interface, op: &str, size: u64| {
+        bw.iter()
+            .find(|r| r.interface == i && r.op == op && r.size_bytes == size)
+            .expect("a row per interface, op and size")
+            .mb_per_s_per_host
+    };
+    let gain = |op: &str, size| {
+        per_host(Interface::QuicksanD, op, size) / per_host(Interface::Iscsi, op, size)
+    };
+    v.push(check(
+        "bandwidth: QuickSAN-D / iSCSI, 4 KB read".into(),
+        src,
+        14.7,
+        gain("read", 4096),
+        0.15,
+        "×",
+    ));
+    v.push(check(
+        "bandwidth: QuickSAN-D / iSCSI, 512 B, largest of read, write, 50/50".into(),
+        src,
+        167.0,
+        ["read", "write", "mixed"]
+            .iter()
+            .map(|op| gain(op, 512))
+            .fold(0.0, f64::max),
+        0.15,
+        "×",
+    ));
     let three = [
         Interface::QuicksanD,
         Interface::QuicksanOs,

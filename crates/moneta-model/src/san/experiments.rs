@@ -510,13 +510,16 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Whether this request holds its host's file write lock: a write
-    /// through the kernel file system when `san.fs_write_atomicity` is on
-    /// (§5.2.2: the direct path relaxes POSIX atomicity, the kernel's keeps it).
+    /// Whether this request holds its host's file write lock: a QuickSAN-OS
+    /// write when `san.fs_write_atomicity` is on (§5.2.2: the direct path
+    /// relaxes POSIX atomicity, the kernel's keeps it; §5.4.3 charges it to
+    /// QuickSAN's kernel interface). iSCSI and Fibre Channel are left out:
+    /// §5.4.3 says it of QuickSAN-OS only, and Table 5.1 gives GFS2 under
+    /// iSCSI a different cost (0.1 / 1.5 µs) — README "Fidelity".
     fn holds_write_lock(&self, op: Op) -> bool {
         op == Op::Write
             && self.x.costs.fs_write_atomicity
-            && self.x.interface != Interface::QuicksanD
+            && self.x.interface == Interface::QuicksanOs
     }
 
     /// The request is back at its host: release the write lock at `at`.

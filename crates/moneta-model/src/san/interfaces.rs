@@ -142,8 +142,9 @@ pub struct InterfaceCosts {
     /// POSIX write atomicity through the kernel file system (§5.2.2
     /// "Userspace access", §5.4.3): a write holds its file's lock from the
     /// file system's entry until the device has answered, so a host's
-    /// writes through GFS2 (QuickSAN-OS, iSCSI, Fibre Channel) run one at
-    /// a time. QuickSAN-D relaxes it (its writes are not serialized).
+    /// QuickSAN-OS writes run one at a time. QuickSAN-D relaxes it; iSCSI
+    /// and Fibre Channel are not given it (§5.4.3 says it of QuickSAN's
+    /// kernel interface; README "Fidelity" has the evidence).
     pub fs_write_atomicity: bool,
     /// iSCSI block transport, initiator plus target software at 4 KB:
     /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
