@@ -20,6 +20,7 @@ mod mount;
 mod nvmm;
 mod output;
 mod plot;
+mod report;
 mod san;
 mod san_bench;
 mod san_sort;
@@ -88,7 +89,10 @@ enum Command {
     /// NVMM (SPEC §7): journaled flash main memory behind a DRAM cache.
     #[command(subcommand)]
     Nvmm(Box<nvmm::NvmmCommand>),
-    /// Compare the model with the published numbers (SPEC §1.9, §2).
+    /// One HTML page per system (Moneta, Moneta-D, Onyx, QuickSAN, NVMM):
+    /// the papers' experiments, the published points beside them, the commands.
+    Report(report::ReportArgs),
+    /// Compare the model with the published numbers (SPEC §1.9–§7).
     Calibrate {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
@@ -414,6 +418,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Status(a) => mount::status(a),
         Command::Run(a) => emu::run_program(a),
         Command::Calibrate { format } => calibrate(format),
+        Command::Report(a) => report::report(a),
         Command::San(c) => san::dispatch(*c),
         Command::Nvmm(c) => nvmm::dispatch(*c),
         Command::Config(ConfigCommand::Dump(a)) => config_dump(&a),

@@ -235,10 +235,13 @@ fn run_label(config: &Config, points: &[PointSummary]) -> String {
 /// Published points for the operations of `points` (see
 /// `calibration::published_bandwidth`), each beside the model's point of
 /// the same operation and size: (op, size, published MB/s, model MB/s).
+/// (op, size in bytes, published MB/s, model MB/s).
+pub type PublishedPoint = (String, u64, f64, f64);
+
 pub fn published_beside(
     config: &Config,
     points: &[PointSummary],
-) -> (Option<&'static str>, Vec<(String, u64, f64, f64)>) {
+) -> (Option<&'static str>, Vec<PublishedPoint>) {
     let mut source = None;
     let mut rows = Vec::new();
     for p in points {

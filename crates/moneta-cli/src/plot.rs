@@ -623,8 +623,33 @@ pub struct StackedBars {
     pub percent: bool,
 }
 
-/// Colour of the `i`-th distinct component: the palette first, then hues
-/// spread by the golden angle so that neighbours differ.
+/// The colour of a component by its name: its place in the breakdown's
+/// fixed order (`Component::ALL`), so that one component has one colour in
+/// every chart; names outside it follow, in the chart's first-seen order.
+fn component_colour_of(name: &str, first_seen: usize) -> String {
+    use moneta_model::breakdown::Component;
+    let i = Component::ALL
+        .iter()
+        .position(|c| c.label() == name)
+        .unwrap_or(Component::ALL.len() + first_seen);
+    component_colour(i)
+}
+
+/// A bar's total above it: no "0.00", at most four digits before the point.
+fn format_total(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else if v >= 0.1 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1e}")
+    }
+}
+
+/// Colour of the `i`-th component: the palette first, then hues spread by
+/// the golden angle so that neighbours differ.
 fn component_colour(i: usize) -> String {
     match PALETTE.get(i) {
         Some(c) if i < PALETTE.len() - 1 => c.to_string(),
@@ -674,7 +699,8 @@ impl StackedBars {
             .map(|n| text_width(n, font))
             .fold(0.0, f64::max)
             + 40.0;
-        let top = if self.title.is_empty() { 16.0 } else { 40.0 };
+        // Room for the title, then for the totals above the tallest bar.
+        let top = if self.title.is_empty() { 16.0 } else { 40.0 } + 18.0;
         let bottom = 46.0;
         let plot_h = (h - top - bottom).max(40.0);
         let y_axis = Axis::linear(
@@ -692,6 +718,22 @@ impl StackedBars {
         let py = |y: f64| top + (1.0 - y_axis.frac(y)) * plot_h;
         let slot = plot_w / self.bars.len().max(1) as f64;
         let bar_w = (slot * 0.6).min(90.0);
+        // Totals and bar labels shrink to fit their slot rather than overlap.
+        let widest = |texts: &mut dyn Iterator<Item = String>| {
+            texts.map(|t| text_width(&t, font)).fold(0.0, f64::max)
+        };
+        let fit = |wide: f64| {
+            if wide > slot - 4.0 {
+                (font * (slot - 4.0) / wide).max(6.0)
+            } else {
+                font
+            }
+        };
+        let total_font =
+            fit(widest(&mut self.bars.iter().map(|(_, parts)| {
+                format_total(parts.iter().map(|(_, v)| v.max(0.0)).sum())
+            })));
+        let label_font = fit(widest(&mut self.bars.iter().map(|(l, _)| l.clone())));
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -746,7 +788,8 @@ impl StackedBars {
                 if v <= 0.0 {
                     continue;
                 }
-                let colour = component_colour(names.iter().position(|n| n == name).unwrap_or(0));
+                let colour =
+                    component_colour_of(name, names.iter().position(|n| n == name).unwrap_or(0));
                 let (y0, y1) = (py(base), py(base + v));
                 let _ = writeln!(
                     s,
@@ -759,13 +802,14 @@ impl StackedBars {
             let total: f64 = parts.iter().map(|(_, v)| v.max(0.0)).sum();
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{total:.2}</text>"#,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="{total_font:.1}">{}</text>"#,
                 x + bar_w / 2.0,
-                py(base) - 4.0
+                py(base) - 4.0,
+                format_total(total)
             );
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="{label_font:.1}">{}</text>"#,
                 x + bar_w / 2.0,
                 top + plot_h + 18.0,
                 escape(label)
@@ -814,6 +858,8 @@ pub enum ReportSection {
         rows: Vec<Vec<String>>,
     },
     Preformatted(String),
+    /// A list of links: (text, relative address).
+    Links(Vec<(String, String)>),
 }
 
 const CSS: &str = "body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}
@@ -874,6 +920,18 @@ impl Report {
                 }
                 ReportSection::Preformatted(t) => {
                     let _ = writeln!(s, "<pre>{}</pre>", escape(t));
+                }
+                ReportSection::Links(links) => {
+                    s.push_str("<ul>\n");
+                    for (text, href) in links {
+                        let _ = writeln!(
+                            s,
+                            "<li><a href=\"{}\">{}</a></li>",
+                            escape(href),
+                            escape(text)
+                        );
+                    }
+                    s.push_str("</ul>\n");
                 }
             }
         }
@@ -1259,6 +1317,162 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The boxes of an SVG's unrotated `<text>` elements, from their
+    /// position, anchor, font size and the same glyph-width estimate the
+    /// layout uses: (x0, y0, x1, y1, text).
+    fn text_boxes(svg: &str) -> Vec<(f64, f64, f64, f64, String)> {
+        let attr = |tag: &str, name: &str| -> Option<String> {
+            let key = format!(" {name}=\"");
+            let i = tag.find(&key)? + key.len();
+            Some(tag[i..i + tag[i..].find('"')?].to_string())
+        };
+        let mut boxes = Vec::new();
+        for piece in svg.split("<text").skip(1) {
+            let (tag, rest) = piece.split_once('>').expect("a text tag ends");
+            if tag.contains("rotate(") {
+                continue;
+            }
+            let text = rest.split("</text>").next().unwrap_or("").to_string();
+            let num = |n: &str| attr(tag, n).and_then(|v| v.parse::<f64>().ok());
+            let (Some(x), Some(y)) = (num("x"), num("y")) else {
+                continue;
+            };
+            let size = num("font-size").unwrap_or(12.0);
+            let w = text_width(&text, size);
+            let x0 = match attr(tag, "text-anchor").as_deref() {
+                Some("middle") => x - w / 2.0,
+                Some("end") => x - w,
+                _ => x,
+            };
+            let middle = attr(tag, "dominant-baseline").as_deref() == Some("middle");
+            let y0 = if middle {
+                y - size / 2.0
+            } else {
+                y - size * 0.8
+            };
+            boxes.push((x0, y0, x0 + w, y0 + size, text));
+        }
+        boxes
+    }
+
+    fn assert_no_label_overlaps(what: &str, svg: &str) {
+        let boxes = text_boxes(svg);
+        assert!(!boxes.is_empty(), "{what}: no text");
+        for (i, a) in boxes.iter().enumerate() {
+            for b in &boxes[i + 1..] {
+                // 1 px of slack for the width estimate.
+                let overlap_x = a.0 < b.2 - 1.0 && b.0 < a.2 - 1.0;
+                let overlap_y = a.1 < b.3 - 1.0 && b.1 < a.3 - 1.0;
+                assert!(
+                    !(overlap_x && overlap_y),
+                    "{what}: '{}' overlaps '{}' ({a:?} / {b:?})",
+                    a.4,
+                    b.4
+                );
+            }
+        }
+    }
+
+    /// Every plot type the tool writes, at the sizes it writes them, with
+    /// the longest labels it produces: no two labels overlap.
+    #[test]
+    fn no_plot_type_has_overlapping_labels() {
+        let sizes: Vec<f64> = (9..=20).map(|k| f64::from(1u32 << k)).collect();
+        let line = |x_log2: bool, y_log10: bool, names: &[&str]| Chart {
+            title: "Bandwidth vs request size (moneta, 2q stack, 16 threads; crosses: published)"
+                .into(),
+            x_label: "request size (bytes)".into(),
+            y_label: "bandwidth (MB/s)".into(),
+            x_log2,
+            x_log10: false,
+            y_log10,
+            series: names
+                .iter()
+                .enumerate()
+                .map(|(k, n)| Series {
+                    name: n.to_string(),
+                    points: sizes
+                        .iter()
+                        .map(|&x| (x, 3.0 + x * (k + 1) as f64 / 300.0))
+                        .collect(),
+                })
+                .collect(),
+        };
+        let charts = [
+            line(
+                true,
+                false,
+                &[
+                    "read",
+                    "write",
+                    "mixed",
+                    "published read",
+                    "published write",
+                    "published mixed",
+                ],
+            ),
+            line(
+                true,
+                true,
+                &["quicksan-d", "quicksan-os", "iscsi", "fibre-channel"],
+            ),
+            line(
+                false,
+                false,
+                &[
+                    "a rather long series name for the legend below",
+                    "another long one",
+                ],
+            ),
+        ];
+        for (k, c) in charts.iter().enumerate() {
+            assert_no_label_overlaps(&format!("line chart {k}"), &c.to_svg(900, 480));
+        }
+        use moneta_model::breakdown::Component;
+        let labels: Vec<String> = sizes.iter().map(|&x| format_pow2(x)).collect();
+        for percent in [true, false] {
+            let bars = StackedBars {
+                title: "Where read time goes, by request size (moneta-d, direct stack, 16 threads)"
+                    .into(),
+                y_label: "% of latency".into(),
+                bars: labels
+                    .iter()
+                    .enumerate()
+                    .map(|(k, l)| {
+                        (
+                            l.clone(),
+                            Component::ALL
+                                .iter()
+                                .map(|c| (c.label().to_string(), 1.5 * (1u64 << k) as f64))
+                                .collect(),
+                        )
+                    })
+                    .collect(),
+                percent,
+            };
+            assert_no_label_overlaps("stacked bars", &bars.to_svg(900, 520));
+        }
+    }
+
+    #[test]
+    fn a_component_has_one_colour_in_every_chart() {
+        use moneta_model::breakdown::Component;
+        let name = Component::ALL[3].label();
+        // First in one chart, fifth in another: the same colour.
+        assert_eq!(component_colour_of(name, 0), component_colour_of(name, 4));
+        assert_ne!(
+            component_colour_of(Component::ALL[0].label(), 0),
+            component_colour_of(Component::ALL[1].label(), 0)
+        );
+        assert_eq!(format_total(4848.25), "4848");
+        // The overlap check sees an overlap.
+        let clash = r#"<svg><text x="10" y="20">4848</text><text x="20" y="22">2424</text></svg>"#;
+        let caught = std::panic::catch_unwind(|| assert_no_label_overlaps("clash", clash));
+        assert!(caught.is_err(), "two overlapping labels must be caught");
+        assert_eq!(format_total(3.754), "3.75");
+        assert_eq!(format_total(0.004), "4.0e-3");
+    }
+
     /// `cargo test -p moneta-cli render_sample -- --ignored` writes
     /// /tmp/plot-sample.svg and /tmp/plot-sample.html for eyeballing.
     #[test]
@@ -1348,7 +1562,7 @@ mod tests {
         assert_eq!(svg.matches("<g class=\"bar\">").count(), 2);
         // One legend entry per component; bar totals printed on top.
         assert_eq!(svg.matches("<rect x=").count(), 5 + 3 + 1);
-        assert!(svg.contains(">10.00<") && svg.contains(">10.50<"));
+        assert!(svg.contains(">10.0<") && svg.contains(">10.5<"));
         let html = Report {
             title: "t".into(),
             sections: vec![ReportSection::Bars(StackedBars {
