@@ -828,7 +828,7 @@ impl StackedBars {
             let _ = writeln!(
                 s,
                 r#"<rect x="{x0:.1}" y="{y:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}" dominant-baseline="middle">{}</text>"#,
-                component_colour(i),
+                component_colour_of(name, i),
                 x0 + 18.0,
                 y + 6.0,
                 escape(name)
@@ -1463,6 +1463,20 @@ mod tests {
         assert_ne!(
             component_colour_of(Component::ALL[0].label(), 0),
             component_colour_of(Component::ALL[1].label(), 0)
+        );
+        // The legend's swatch is the bars' colour.
+        let bars = StackedBars {
+            title: String::new(),
+            y_label: String::new(),
+            bars: vec![("a".into(), vec![(name.to_string(), 1.0)])],
+            percent: false,
+        };
+        let svg = bars.to_svg(600, 300);
+        let colour = component_colour_of(name, 0);
+        assert_eq!(
+            svg.matches(&format!("fill=\"{colour}\"")).count(),
+            2,
+            "{svg}"
         );
         assert_eq!(format_total(4848.25), "4848");
         // The overlap check sees an overlap.
