@@ -384,10 +384,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("moneta: {e}");
-            ExitCode::from(2)
+            // The shell's code for Ctrl-C, after the partial results.
+            ExitCode::from(if e.starts_with(INTERRUPTED) { 130 } else { 2 })
         }
     }
 }
+
+/// How an error from a command stopped by Ctrl-C begins.
+const INTERRUPTED: &str = "interrupted";
 
 fn dispatch(cli: Cli) -> Result<(), String> {
     if matches!(
@@ -597,7 +601,11 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut points = Vec::with_capacity(mine.len());
+    mount::catch_signals();
     for (k, w) in mine.iter().enumerate() {
+        if mount::signal_received() {
+            break;
+        }
         let (op, size) = (w.groups[0].op, w.groups[0].size_bytes);
         if progress {
             eprint!(
@@ -629,6 +637,13 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         let html = output::sweep_report(&config, &points).to_html();
         plot::write_file(path, &html).map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
+    }
+    if points.len() < mine.len() {
+        return Err(format!(
+            "{INTERRUPTED}: {} of {} points done, printed above",
+            points.len(),
+            mine.len()
+        ));
     }
     Ok(())
 }
@@ -736,7 +751,23 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
 }
 
 fn calibrate(format: Format) -> Result<(), String> {
-    let checks = moneta_model::calibration::all();
+    mount::catch_signals();
+    let groups = moneta_model::calibration::groups();
+    let mut checks = Vec::new();
+    let mut done = 0;
+    for (what, run) in &groups {
+        if mount::signal_received() {
+            break;
+        }
+        if std::io::stderr().is_terminal() {
+            eprint!("\r[{}/{}] {what} …{:20}", done + 1, groups.len(), "");
+        }
+        checks.extend(run());
+        done += 1;
+    }
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{:60}\r", "");
+    }
     match format {
         Format::Json => output::print_json(&checks)?,
         Format::Csv => output::print_csv(&checks)?,
@@ -749,5 +780,11 @@ fn calibrate(format: Format) -> Result<(), String> {
         checks.len() - missed,
         missed
     );
+    if done < groups.len() {
+        return Err(format!(
+            "{INTERRUPTED}: {done} of {} groups of checks done, printed above",
+            groups.len()
+        ));
+    }
     Ok(())
 }

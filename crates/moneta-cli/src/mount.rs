@@ -948,6 +948,12 @@ pub(crate) fn catch_signals() {
     }
 }
 
+/// Whether a signal `catch_signals` watches has come (`sim sweep` and
+/// `calibrate` stop between points and print what they have).
+pub(crate) fn signal_received() -> bool {
+    INTERRUPTED.load(Ordering::Acquire) != 0
+}
+
 pub(crate) fn interrupted() -> Result<(), String> {
     match INTERRUPTED.load(Ordering::Acquire) {
         0 => Ok(()),

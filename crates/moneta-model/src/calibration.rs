@@ -703,19 +703,27 @@ pub fn quicksan() -> Vec<Check> {
     v
 }
 
+/// The groups of checks, in README order: (what, the function that runs
+/// them). `moneta calibrate` runs them one by one so that an interrupt
+/// between groups can still print the ones done.
+pub fn groups() -> Vec<(&'static str, fn() -> Vec<Check>)> {
+    vec![
+        ("Table 3.4", table_3_4),
+        ("software steps", software_steps),
+        ("other systems", other_systems),
+        ("Balance", balance),
+        ("latency tolerance", latency_tolerance),
+        ("power", power),
+        ("Moneta-D and MICRO'10", direct_and_headline),
+        ("Moneta 2011 curves", moneta_2011_curves),
+        ("QuickSAN", quicksan),
+        ("NVMM", crate::nvmm::calibration::checks),
+    ]
+}
+
 /// Every check, in README order.
 pub fn all() -> Vec<Check> {
-    let mut v = table_3_4();
-    v.extend(software_steps());
-    v.extend(other_systems());
-    v.extend(balance());
-    v.extend(latency_tolerance());
-    v.extend(power());
-    v.extend(direct_and_headline());
-    v.extend(moneta_2011_curves());
-    v.extend(quicksan());
-    v.extend(crate::nvmm::calibration::checks());
-    v
+    groups().into_iter().flat_map(|(_, run)| run()).collect()
 }
 
 /// A markdown table of checks.
