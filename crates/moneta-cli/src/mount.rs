@@ -1405,7 +1405,17 @@ fn attach_loop(backing: &Path, direct_io: bool, rb: &mut Rollback) -> Result<Pat
 /// Mount the file system on `dev` at the mount point (made if missing),
 /// unmounted on rollback.
 fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Result<(), String> {
-    for dir in make_dirs(&inst.mount)?.into_iter() {
+    refuse_non_empty(&inst.mount)?;
+    let made = make_dirs(&inst.mount)?;
+    // `down --purge` removes what `up` made, and only that.
+    fs::write(
+        inst.dir.join(MADE_DIRS),
+        made.iter()
+            .map(|d| format!("{}\n", d.display()))
+            .collect::<String>(),
+    )
+    .map_err(|e| format!("{}: {e}", inst.dir.join(MADE_DIRS).display()))?;
+    for dir in made.into_iter() {
         rb.push(format!("removed {}", dir.display()), move || {
             fs::remove_dir(&dir).map_err(|e| e.to_string())
         });
@@ -1479,6 +1489,43 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
         interrupted()?;
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The file in an instance's state directory naming the directories `up`
+/// made for the mount point, outermost first.
+const MADE_DIRS: &str = "made-dirs";
+
+/// Mounting over a directory with files would hide them: say so instead.
+fn refuse_non_empty(mount: &Path) -> Result<(), String> {
+    let Ok(entries) = fs::read_dir(mount) else {
+        return Ok(());
+    };
+    let names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .take(4)
+        .collect();
+    if names.is_empty() || mounted_at(mount).is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is not empty ({}{}): mounting over it would hide its files; empty it or choose another --mount",
+        mount.display(),
+        names[..names.len().min(3)].join(", "),
+        if names.len() > 3 { ", …" } else { "" }
+    ))
+}
+
+/// Remove the directories `up` made for the mount point (innermost first,
+/// only while empty); returns those removed.
+fn remove_made_dirs(inst: &Instance) -> Vec<PathBuf> {
+    let listed = fs::read_to_string(inst.dir.join(MADE_DIRS)).unwrap_or_default();
+    listed
+        .lines()
+        .rev()
+        .map(PathBuf::from)
+        .filter(|d| fs::remove_dir(d).is_ok())
+        .collect()
 }
 
 /// `mkdir -p` returning the directories it made, outermost first.
@@ -1691,9 +1738,14 @@ pub fn down(a: DownArgs) -> Result<(), String> {
     }
     if a.purge {
         if inst.dir.exists() {
+            let removed = remove_made_dirs(&inst);
             fs::remove_dir_all(&inst.dir)
                 .map_err(|e| format!("removing {}: {e}", inst.dir.display()))?;
-            println!("{mount} down{what}; purged {}", inst.dir.display());
+            let removed: String = removed
+                .iter()
+                .map(|d| format!(" and {}", d.display()))
+                .collect();
+            println!("{mount} down{what}; purged {}{removed}", inst.dir.display());
         } else {
             println!("{mount} down{what}; nothing to purge");
         }
@@ -1861,6 +1913,32 @@ fn print_status(rows: &[serde_json::Value], root: &Path) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn up_refuses_a_non_empty_mount_point_and_purge_removes_only_its_dirs() {
+        let root = std::env::temp_dir().join(format!("moneta-mount-dirs-{}", std::process::id()));
+        let full = root.join("full");
+        fs::create_dir_all(&full).unwrap();
+        fs::write(full.join("precious.txt"), "x").unwrap();
+        let e = refuse_non_empty(&full).unwrap_err();
+        assert!(e.contains("not empty") && e.contains("precious.txt"), "{e}");
+        assert!(refuse_non_empty(&root.join("missing")).is_ok());
+        let inst = Instance::at(root.join("state"), root.join("a/b/mnt"));
+        fs::create_dir_all(&inst.dir).unwrap();
+        let made = make_dirs(&inst.mount).unwrap();
+        assert_eq!(made.len(), 3);
+        fs::write(
+            inst.dir.join(MADE_DIRS),
+            made.iter()
+                .map(|d| format!("{}\n", d.display()))
+                .collect::<String>(),
+        )
+        .unwrap();
+        assert_eq!(remove_made_dirs(&inst).len(), 3);
+        assert!(!root.join("a").exists() && full.exists());
+        fs::remove_dir_all(&root).unwrap();
+    }
+
     use super::*;
 
     #[test]
