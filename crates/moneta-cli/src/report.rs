@@ -7,7 +7,7 @@
 //! commands do not: it calls the same functions.
 
 use crate::output::sweep_report;
-use crate::plot::{self, Chart, Report, ReportSection, Series};
+use crate::plot::{self, Chart, Report, ReportSection};
 use moneta_model::calibration::{self, Check};
 use moneta_model::config::Config;
 use moneta_model::san::experiments::{self, Setup};
@@ -72,30 +72,16 @@ fn checks_section(title: &str, checks: &[Check]) -> Vec<ReportSection> {
                     vec![
                         c.name.clone(),
                         c.source.to_string(),
-                        format!("{} {}", calibration_number(c.published), c.unit),
-                        format!("{} {}", calibration_number(c.simulated), c.unit),
+                        format!("{} {}", calibration::format_number(c.published), c.unit),
+                        format!("{} {}", calibration::format_number(c.simulated), c.unit),
                         format!("{:+.1}%", 100.0 * c.error()),
-                        match c.bounds {
-                            Some((low, high)) if high.is_finite() => format!("{low} … {high}"),
-                            Some((low, _)) => format!("> {low}"),
-                            None => format!("±{:.0}%", 100.0 * c.tolerance),
-                        },
+                        c.tolerance_text(),
                         if c.within() { "ok" } else { "miss" }.to_string(),
                     ]
                 })
                 .collect(),
         },
     ]
-}
-
-fn calibration_number(v: f64) -> String {
-    if v.abs() >= 1000.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
 }
 
 fn commands(lines: &[String]) -> ReportSection {
@@ -217,17 +203,7 @@ fn quicksan_page(a: &ReportArgs) -> Result<Report, String> {
         &SIZES[..10],
         &mut |_, _, _| {},
     )?;
-    let mut series: Vec<Series> = Vec::new();
-    for r in &rows {
-        let name = r.interface.key().to_string();
-        match series.iter_mut().find(|s| s.name == name) {
-            Some(s) => s.points.push((r.size_bytes as f64, r.mb_per_s_per_host)),
-            None => series.push(Series {
-                name,
-                points: vec![(r.size_bytes as f64, r.mb_per_s_per_host)],
-            }),
-        }
-    }
+    let series = crate::san::bandwidth_series(&rows, |r| r.interface.key().to_string());
     let chart = Chart {
         title: "QuickSAN §5.4.3: random reads, MB/s per host (distributed, 4 nodes, 8 threads per host, log scale)".into(),
         x_label: "request size (bytes)".into(),

@@ -540,17 +540,7 @@ fn bandwidth(a: BandwidthArgs) -> Result<(), String> {
         &sizes,
         progress,
     )?;
-    let mut series: Vec<Series> = Vec::new();
-    for r in &rows {
-        let name = format!("{} {}", r.interface.key(), r.op);
-        match series.iter_mut().find(|s| s.name == name) {
-            Some(s) => s.points.push((r.size_bytes as f64, r.mb_per_s_per_host)),
-            None => series.push(Series {
-                name,
-                points: vec![(r.size_bytes as f64, r.mb_per_s_per_host)],
-            }),
-        }
-    }
+    let series = bandwidth_series(&rows, |r| format!("{} {}", r.interface.key(), r.op));
     let chart = Chart {
         title: format!(
             "per-host bandwidth, {} {} nodes",
@@ -920,6 +910,26 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
         ],
         bars,
     )
+}
+
+/// Per-host bandwidth against request size, one series per `name` of a row.
+pub(crate) fn bandwidth_series(
+    rows: &[moneta_model::san::experiments::BandwidthRow],
+    name: impl Fn(&moneta_model::san::experiments::BandwidthRow) -> String,
+) -> Vec<Series> {
+    let mut series: Vec<Series> = Vec::new();
+    for r in rows {
+        let n = name(r);
+        let point = (r.size_bytes as f64, r.mb_per_s_per_host);
+        match series.iter_mut().find(|s| s.name == n) {
+            Some(s) => s.points.push(point),
+            None => series.push(Series {
+                name: n,
+                points: vec![point],
+            }),
+        }
+    }
+    series
 }
 
 #[cfg(test)]

@@ -34,6 +34,17 @@ impl Check {
         (self.simulated - self.published) / self.published
     }
 
+    /// What the project accepts, as the tables print it.
+    pub fn tolerance_text(&self) -> String {
+        match self.bounds {
+            Some((low, high)) if high.is_finite() => {
+                format!("{} … {}", format_number(low), format_number(high))
+            }
+            Some((low, _)) => format!("> {}", format_number(low)),
+            None => format!("±{:.0}%", 100.0 * self.tolerance),
+        }
+    }
+
     pub fn within(&self) -> bool {
         match self.bounds {
             Some((low, high)) => low <= self.simulated && self.simulated <= high,
@@ -703,10 +714,13 @@ pub fn quicksan() -> Vec<Check> {
     v
 }
 
+/// A function that runs one group of checks.
+pub type CheckGroup = fn() -> Vec<Check>;
+
 /// The groups of checks, in README order: (what, the function that runs
 /// them). `moneta calibrate` runs them one by one so that an interrupt
 /// between groups can still print the ones done.
-pub fn groups() -> Vec<(&'static str, fn() -> Vec<Check>)> {
+pub fn groups() -> Vec<(&'static str, CheckGroup)> {
     vec![
         ("Table 3.4", table_3_4),
         ("software steps", software_steps),
@@ -732,17 +746,19 @@ pub fn markdown(checks: &[Check]) -> String {
     for c in checks {
         let mark = if c.within() { "ok" } else { "**miss**" };
         let tolerance = match c.bounds {
-            Some((low, high)) if high.is_finite() => format!("{} … {}", fmt(low), fmt(high)),
-            Some((low, _)) => format!("> {}", fmt(low)),
+            Some((low, high)) if high.is_finite() => {
+                format!("{} … {}", format_number(low), format_number(high))
+            }
+            Some((low, _)) => format!("> {}", format_number(low)),
             None => format!("±{:.0}%", 100.0 * c.tolerance),
         };
         s.push_str(&format!(
             "| {} | {} | {} {} | {} {} | {:+.1}% | {} | {} |\n",
             c.name,
             c.source,
-            fmt(c.published),
+            format_number(c.published),
             c.unit,
-            fmt(c.simulated),
+            format_number(c.simulated),
             c.unit,
             100.0 * c.error(),
             tolerance,
@@ -752,7 +768,8 @@ pub fn markdown(checks: &[Check]) -> String {
     s
 }
 
-fn fmt(v: f64) -> String {
+/// A published or simulated number as the tables print it.
+pub fn format_number(v: f64) -> String {
     if v.abs() >= 1000.0 {
         format!("{v:.0}")
     } else if v.abs() >= 10.0 {
