@@ -292,7 +292,11 @@ pub fn escape(s: &str) -> String {
 
 /// SVG for one marker of `shape` centred on (`x`, `y`).
 fn marker_svg(shape: Marker, x: f64, y: f64, colour: &str) -> String {
-    let r = 3.5;
+    marker_svg_sized(shape, x, y, colour, 3.5)
+}
+
+/// A marker of radius `r`.
+fn marker_svg_sized(shape: Marker, x: f64, y: f64, colour: &str, r: f64) -> String {
     match shape {
         Marker::Circle => format!(r#"<circle cx="{x:.1}" cy="{y:.1}" r="{r}" fill="{colour}"/>"#),
         Marker::Square => format!(
@@ -539,6 +543,11 @@ impl Chart {
                 "<g class=\"series\"><title>{}</title>",
                 escape(&self.series[i].name)
             );
+            // Later series are drawn thinner on top of earlier ones, so a
+            // series equal to another (reads and writes both at the link's
+            // rate) still shows: a wide line under a narrow one, a large
+            // marker under a small one.
+            let under = (i + 1..data.len()).filter(|&j| !self.style(j).1).count() as f64;
             if pts.len() > 1 && !published {
                 let coords: Vec<String> = pts
                     .iter()
@@ -546,12 +555,19 @@ impl Chart {
                     .collect();
                 let _ = writeln!(
                     s,
-                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-linejoin="round"/>"#,
-                    coords.join(" ")
+                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="{:.1}" stroke-linejoin="round"/>"#,
+                    coords.join(" "),
+                    2.0 + 1.5 * under.min(3.0)
                 );
             }
             for &(x, y) in pts {
-                s.push_str(&marker_svg(shape, px(x), py(y), colour));
+                s.push_str(&marker_svg_sized(
+                    shape,
+                    px(x),
+                    py(y),
+                    colour,
+                    3.0 + 1.2 * under.min(3.0),
+                ));
                 s.push('\n');
             }
             s.push_str("</g>\n");
