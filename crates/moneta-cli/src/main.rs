@@ -516,6 +516,7 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
 
 /// `moneta sim compare`: the same workload on every (preset, stack) pair.
 fn sim_compare(a: CompareArgs) -> Result<(), String> {
+    plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
     let list = |s: &Option<String>| -> Vec<Option<String>> {
         match s {
             None => vec![None],
@@ -571,6 +572,7 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 }
 
 fn sim_sweep(a: SweepArgs) -> Result<(), String> {
+    plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
     let config = a.model.device.config()?;
     let ops: Vec<&str> = a.op.split(',').map(str::trim).collect();
     let sizes = moneta_model::units::parse_size_list("--sizes", &a.sizes)?;

@@ -962,32 +962,45 @@ impl Report {
 /// with `rsvg-convert` or a browser). No directory is created: a missing
 /// parent is an error naming it. Errors carry the path in their message.
 pub fn write_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
     let is_svg = contents.trim_start().starts_with("<svg") || contents.starts_with("<?xml");
-    let wanted: &[&str] = if is_svg { &["svg"] } else { &["html", "htm"] };
+    check_output(path, is_svg)
+        .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidInput, m))?;
+    std::fs::write(path, contents)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Whether [`write_file`] will accept `path` for an SVG (`svg`) or an HTML
+/// page: commands call it before they run, so a bad name costs no run.
+pub fn check_output(path: &Path, svg: bool) -> Result<(), String> {
+    let wanted: &[&str] = if svg { &["svg"] } else { &["html", "htm"] };
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
     if !ext.as_deref().is_some_and(|e| wanted.contains(&e)) {
-        return Err(invalid(format!(
+        return Err(format!(
             "{}: this writes {} only; name the file *.{} (for a PNG, convert the SVG, e.g. rsvg-convert)",
             path.display(),
-            if is_svg { "SVG" } else { "HTML" },
+            if svg { "SVG" } else { "HTML" },
             wanted[0]
-        )));
+        ));
     }
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.is_dir() {
-            return Err(invalid(format!(
+            return Err(format!(
                 "{}: directory {} does not exist (not created)",
                 path.display(),
                 parent.display()
-            )));
+            ));
         }
     }
-    std::fs::write(path, contents)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+    Ok(())
+}
+
+/// [`check_output`] for a command's optional `--plot` (SVG) and `--report` (HTML).
+pub fn check_outputs(plot: Option<&Path>, report: Option<&Path>) -> Result<(), String> {
+    plot.map_or(Ok(()), |p| check_output(p, true))?;
+    report.map_or(Ok(()), |p| check_output(p, false))
 }
 
 #[cfg(test)]

@@ -118,6 +118,7 @@ impl CommonArgs {
     }
 
     fn setup(&self, default_ops: u64) -> Result<Setup, String> {
+        plot::check_outputs(self.plot.as_deref(), self.report.as_deref())?;
         let ops = self.ops.unwrap_or(default_ops);
         if ops == 0 {
             return Err("--ops must be positive".into());
