@@ -44,7 +44,7 @@ pub struct ServeArgs {
     san_idle_spin_us: u64,
     /// Fault in this many bytes of the medium at start (benchmarks then do
     /// not measure first-touch page faults).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = moneta_model::units::parse_bytes)]
     populate_bytes: u64,
     /// Post completions up to this far ahead of their model time, so they
     /// reach the client's core by then; the library holds each until its
@@ -95,8 +95,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0.5)]
     read_fraction: f64,
     /// Request size in bytes (1 B … 1 MiB, any value).
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
+    /// Client threads, each with --qd requests in flight.
     #[arg(long, default_value_t = 1)]
     threads: u32,
     /// Requests each thread keeps in flight.
@@ -106,11 +107,11 @@ pub struct BenchArgs {
     #[arg(long)]
     sequential: bool,
     /// Bytes of the device the threads touch [default: 1 GiB or the whole device if smaller].
-    #[arg(long)]
+    #[arg(long, value_parser = moneta_model::units::parse_size)]
     region_bytes: Option<u64>,
     /// Where the region starts (bytes; on a SAN node, a global address:
     /// another node's slice makes every request remote).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = moneta_model::units::parse_bytes)]
     region_offset: u64,
     /// dma, forwarding or issue-sleep (SPEC §3.5).
     #[arg(long, default_value = "dma")]

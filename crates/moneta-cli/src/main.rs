@@ -20,6 +20,7 @@ mod mount;
 mod nvmm;
 mod output;
 mod plot;
+mod report;
 mod san;
 mod san_bench;
 mod san_sort;
@@ -88,7 +89,10 @@ enum Command {
     /// NVMM (SPEC §7): journaled flash main memory behind a DRAM cache.
     #[command(subcommand)]
     Nvmm(Box<nvmm::NvmmCommand>),
-    /// Compare the model with the published numbers (SPEC §1.9, §2).
+    /// One HTML page per system (Moneta, Moneta-D, Onyx, QuickSAN, NVMM):
+    /// the papers' experiments, the published points beside them, the commands.
+    Report(report::ReportArgs),
+    /// Compare the model with the published numbers (SPEC §1.9–§7).
     Calibrate {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
@@ -232,7 +236,7 @@ struct PatternArgs {
     #[arg(long, value_enum, default_value_t = Pattern::Random)]
     pattern: Pattern,
     /// Bytes of the device the threads touch [default: the whole device, at most 16 GiB].
-    #[arg(long)]
+    #[arg(long, value_parser = moneta_model::units::parse_size)]
     region_bytes: Option<u64>,
 }
 
@@ -271,8 +275,8 @@ struct RunArgs {
     /// read, write or mixed (50/50).
     #[arg(long, default_value = "read")]
     op: String,
-    /// Request size in bytes (multiple of 512).
-    #[arg(long, default_value_t = 4096)]
+    /// Request size: bytes or with K/M/G, a multiple of 512 (4k).
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Closed-loop threads.
     #[arg(long, default_value_t = 16)]
@@ -295,8 +299,8 @@ struct CompareArgs {
     /// read, write or mixed (50/50).
     #[arg(long, default_value = "read")]
     op: String,
-    /// Request size in bytes (multiple of 512).
-    #[arg(long, default_value_t = 4096)]
+    /// Request size: bytes or with K/M/G, a multiple of 512 (4k).
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Closed-loop threads [default: 1, an unloaded request as in Table 3.1].
     #[arg(long, default_value_t = 1)]
@@ -320,12 +324,13 @@ struct SweepArgs {
     /// Comma-separated operations.
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
-    /// Comma-separated request sizes in bytes.
+    /// Comma-separated request sizes: bytes, or with K/M/G (512,4k,1M).
     #[arg(
         long,
         default_value = "512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576"
     )]
     sizes: String,
+    /// Closed-loop threads (XDD's 16 in every paper's sweep).
     #[arg(long, default_value_t = 16)]
     threads: u32,
     /// Run only points i, i+n, i+2n, … (0-based), for cluster job arrays.
@@ -345,13 +350,17 @@ struct FairnessArgs {
     model: ModelArgs,
     #[command(flatten)]
     limit: LimitArgs,
+    /// Threads issuing small requests (SPEC §2.2: four 4 KB readers).
     #[arg(long, default_value_t = 4)]
     small_threads: u32,
-    #[arg(long, default_value_t = 4096)]
+    /// Size of the small requests (bytes, or with K/M/G).
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     small_size: u64,
+    /// Threads issuing large requests (SPEC §2.2: four 512 KB readers).
     #[arg(long, default_value_t = 4)]
     large_threads: u32,
-    #[arg(long, default_value_t = 524288)]
+    /// Size of the large requests (bytes, or with K/M/G).
+    #[arg(long, default_value_t = 524288, value_parser = moneta_model::units::parse_size)]
     large_size: u64,
 }
 
@@ -361,7 +370,7 @@ struct SpeedArgs {
     model: ModelArgs,
     #[arg(long, default_value_t = 2_000_000)]
     ops: u64,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     #[arg(long, default_value_t = 16)]
     threads: u32,
@@ -375,10 +384,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("moneta: {e}");
-            ExitCode::from(2)
+            // The shell's code for Ctrl-C, after the partial results.
+            ExitCode::from(if e.starts_with(INTERRUPTED) { 130 } else { 2 })
         }
     }
 }
+
+/// How an error from a command stopped by Ctrl-C begins.
+const INTERRUPTED: &str = "interrupted";
 
 fn dispatch(cli: Cli) -> Result<(), String> {
     if matches!(
@@ -409,6 +422,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Status(a) => mount::status(a),
         Command::Run(a) => emu::run_program(a),
         Command::Calibrate { format } => calibrate(format),
+        Command::Report(a) => report::report(a),
         Command::San(c) => san::dispatch(*c),
         Command::Nvmm(c) => nvmm::dispatch(*c),
         Command::Config(ConfigCommand::Dump(a)) => config_dump(&a),
@@ -502,6 +516,7 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
 
 /// `moneta sim compare`: the same workload on every (preset, stack) pair.
 fn sim_compare(a: CompareArgs) -> Result<(), String> {
+    plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
     let list = |s: &Option<String>| -> Vec<Option<String>> {
         match s {
             None => vec![None],
@@ -557,17 +572,10 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 }
 
 fn sim_sweep(a: SweepArgs) -> Result<(), String> {
+    plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
     let config = a.model.device.config()?;
     let ops: Vec<&str> = a.op.split(',').map(str::trim).collect();
-    let sizes: Vec<u64> = a
-        .sizes
-        .split(',')
-        .map(|s| {
-            s.trim()
-                .parse::<u64>()
-                .map_err(|_| format!("--sizes: '{s}' is not a number of bytes"))
-        })
-        .collect::<Result<_, _>>()?;
+    let sizes = moneta_model::units::parse_size_list("--sizes", &a.sizes)?;
     let (shard, shards) = a
         .shard
         .as_deref()
@@ -595,7 +603,11 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut points = Vec::with_capacity(mine.len());
+    mount::catch_signals();
     for (k, w) in mine.iter().enumerate() {
+        if mount::signal_received() {
+            break;
+        }
         let (op, size) = (w.groups[0].op, w.groups[0].size_bytes);
         if progress {
             eprint!(
@@ -627,6 +639,13 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         let html = output::sweep_report(&config, &points).to_html();
         plot::write_file(path, &html).map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
+    }
+    if points.len() < mine.len() {
+        return Err(format!(
+            "{INTERRUPTED}: {} of {} points done, printed above",
+            points.len(),
+            mine.len()
+        ));
     }
     Ok(())
 }
@@ -734,7 +753,23 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
 }
 
 fn calibrate(format: Format) -> Result<(), String> {
-    let checks = moneta_model::calibration::all();
+    mount::catch_signals();
+    let groups = moneta_model::calibration::groups();
+    let mut checks = Vec::new();
+    let mut done = 0;
+    for (what, run) in &groups {
+        if mount::signal_received() {
+            break;
+        }
+        if std::io::stderr().is_terminal() {
+            eprint!("\r[{}/{}] {what} …{:20}", done + 1, groups.len(), "");
+        }
+        checks.extend(run());
+        done += 1;
+    }
+    if std::io::stderr().is_terminal() {
+        eprint!("\r{:60}\r", "");
+    }
     match format {
         Format::Json => output::print_json(&checks)?,
         Format::Csv => output::print_csv(&checks)?,
@@ -747,5 +782,11 @@ fn calibrate(format: Format) -> Result<(), String> {
         checks.len() - missed,
         missed
     );
+    if done < groups.len() {
+        return Err(format!(
+            "{INTERRUPTED}: {done} of {} groups of checks done, printed above",
+            groups.len()
+        ));
+    }
     Ok(())
 }

@@ -161,26 +161,9 @@ pub struct StatusArgs {
     format: StatusFormat,
 }
 
-/// `--size`: bytes, or K/M/G/T (optionally KiB, MiB, …) as powers of 1024.
-/// "GB" is refused rather than guessed.
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits);
-    let bad = || format!("'{s}': expected bytes, or a number with K, M, G or T (powers of 1024)");
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let shift = match suffix.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(1 << shift)
-        .filter(|&b| b > 0)
-        .ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
-}
+/// `--size`: bytes, or K/M/G/T (optionally KiB, MiB, …) as powers of 1024
+/// (the one parser, `moneta_model::units::parse_size`).
+pub(crate) use moneta_model::units::parse_size;
 
 pub(crate) fn human(bytes: u64) -> String {
     for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
@@ -965,6 +948,12 @@ pub(crate) fn catch_signals() {
     }
 }
 
+/// Whether a signal `catch_signals` watches has come (`sim sweep` and
+/// `calibrate` stop between points and print what they have).
+pub(crate) fn signal_received() -> bool {
+    INTERRUPTED.load(Ordering::Acquire) != 0
+}
+
 pub(crate) fn interrupted() -> Result<(), String> {
     match INTERRUPTED.load(Ordering::Acquire) {
         0 => Ok(()),
@@ -1416,7 +1405,17 @@ fn attach_loop(backing: &Path, direct_io: bool, rb: &mut Rollback) -> Result<Pat
 /// Mount the file system on `dev` at the mount point (made if missing),
 /// unmounted on rollback.
 fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Result<(), String> {
-    for dir in make_dirs(&inst.mount)?.into_iter() {
+    refuse_non_empty(&inst.mount)?;
+    let made = make_dirs(&inst.mount)?;
+    // `down --purge` removes what `up` made, and only that.
+    fs::write(
+        inst.dir.join(MADE_DIRS),
+        made.iter()
+            .map(|d| format!("{}\n", d.display()))
+            .collect::<String>(),
+    )
+    .map_err(|e| format!("{}: {e}", inst.dir.join(MADE_DIRS).display()))?;
+    for dir in made.into_iter() {
         rb.push(format!("removed {}", dir.display()), move || {
             fs::remove_dir(&dir).map_err(|e| e.to_string())
         });
@@ -1490,6 +1489,43 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
         interrupted()?;
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The file in an instance's state directory naming the directories `up`
+/// made for the mount point, outermost first.
+const MADE_DIRS: &str = "made-dirs";
+
+/// Mounting over a directory with files would hide them: say so instead.
+fn refuse_non_empty(mount: &Path) -> Result<(), String> {
+    let Ok(entries) = fs::read_dir(mount) else {
+        return Ok(());
+    };
+    let names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .take(4)
+        .collect();
+    if names.is_empty() || mounted_at(mount).is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is not empty ({}{}): mounting over it would hide its files; empty it or choose another --mount",
+        mount.display(),
+        names[..names.len().min(3)].join(", "),
+        if names.len() > 3 { ", …" } else { "" }
+    ))
+}
+
+/// Remove the directories `up` made for the mount point (innermost first,
+/// only while empty); returns those removed.
+fn remove_made_dirs(inst: &Instance) -> Vec<PathBuf> {
+    let listed = fs::read_to_string(inst.dir.join(MADE_DIRS)).unwrap_or_default();
+    listed
+        .lines()
+        .rev()
+        .map(PathBuf::from)
+        .filter(|d| fs::remove_dir(d).is_ok())
+        .collect()
 }
 
 /// `mkdir -p` returning the directories it made, outermost first.
@@ -1702,9 +1738,14 @@ pub fn down(a: DownArgs) -> Result<(), String> {
     }
     if a.purge {
         if inst.dir.exists() {
+            let removed = remove_made_dirs(&inst);
             fs::remove_dir_all(&inst.dir)
                 .map_err(|e| format!("removing {}: {e}", inst.dir.display()))?;
-            println!("{mount} down{what}; purged {}", inst.dir.display());
+            let removed: String = removed
+                .iter()
+                .map(|d| format!(" and {}", d.display()))
+                .collect();
+            println!("{mount} down{what}; purged {}{removed}", inst.dir.display());
         } else {
             println!("{mount} down{what}; nothing to purge");
         }
@@ -1875,15 +1916,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_parse_in_powers_of_1024() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("4g"), Ok(4 << 30));
-        assert!(parse_size("4GB").is_err());
-        assert!(parse_size("0").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("99999999T").is_err());
+    fn up_refuses_a_non_empty_mount_point_and_purge_removes_only_its_dirs() {
+        let root = std::env::temp_dir().join(format!("moneta-mount-dirs-{}", std::process::id()));
+        let full = root.join("full");
+        fs::create_dir_all(&full).unwrap();
+        fs::write(full.join("precious.txt"), "x").unwrap();
+        let e = refuse_non_empty(&full).unwrap_err();
+        assert!(e.contains("not empty") && e.contains("precious.txt"), "{e}");
+        assert!(refuse_non_empty(&root.join("missing")).is_ok());
+        let inst = Instance::at(root.join("state"), root.join("a/b/mnt"));
+        fs::create_dir_all(&inst.dir).unwrap();
+        let made = make_dirs(&inst.mount).unwrap();
+        assert_eq!(made.len(), 3);
+        fs::write(
+            inst.dir.join(MADE_DIRS),
+            made.iter()
+                .map(|d| format!("{}\n", d.display()))
+                .collect::<String>(),
+        )
+        .unwrap();
+        assert_eq!(remove_made_dirs(&inst).len(), 3);
+        assert!(!root.join("a").exists() && full.exists());
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

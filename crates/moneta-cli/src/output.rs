@@ -2,9 +2,10 @@
 //! and HTML report of a sweep; where time goes (SPEC §2.1 Table 3.1): the
 //! breakdown table, stacked bars and latency CDFs.
 
-use crate::plot::{Chart, Report, ReportSection, Series, StackedBars};
+use crate::plot::{Chart, Report, ReportSection, Series, StackedBars, PUBLISHED_PREFIX};
 use clap::ValueEnum;
 use moneta_model::breakdown::Component;
+use moneta_model::calibration::published_bandwidth;
 use moneta_model::config::Config;
 use moneta_model::summary::PointSummary;
 use serde::Serialize;
@@ -221,25 +222,110 @@ fn series_by_op(points: &[PointSummary], value: impl Fn(&PointSummary) -> f64) -
     series
 }
 
+/// "preset, stack, N threads" for titles.
+fn run_label(config: &Config, points: &[PointSummary]) -> String {
+    let threads = points.first().map_or(0, |p| p.threads);
+    format!(
+        "{}, {} stack, {threads} threads",
+        config.name,
+        config.host.stack.name()
+    )
+}
+
+/// Published points for the operations of `points` (see
+/// `calibration::published_bandwidth`), each beside the model's point of
+/// the same operation and size: (op, size, published MB/s, model MB/s).
+/// (op, size in bytes, published MB/s, model MB/s).
+pub type PublishedPoint = (String, u64, f64, f64);
+
+pub fn published_beside(
+    config: &Config,
+    points: &[PointSummary],
+) -> (Option<&'static str>, Vec<PublishedPoint>) {
+    let mut source = None;
+    let mut rows = Vec::new();
+    for p in points {
+        if let Some((src, published)) = published_bandwidth(config, &p.op, p.threads) {
+            if let Some(&(_, mb)) = published.iter().find(|(size, _)| *size == p.size_bytes) {
+                source = Some(src);
+                rows.push((p.op.clone(), p.size_bytes, mb, p.bandwidth_mb_per_s));
+            }
+        }
+    }
+    (source, rows)
+}
+
 pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
+    let mut series = series_by_op(points, |p| p.bandwidth_mb_per_s);
+    let (_, published) = published_beside(config, points);
+    for (op, size, mb, _) in published {
+        let name = format!("{PUBLISHED_PREFIX}{op}");
+        match series.iter_mut().find(|s| s.name == name) {
+            Some(s) => s.points.push((size as f64, mb)),
+            None => series.push(Series {
+                name,
+                points: vec![(size as f64, mb)],
+            }),
+        }
+    }
     Chart {
         title: format!(
-            "{}: bandwidth vs request size ({} stack)",
-            config.name,
-            config.host.stack.name()
+            "Bandwidth vs request size ({}; crosses: published)",
+            run_label(config, points)
         ),
         x_label: "request size (bytes)".into(),
         y_label: "bandwidth (MB/s)".into(),
         x_log2: true,
         x_log10: false,
         y_log10: false,
-        series: series_by_op(points, |p| p.bandwidth_mb_per_s),
+        series,
     }
+}
+
+/// The published points beside the model's, with the error of each, and
+/// the mean absolute percentage error.
+fn published_table(config: &Config, points: &[PointSummary]) -> Vec<ReportSection> {
+    let (Some(source), rows) = published_beside(config, points) else {
+        return vec![ReportSection::Paragraph(
+            "No published points are known for this configuration (the papers' tables are for preset moneta with the 2q stack at 16 threads; Onyx's are withheld).".into(),
+        )];
+    };
+    let errors: Vec<f64> = rows.iter().map(|r| (r.3 - r.2) / r.2).collect();
+    let mape = 100.0 * errors.iter().map(|e| e.abs()).sum::<f64>() / errors.len() as f64;
+    vec![
+        ReportSection::Heading("Published beside the model".into()),
+        ReportSection::Paragraph(format!(
+            "Source: {source}. {} points, mean absolute error {mape:.1}%.",
+            rows.len()
+        )),
+        ReportSection::Table {
+            header: ["op", "size (B)", "published MB/s", "model MB/s", "error"]
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+            rows: rows
+                .iter()
+                .zip(&errors)
+                .map(|((op, size, published, model), e)| {
+                    vec![
+                        op.clone(),
+                        size.to_string(),
+                        format!("{published:.1}"),
+                        format!("{model:.1}"),
+                        format!("{:+.1}%", 100.0 * e),
+                    ]
+                })
+                .collect(),
+        },
+    ]
 }
 
 pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
     let latency = Chart {
-        title: format!("{}: mean latency vs request size", config.name),
+        title: format!(
+            "Mean latency vs request size ({})",
+            run_label(config, points)
+        ),
         x_label: "request size (bytes)".into(),
         y_label: "mean latency (µs, log scale)".into(),
         x_log2: true,
@@ -248,7 +334,10 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
         series: series_by_op(points, |p| p.latency_us_mean),
     };
     let power = Chart {
-        title: format!("{}: device power vs request size", config.name),
+        title: format!(
+            "Device power vs request size ({})",
+            run_label(config, points)
+        ),
         x_label: "request size (bytes)".into(),
         y_label: "power (W)".into(),
         x_log2: true,
@@ -268,13 +357,19 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
             .map(|p| crate::plot::format_pow2(p.size_bytes as f64))
             .collect();
         where_time_goes.push(ReportSection::Bars(breakdown_bars(
-            format!("{}: where {op} time goes, by request size", config.name),
+            format!(
+                "Where {op} time goes, by request size ({})",
+                run_label(config, points)
+            ),
             &of_op,
             &labels,
             true,
         )));
         where_time_goes.push(ReportSection::Chart(cdf_chart(
-            format!("{}: {op} latency CDF, by request size", config.name),
+            format!(
+                "{op} latency CDF, by request size ({})",
+                run_label(config, points)
+            ),
             &of_op,
             &labels,
         )));
@@ -288,10 +383,13 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
                 config.host.stack.name()
             )),
             ReportSection::Chart(bandwidth_chart(config, points)),
-            ReportSection::Chart(latency),
-            ReportSection::Chart(power),
         ]
         .into_iter()
+        .chain(published_table(config, points))
+        .chain([
+            ReportSection::Chart(latency),
+            ReportSection::Chart(power),
+        ])
         .chain(where_time_goes)
         .chain([
             ReportSection::Table {

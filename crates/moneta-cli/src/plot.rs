@@ -51,6 +51,27 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// A series named `published <name>` holds published points: drawn as
+/// crosses without a line, in the colour of the series `<name>` (the model's
+/// curve they are compared with).
+pub const PUBLISHED_PREFIX: &str = "published ";
+
+impl Chart {
+    /// The colour index and whether series `i` is published points.
+    fn style(&self, i: usize) -> (usize, bool) {
+        match self.series[i].name.strip_prefix(PUBLISHED_PREFIX) {
+            Some(model) => (
+                self.series
+                    .iter()
+                    .position(|s| s.name == model)
+                    .unwrap_or(i),
+                true,
+            ),
+            None => (i, false),
+        }
+    }
+}
+
 /// A line chart; see [`Chart::to_svg`].
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Chart {
@@ -271,7 +292,11 @@ pub fn escape(s: &str) -> String {
 
 /// SVG for one marker of `shape` centred on (`x`, `y`).
 fn marker_svg(shape: Marker, x: f64, y: f64, colour: &str) -> String {
-    let r = 3.5;
+    marker_svg_sized(shape, x, y, colour, 3.5)
+}
+
+/// A marker of radius `r`.
+fn marker_svg_sized(shape: Marker, x: f64, y: f64, colour: &str, r: f64) -> String {
     match shape {
         Marker::Circle => format!(r#"<circle cx="{x:.1}" cy="{y:.1}" r="{r}" fill="{colour}"/>"#),
         Marker::Square => format!(
@@ -506,26 +531,43 @@ impl Chart {
 
         // Series: polyline then markers.
         for (i, pts) in data.iter().enumerate() {
-            let colour = PALETTE[i % PALETTE.len()];
-            let shape = MARKERS[i % MARKERS.len()];
+            let (style, published) = self.style(i);
+            let colour = PALETTE[style % PALETTE.len()];
+            let shape = if published {
+                Marker::Cross
+            } else {
+                MARKERS[style % MARKERS.len()]
+            };
             let _ = writeln!(
                 s,
                 "<g class=\"series\"><title>{}</title>",
                 escape(&self.series[i].name)
             );
-            if pts.len() > 1 {
+            // Later series are drawn thinner on top of earlier ones, so a
+            // series equal to another (reads and writes both at the link's
+            // rate) still shows: a wide line under a narrow one, a large
+            // marker under a small one.
+            let under = (i + 1..data.len()).filter(|&j| !self.style(j).1).count() as f64;
+            if pts.len() > 1 && !published {
                 let coords: Vec<String> = pts
                     .iter()
                     .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
                     .collect();
                 let _ = writeln!(
                     s,
-                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2" stroke-linejoin="round"/>"#,
-                    coords.join(" ")
+                    r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="{:.1}" stroke-linejoin="round"/>"#,
+                    coords.join(" "),
+                    2.0 + 1.5 * under.min(3.0)
                 );
             }
             for &(x, y) in pts {
-                s.push_str(&marker_svg(shape, px(x), py(y), colour));
+                s.push_str(&marker_svg_sized(
+                    shape,
+                    px(x),
+                    py(y),
+                    colour,
+                    3.0 + 1.2 * under.min(3.0),
+                ));
                 s.push('\n');
             }
             s.push_str("</g>\n");
@@ -551,14 +593,21 @@ impl Chart {
                 };
                 let ex = x0 + col as f64 * entry_w;
                 let ey = y0 + row as f64 * row_h + row_h / 2.0;
-                let colour = PALETTE[i % PALETTE.len()];
-                let _ = writeln!(
-                    s,
-                    r#"<line x1="{ex:.1}" y1="{ey:.1}" x2="{:.1}" y2="{ey:.1}" stroke="{colour}" stroke-width="2"/>"#,
-                    ex + sample_w
-                );
+                let (style, published) = self.style(i);
+                let colour = PALETTE[style % PALETTE.len()];
+                if !published {
+                    let _ = writeln!(
+                        s,
+                        r#"<line x1="{ex:.1}" y1="{ey:.1}" x2="{:.1}" y2="{ey:.1}" stroke="{colour}" stroke-width="2"/>"#,
+                        ex + sample_w
+                    );
+                }
                 s.push_str(&marker_svg(
-                    MARKERS[i % MARKERS.len()],
+                    if published {
+                        Marker::Cross
+                    } else {
+                        MARKERS[style % MARKERS.len()]
+                    },
                     ex + sample_w / 2.0,
                     ey,
                     colour,
@@ -590,8 +639,33 @@ pub struct StackedBars {
     pub percent: bool,
 }
 
-/// Colour of the `i`-th distinct component: the palette first, then hues
-/// spread by the golden angle so that neighbours differ.
+/// The colour of a component by its name: its place in the breakdown's
+/// fixed order (`Component::ALL`), so that one component has one colour in
+/// every chart; names outside it follow, in the chart's first-seen order.
+fn component_colour_of(name: &str, first_seen: usize) -> String {
+    use moneta_model::breakdown::Component;
+    let i = Component::ALL
+        .iter()
+        .position(|c| c.label() == name)
+        .unwrap_or(Component::ALL.len() + first_seen);
+    component_colour(i)
+}
+
+/// A bar's total above it: no "0.00", at most four digits before the point.
+fn format_total(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else if v >= 0.1 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1e}")
+    }
+}
+
+/// Colour of the `i`-th component: the palette first, then hues spread by
+/// the golden angle so that neighbours differ.
 fn component_colour(i: usize) -> String {
     match PALETTE.get(i) {
         Some(c) if i < PALETTE.len() - 1 => c.to_string(),
@@ -641,7 +715,8 @@ impl StackedBars {
             .map(|n| text_width(n, font))
             .fold(0.0, f64::max)
             + 40.0;
-        let top = if self.title.is_empty() { 16.0 } else { 40.0 };
+        // Room for the title, then for the totals above the tallest bar.
+        let top = if self.title.is_empty() { 16.0 } else { 40.0 } + 18.0;
         let bottom = 46.0;
         let plot_h = (h - top - bottom).max(40.0);
         let y_axis = Axis::linear(
@@ -659,6 +734,22 @@ impl StackedBars {
         let py = |y: f64| top + (1.0 - y_axis.frac(y)) * plot_h;
         let slot = plot_w / self.bars.len().max(1) as f64;
         let bar_w = (slot * 0.6).min(90.0);
+        // Totals and bar labels shrink to fit their slot rather than overlap.
+        let widest = |texts: &mut dyn Iterator<Item = String>| {
+            texts.map(|t| text_width(&t, font)).fold(0.0, f64::max)
+        };
+        let fit = |wide: f64| {
+            if wide > slot - 4.0 {
+                (font * (slot - 4.0) / wide).max(6.0)
+            } else {
+                font
+            }
+        };
+        let total_font =
+            fit(widest(&mut self.bars.iter().map(|(_, parts)| {
+                format_total(parts.iter().map(|(_, v)| v.max(0.0)).sum())
+            })));
+        let label_font = fit(widest(&mut self.bars.iter().map(|(l, _)| l.clone())));
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -713,7 +804,8 @@ impl StackedBars {
                 if v <= 0.0 {
                     continue;
                 }
-                let colour = component_colour(names.iter().position(|n| n == name).unwrap_or(0));
+                let colour =
+                    component_colour_of(name, names.iter().position(|n| n == name).unwrap_or(0));
                 let (y0, y1) = (py(base), py(base + v));
                 let _ = writeln!(
                     s,
@@ -726,13 +818,14 @@ impl StackedBars {
             let total: f64 = parts.iter().map(|(_, v)| v.max(0.0)).sum();
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{total:.2}</text>"#,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="{total_font:.1}">{}</text>"#,
                 x + bar_w / 2.0,
-                py(base) - 4.0
+                py(base) - 4.0,
+                format_total(total)
             );
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="{label_font:.1}">{}</text>"#,
                 x + bar_w / 2.0,
                 top + plot_h + 18.0,
                 escape(label)
@@ -751,7 +844,7 @@ impl StackedBars {
             let _ = writeln!(
                 s,
                 r#"<rect x="{x0:.1}" y="{y:.1}" width="12" height="12" fill="{}"/><text x="{:.1}" y="{:.1}" dominant-baseline="middle">{}</text>"#,
-                component_colour(i),
+                component_colour_of(name, i),
                 x0 + 18.0,
                 y + 6.0,
                 escape(name)
@@ -781,6 +874,8 @@ pub enum ReportSection {
         rows: Vec<Vec<String>>,
     },
     Preformatted(String),
+    /// A list of links: (text, relative address).
+    Links(Vec<(String, String)>),
 }
 
 const CSS: &str = "body{font-family:Helvetica,Arial,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}
@@ -842,6 +937,18 @@ impl Report {
                 ReportSection::Preformatted(t) => {
                     let _ = writeln!(s, "<pre>{}</pre>", escape(t));
                 }
+                ReportSection::Links(links) => {
+                    s.push_str("<ul>\n");
+                    for (text, href) in links {
+                        let _ = writeln!(
+                            s,
+                            "<li><a href=\"{}\">{}</a></li>",
+                            escape(href),
+                            escape(text)
+                        );
+                    }
+                    s.push_str("</ul>\n");
+                }
             }
         }
         s.push_str("</body>\n</html>\n");
@@ -849,15 +956,51 @@ impl Report {
     }
 }
 
-/// Writes `contents` to `path`, creating parent directories.  Errors carry
-/// the path in their message.
+/// Writes `contents` (an SVG document or an HTML page) to `path`. The
+/// name must end in `.svg` or `.html`/`.htm` to match what is written: a
+/// `--plot x.png` is refused, not filled with SVG under a PNG name (convert
+/// with `rsvg-convert` or a browser). No directory is created: a missing
+/// parent is an error naming it. Errors carry the path in their message.
 pub fn write_file(path: &Path, contents: &str) -> std::io::Result<()> {
-    let with_path =
-        |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", path.display()));
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(with_path)?;
+    let is_svg = contents.trim_start().starts_with("<svg") || contents.starts_with("<?xml");
+    check_output(path, is_svg)
+        .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidInput, m))?;
+    std::fs::write(path, contents)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// Whether [`write_file`] will accept `path` for an SVG (`svg`) or an HTML
+/// page: commands call it before they run, so a bad name costs no run.
+pub fn check_output(path: &Path, svg: bool) -> Result<(), String> {
+    let wanted: &[&str] = if svg { &["svg"] } else { &["html", "htm"] };
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if !ext.as_deref().is_some_and(|e| wanted.contains(&e)) {
+        return Err(format!(
+            "{}: this writes {} only; name the file *.{} (for a PNG, convert the SVG, e.g. rsvg-convert)",
+            path.display(),
+            if svg { "SVG" } else { "HTML" },
+            wanted[0]
+        ));
     }
-    std::fs::write(path, contents).map_err(with_path)
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if !parent.is_dir() {
+            return Err(format!(
+                "{}: directory {} does not exist (not created)",
+                path.display(),
+                parent.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// [`check_output`] for a command's optional `--plot` (SVG) and `--report` (HTML).
+pub fn check_outputs(plot: Option<&Path>, report: Option<&Path>) -> Result<(), String> {
+    plot.map_or(Ok(()), |p| check_output(p, true))?;
+    report.map_or(Ok(()), |p| check_output(p, false))
 }
 
 #[cfg(test)]
@@ -1184,16 +1327,193 @@ mod tests {
     }
 
     #[test]
-    fn write_file_creates_dirs_and_reports_path() {
+    fn write_file_refuses_other_formats_and_missing_directories() {
         let dir = std::env::temp_dir().join(format!("moneta-plot-test-{}", std::process::id()));
-        let path = dir.join("a/b/report.html");
-        write_file(&path, "hello").unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello");
-        // A file where a directory is needed: the error names the path.
-        let bad = dir.join("a/b/report.html/x.svg");
-        let err = write_file(&bad, "x").unwrap_err();
-        assert!(err.to_string().contains("report.html"), "{err}");
+        std::fs::create_dir_all(&dir).unwrap();
+        let svg = "<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>";
+        write_file(&dir.join("p.svg"), svg).unwrap();
+        write_file(&dir.join("r.html"), "<!doctype html><html></html>").unwrap();
+        let png = write_file(&dir.join("p.png"), svg).unwrap_err();
+        assert!(png.to_string().contains("p.png"), "{png}");
+        assert!(!dir.join("p.png").exists());
+        let html_as_svg = write_file(&dir.join("r.svg"), "<!doctype html>").unwrap_err();
+        assert!(html_as_svg.to_string().contains("HTML"), "{html_as_svg}");
+        // A missing directory is named and not created.
+        let deep = dir.join("a/b/p.svg");
+        let err = write_file(&deep, svg).unwrap_err();
+        assert!(err.to_string().contains("does not exist"), "{err}");
+        assert!(!dir.join("a").exists());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The boxes of an SVG's unrotated `<text>` elements, from their
+    /// position, anchor, font size and the same glyph-width estimate the
+    /// layout uses: (x0, y0, x1, y1, text).
+    fn text_boxes(svg: &str) -> Vec<(f64, f64, f64, f64, String)> {
+        let attr = |tag: &str, name: &str| -> Option<String> {
+            let key = format!(" {name}=\"");
+            let i = tag.find(&key)? + key.len();
+            Some(tag[i..i + tag[i..].find('"')?].to_string())
+        };
+        let mut boxes = Vec::new();
+        for piece in svg.split("<text").skip(1) {
+            let (tag, rest) = piece.split_once('>').expect("a text tag ends");
+            if tag.contains("rotate(") {
+                continue;
+            }
+            let text = rest.split("</text>").next().unwrap_or("").to_string();
+            let num = |n: &str| attr(tag, n).and_then(|v| v.parse::<f64>().ok());
+            let (Some(x), Some(y)) = (num("x"), num("y")) else {
+                continue;
+            };
+            let size = num("font-size").unwrap_or(12.0);
+            let w = text_width(&text, size);
+            let x0 = match attr(tag, "text-anchor").as_deref() {
+                Some("middle") => x - w / 2.0,
+                Some("end") => x - w,
+                _ => x,
+            };
+            let middle = attr(tag, "dominant-baseline").as_deref() == Some("middle");
+            let y0 = if middle {
+                y - size / 2.0
+            } else {
+                y - size * 0.8
+            };
+            boxes.push((x0, y0, x0 + w, y0 + size, text));
+        }
+        boxes
+    }
+
+    fn assert_no_label_overlaps(what: &str, svg: &str) {
+        let boxes = text_boxes(svg);
+        assert!(!boxes.is_empty(), "{what}: no text");
+        for (i, a) in boxes.iter().enumerate() {
+            for b in &boxes[i + 1..] {
+                // 1 px of slack for the width estimate.
+                let overlap_x = a.0 < b.2 - 1.0 && b.0 < a.2 - 1.0;
+                let overlap_y = a.1 < b.3 - 1.0 && b.1 < a.3 - 1.0;
+                assert!(
+                    !(overlap_x && overlap_y),
+                    "{what}: '{}' overlaps '{}' ({a:?} / {b:?})",
+                    a.4,
+                    b.4
+                );
+            }
+        }
+    }
+
+    /// Every plot type the tool writes, at the sizes it writes them, with
+    /// the longest labels it produces: no two labels overlap.
+    #[test]
+    fn no_plot_type_has_overlapping_labels() {
+        let sizes: Vec<f64> = (9..=20).map(|k| f64::from(1u32 << k)).collect();
+        let line = |x_log2: bool, y_log10: bool, names: &[&str]| Chart {
+            title: "Bandwidth vs request size (moneta, 2q stack, 16 threads; crosses: published)"
+                .into(),
+            x_label: "request size (bytes)".into(),
+            y_label: "bandwidth (MB/s)".into(),
+            x_log2,
+            x_log10: false,
+            y_log10,
+            series: names
+                .iter()
+                .enumerate()
+                .map(|(k, n)| Series {
+                    name: n.to_string(),
+                    points: sizes
+                        .iter()
+                        .map(|&x| (x, 3.0 + x * (k + 1) as f64 / 300.0))
+                        .collect(),
+                })
+                .collect(),
+        };
+        let charts = [
+            line(
+                true,
+                false,
+                &[
+                    "read",
+                    "write",
+                    "mixed",
+                    "published read",
+                    "published write",
+                    "published mixed",
+                ],
+            ),
+            line(
+                true,
+                true,
+                &["quicksan-d", "quicksan-os", "iscsi", "fibre-channel"],
+            ),
+            line(
+                false,
+                false,
+                &[
+                    "a rather long series name for the legend below",
+                    "another long one",
+                ],
+            ),
+        ];
+        for (k, c) in charts.iter().enumerate() {
+            assert_no_label_overlaps(&format!("line chart {k}"), &c.to_svg(900, 480));
+        }
+        use moneta_model::breakdown::Component;
+        let labels: Vec<String> = sizes.iter().map(|&x| format_pow2(x)).collect();
+        for percent in [true, false] {
+            let bars = StackedBars {
+                title: "Where read time goes, by request size (moneta-d, direct stack, 16 threads)"
+                    .into(),
+                y_label: "% of latency".into(),
+                bars: labels
+                    .iter()
+                    .enumerate()
+                    .map(|(k, l)| {
+                        (
+                            l.clone(),
+                            Component::ALL
+                                .iter()
+                                .map(|c| (c.label().to_string(), 1.5 * (1u64 << k) as f64))
+                                .collect(),
+                        )
+                    })
+                    .collect(),
+                percent,
+            };
+            assert_no_label_overlaps("stacked bars", &bars.to_svg(900, 520));
+        }
+    }
+
+    #[test]
+    fn a_component_has_one_colour_in_every_chart() {
+        use moneta_model::breakdown::Component;
+        let name = Component::ALL[3].label();
+        // First in one chart, fifth in another: the same colour.
+        assert_eq!(component_colour_of(name, 0), component_colour_of(name, 4));
+        assert_ne!(
+            component_colour_of(Component::ALL[0].label(), 0),
+            component_colour_of(Component::ALL[1].label(), 0)
+        );
+        // The legend's swatch is the bars' colour.
+        let bars = StackedBars {
+            title: String::new(),
+            y_label: String::new(),
+            bars: vec![("a".into(), vec![(name.to_string(), 1.0)])],
+            percent: false,
+        };
+        let svg = bars.to_svg(600, 300);
+        let colour = component_colour_of(name, 0);
+        assert_eq!(
+            svg.matches(&format!("fill=\"{colour}\"")).count(),
+            2,
+            "{svg}"
+        );
+        assert_eq!(format_total(4848.25), "4848");
+        // The overlap check sees an overlap.
+        let clash = r#"<svg><text x="10" y="20">4848</text><text x="20" y="22">2424</text></svg>"#;
+        let caught = std::panic::catch_unwind(|| assert_no_label_overlaps("clash", clash));
+        assert!(caught.is_err(), "two overlapping labels must be caught");
+        assert_eq!(format_total(3.754), "3.75");
+        assert_eq!(format_total(0.004), "4.0e-3");
     }
 
     /// `cargo test -p moneta-cli render_sample -- --ignored` writes
@@ -1285,7 +1605,7 @@ mod tests {
         assert_eq!(svg.matches("<g class=\"bar\">").count(), 2);
         // One legend entry per component; bar totals printed on top.
         assert_eq!(svg.matches("<rect x=").count(), 5 + 3 + 1);
-        assert!(svg.contains(">10.00<") && svg.contains(">10.50<"));
+        assert!(svg.contains(">10.0<") && svg.contains(">10.5<"));
         let html = Report {
             title: "t".into(),
             sections: vec![ReportSection::Bars(StackedBars {

@@ -96,9 +96,10 @@ pub struct CommonArgs {
     /// core of the paper's dual Xeon E5520 hosts).
     #[arg(long, default_value_t = 8)]
     threads: u32,
-    /// Cores the iSCSI target software runs on per host (tgtd's one event loop).
-    #[arg(long, default_value_t = 1)]
-    target_cores: u32,
+    /// Cores the iSCSI target software runs on per host [default: the
+    /// preset's san.iscsi_target_cores, 1: tgtd's one event loop].
+    #[arg(long)]
+    target_cores: Option<u32>,
     /// Write an SVG plot.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
@@ -117,6 +118,7 @@ impl CommonArgs {
     }
 
     fn setup(&self, default_ops: u64) -> Result<Setup, String> {
+        plot::check_outputs(self.plot.as_deref(), self.report.as_deref())?;
         let ops = self.ops.unwrap_or(default_ops);
         if ops == 0 {
             return Err("--ops must be positive".into());
@@ -124,15 +126,16 @@ impl CommonArgs {
         if self.threads == 0 {
             return Err("--threads must be at least 1".into());
         }
-        if self.target_cores == 0 {
+        if self.target_cores == Some(0) {
             return Err("--target-cores must be at least 1".into());
         }
+        let device = self.device()?;
         let costs = InterfaceCosts {
-            iscsi_target_cores: self.target_cores,
-            ..InterfaceCosts::default()
+            iscsi_target_cores: self.target_cores.unwrap_or(device.san.iscsi_target_cores),
+            ..device.san.clone()
         };
         Ok(Setup {
-            device: self.device()?,
+            device,
             costs,
             seed: self.seed,
             ops,
@@ -173,7 +176,7 @@ pub struct LatencyArgs {
     #[command(flatten)]
     scope: ScopeArgs,
     /// Request size in bytes.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
 }
 
@@ -209,7 +212,7 @@ pub struct ScalingArgs {
     /// read, write or mixed.
     #[arg(long, default_value = "mixed")]
     op: String,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
 }
 
@@ -223,7 +226,7 @@ pub struct ReplicationArgs {
     nodes: u16,
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
 }
 
@@ -242,7 +245,7 @@ pub struct SortArgs {
     #[arg(long, default_value_t = 1.0)]
     scale: f64,
     /// Size of each read and buffered write.
-    #[arg(long, default_value_t = 262_144)]
+    #[arg(long, default_value_t = 262_144, value_parser = moneta_model::units::parse_size)]
     io_bytes: u64,
     /// Records to generate, partition and sort here to measure the CPU cost.
     #[arg(long, default_value_t = 2_000_000)]
@@ -266,7 +269,7 @@ pub struct EnergyArgs {
     scope: ScopeArgs,
     #[arg(long, default_value = "read,write,mixed")]
     op: String,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Our assumed host power with idle cores, W.
     #[arg(long, default_value_t = HostPower::default().idle_w)]
@@ -523,7 +526,7 @@ fn bandwidth(a: BandwidthArgs) -> Result<(), String> {
     let setup = a.common.setup(20_000)?;
     let (interfaces, t) = a.scope.parse()?;
     let mixes = parse_mixes(&a.op)?;
-    let sizes: Vec<u64> = parse_numbers("--sizes", &a.sizes)?;
+    let sizes = moneta_model::units::parse_size_list("--sizes", &a.sizes)?;
     for &s in &sizes {
         positive_size(s)?;
     }
@@ -538,17 +541,7 @@ fn bandwidth(a: BandwidthArgs) -> Result<(), String> {
         &sizes,
         progress,
     )?;
-    let mut series: Vec<Series> = Vec::new();
-    for r in &rows {
-        let name = format!("{} {}", r.interface.key(), r.op);
-        match series.iter_mut().find(|s| s.name == name) {
-            Some(s) => s.points.push((r.size_bytes as f64, r.mb_per_s_per_host)),
-            None => series.push(Series {
-                name,
-                points: vec![(r.size_bytes as f64, r.mb_per_s_per_host)],
-            }),
-        }
-    }
+    let series = bandwidth_series(&rows, |r| format!("{} {}", r.interface.key(), r.op));
     let chart = Chart {
         title: format!(
             "per-host bandwidth, {} {} nodes",
@@ -918,6 +911,26 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
         ],
         bars,
     )
+}
+
+/// Per-host bandwidth against request size, one series per `name` of a row.
+pub(crate) fn bandwidth_series(
+    rows: &[moneta_model::san::experiments::BandwidthRow],
+    name: impl Fn(&moneta_model::san::experiments::BandwidthRow) -> String,
+) -> Vec<Series> {
+    let mut series: Vec<Series> = Vec::new();
+    for r in rows {
+        let n = name(r);
+        let point = (r.size_bytes as f64, r.mb_per_s_per_host);
+        match series.iter_mut().find(|s| s.name == n) {
+            Some(s) => s.points.push(point),
+            None => series.push(Series {
+                name: n,
+                points: vec![point],
+            }),
+        }
+    }
+    series
 }
 
 #[cfg(test)]

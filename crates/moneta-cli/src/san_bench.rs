@@ -19,7 +19,7 @@ use moneta::{CompletionMode, Moneta};
 use moneta_emu::san_file::SanFile;
 use moneta_model::config::Config;
 use moneta_model::san::experiments::{self, Setup};
-use moneta_model::san::interfaces::{Interface, InterfaceCosts};
+use moneta_model::san::interfaces::Interface;
 use moneta_model::san::system::Topology;
 use moneta_model::units::Op;
 use moneta_model::workload::{OpMix, RunLimit, Workload};
@@ -33,10 +33,10 @@ pub struct SanBenchArgs {
     #[arg(long, default_value_t = 5000)]
     ops: u64,
     /// Request size of the latency points, bytes.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
     /// Request size and queue depth of the bandwidth points.
-    #[arg(long, default_value_t = 65536)]
+    #[arg(long, default_value_t = 65536, value_parser = moneta_model::units::parse_size)]
     bw_size: u64,
     #[arg(long, default_value_t = 8)]
     qd: u32,
@@ -89,7 +89,7 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
     let sim = if nodes >= 2 && remote.is_some() {
         let setup = Setup {
             device: config.clone(),
-            costs: InterfaceCosts::default(),
+            costs: config.san.clone(),
             seed: a.seed,
             ops: 2000,
             threads_per_host: 1,

@@ -37,7 +37,7 @@ use moneta::{CompletionMode, Moneta};
 use moneta_emu::san_file::{SanFile, SanTopology};
 use moneta_model::config::Config;
 use moneta_model::san::experiments::topology;
-use moneta_model::san::interfaces::{Interface, InterfaceCosts};
+use moneta_model::san::interfaces::Interface;
 use moneta_model::san::sort::{self, CpuCosts, SortResult, SortSetup, RECORD_BYTES};
 use moneta_model::san::system::SanConfig;
 use serde::Serialize;
@@ -76,7 +76,7 @@ pub struct SortRunArgs {
     #[arg(long, value_enum, default_value_t = Via::Direct)]
     via: Via,
     /// Size of each read and of each destination's write buffer.
-    #[arg(long, default_value_t = 262_144)]
+    #[arg(long, default_value_t = 262_144, value_parser = moneta_model::units::parse_size)]
     io_bytes: u64,
     /// The data set: the same seed gives the same records.
     #[arg(long, default_value_t = 1)]
@@ -482,13 +482,14 @@ fn predict(
         cores: 1,
         source: "measured in this run's workers (this machine, one core per host), unscaled".into(),
     };
+    let device = Config::preset(&a.preset).map_err(|e| e.to_string())?;
     sort::run(&SortSetup {
+        costs: device.san.clone(),
         san: SanConfig {
-            device: Config::preset(&a.preset).map_err(|e| e.to_string())?,
+            device,
             topology: topology(false, nodes)?,
             mirroring: false,
         },
-        costs: InterfaceCosts::default(),
         interface,
         input_bytes: a.records * RECORD_BYTES as u64,
         io_bytes: a.io_bytes,

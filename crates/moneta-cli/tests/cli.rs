@@ -104,7 +104,7 @@ fn bad_input_is_a_clear_error_not_a_crash() {
         (vec!["sim", "run", "--size", "1000"], "multiple of 512"),
         (vec!["sim", "run", "--op", "erase"], "unknown op"),
         (vec!["sim", "sweep", "--shard", "3/2"], "--shard"),
-        (vec!["sim", "sweep", "--sizes", "4k"], "--sizes"),
+        (vec!["sim", "sweep", "--sizes", "4k,4GB"], "--sizes"),
     ] {
         let o = moneta(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");
@@ -147,6 +147,7 @@ fn shards_partition_the_sweep() {
 #[test]
 fn sweep_writes_plot_and_report() {
     let dir = std::env::temp_dir().join(format!("moneta-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("bw.svg");
     let html = dir.join("report.html");
     let o = moneta(&[
@@ -538,6 +539,7 @@ fn bench_and_fairness_report_where_time_goes() {
 #[test]
 fn compare_puts_stacks_side_by_side_with_a_bar_each() {
     let dir = std::env::temp_dir().join(format!("moneta-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let svg = dir.join("bars.svg");
     let html = dir.join("report.html");
     let o = moneta(&[
@@ -597,4 +599,77 @@ fn compare_puts_stacks_side_by_side_with_a_bar_each() {
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert!(v[1]["breakdown_us"]["array"].as_f64().unwrap() > 0.0);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn sizes_take_suffixes_and_plots_are_svg_in_existing_directories_only() {
+    let o = moneta(&[
+        "sim", "run", "--size", "4k", "--ops", "200", "--format", "json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["size_bytes"], 4096);
+    let bad = moneta(&["sim", "run", "--size", "4GB", "--ops", "10"]);
+    assert!(!bad.status.success());
+    let dir = std::env::temp_dir().join(format!("moneta-cli-png-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sweep = |plot: &std::path::Path| {
+        moneta(&[
+            "sim",
+            "sweep",
+            "--op",
+            "read",
+            "--sizes",
+            "512,1k",
+            "--ops",
+            "200",
+            "--plot",
+            plot.to_str().unwrap(),
+        ])
+    };
+    let png = dir.join("bw.png");
+    let o = sweep(&png);
+    assert!(!o.status.success() && !png.exists());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bw.png"));
+    let nested = dir.join("not/there/bw.svg");
+    let o = sweep(&nested);
+    assert!(!o.status.success() && !dir.join("not").exists());
+    let svg = dir.join("bw.svg");
+    assert!(sweep(&svg).status.success() && svg.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn ctrl_c_during_a_sweep_prints_the_points_so_far() {
+    use std::io::Read;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moneta"))
+        .args(["sim", "sweep", "--ops", "100000"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("moneta runs");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    // SAFETY: signalling our own child by its id.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(
+        out.contains("read        512"),
+        "the first point is printed: {out}"
+    );
 }

@@ -115,7 +115,10 @@ fn bad_input_is_a_clear_error_listing_what_is_allowed() {
             "centralized",
         ),
         (vec!["san", "sim", "bandwidth", "--op", "erase"], "mixed"),
-        (vec!["san", "sim", "bandwidth", "--sizes", "4k"], "--sizes"),
+        (
+            vec!["san", "sim", "bandwidth", "--sizes", "4k,4GB"],
+            "--sizes",
+        ),
         (vec!["san", "sim", "scaling", "--nodes", "2,0"], "--nodes"),
         (
             vec!["san", "sim", "scaling", "--interface", "scsi"],

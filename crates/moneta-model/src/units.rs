@@ -7,6 +7,45 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A byte count as people type it: digits, optionally followed by K, M, G
+/// or T (powers of 1024; also KiB, MiB, GiB, TiB, any case; a bare B means
+/// bytes). "GB" is refused rather than guessed. Zero is a valid count (an
+/// offset); callers that need a size check for it. The one parser of the
+/// command line and of the NBD server's export specifications.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, suffix) = t.split_at(digits);
+    let bad = || format!("'{s}': expected bytes, or a number with K, M, G or T (powers of 1024)");
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    let shift = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("'{s}': more than 16 EiB"))
+}
+
+/// [`parse_bytes`] for sizes: zero is refused.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    match parse_bytes(s)? {
+        0 => Err(format!("'{s}': a size must be at least 1 byte")),
+        n => Ok(n),
+    }
+}
+
+/// A comma-separated list of sizes (`--sizes 512,4k,1M`); `what` names
+/// the option in errors.
+pub fn parse_size_list(what: &str, list: &str) -> Result<Vec<u64>, String> {
+    list.split(',')
+        .map(|s| parse_size(s).map_err(|e| format!("{what}: {e}")))
+        .collect()
+}
+
 /// A point in time or a duration, in nanoseconds.
 pub type Ns = u64;
 
@@ -122,6 +161,23 @@ pub fn us(microseconds: f64) -> Ns {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_guesses() {
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_size("4g"), Ok(4 << 30));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert!(parse_size("4GB").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("k").is_err());
+        assert!(parse_size("99999999T").is_err());
+    }
+
     use super::*;
 
     #[test]

@@ -18,7 +18,7 @@
 use crate::proto::{self, ProtoError, RequestHeader};
 use moneta::{CompletionMode, Io, Moneta};
 use moneta_emu::control::ControlPlane;
-use moneta_model::units::Op;
+use moneta_model::units::{parse_bytes, Op};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -63,7 +63,7 @@ impl Export {
         }
         let (name, start, size) = match parts.as_slice() {
             [name] => (*name, 0, capacity),
-            [name, start, len] => (*name, parse_size(start)?, parse_size(len)?),
+            [name, start, len] => (*name, parse_bytes(start)?, parse_bytes(len)?),
             _ => {
                 return Err(format!(
                     "export '{spec}': expected NAME, NAME:ro, NAME:START:LEN or NAME:START:LEN:ro"
@@ -104,21 +104,6 @@ impl Export {
         }
         f
     }
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let (digits, shift) = match s.as_bytes().last() {
-        Some(b'K' | b'k') => (&s[..s.len() - 1], 10),
-        Some(b'M' | b'm') => (&s[..s.len() - 1], 20),
-        Some(b'G' | b'g') => (&s[..s.len() - 1], 30),
-        Some(b'T' | b't') => (&s[..s.len() - 1], 40),
-        _ => (s, 0),
-    };
-    let v: u64 = digits
-        .parse()
-        .map_err(|_| format!("'{s}' is not a size (bytes, or with K/M/G/T)"))?;
-    v.checked_mul(1 << shift)
-        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// Where to listen: `tcp://HOST:PORT` or `unix:PATH`.

@@ -165,6 +165,8 @@ pub struct Config {
     pub ramdisk: RamdiskConfig,
     pub power: PowerConfig,
     pub network: NetworkConfig,
+    /// QuickSAN hosts' interfaces (Table 5.1 and the kernel paths' mechanisms).
+    pub san: crate::san::interfaces::InterfaceCosts,
 }
 
 /// Scheduler, tags, buffers (SPEC §1.2–1.4).

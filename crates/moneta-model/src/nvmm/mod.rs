@@ -44,6 +44,7 @@
 pub mod baseline;
 pub mod cache;
 pub mod calendar;
+pub mod calibration;
 pub mod config;
 pub mod controller;
 pub mod dram;

@@ -36,7 +36,7 @@ use crate::breakdown::{Component, Parts};
 use crate::config::{Config, Stack};
 use crate::host::{plan, PermissionOutcome, Step};
 use crate::units::{transfer_ns, Ns, Op};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A host interface of §5.4.1 (plus Fibre Channel, Table 5.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -96,13 +96,29 @@ impl Interface {
 }
 
 /// The kernel driver QuickSAN-OS uses on its NIC or SSD: the Moneta driver
-/// with every software optimization of SPEC §2.2 (spin ≤ 4 KB, one atomic
-/// command word); the QuickSAN devices share Moneta's host interface (§5.2.2).
+/// with the software optimizations of SPEC §2.2 (one atomic command word,
+/// no scheduler); the QuickSAN devices share Moneta-D's host interface
+/// (§5.2.2). How it completes is `san.kernel_completion`: with `interrupt`
+/// (the default, Table 4.2's baseline) it sleeps like Moneta+Atomic.
 pub const KERNEL_STACK: Stack = Stack::Spin;
 
-/// Host software costs of Table 5.1 (4 KB, µs read / write) and the
-/// transport assumptions of this model. All in ns.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// How the kernel stack of QuickSAN-OS notices a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelCompletion {
+    /// Moneta+Spin (SPEC §2.2): spin for requests up to 4 KB.
+    Spin,
+    /// The interrupt the Moneta-D era's kernel driver takes for every
+    /// request (Table 4.2, "baseline interrupts").
+    Interrupt,
+}
+
+/// Host software costs of Table 5.1 (4 KB, µs read / write), the kernel
+/// paths' mechanisms, and the transport assumptions of this model: the
+/// `[san]` section of the presets (`quicksan-ssd` inherits the root's). All
+/// times in ns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InterfaceCosts {
     /// "OS entry/exit & block IO", QuickSAN kernel column: 3.8 / 3.4 µs.
     pub os_ns_read_quicksan: Ns,
@@ -117,6 +133,19 @@ pub struct InterfaceCosts {
     /// GFS2 under iSCSI (and Fibre Channel): 0.1 / 1.5 µs.
     pub gfs2_ns_read_existing: Ns,
     pub gfs2_ns_write_existing: Ns,
+    /// How QuickSAN-OS's kernel driver learns that a request finished.
+    pub kernel_completion: KernelCompletion,
+    /// With `interrupt`: the whole completion, interrupt handler to the
+    /// woken thread, Table 4.2 "baseline interrupts" 5.82 / 5.87 µs.
+    pub kernel_interrupt_completion_ns_read: Ns,
+    pub kernel_interrupt_completion_ns_write: Ns,
+    /// POSIX write atomicity through the kernel file system (§5.2.2
+    /// "Userspace access", §5.4.3): a write holds its file's lock from the
+    /// file system's entry until the device has answered, so a host's
+    /// QuickSAN-OS writes run one at a time. QuickSAN-D relaxes it; iSCSI
+    /// and Fibre Channel are not given it (§5.4.3 says it of QuickSAN's
+    /// kernel interface; README "Fidelity" has the evidence).
+    pub fs_write_atomicity: bool,
     /// iSCSI block transport, initiator plus target software at 4 KB:
     /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
     /// traffic and the target SSD's time on top (Table 5.1 excludes the
@@ -146,27 +175,9 @@ pub struct InterfaceCosts {
 }
 
 impl Default for InterfaceCosts {
+    /// The `[san]` section of the QuickSAN SSD preset.
     fn default() -> Self {
-        InterfaceCosts {
-            os_ns_read_quicksan: 3_800,
-            os_ns_write_quicksan: 3_400,
-            os_ns_read_existing: 4_000,
-            os_ns_write_existing: 3_400,
-            gfs2_ns_read_quicksan: 1_400,
-            gfs2_ns_write_quicksan: 2_300,
-            gfs2_ns_read_existing: 100,
-            gfs2_ns_write_existing: 1_500,
-            iscsi_transport_ns_read: 284_000,
-            iscsi_transport_ns_write: 207_700,
-            iscsi_initiator_fraction: 0.5,
-            iscsi_target_cores: 1,
-            iscsi_header_bytes: 48,
-            tcp_header_bytes: 52,
-            tcp_segment_bytes: 1448,
-            fc_transport_ns_read: 86_000,
-            fc_transport_ns_write: 85_900,
-            fc_link_bytes_per_s: 800e6,
-        }
+        Config::preset("quicksan-ssd").expect("shipped preset").san
     }
 }
 
@@ -236,6 +247,20 @@ pub fn host_config(device: &Config, interface: Interface, costs: &InterfaceCosts
             k.file_system_ns_read = fs_read;
             k.file_system_ns_write = fs_write;
             c.host.file_system = true;
+            if interface == Interface::QuicksanOs
+                && costs.kernel_completion == KernelCompletion::Interrupt
+            {
+                // Sleep for every size: the interrupt handler (Table 3.1)
+                // and the wake-up make up Table 4.2's whole completion.
+                c.set_stack(Stack::Atomic);
+                let k = &mut c.host.costs;
+                k.wake_ns_read = costs
+                    .kernel_interrupt_completion_ns_read
+                    .saturating_sub(k.interrupt_ns_read);
+                k.wake_ns_write = costs
+                    .kernel_interrupt_completion_ns_write
+                    .saturating_sub(k.interrupt_ns_write);
+            }
         }
     }
     c
@@ -474,6 +499,20 @@ mod tests {
             );
             assert_eq!(sw.get(Component::FileSystem), rw(op, 1_400, 2_300));
             assert_eq!(sw.get(Component::BlockLayer), 0);
+            assert!(!p.spins, "the kernel path sleeps for its interrupt");
+            assert_eq!(
+                p.completion.get(Component::Interrupt) + p.completion.get(Component::WakeUp),
+                rw(op, 5_820, 5_870),
+                "Table 4.2 baseline interrupts"
+            );
+            let mut spin = costs.clone();
+            spin.kernel_completion = KernelCompletion::Spin;
+            let p = device_path(
+                &host_config(&device(), Interface::QuicksanOs, &spin),
+                op,
+                4096,
+            )
+            .unwrap();
             assert!(p.spins, "Moneta+Spin spins for 4 KB");
             let d = host_config(&device(), Interface::QuicksanD, &costs);
             let p = device_path(&d, op, 4096).unwrap();

@@ -1,0 +1,212 @@
+//! NVMM's model against the statements of SPEC §7 (the UMD report's
+//! evaluation), as `calibration::Check`s with the range each statement
+//! allows; `moneta calibrate` prints them beside the array's checks and the
+//! test `tests/nvmm_calibration.rs` holds them to their ranges.
+//!
+//! Setup for all checks: preset `nvmm-mlc` (64 MB DRAM, 8 ONFI 3.0
+//! channels), footprints 2× the DRAM, the report's access counts (GUPS
+//! 5000 updates, MMAP 10,000 reads), "MLC latency" = 75 µs as the report's
+//! sweep uses it, N threads = 8, prefetch = the next 16 pages, seed 1. No
+//! constant of the model was tuned to these numbers. A check the model
+//! misses is listed in [`KNOWN_MISSES`] with the reason.
+
+use crate::calibration::Check;
+use crate::nvmm::experiments::{point, standard_workload, wear, SweepPoint};
+use crate::nvmm::system::{run, SystemKind};
+use crate::nvmm::workload::WorkloadKind;
+use crate::nvmm::NvmmConfig;
+
+const SEED: u64 = 1;
+const MLC_NS: u64 = 75_000;
+const THREADS: u32 = 8;
+const RATIO: f64 = 2.0;
+const SOURCE: &str = "NVMM report §5 (SPEC §7)";
+
+/// (check name, why the model misses it).
+pub const KNOWN_MISSES: &[(&str, &str)] = &[
+    ("GUPS 1 thread, prefetch 16: NVMM over SSD", "every prefetched page evicts a dirty page of the table (GUPS dirties what it touches), so a miss with prefetch also writes back up to 16 pages: programs (1.2 ms, holding their planes) and channel time the report's runs evidently did not pay; it does not say where its controller put prefetched blocks or when it wrote victims back"),
+    ("GUPS 8 threads, prefetch 16: NVMM over SSD", "as with one thread, plus 8 threads × 17 page transfers per miss load the 8 ONFI 3.0 channels (8 is our assumption; the report says \"numerous\")"),
+    ("MMAP 1 thread at MLC: NVMM over SSD (\"roughly the same\")", "an NVMM miss here costs the flash read and the first 64 B (~76 µs); the SSD fault costs the report's measured 162 µs. \"Roughly the same\" would need NVMM misses near 160 µs, which nothing in the report's controller description accounts for (full-system effects of MARSSx86 + Linux we do not model)"),
+    ("MMAP 1 thread: gain from prefetch", "prefetch doubles the hit rate (0.25 → 0.48), but 17 page transfers per miss (348 µs of channel time over 8 channels) delay the demand transfers"),
+    ("MMAP 8 threads, no prefetch: NVMM over SSD", "our SSD system scales 7.4× from 1 to 8 threads (one core per thread, no kernel lock contention, no software variance); NVMM 6.5× (flash queueing). The report's Linux evidently scaled worse"),
+    ("MMAP 8 threads, prefetch: NVMM over SSD", "8 threads × 17 transfers per miss saturate the 8 ONFI 3.0 channels; prefetch then costs more than it saves"),
+    ("MMAP 1 thread at 150 µs: SSD over NVMM (passed: > 1)", "the SSD pays the flash latency per fault too, plus its software, and random MMAP reads turn Linux's read-around off (mmap_miss), so in the model it cannot pass NVMM; the report's crossover implies NVMM costs per miss the model does not have (as for MMAP ≈ SSD at MLC)"),
+    ("mean over workloads (SLC, MLC): NVMM over SSD", "the report averages over its benchmark suite (PARSEC-like programs, file system benchmarks), which a model without a CPU cannot run; our three workloads include a sequential stream, where the SSD's readahead wins (0.24–0.30×), as the report also saw for sequential workloads"),
+    ("mean over workloads (SLC, MLC): NVMM / all-DRAM", "our workloads all miss by design (footprints 2× the DRAM), so a flash read ~2000× a DRAM access dominates; the report's average is over programs whose working sets mostly fit. The hit-path check is the part we can check"),
+    ("wear: worn out / half retired", "with a quarter of the flash live, writes stop fitting (a page's segments need good pages at +0/+8/+16/+24 of one block, and collection needs free blocks) when about half the pages are retired, so the end comes with the half; the report does not say how full its devices were"),
+];
+
+fn compare(kind: WorkloadKind, read_ns: u64, threads: u32, prefetch: u32) -> SweepPoint {
+    let mut c = NvmmConfig::preset("nvmm-mlc").expect("shipped preset");
+    c.flash.read_ns = read_ns;
+    c.controller.prefetch_pages = prefetch;
+    let w = standard_workload(&c, kind, threads, None, RATIO).expect("standard workload");
+    let nvmm = run(&c, SystemKind::Nvmm, &w, SEED).expect("runs");
+    let ssd = run(&c, SystemKind::Ssd, &w, SEED).expect("runs");
+    let dram = run(&c, SystemKind::AllDram, &w, SEED).expect("runs");
+    point(&nvmm, &ssd, &dram)
+}
+
+/// A statement "about `published`" that the project accepts within [low, high].
+fn ranged(name: &str, published: f64, measured: f64, low: f64, high: f64) -> Check {
+    Check {
+        name: name.into(),
+        source: SOURCE,
+        published,
+        simulated: measured,
+        tolerance: ((high - published).max(published - low) / published).abs(),
+        unit: "×",
+        bounds: Some((low, high)),
+    }
+}
+
+/// GUPS and MMAP speedups, the crossover, the averages, the hit path, the
+/// SSD's hardware time per fault and the wear shape.
+pub fn checks() -> Vec<Check> {
+    let gups = compare(WorkloadKind::Gups, MLC_NS, 1, 0);
+    let gups_prefetch = compare(WorkloadKind::Gups, MLC_NS, 1, 16);
+    let gups_threads = compare(WorkloadKind::Gups, MLC_NS, THREADS, 16);
+    let mmap = compare(WorkloadKind::Mmap, MLC_NS, 1, 0);
+    let mmap_prefetch = compare(WorkloadKind::Mmap, MLC_NS, 1, 16);
+    let mmap_threads = compare(WorkloadKind::Mmap, MLC_NS, THREADS, 0);
+    let mmap_threads_prefetch = compare(WorkloadKind::Mmap, MLC_NS, THREADS, 16);
+    let at_150 = compare(WorkloadKind::Mmap, 150_000, 1, 0);
+    let mut v = vec![
+        ranged(
+            "GUPS 1 thread, no prefetch: NVMM over SSD",
+            3.0,
+            gups.speedup_over_ssd,
+            2.0,
+            4.0,
+        ),
+        ranged(
+            "GUPS 1 thread, prefetch 16: NVMM over SSD",
+            3.7,
+            gups_prefetch.speedup_over_ssd,
+            2.5,
+            5.0,
+        ),
+        ranged(
+            "GUPS 8 threads, prefetch 16: NVMM over SSD",
+            4.7,
+            gups_threads.speedup_over_ssd,
+            3.1,
+            6.3,
+        ),
+        ranged(
+            "MMAP 1 thread at MLC: NVMM over SSD (\"roughly the same\")",
+            1.0,
+            mmap.speedup_over_ssd,
+            0.75,
+            1.33,
+        ),
+        ranged(
+            "MMAP 1 thread: gain from prefetch",
+            1.6,
+            mmap.nvmm_elapsed_ns as f64 / mmap_prefetch.nvmm_elapsed_ns as f64,
+            1.2,
+            2.1,
+        ),
+        ranged(
+            "MMAP 8 threads, no prefetch: NVMM over SSD",
+            3.0,
+            mmap_threads.speedup_over_ssd,
+            2.0,
+            4.0,
+        ),
+        ranged(
+            "MMAP 8 threads, prefetch: NVMM over SSD",
+            7.0,
+            mmap_threads_prefetch.speedup_over_ssd,
+            4.7,
+            9.3,
+        ),
+        // "SSD passes NVMM at 150 µs": the SSD's speedup over NVMM above 1.
+        ranged(
+            "MMAP 1 thread at 150 µs: SSD over NVMM (passed: > 1)",
+            1.0,
+            1.0 / at_150.speedup_over_ssd,
+            1.0,
+            f64::INFINITY,
+        ),
+    ];
+    let mut speedups = Vec::new();
+    let mut slowdowns = Vec::new();
+    for kind in [
+        WorkloadKind::Gups,
+        WorkloadKind::Mmap,
+        WorkloadKind::Sequential,
+    ] {
+        for read_ns in [25_000, 50_000] {
+            let p = compare(kind, read_ns, 1, 0);
+            speedups.push(p.speedup_over_ssd);
+            slowdowns.push(p.slowdown_vs_dram);
+        }
+    }
+    let geomean = |v: &[f64]| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp();
+    // The hit path alone: a working set that fits in the DRAM cache.
+    let mut c = NvmmConfig::preset("nvmm-mlc").expect("shipped preset");
+    c.flash.read_ns = 50_000;
+    let w = standard_workload(&c, WorkloadKind::Gups, 1, Some(20_000), 0.5).expect("workload");
+    let nvmm = run(&c, SystemKind::Nvmm, &w, SEED).expect("runs");
+    let dram = run(&c, SystemKind::AllDram, &w, SEED).expect("runs");
+    v.push(ranged(
+        "working set fits in the DRAM: NVMM / all-DRAM (≤ 2)",
+        2.0,
+        nvmm.elapsed_ns as f64 / dram.elapsed_ns as f64,
+        1.0,
+        2.0,
+    ));
+    v.push(ranged(
+        "mean over workloads (SLC, MLC): NVMM over SSD",
+        1.75,
+        geomean(&speedups),
+        1.5,
+        2.0,
+    ));
+    v.push(ranged(
+        "mean over workloads (SLC, MLC): NVMM / all-DRAM",
+        2.0,
+        geomean(&slowdowns),
+        1.0,
+        2.0,
+    ));
+    // The report measured 38.9 µs (SLC, 25 µs) and 88.8 µs (MLC, 75 µs) of
+    // hardware time per MMAP access. Not independent evidence:
+    // `ssd.controller_ns` (2 µs, an assumption) was chosen with these
+    // figures in view.
+    for (read_ns, published_us, name) in [
+        (25_000, 38.9, "SSD hardware time per fault, SLC"),
+        (75_000, 88.8, "SSD hardware time per fault, MLC"),
+    ] {
+        let mut c = NvmmConfig::preset("nvmm-mlc").expect("shipped preset");
+        c.flash.read_ns = read_ns;
+        let w = standard_workload(&c, WorkloadKind::Mmap, 1, None, RATIO).expect("workload");
+        let r = run(&c, SystemKind::Ssd, &w, SEED).expect("runs");
+        let s = r.ssd.expect("an SSD run has SSD counters");
+        let hw_us = s.fault_hardware_ns as f64 / s.faults as f64 / 1000.0;
+        let mut check = ranged(
+            name,
+            published_us,
+            hw_us,
+            0.8 * published_us,
+            1.2 * published_us,
+        );
+        check.unit = "µs";
+        v.push(check);
+    }
+    // One 8 Gb device: half its capacity in < 2 days, worn out in 3 (1.5×);
+    // 1000 devices: 2–3 and 4–5 years (1.3–2.5×). Only the shape can be
+    // checked: "moderate load" has no write rate.
+    let mut c = NvmmConfig::preset("nvmm-mlc").expect("shipped preset");
+    c.flash.blocks_per_plane = 8;
+    let r = wear(&c, 50e6, 0.25, 1000, SEED).expect("wear runs");
+    v.push(ranged(
+        "wear: worn out / half retired",
+        1.5,
+        r.days_to_end_one_8gb_device / r.days_to_half_one_8gb_device,
+        1.3,
+        2.5,
+    ));
+    v
+}
