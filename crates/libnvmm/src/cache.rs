@@ -8,6 +8,9 @@
 //! during a fill's flash wait, or right after the fill), so a miss does not
 //! wait for an eviction.
 
+use crate::error::{ErrorKind, NvmmError, Result};
+use crate::table::try_filled;
+
 pub const RESIDENT: u8 = 1;
 pub const DIRTY: u8 = 2;
 
@@ -20,21 +23,42 @@ pub struct Cache {
 
 impl Cache {
     /// A cache of `capacity_blocks` in sets of `ways` (0: one fully
-    /// associative set) over a region of `region_blocks`.
-    pub fn new(region_blocks: u64, capacity_blocks: u64, ways: usize) -> Cache {
-        let capacity = capacity_blocks.max(1) as usize;
+    /// associative set) over a region of `region_blocks`. A budget larger
+    /// than the region is the region: every block fits, and no memory is
+    /// set aside for blocks that cannot exist.
+    pub fn new(region_blocks: u64, capacity_blocks: u64, ways: usize) -> Result<Cache> {
+        let capacity = capacity_blocks.clamp(1, region_blocks.max(1));
+        let capacity = usize::try_from(capacity).map_err(|_| {
+            NvmmError::new(
+                ErrorKind::InvalidArgument,
+                "the DRAM budget exceeds the address space",
+            )
+        })?;
         let ways = if ways == 0 || ways > capacity {
             capacity
         } else {
             ways
         };
         let n_sets = (capacity / ways).max(1);
-        Cache {
-            state: vec![0; region_blocks as usize],
-            sets: (0..n_sets).map(|_| Vec::with_capacity(ways)).collect(),
+        let refused = || {
+            NvmmError::new(
+                ErrorKind::Exhausted,
+                format!("cannot allocate {n_sets} cache sets of {ways} ways"),
+            )
+        };
+        let mut sets = Vec::new();
+        sets.try_reserve_exact(n_sets).map_err(|_| refused())?;
+        for _ in 0..n_sets {
+            let mut set = Vec::new();
+            set.try_reserve_exact(ways).map_err(|_| refused())?;
+            sets.push(set);
+        }
+        Ok(Cache {
+            state: try_filled(region_blocks, 0u8, "the cache's block states")?,
+            sets,
             ways,
             resident: 0,
-        }
+        })
     }
 
     pub fn capacity_blocks(&self) -> u64 {
@@ -134,7 +158,7 @@ mod tests {
 
     #[test]
     fn sets_evict_their_oldest_block() {
-        let mut c = Cache::new(64, 4, 2); // 2 sets of 2 ways
+        let mut c = Cache::new(64, 4, 2).unwrap(); // 2 sets of 2 ways
         assert_eq!(c.capacity_blocks(), 4);
         c.insert(0, false);
         c.insert(2, true);

@@ -28,8 +28,8 @@ use crate::cache::Cache;
 use crate::entry::{status, Entry, FLASH_PAGES_PER_BLOCK, POSITIONS, SEGMENTS_PER_PAGE};
 use crate::error::{ErrorKind, NvmmError, Result};
 use crate::gc::{self, GcOutcome};
-use crate::log::{AlignedBuf, Log, FLASH_PAGE_BYTES, PAGE_BYTES};
-use crate::table::Table;
+use crate::log::{AlignedBuf, Log, Target, FLASH_PAGE_BYTES, PAGE_BYTES};
+use crate::table::{self, Table};
 use crate::timing::{FixedLatency, FlashTiming, WallClock};
 use crate::tokens::Tokens;
 use crate::uffd::{Fault, Userfault};
@@ -626,6 +626,56 @@ impl State {
     }
 }
 
+/// The pages of a region of `size` bytes (rounded up to 64 KB pages),
+/// within libnvmm's limit.
+fn pages_for(size: u64) -> Result<u64> {
+    let pages = size.div_ceil(PAGE);
+    if pages > table::MAX_PAGES {
+        return Err(NvmmError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "a region of {size} bytes exceeds the largest libnvmm maps, {} bytes \
+                 (16 TiB: 2^28 pages of 64 KB, the page table's 30-bit index; SPEC §7)",
+                table::MAX_PAGES * PAGE
+            ),
+        ));
+    }
+    Ok(pages)
+}
+
+/// The machine's physical memory, if the kernel says.
+fn physical_memory_bytes() -> Option<u64> {
+    // SAFETY: sysinfo fills a zeroed struct that lives here.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return None;
+    }
+    (si.totalram as u64).checked_mul(u64::from(si.mem_unit.max(1)))
+}
+
+/// The page table (16-byte entries, four per 64 KB page, SPEC §7) and the
+/// cache's per-block state live in memory, whatever the DRAM budget: a
+/// region whose bookkeeping would take more than half the machine's memory
+/// is refused with the numbers, before anything is allocated or written.
+fn check_memory(pages: u64) -> Result<()> {
+    let need = table::memory_bytes(pages).saturating_add(pages * SEGS);
+    if let Some(ram) = physical_memory_bytes() {
+        if need > ram / 2 {
+            return Err(NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a region of {} bytes needs {need} bytes of page table and cache \
+                     bookkeeping in memory, more than half of this machine's {ram} bytes; \
+                     map a smaller region",
+                    pages * PAGE
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Nvmm {
     /// Map a region of `size` bytes (rounded up to 64 KB pages; 0: the
     /// size the file was made with) backed by the log at `path`, with
@@ -634,32 +684,63 @@ impl Nvmm {
         Self::open_with(path, size, Options::new(dram_bytes))
     }
 
+    /// Open with [`Options`]. Everything is checked before the backing
+    /// file is written (issue 24): the path must be a regular file or new
+    /// (see [`crate::log::Target`]), the size within 64 KB ..= 16 TiB, the
+    /// page table and cache bookkeeping must fit in memory, allocations
+    /// that fail are errors; a failed open leaves the path as it was.
     pub fn open_with(path: impl AsRef<Path>, size: u64, options: Options) -> Result<Nvmm> {
-        let pages = size.div_ceil(PAGE);
+        let path = path.as_ref();
+        let bad = |what: String| NvmmError::new(ErrorKind::InvalidArgument, what);
         if options.dram_bytes < BLOCK {
-            return Err(NvmmError::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "a DRAM budget of {} bytes holds no 8 KB block",
-                    options.dram_bytes
-                ),
-            ));
+            return Err(bad(format!(
+                "a DRAM budget of {} bytes holds no 8 KB block",
+                options.dram_bytes
+            )));
         }
         if options.prefetch_blocks > MAX_PREFETCH_BLOCKS {
-            return Err(NvmmError::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "prefetch depth {} exceeds {MAX_PREFETCH_BLOCKS}",
-                    options.prefetch_blocks
-                ),
-            ));
+            return Err(bad(format!(
+                "prefetch depth {} exceeds {MAX_PREFETCH_BLOCKS}",
+                options.prefetch_blocks
+            )));
         }
+        let requested = if size == 0 {
+            None
+        } else {
+            Some(pages_for(size)?)
+        };
         let uffd = Userfault::open()?;
-        let (log, recovered) = Log::open(path.as_ref(), pages, options.direct_io)?;
-        let pages = log.pages();
-        let table = Table::from_entries(pages, recovered.entries)?;
+        let target = Target::inspect(path)?;
+        let pages = match (&target, requested) {
+            (Target::Log(_, file_pages), None) => *file_pages,
+            (Target::Log(_, file_pages), Some(p)) if p != *file_pages => {
+                return Err(NvmmError::new(
+                    ErrorKind::BadFile,
+                    format!(
+                        "{} holds a region of {} bytes, not {}",
+                        path.display(),
+                        file_pages * PAGE,
+                        p * PAGE
+                    ),
+                ))
+            }
+            (_, Some(p)) => p,
+            (_, None) => {
+                return Err(bad(format!(
+                    "{} is new: its region needs a size",
+                    path.display()
+                )))
+            }
+        };
+        check_memory(pages)?;
         let len = pages * PAGE;
-        let cache = Cache::new(len / BLOCK, options.dram_bytes / BLOCK, options.ways);
+        let mut table = Table::new(pages)?;
+        let cache = Cache::new(len / BLOCK, options.dram_bytes / BLOCK, options.ways)?;
+        let buffers = || AlignedBuf::new(FLASH_PAGE_BYTES);
+        let (buf, gc_buf, zero) = (buffers()?, buffers()?, buffers()?);
+        let spare = (0..options.prefetch_blocks)
+            .map(|_| buffers())
+            .collect::<Result<Vec<_>>>()?;
         // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
         let base = unsafe {
             libc::mmap(
@@ -682,6 +763,9 @@ impl Nvmm {
             e
         };
         uffd.register(base as u64, len).map_err(unmap)?;
+        // Only now, with everything else in hand, is the file written.
+        let (log, recovered) = Log::open(target, path, pages, options.direct_io).map_err(unmap)?;
+        table.load(recovered.entries).map_err(unmap)?;
         // SAFETY: eventfd returns a new descriptor or -1.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if wake < 0 {
@@ -695,14 +779,12 @@ impl Nvmm {
             tokens: recovered.tokens,
             cache,
             timing: options.timing,
-            buf: AlignedBuf::new(FLASH_PAGE_BYTES),
-            gc_buf: AlignedBuf::new(FLASH_PAGE_BYTES),
-            zero: AlignedBuf::new(FLASH_PAGE_BYTES),
+            buf,
+            gc_buf,
+            zero,
             prefetch_blocks: options.prefetch_blocks,
             prefetching: Vec::new(),
-            spare: (0..options.prefetch_blocks)
-                .map(|_| AlignedBuf::new(FLASH_PAGE_BYTES))
-                .collect(),
+            spare,
             program_busy_until_ns: 0,
             evict_ns_estimate: INITIAL_EVICT_ESTIMATE_NS,
             alloc_cursor: 0,

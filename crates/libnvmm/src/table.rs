@@ -24,23 +24,87 @@ pub struct Table {
     changed_list: Vec<u32>,
 }
 
+/// The largest region, in 64 KB pages: a 30-bit entry index reaches 2^30
+/// entries, four per page (the head and three versions): 16 TiB.
+pub const MAX_PAGES: u64 = MAX_TABLE_ENTRIES / (1 + VERSIONS_PER_PAGE);
+
+/// Table entries (heads and versions) of a region of `pages` pages.
+pub fn entries_for(pages: u64) -> u64 {
+    pages.saturating_mul(1 + VERSIONS_PER_PAGE)
+}
+
+/// Bytes of memory the table of `pages` pages takes (entries, change
+/// flags, free list).
+pub fn memory_bytes(pages: u64) -> u64 {
+    let per_entry = std::mem::size_of::<Entry>() + 1 + std::mem::size_of::<u32>();
+    entries_for(pages).saturating_mul(per_entry as u64)
+}
+
+/// A vector of `n` copies of `value`, or an `Exhausted` error naming `what`
+/// when the allocator refuses (never an abort).
+pub(crate) fn try_filled<T: Clone>(n: u64, value: T, what: &str) -> Result<Vec<T>> {
+    let refused = || {
+        NvmmError::new(
+            ErrorKind::Exhausted,
+            format!("cannot allocate {n} entries for {what}"),
+        )
+    };
+    let n = usize::try_from(n).map_err(|_| refused())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| refused())?;
+    v.resize(n, value);
+    Ok(v)
+}
+
 impl Table {
     pub fn new(pages: u64) -> Result<Table> {
-        let total = pages * (1 + VERSIONS_PER_PAGE);
-        if pages == 0 || total > MAX_TABLE_ENTRIES {
+        if pages == 0 || pages > MAX_PAGES {
             return Err(NvmmError::new(
                 ErrorKind::InvalidArgument,
-                format!("{pages} pages: the table needs 1 ≤ 4 × pages ≤ 2^30 entries"),
+                format!("{pages} pages: a region has 1 ..= {MAX_PAGES} pages of 64 KB (16 TiB)"),
             ));
         }
+        let total = entries_for(pages);
+        let mut free_versions = Vec::new();
+        free_versions
+            .try_reserve_exact((total - pages) as usize)
+            .map_err(|_| {
+                NvmmError::new(
+                    ErrorKind::Exhausted,
+                    format!(
+                        "cannot allocate the free list of {} versions",
+                        total - pages
+                    ),
+                )
+            })?;
+        // Popped from the end: the lowest indexes are used first.
+        free_versions.extend((pages as u32..total as u32).rev());
         Ok(Table {
             pages,
-            entries: vec![Entry::default(); total as usize],
-            // Popped from the end: the lowest indexes are used first.
-            free_versions: (pages as u32..total as u32).rev().collect(),
-            changed: vec![false; total as usize],
+            entries: try_filled(total, Entry::default(), "the page table")?,
+            free_versions,
+            changed: try_filled(total, false, "the page table's change flags")?,
             changed_list: Vec::new(),
         })
+    }
+
+    /// Load `entries` (recovery) into a fresh table; rejects indexes out of
+    /// range.
+    pub fn load(&mut self, entries: impl IntoIterator<Item = (u32, Entry)>) -> Result<()> {
+        for (index, e) in entries {
+            let slot = self.entries.get_mut(index as usize).ok_or_else(|| {
+                NvmmError::new(
+                    ErrorKind::BadFile,
+                    format!("table index {index} out of range"),
+                )
+            })?;
+            *slot = e;
+        }
+        let pages = self.pages as u32;
+        let entries = &self.entries;
+        self.free_versions
+            .retain(|&i| i >= pages && !entries[i as usize].is_present());
+        Ok(())
     }
 
     /// A table holding `entries` (recovery); rejects indexes out of range.
@@ -49,19 +113,7 @@ impl Table {
         entries: impl IntoIterator<Item = (u32, Entry)>,
     ) -> Result<Table> {
         let mut t = Table::new(pages)?;
-        for (index, e) in entries {
-            let slot = t.entries.get_mut(index as usize).ok_or_else(|| {
-                NvmmError::new(
-                    ErrorKind::BadFile,
-                    format!("table index {index} out of range"),
-                )
-            })?;
-            *slot = e;
-        }
-        t.free_versions = (pages as u32..t.entries.len() as u32)
-            .rev()
-            .filter(|&i| !t.entries[i as usize].is_present())
-            .collect();
+        t.load(entries)?;
         Ok(t)
     }
 
