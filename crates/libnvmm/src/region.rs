@@ -73,6 +73,10 @@ pub struct Options {
     pub direct_io: bool,
     /// After a fault, keep polling for the next this long before sleeping.
     pub handler_spin_ns: u64,
+    /// Syncs kept restorable whatever garbage collection needs: 1 ..=
+    /// [`crate::tokens::MAX_RETAIN`] (3), default 2 (the last sync and the
+    /// one before it). Older tokens stay restorable while there is room.
+    pub retain_syncs: u64,
 }
 
 impl Options {
@@ -88,6 +92,7 @@ impl Options {
                 .and_then(|s| s.parse::<u64>().ok())
                 .unwrap_or(20)
                 * 1000,
+            retain_syncs: crate::tokens::DEFAULT_RETAIN,
         }
     }
 }
@@ -275,7 +280,8 @@ impl State {
         if !self.table.has_free_version() {
             return Err(NvmmError::new(
                 ErrorKind::Exhausted,
-                "the version area is full even with one token left",
+                "the version area is full with only the retained syncs' versions left (a bug: \
+                 retain_syncs ≤ 3 always fits)",
             ));
         }
         Ok(())
@@ -704,6 +710,14 @@ impl Nvmm {
                 options.prefetch_blocks
             )));
         }
+        if !(1..=crate::tokens::MAX_RETAIN).contains(&options.retain_syncs) {
+            return Err(bad(format!(
+                "retain_syncs {} is outside 1 ..= {}: the page table keeps three previous \
+                 versions per page, enough for that many restorable syncs",
+                options.retain_syncs,
+                crate::tokens::MAX_RETAIN
+            )));
+        }
         let requested = if size == 0 {
             None
         } else {
@@ -773,10 +787,12 @@ impl Nvmm {
         }
         // SAFETY: a new descriptor nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let mut tokens = recovered.tokens;
+        tokens.retain = options.retain_syncs;
         let state = State {
             table,
             log,
-            tokens: recovered.tokens,
+            tokens,
             cache,
             timing: options.timing,
             buf,
@@ -903,14 +919,8 @@ impl Nvmm {
     pub fn rollback(&self, token: u64) -> Result<u64> {
         let sh = &*self.shared;
         let mut st = sh.lock()?;
-        if !st.tokens.is_live(token) {
-            return Err(NvmmError::new(
-                ErrorKind::StaleToken,
-                format!(
-                    "token {token} is not live (live: {}..={} minus rolled-back intervals)",
-                    st.tokens.horizon, st.tokens.last
-                ),
-            ));
+        if let Some(why) = st.tokens.why_not_live(token) {
+            return Err(NvmmError::new(ErrorKind::StaleToken, why));
         }
         for block in st.cache.resident_blocks() {
             st.drop_block(sh, block)?;
