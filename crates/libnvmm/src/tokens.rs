@@ -89,11 +89,8 @@ impl Tokens {
     /// The live token before `t`, if any.
     fn previous_live(&self, t: u64) -> Option<u64> {
         let mut p = t.checked_sub(1)?;
-        loop {
-            match self.rolled_back.iter().find(|&&(a, b)| a < p && p <= b) {
-                Some(&(a, _)) => p = a,
-                None => break,
-            }
+        while let Some(&(a, _)) = self.rolled_back.iter().find(|&&(a, b)| a < p && p <= b) {
+            p = a;
         }
         (p >= self.horizon).then_some(p)
     }
