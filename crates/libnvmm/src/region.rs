@@ -295,7 +295,7 @@ impl State {
             return Ok(head);
         }
         self.ensure_version_slot()?;
-        self.table.push_version(vpn, self.tokens.pending())
+        Ok(self.table.push_version(vpn, self.tokens.pending())?)
     }
 
     /// The flash page segment `seg` of `vpn` is programmed to at the pending
@@ -398,10 +398,8 @@ impl State {
         into_spare: Option<&mut AlignedBuf>,
     ) -> Result<(u64, u64, *const u8)> {
         let now = sh.clock.now_ns();
-        let loc = self
-            .table
-            .locate(block / SEGS, (block % SEGS) as usize, None);
-        let Some(fp) = loc else {
+        let loc = self.table.locate(block / SEGS, (block % SEGS) as u32, None);
+        let Some((fp, _hops)) = loc else {
             return Ok(match into_spare {
                 Some(b) => {
                     b.as_mut_slice()[..FLASH_PAGE_BYTES].fill(0);
@@ -748,7 +746,7 @@ impl Nvmm {
         };
         check_memory(pages)?;
         let len = pages * PAGE;
-        let mut table = Table::new(pages)?;
+        let mut table = table::new(pages)?;
         let cache = Cache::new(len / BLOCK, options.dram_bytes / BLOCK, options.ways)?;
         let buffers = || AlignedBuf::new(FLASH_PAGE_BYTES);
         let (buf, gc_buf, zero) = (buffers()?, buffers()?, buffers()?);
@@ -779,7 +777,7 @@ impl Nvmm {
         uffd.register(base as u64, len).map_err(unmap)?;
         // Only now, with everything else in hand, is the file written.
         let (log, recovered) = Log::open(target, path, pages, options.direct_io).map_err(unmap)?;
-        table.load(recovered.entries).map_err(unmap)?;
+        table.load(recovered.entries).map_err(|e| unmap(e.into()))?;
         // SAFETY: eventfd returns a new descriptor or -1.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if wake < 0 {

@@ -14,7 +14,11 @@ fn fingerprint() -> String {
     let mut out = String::new();
     for preset in ["nvmm-slc", "nvmm-mlc"] {
         for prefetch in [0, 16] {
-            for kind in [WorkloadKind::Gups, WorkloadKind::Mmap, WorkloadKind::Sequential] {
+            for kind in [
+                WorkloadKind::Gups,
+                WorkloadKind::Mmap,
+                WorkloadKind::Sequential,
+            ] {
                 let mut c = NvmmConfig::preset(preset).unwrap();
                 c.controller.prefetch_pages = prefetch;
                 let w = standard_workload(&c, kind, 2, Some(4000), 2.0).unwrap();
@@ -42,10 +46,16 @@ fn fingerprint() -> String {
 #[test]
 fn simulator_output_is_unchanged() {
     let got = fingerprint();
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/nvmm_fingerprint.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/nvmm_fingerprint.txt"
+    );
     if std::env::var_os("NVMM_FINGERPRINT_WRITE").is_some() {
         std::fs::write(path, &got).unwrap();
     }
     let want = std::fs::read_to_string(path).unwrap();
-    assert!(got == want, "NVMM simulator output changed; diff against {path}");
+    assert!(
+        got == want,
+        "NVMM simulator output changed; diff against {path}"
+    );
 }
