@@ -29,5 +29,5 @@ pub mod uffd;
 
 pub use error::{ErrorKind, NvmmError, Result};
 pub use log::{FLASH_PAGE_BYTES, PAGE_BYTES};
-pub use region::{perms, Nvmm, Options, Stats};
-pub use timing::{timing_from_env, FixedLatency, FlashTiming, ModelTiming};
+pub use region::{perms, Face, Nvmm, Options, Replay, Stats};
+pub use timing::{timing_from_env, Clock, FixedLatency, FlashTiming, ModelTiming, VirtualClock};

@@ -107,7 +107,7 @@ impl Layering {
 
     /// A configuration text: every key, or `inherits = "PRESET"` and the
     /// keys that differ; named `default_name` unless it says.
-    pub fn from_toml<T: Layered>(&self, text: &str, default_name: &str) -> Result<T, ConfigError> {
+    pub fn load_toml<T: Layered>(&self, text: &str, default_name: &str) -> Result<T, ConfigError> {
         let mut table = parse(text, default_name)?;
         table
             .entry("name")

@@ -456,7 +456,7 @@ impl Config {
     /// every key, or `inherits = "PRESET"` and the keys that differ. A text
     /// without `name` is named `default_name`.
     pub fn from_toml(text: &str, default_name: &str) -> Result<Config, ConfigError> {
-        layer::DEVICE.from_toml(text, default_name)
+        layer::DEVICE.load_toml(text, default_name)
     }
 
     /// Load a configuration file (see [`Config::from_toml`]); a file without

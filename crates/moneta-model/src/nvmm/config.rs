@@ -266,7 +266,7 @@ impl NvmmConfig {
     /// A configuration file's text: every key, or `inherits = "PRESET"` and
     /// the keys that differ.
     pub fn from_toml(text: &str, default_name: &str) -> Result<NvmmConfig, ConfigError> {
-        NVMM.from_toml(text, default_name)
+        NVMM.load_toml(text, default_name)
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<NvmmConfig, ConfigError> {
