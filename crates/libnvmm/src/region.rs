@@ -722,8 +722,9 @@ fn physical_memory_bytes() -> Option<u64> {
 /// cache's per-block state live in memory, whatever the DRAM budget: a
 /// region whose bookkeeping would take more than half the machine's memory
 /// is refused with the numbers, before anything is allocated or written.
-fn check_memory(pages: u64) -> Result<()> {
-    let need = table::memory_bytes(pages).saturating_add(pages * SEGS);
+fn check_memory(pages: u64, dram_bytes: u64) -> Result<()> {
+    let need = table::memory_bytes(pages)
+        .saturating_add(Cache::memory_bytes((pages * SEGS).min(dram_bytes / BLOCK)));
     if let Some(ram) = physical_memory_bytes() {
         if need > ram / 2 {
             return Err(NvmmError::new(
@@ -837,7 +838,7 @@ fn prepare(path: &Path, size: u64, options: Options, real: bool) -> Result<Arc<S
                 )))
             }
         };
-        check_memory(pages)?;
+        check_memory(pages, options.dram_bytes)?;
         let len = pages * PAGE;
         let mut table = table::new(pages)?;
         let cache = Cache::new(len / BLOCK, options.dram_bytes / BLOCK, options.ways)?;

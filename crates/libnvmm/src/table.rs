@@ -64,12 +64,6 @@ impl From<TableError> for NvmmError {
     }
 }
 
-/// A vector of `n` copies of `value`, or an `Exhausted` error naming `what`
-/// when the allocator refuses (never an abort).
-pub(crate) fn try_filled<T: Clone>(n: u64, value: T, what: &str) -> Result<Vec<T>> {
-    Ok(moneta_model::nvmm::page_table::try_filled(n, value, what)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
