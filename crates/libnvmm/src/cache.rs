@@ -1,127 +1,121 @@
-//! The DRAM cache's bookkeeping (SPEC §7: set-associative, LRU, blocks the
-//! size of a flash page). The blocks themselves are the region's resident
-//! pages; this holds which are resident and dirty and each set's recency
-//! order. User space sees only misses and first writes (hits are plain
-//! loads and stores, which is the point), so "LRU" orders blocks by their
-//! last fill or dirtying: within a set it is FIFO-with-dirtying, not the
-//! hardware's true LRU. The region keeps one way per set free (it evicts
-//! during a fill's flash wait, or right after the fill), so a miss does not
-//! wait for an eviction.
+//! libnvmm's DRAM cache bookkeeping (SPEC §7: set-associative, LRU, blocks
+//! the size of a flash page) on the NVMM model's own cache
+//! (`moneta_model::nvmm::cache::BlockCache`, issue 24: one cache policy).
+//! The blocks themselves are the region's resident pages; this holds which
+//! are resident and dirty and each set's recency order. User space sees
+//! only misses and first writes (hits are plain loads and stores, which is
+//! the point), so recency is by fill and first store: within a set,
+//! FIFO-with-dirtying rather than the hardware's true LRU. The region
+//! keeps one way per set free (it evicts during a fill's flash wait, or
+//! right after the fill), so a miss does not wait for an eviction.
 
-pub const RESIDENT: u8 = 1;
-pub const DIRTY: u8 = 2;
+use crate::error::{ErrorKind, NvmmError, Result};
+use moneta_model::nvmm::cache::BlockCache;
 
 pub struct Cache {
-    state: Vec<u8>,
-    sets: Vec<Vec<u64>>,
-    ways: usize,
+    blocks: BlockCache,
     resident: u64,
 }
 
 impl Cache {
     /// A cache of `capacity_blocks` in sets of `ways` (0: one fully
-    /// associative set) over a region of `region_blocks`.
-    pub fn new(region_blocks: u64, capacity_blocks: u64, ways: usize) -> Cache {
-        let capacity = capacity_blocks.max(1) as usize;
-        let ways = if ways == 0 || ways > capacity {
+    /// associative set) over a region of `region_blocks`. A budget larger
+    /// than the region is the region: every block fits, and no memory is
+    /// set aside for blocks that cannot exist.
+    pub fn new(region_blocks: u64, capacity_blocks: u64, ways: usize) -> Result<Cache> {
+        let capacity = capacity_blocks.clamp(1, region_blocks.max(1));
+        let ways = if ways == 0 || ways as u64 > capacity {
             capacity
         } else {
-            ways
+            ways as u64
         };
-        let n_sets = (capacity / ways).max(1);
-        Cache {
-            state: vec![0; region_blocks as usize],
-            sets: (0..n_sets).map(|_| Vec::with_capacity(ways)).collect(),
-            ways,
+        let ways = u32::try_from(ways).map_err(|_| {
+            NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!("{ways} ways in one set are more than a cache can search"),
+            )
+        })?;
+        let sets = (capacity / u64::from(ways)).max(1);
+        Ok(Cache {
+            blocks: BlockCache::try_new(sets * u64::from(ways), ways)?,
             resident: 0,
-        }
+        })
+    }
+
+    /// Bookkeeping bytes of a cache of `capacity_blocks` (at most the
+    /// region's blocks).
+    pub fn memory_bytes(capacity_blocks: u64) -> u64 {
+        capacity_blocks.saturating_mul(BlockCache::BYTES_PER_BLOCK)
     }
 
     pub fn capacity_blocks(&self) -> u64 {
-        (self.sets.len() * self.ways) as u64
+        self.blocks.blocks()
     }
     pub fn ways(&self) -> usize {
-        self.ways
+        self.blocks.ways()
     }
     pub fn resident(&self) -> u64 {
         self.resident
     }
 
-    fn set_of(&self, block: u64) -> usize {
-        (block % self.sets.len() as u64) as usize
-    }
-
-    pub fn state(&self, block: u64) -> u8 {
-        self.state[block as usize]
-    }
     pub fn is_resident(&self, block: u64) -> bool {
-        self.state(block) & RESIDENT != 0
+        self.blocks.contains(block)
     }
     pub fn is_dirty(&self, block: u64) -> bool {
-        self.state(block) & DIRTY != 0
+        self.blocks
+            .find(block)
+            .is_some_and(|w| self.blocks.way(w).dirty)
     }
 
     /// The block to evict before `block` can be filled, if its set is full.
     pub fn victim_for(&self, block: u64) -> Option<u64> {
-        let set = &self.sets[self.set_of(block)];
-        (set.len() >= self.ways).then(|| set[0])
+        self.blocks.victim(block).1.block()
     }
 
     /// The block to evict now so that `block`'s set still has a free way
     /// after `block` is filled (None with one way per set, which cannot
     /// keep one free).
     pub fn victim_after_fill(&self, block: u64) -> Option<u64> {
-        let set = &self.sets[self.set_of(block)];
-        (self.ways > 1 && set.len() + 1 >= self.ways).then(|| set[0])
+        if self.ways() > 1 && self.blocks.occupied(block) + 1 >= self.ways() {
+            let lru = self.blocks.next_victim(block, usize::MAX)?;
+            return self.blocks.way(lru).block();
+        }
+        None
     }
 
     pub fn insert(&mut self, block: u64, dirty: bool) {
-        debug_assert!(!self.is_resident(block));
-        let s = self.set_of(block);
-        assert!(self.sets[s].len() < self.ways, "set {s} overfilled");
-        self.sets[s].push(block);
-        self.state[block as usize] = RESIDENT | if dirty { DIRTY } else { 0 };
+        let (w, old) = self.blocks.victim(block);
+        assert!(old.block().is_none(), "set of block {block} overfilled");
+        self.blocks.install(w, block, 0, dirty);
         self.resident += 1;
     }
 
     pub fn remove(&mut self, block: u64) {
-        let s = self.set_of(block);
-        if let Some(i) = self.sets[s].iter().position(|&b| b == block) {
-            self.sets[s].remove(i);
+        if self.blocks.remove(block) {
             self.resident -= 1;
         }
-        self.state[block as usize] = 0;
     }
 
-    /// Move `block` to the most recently used end of its set.
+    /// Make `block` the most recently used of its set.
     pub fn touch(&mut self, block: u64) {
-        let s = self.set_of(block);
-        if let Some(i) = self.sets[s].iter().position(|&b| b == block) {
-            self.sets[s].remove(i);
-            self.sets[s].push(block);
-        }
+        self.blocks.lookup(block);
     }
 
     pub fn set_dirty(&mut self, block: u64, dirty: bool) {
-        debug_assert!(self.is_resident(block));
-        if dirty {
-            self.state[block as usize] |= DIRTY;
-        } else {
-            self.state[block as usize] &= !DIRTY;
-        }
+        let w = self.blocks.find(block).expect("a resident block");
+        self.blocks.way_mut(w).dirty = dirty;
     }
 
     pub fn resident_blocks(&self) -> Vec<u64> {
-        self.sets.iter().flatten().copied().collect()
+        self.blocks.resident().filter_map(|w| w.block()).collect()
     }
 
     pub fn dirty_blocks(&self) -> Vec<u64> {
         let mut v: Vec<u64> = self
-            .sets
-            .iter()
-            .flatten()
-            .copied()
-            .filter(|&b| self.is_dirty(b))
+            .blocks
+            .resident()
+            .filter(|w| w.dirty)
+            .filter_map(|w| w.block())
             .collect();
         v.sort_unstable();
         v
@@ -134,13 +128,14 @@ mod tests {
 
     #[test]
     fn sets_evict_their_oldest_block() {
-        let mut c = Cache::new(64, 4, 2); // 2 sets of 2 ways
+        let mut c = Cache::new(64, 4, 2).unwrap(); // 2 sets of 2 ways
         assert_eq!(c.capacity_blocks(), 4);
         c.insert(0, false);
         c.insert(2, true);
         assert_eq!(c.victim_for(1), None, "block 1 maps to the other set");
         assert_eq!(c.victim_for(4), Some(0));
         assert_eq!(c.victim_after_fill(1), None, "the other set is empty");
+        assert_eq!(c.victim_after_fill(4), Some(0));
         c.touch(0);
         assert_eq!(c.victim_for(4), Some(2));
         assert_eq!(c.dirty_blocks(), vec![2]);
@@ -148,5 +143,9 @@ mod tests {
         c.insert(4, false);
         assert_eq!(c.resident(), 2);
         assert!(!c.is_resident(2) && c.is_resident(4));
+        assert!(
+            Cache::new(1 << 20, u64::MAX, 0).is_ok(),
+            "clamped to the region"
+        );
     }
 }

@@ -12,12 +12,13 @@
 //! consolidation). When merging cannot bring the version area under its
 //! target, the oldest live token is discarded and collection goes on.
 //! GC's copies are real IO on the backing file but are not charged to the
-//! flash timing.
+//! flash timing. The order of victims (longest chains first, then by page)
+//! is the simulator's, `moneta_model::nvmm::page_table::longest_first`.
 
 use crate::entry::{status, Entry, FLASH_PAGES_PER_BLOCK, SEGMENTS_PER_PAGE};
 use crate::error::Result;
 use crate::log::{AlignedBuf, Log, FLASH_PAGE_BYTES};
-use crate::table::Table;
+use crate::table::{longest_first, Table};
 use crate::tokens::Tokens;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -163,13 +164,12 @@ pub fn collect(
         if table.versions_used() <= target_used {
             return Ok(true);
         }
-        let mut order: Vec<(usize, u64)> = (0..table.pages())
-            .map(|vpn| (table.chain_len(vpn), vpn))
-            .filter(|&(n, _)| n > 1)
+        let lengths: Vec<u16> = (0..table.pages())
+            .map(|vpn| table.chain_len(vpn).min(u16::MAX as usize) as u16)
             .collect();
-        order.sort_unstable_by(|a, b| b.cmp(a));
         let before = table.versions_used();
-        for (_, vpn) in order {
+        for vpn in longest_first(&lengths) {
+            let vpn = u64::from(vpn);
             if budget == 0 {
                 return Ok(false);
             }

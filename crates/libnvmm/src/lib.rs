@@ -8,14 +8,15 @@
 //!
 //! Where things are: [`uffd`] (the kernel boundary), [`region`] (miss path,
 //! sync, rollback), [`cache`] (sets and recency), [`table`] and [`entry`]
-//! (page table, 16-byte entries), [`log`] (the backing file, checkpoints),
-//! [`gc`] (chain consolidation), [`tokens`] (liveness of sync tokens),
+//! (page table, 16-byte entries: the model crate's, shared with the simulator), [`log`] (the backing file, checkpoints),
+//! [`gc`] (chain consolidation; the victim order is the model's), [`tokens`] (liveness of sync tokens),
 //! [`timing`] (flash completion times: the NVMM model's flash, or a fixed latency),
 //! [`capi`] (the C ABI of `include/nvmm.h`).
 
 pub mod cache;
 pub mod capi;
-pub mod entry;
+/// The page-table entry codec and status bits, shared with the simulator.
+pub use moneta_model::nvmm::entry;
 pub mod error;
 pub mod gc;
 pub mod log;
@@ -28,5 +29,5 @@ pub mod uffd;
 
 pub use error::{ErrorKind, NvmmError, Result};
 pub use log::{FLASH_PAGE_BYTES, PAGE_BYTES};
-pub use region::{perms, Nvmm, Options, Stats};
-pub use timing::{timing_from_env, FixedLatency, FlashTiming, ModelTiming};
+pub use region::{perms, Face, Nvmm, Options, Replay, Stats};
+pub use timing::{timing_from_env, Clock, FixedLatency, FlashTiming, ModelTiming, VirtualClock};

@@ -81,13 +81,26 @@ pub struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    pub fn new(len: usize) -> AlignedBuf {
-        let len = len.max(SECTOR).div_ceil(SECTOR) * SECTOR;
-        let layout = std::alloc::Layout::from_size_align(len, SECTOR).expect("layout");
+    /// A zeroed buffer of at least `len` bytes (whole sectors); an
+    /// allocation the system refuses is an `Exhausted` error, not an abort.
+    pub fn new(len: usize) -> Result<AlignedBuf> {
+        let refused = || {
+            NvmmError::new(
+                ErrorKind::Exhausted,
+                format!("cannot allocate a {len}-byte IO buffer"),
+            )
+        };
+        let len = len
+            .max(SECTOR)
+            .checked_next_multiple_of(SECTOR)
+            .ok_or_else(refused)?;
+        let layout = std::alloc::Layout::from_size_align(len, SECTOR).map_err(|_| refused())?;
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        assert!(!ptr.is_null(), "out of memory for a {len}-byte buffer");
-        AlignedBuf { ptr, len }
+        if ptr.is_null() {
+            return Err(refused());
+        }
+        Ok(AlignedBuf { ptr, len })
     }
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr/len describe an owned allocation.
@@ -142,89 +155,330 @@ fn read_u32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-/// Whether `path`'s directory is on tmpfs (memory: O_DIRECT there costs
+/// Whether the open file `file` is on tmpfs (memory: O_DIRECT there costs
 /// more than it saves).
-fn on_tmpfs(path: &Path) -> bool {
+fn on_tmpfs(file: &File) -> bool {
     const TMPFS_MAGIC: libc::c_long = 0x0102_1994;
+    // SAFETY: fstatfs writes into a zeroed struct that lives here.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a descriptor we own; fs is a valid out-pointer.
+    unsafe {
+        libc::fstatfs(file.as_raw_fd(), &mut fs) == 0 && fs.f_type as libc::c_long == TMPFS_MAGIC
+    }
+}
+
+/// Turn O_DIRECT on for `file` if asked and its file system allows it
+/// (not on tmpfs). Returns whether it is on.
+fn enable_direct(file: &File, try_direct: bool) -> bool {
+    if !try_direct || on_tmpfs(file) {
+        return false;
+    }
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: as above; a file system without O_DIRECT answers EINVAL.
+    flags >= 0 && unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_DIRECT) } == 0
+}
+
+fn lock_exclusive(file: &File, path: &Path) -> Result<()> {
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(NvmmError::last_os(format!(
+            "{} is in use by another process (flock)",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+fn file_type_name(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "a regular file",
+        libc::S_IFDIR => "a directory",
+        libc::S_IFCHR => "a character device",
+        libc::S_IFBLK => "a block device",
+        libc::S_IFIFO => "a FIFO",
+        libc::S_IFSOCK => "a socket",
+        libc::S_IFLNK => "a symbolic link",
+        _ => "not a regular file",
+    }
+}
+
+/// What is at a backing file's path, found before anything is written
+/// (issue 24: libnvmm never replaces or writes what it was not made for).
+pub enum Target {
+    /// Nothing: a log is formatted under a temporary name beside it
+    /// (created with O_EXCL) and renamed into place once complete.
+    New,
+    /// An empty regular file with a write permission bit, locked:
+    /// formatted in place (its superblock last); a failed format truncates
+    /// it back to empty.
+    Empty(File),
+    /// An NVMM log of `pages` 64 KB pages, locked.
+    Log(File, u64),
+}
+
+impl Target {
+    /// Look at `path` without following a symbolic link and without
+    /// writing: only a regular file (or nothing) is accepted; the file is
+    /// opened O_NOFOLLOW | O_NONBLOCK | O_NOCTTY (a FIFO or device never
+    /// blocks or becomes a terminal) and `fstat` must show the same regular
+    /// file as `lstat` did; it is locked (`flock`) before its superblock is
+    /// read.
+    pub fn inspect(path: &Path) -> Result<Target> {
+        use std::os::unix::fs::MetadataExt;
+        let shown = path.display();
+        let bad = |what: String| NvmmError::new(ErrorKind::InvalidArgument, what);
+        let before = match std::fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Target::New),
+            Err(e) => return Err(NvmmError::os(format!("lstat {shown}"), e)),
+        };
+        if !before.file_type().is_file() {
+            return Err(bad(format!(
+                "{shown} is {}; libnvmm's backing file must be a regular file or a new path \
+                 (it never opens or replaces anything else)",
+                file_type_name(before.mode())
+            )));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => bad(format!("{shown} became a symbolic link")),
+                _ => NvmmError::os(format!("open {shown}"), e),
+            })?;
+        let now = file
+            .metadata()
+            .map_err(|e| NvmmError::os(format!("fstat {shown}"), e))?;
+        if !now.file_type().is_file() || now.dev() != before.dev() || now.ino() != before.ino() {
+            return Err(bad(format!("{shown} was replaced while being opened")));
+        }
+        let fd = file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own: back to blocking IO.
+        unsafe {
+            libc::fcntl(
+                fd,
+                libc::F_SETFL,
+                libc::fcntl(fd, libc::F_GETFL) & !libc::O_NONBLOCK,
+            )
+        };
+        lock_exclusive(&file, path)?;
+        if now.len() == 0 {
+            if now.mode() & 0o222 == 0 {
+                return Err(bad(format!(
+                    "{shown} is empty and read-only (mode {:o}); libnvmm would have to write it: \
+                     give it a write permission or name a new path",
+                    now.mode() & 0o7777
+                )));
+            }
+            return Ok(Target::Empty(file));
+        }
+        let pages = read_superblock(&file).map_err(|e| {
+            NvmmError::new(
+                e.kind,
+                format!(
+                    "{shown}: {}; libnvmm does not overwrite files it did not make",
+                    e.context
+                ),
+            )
+        })?;
+        Ok(Target::Log(file, pages))
+    }
+}
+
+/// The region size (64 KB pages) a log's superblock records.
+fn read_superblock(file: &File) -> Result<u64> {
+    let mut sb = AlignedBuf::new(SECTOR)?;
+    pread_full(file, sb.as_mut_slice(), 0)?;
+    let b = sb.as_slice();
+    if &b[0..8] != SUPER_MAGIC || read_u32(b, SECTOR - 4) != crc32(&b[..SECTOR - 4]) {
+        return Err(NvmmError::new(
+            ErrorKind::BadFile,
+            "not an NVMM log (bad superblock magic or CRC)",
+        ));
+    }
+    let (version, flash_page, pages) = (read_u32(b, 8), read_u32(b, 12), read_u64(b, 16));
+    if version != FORMAT_VERSION || flash_page as usize != FLASH_PAGE_BYTES {
+        return Err(NvmmError::new(
+            ErrorKind::BadFile,
+            format!("log format {version} with {flash_page}-byte flash pages is not supported"),
+        ));
+    }
+    if pages == 0 || pages > crate::table::MAX_PAGES {
+        return Err(NvmmError::new(
+            ErrorKind::BadFile,
+            format!(
+                "the superblock claims {pages} pages, outside 1..={}",
+                crate::table::MAX_PAGES
+            ),
+        ));
+    }
+    Ok(pages)
+}
+
+/// Read `buf.len()` bytes at `offset`; bytes past the end read as zero.
+fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                return Ok(());
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(NvmmError::os(
+                    format!("pread {} bytes at {offset}", buf.len()),
+                    e,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A temporary file beside `path`, created (O_EXCL, O_NOFOLLOW) and locked.
+fn create_beside(path: &Path) -> Result<(File, std::path::PathBuf)> {
+    static SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = path.file_name().ok_or_else(|| {
+        NvmmError::new(
+            ErrorKind::InvalidArgument,
+            format!("{} names no file", path.display()),
+        )
+    })?;
+    loop {
+        let n = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut tmp_name = name.to_os_string();
+        tmp_name.push(format!(".format-{}-{n}", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+        {
+            Ok(f) => {
+                lock_exclusive(&f, &tmp)?;
+                return Ok((f, tmp));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1 << 20 => continue,
+            Err(e) => return Err(NvmmError::os(format!("create {}", tmp.display()), e)),
+        }
+    }
+}
+
+/// Move `tmp` to `path` only if nothing is there (renameat2 NOREPLACE, or
+/// link + unlink where the file system lacks it).
+fn rename_no_replace(tmp: &Path, path: &Path) -> Result<()> {
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| {
+            NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!("{} contains a NUL byte", p.display()),
+            )
+        })
+    };
+    let (from, to) = (c(tmp)?, c(path)?);
+    // SAFETY: two NUL-terminated paths.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    let exists = |e: &std::io::Error| {
+        NvmmError::new(
+            ErrorKind::Busy,
+            format!(
+                "{} appeared while its log was being formatted ({e}); left as it is",
+                path.display()
+            ),
+        )
+    };
+    match e.raw_os_error() {
+        Some(libc::EEXIST) => Err(exists(&e)),
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            std::fs::hard_link(tmp, path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    exists(&e)
+                } else {
+                    NvmmError::os(format!("link to {}", path.display()), e)
+                }
+            })?;
+            let _ = std::fs::remove_file(tmp);
+            Ok(())
+        }
+        _ => Err(NvmmError::os(format!("rename to {}", path.display()), e)),
+    }
+}
+
+fn sync_parent(path: &Path) {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs writes into a zeroed struct that lives here.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: c is NUL-terminated; fs is a valid out-pointer.
-    unsafe { libc::statfs(c.as_ptr(), &mut fs) == 0 && fs.f_type as libc::c_long == TMPFS_MAGIC }
-}
-
-/// Open read-write (creating), with O_DIRECT if asked and allowed.
-fn open_file(path: &Path, direct: bool) -> Result<(File, bool)> {
-    let open = |direct: bool| {
-        let mut o = OpenOptions::new();
-        o.read(true).write(true).create(true);
-        if direct {
-            o.custom_flags(libc::O_DIRECT);
-        }
-        o.open(path)
-    };
-    match open(direct) {
-        Ok(f) => Ok((f, direct)),
-        Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => open(false)
-            .map(|f| (f, false))
-            .map_err(|e| NvmmError::os(format!("open {}", path.display()), e)),
-        Err(e) => Err(NvmmError::os(format!("open {}", path.display()), e)),
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
     }
 }
 
 impl Log {
-    /// Open (or format, if empty or new) the log at `path` for a region of
-    /// `pages` 64 KB pages (0: the size the file was made with). Takes an
-    /// exclusive lock: one process maps a region at a time.
-    pub fn open(path: &Path, pages: u64, try_direct: bool) -> Result<(Log, Recovered)> {
-        let want_direct = try_direct && !on_tmpfs(path);
-        let empty = std::fs::metadata(path).map_or(true, |m| m.len() == 0);
-        if empty {
-            // Format a sibling file completely, then rename it into place:
-            // a crash while formatting leaves no half-made log at `path`.
-            if pages == 0 {
-                return Err(NvmmError::new(
-                    ErrorKind::InvalidArgument,
-                    format!("{} is new: its region needs a size", path.display()),
-                ));
+    /// Open the log `target` found at `path` (formatting it if new or
+    /// empty) for a region of `pages` 64 KB pages, checked by the caller
+    /// against the file's own size. The file is locked: one process maps a
+    /// region at a time. On failure a new path is left absent and an empty
+    /// file empty.
+    pub fn open(
+        target: Target,
+        path: &Path,
+        pages: u64,
+        try_direct: bool,
+    ) -> Result<(Log, Recovered)> {
+        let file = match target {
+            Target::New => {
+                let (file, tmp) = create_beside(path)?;
+                let direct = enable_direct(&file, try_direct);
+                let mut log = Log::with_file(file, direct, pages);
+                let made = log
+                    .format(false)
+                    .and_then(|()| rename_no_replace(&tmp, path));
+                if let Err(e) = made {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
+                sync_parent(path);
+                log.file
             }
-            let mut name = path.file_name().unwrap_or_default().to_os_string();
-            name.push(format!(".format-{}", std::process::id()));
-            let tmp = path.with_file_name(name);
-            let (file, direct) = open_file(&tmp, want_direct)?;
-            let mut log = Log::with_file(file, direct, pages);
-            let made = log.format().and_then(|()| {
-                std::fs::rename(&tmp, path)
-                    .map_err(|e| NvmmError::os(format!("rename to {}", path.display()), e))
-            });
-            if made.is_err() {
-                let _ = std::fs::remove_file(&tmp);
+            Target::Empty(file) => {
+                let direct = enable_direct(&file, try_direct);
+                let mut log = Log::with_file(file, direct, pages);
+                if let Err(e) = log.format(true) {
+                    let _ = log.file.set_len(0);
+                    return Err(e);
+                }
+                log.file
             }
-            made?;
-            let dir = path
-                .parent()
-                .filter(|d| !d.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
-            if let Ok(d) = File::open(dir) {
-                let _ = d.sync_all();
+            Target::Log(file, file_pages) => {
+                debug_assert_eq!(file_pages, pages, "the caller checks the region's size");
+                file
             }
-        }
-        let (file, direct) = open_file(path, want_direct)?;
-        // SAFETY: flock on a descriptor we own.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(NvmmError::last_os(format!(
-                "{} is in use by another process (flock)",
-                path.display()
-            )));
-        }
+        };
+        let direct = enable_direct(&file, try_direct);
         let mut log = Log::with_file(file, direct, pages);
-        let recovered = log.recover(pages)?;
+        let recovered = log.recover()?;
         Ok((log, recovered))
     }
 
@@ -254,26 +508,8 @@ impl Log {
             .map_err(|e| NvmmError::os(format!("pwrite {} bytes at {offset}", buf.len()), e))
     }
 
-    /// Read `buf.len()` bytes at `offset`; bytes past the end read as zero.
     fn pread_full(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            match self.file.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => {
-                    buf[done..].fill(0);
-                    return Ok(());
-                }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(NvmmError::os(
-                        format!("pread {} bytes at {offset}", buf.len()),
-                        e,
-                    ))
-                }
-            }
-        }
-        Ok(())
+        pread_full(&self.file, buf, offset)
     }
 
     pub fn sync_data(&self) -> Result<()> {
@@ -282,8 +518,12 @@ impl Log {
             .map_err(|e| NvmmError::os("fdatasync", e))
     }
 
-    fn format(&mut self) -> Result<()> {
-        let mut sb = AlignedBuf::new(SECTOR);
+    /// Write an empty log: the superblock and token 0 (a full record with
+    /// no entries). `superblock_last`: in place over an empty file, so a
+    /// crash before the end leaves no superblock (the file is then no log
+    /// and is refused, never misread).
+    fn format(&mut self, superblock_last: bool) -> Result<()> {
+        let mut sb = AlignedBuf::new(SECTOR)?;
         let b = sb.as_mut_slice();
         b[0..8].copy_from_slice(SUPER_MAGIC);
         b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -292,42 +532,22 @@ impl Log {
         b[24..28].copy_from_slice(&(SEGMENTS_PER_PAGE as u32).to_le_bytes());
         let crc = crc32(&b[..SECTOR - 4]);
         b[SECTOR - 4..].copy_from_slice(&crc.to_le_bytes());
-        self.pwrite_all(sb.as_slice(), 0)?;
+        if !superblock_last {
+            self.pwrite_all(sb.as_slice(), 0)?;
+        }
         // Token 0: the empty region, as a full record with no entries.
-        self.commit(&Tokens::default(), Vec::new(), true)
+        self.commit(&Tokens::default(), Vec::new(), true)?;
+        if superblock_last {
+            self.pwrite_all(sb.as_slice(), 0)?;
+            self.sync_data()?;
+        }
+        Ok(())
     }
 
-    fn recover(&mut self, pages: u64) -> Result<Recovered> {
-        let mut sb = AlignedBuf::new(SECTOR);
-        self.pread_full(sb.as_mut_slice(), 0)?;
-        let b = sb.as_slice();
-        if &b[0..8] != SUPER_MAGIC || read_u32(b, SECTOR - 4) != crc32(&b[..SECTOR - 4]) {
-            return Err(NvmmError::new(
-                ErrorKind::BadFile,
-                "not an NVMM log (bad superblock magic or CRC)",
-            ));
-        }
-        let (version, flash_page, file_pages) = (read_u32(b, 8), read_u32(b, 12), read_u64(b, 16));
-        if version != FORMAT_VERSION || flash_page as usize != FLASH_PAGE_BYTES {
-            return Err(NvmmError::new(
-                ErrorKind::BadFile,
-                format!("log format {version} with {flash_page}-byte flash pages is not supported"),
-            ));
-        }
-        if pages != 0 && pages != file_pages {
-            return Err(NvmmError::new(
-                ErrorKind::BadFile,
-                format!(
-                    "the log holds a region of {} bytes, not {}",
-                    file_pages * PAGE_BYTES as u64,
-                    pages * PAGE_BYTES as u64
-                ),
-            ));
-        }
-        self.pages = file_pages;
+    fn recover(&mut self) -> Result<Recovered> {
         // The newest slot whose CRC holds.
         let mut best: Option<(u64, u64, RecordRef)> = None;
-        let mut slot = AlignedBuf::new(SECTOR);
+        let mut slot = AlignedBuf::new(SECTOR)?;
         for offset in SLOT_OFFSETS {
             self.pread_full(slot.as_mut_slice(), offset)?;
             let s = slot.as_slice();
@@ -415,12 +635,20 @@ impl Log {
                 ),
             )
         };
-        if r.len < RECORD_HEADER as u64 || r.len > (1 << 36) {
+        // The largest record: every table entry and every abandoned interval.
+        let most = RECORD_HEADER as u64
+            + crate::table::entries_for(self.pages) * 20
+            + crate::tokens::MAX_ROLLED_BACK as u64 * 16;
+        if r.len < RECORD_HEADER as u64 || r.len > most {
             return Err(bad("bad length"));
         }
-        let mut buf = AlignedBuf::new(r.len as usize);
+        let mut buf = AlignedBuf::new(r.len as usize)?;
         self.pread_full(buf.as_mut_slice(), self.block_offset(r.block))?;
-        let bytes = buf.as_slice()[..r.len as usize].to_vec();
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(r.len as usize)
+            .map_err(|_| bad("no memory to read it"))?;
+        bytes.extend_from_slice(&buf.as_slice()[..r.len as usize]);
         if crc32(&bytes) != r.crc {
             return Err(bad("CRC mismatch"));
         }
@@ -536,7 +764,7 @@ impl Log {
     ) -> Result<()> {
         let len = RECORD_HEADER + tokens.rolled_back.len() * 16 + changes.len() * 20;
         let blocks = self.record_blocks(len as u64);
-        let mut buf = AlignedBuf::new(blocks as usize * BLOCK_BYTES);
+        let mut buf = AlignedBuf::new(blocks as usize * BLOCK_BYTES)?;
         let b = buf.as_mut_slice();
         let prev = if full {
             None
@@ -572,7 +800,7 @@ impl Log {
         self.sync_data()?;
         // The slot the older commit is in.
         let seq = self.slot_seq + 1;
-        let mut slot = AlignedBuf::new(SECTOR);
+        let mut slot = AlignedBuf::new(SECTOR)?;
         let s = slot.as_mut_slice();
         s[0..8].copy_from_slice(SLOT_MAGIC);
         s[8..16].copy_from_slice(&seq.to_le_bytes());
@@ -647,11 +875,12 @@ mod tests {
             status: status::PRESENT | status::MAPPED,
         };
         {
-            let (mut log, rec) = Log::open(&path, 4, true).unwrap();
+            let target = Target::inspect(&path).unwrap();
+            let (mut log, rec) = Log::open(target, &path, 4, true).unwrap();
             assert!(rec.entries.is_empty());
             let b = log.alloc_block().unwrap();
             assert_eq!(b, 1, "block 0 holds the format's record");
-            let data = AlignedBuf::new(FLASH_PAGE_BYTES);
+            let data = AlignedBuf::new(FLASH_PAGE_BYTES).unwrap();
             log.write_segment(8, &data.as_slice()[..FLASH_PAGE_BYTES])
                 .unwrap();
             let t = Tokens {
@@ -661,7 +890,8 @@ mod tests {
             log.commit(&t, vec![(2, e)], false).unwrap();
         }
         {
-            let (mut log, rec) = Log::open(&path, 4, true).unwrap();
+            let target = Target::inspect(&path).unwrap();
+            let (mut log, rec) = Log::open(target, &path, 4, true).unwrap();
             assert_eq!(rec.tokens.last, 1);
             assert_eq!(rec.entries, vec![(2, e)]);
             let t = Tokens {
@@ -674,11 +904,11 @@ mod tests {
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.write_all_at(&[0xAB; 7], SLOT_OFFSETS[1] + 20).unwrap();
         drop(f);
-        let (_log, rec) = Log::open(&path, 4, true).unwrap();
+        let (_log, rec) = Log::open(Target::inspect(&path).unwrap(), &path, 4, true).unwrap();
         assert_eq!(rec.tokens.last, 1, "the torn commit is not visible");
         assert_eq!(rec.entries, vec![(2, e)]);
         assert_eq!(
-            Log::open(&path, 5, true).err().map(|e| e.kind),
+            Target::inspect(&path).err().map(|e| e.kind),
             Some(ErrorKind::Busy)
         );
     }

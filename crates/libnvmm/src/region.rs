@@ -28,9 +28,9 @@ use crate::cache::Cache;
 use crate::entry::{status, Entry, FLASH_PAGES_PER_BLOCK, POSITIONS, SEGMENTS_PER_PAGE};
 use crate::error::{ErrorKind, NvmmError, Result};
 use crate::gc::{self, GcOutcome};
-use crate::log::{AlignedBuf, Log, FLASH_PAGE_BYTES, PAGE_BYTES};
-use crate::table::Table;
-use crate::timing::{FixedLatency, FlashTiming, WallClock};
+use crate::log::{AlignedBuf, Log, Target, FLASH_PAGE_BYTES, PAGE_BYTES};
+use crate::table::{self, Table};
+use crate::timing::{Clock, FixedLatency, FlashTiming, WallClock};
 use crate::tokens::Tokens;
 use crate::uffd::{Fault, Userfault};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -73,6 +73,17 @@ pub struct Options {
     pub direct_io: bool,
     /// After a fault, keep polling for the next this long before sleeping.
     pub handler_spin_ns: u64,
+    /// Syncs kept restorable whatever garbage collection needs: 1 ..=
+    /// [`crate::tokens::MAX_RETAIN`] (3), default 2 (the last sync and the
+    /// one before it). Older tokens stay restorable while there is room.
+    pub retain_syncs: u64,
+    /// The clock of flash completion times (None: the wall clock). A
+    /// [`crate::timing::VirtualClock`] makes waits jump instead of sleep
+    /// (the twin test runs both faces on one).
+    pub clock: Option<Arc<dyn Clock>>,
+    /// Run the background collector thread (GC still runs when the version
+    /// area is full).
+    pub background_gc: bool,
 }
 
 impl Options {
@@ -88,6 +99,9 @@ impl Options {
                 .and_then(|s| s.parse::<u64>().ok())
                 .unwrap_or(20)
                 * 1000,
+            retain_syncs: crate::tokens::DEFAULT_RETAIN,
+            clock: None,
+            background_gc: true,
         }
     }
 }
@@ -161,13 +175,19 @@ struct State {
 }
 
 struct Shared {
-    uffd: Userfault,
+    /// The kernel side of the real face; None in a [`Replay`] (the model
+    /// face: no memory, the same decisions).
+    uffd: Option<Userfault>,
     base: u64,
     len: u64,
     state: Mutex<State>,
     stop: AtomicBool,
     wake: OwnedFd,
-    clock: WallClock,
+    /// The clock flash completion times are on: the wall clock, or a
+    /// [`crate::timing::VirtualClock`].
+    clock: Arc<dyn Clock>,
+    /// The handler's own polling schedule is always on the wall clock.
+    wall: WallClock,
     counters: Counters,
     spin_ns: u64,
     prefetch_enabled: bool,
@@ -176,7 +196,7 @@ struct Shared {
 /// A mapped NVMM region. Dropping it without [`Nvmm::close`] is a crash:
 /// the file keeps the last sync.
 pub struct Nvmm {
-    shared: Arc<Shared>,
+    face: Face,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -216,7 +236,46 @@ impl Shared {
         self.base + block * BLOCK
     }
 
+    /// Write-protect (or unprotect, waking the faulting thread) a block.
+    fn protect_block(&self, block: u64, on: bool) -> Result<()> {
+        match &self.uffd {
+            Some(u) => u.write_protect(self.block_addr(block), BLOCK, on),
+            None => Ok(()),
+        }
+    }
+
+    fn wake_block(&self, block: u64) -> Result<()> {
+        match &self.uffd {
+            Some(u) => u.wake(self.block_addr(block), BLOCK),
+            None => Ok(()),
+        }
+    }
+
+    /// Install `BLOCK` bytes at `src` as `block`, write-protected if asked.
+    ///
+    /// # Safety
+    /// `src` must be a live buffer of at least `BLOCK` bytes.
+    unsafe fn fill_block(&self, block: u64, src: *const u8, write_protect: bool) -> Result<()> {
+        match &self.uffd {
+            // SAFETY: the caller's promise; the block lies in the registered range.
+            Some(u) => {
+                unsafe { u.copy(self.block_addr(block), src, BLOCK, write_protect) }.map(|_| ())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn discard_block(&self, block: u64) -> Result<()> {
+        match &self.uffd {
+            Some(_) => madvise_dontneed(self.block_addr(block), BLOCK),
+            None => Ok(()),
+        }
+    }
+
     fn mprotect_page(&self, vpn: u64, st: u8) -> Result<()> {
+        if self.uffd.is_none() {
+            return Ok(());
+        }
         // SAFETY: the page lies inside our own mapping.
         let r = unsafe {
             libc::mprotect(
@@ -275,7 +334,8 @@ impl State {
         if !self.table.has_free_version() {
             return Err(NvmmError::new(
                 ErrorKind::Exhausted,
-                "the version area is full even with one token left",
+                "the version area is full with only the retained syncs' versions left (a bug: \
+                 retain_syncs ≤ 3 always fits)",
             ));
         }
         Ok(())
@@ -289,7 +349,7 @@ impl State {
             return Ok(head);
         }
         self.ensure_version_slot()?;
-        self.table.push_version(vpn, self.tokens.pending())
+        Ok(self.table.push_version(vpn, self.tokens.pending())?)
     }
 
     /// The flash page segment `seg` of `vpn` is programmed to at the pending
@@ -338,13 +398,20 @@ impl State {
     }
 
     fn write_back(&mut self, sh: &Shared, block: u64) -> Result<()> {
-        let addr = sh.block_addr(block);
-        sh.uffd.write_protect(addr, BLOCK, true)?;
+        sh.protect_block(block, true)?;
         let fp = self.prepare_segment(block / SEGS, block % SEGS)?;
-        // SAFETY: the block is resident (mapped by UFFDIO_COPY) and now
-        // write-protected, so nothing writes it while the kernel reads it.
-        let data = unsafe { std::slice::from_raw_parts(addr as *const u8, FLASH_PAGE_BYTES) };
-        self.log.write_segment(fp, data)?;
+        if sh.uffd.is_some() {
+            // SAFETY: the block is resident (mapped by UFFDIO_COPY) and now
+            // write-protected, so nothing writes it while the kernel reads it.
+            let data = unsafe {
+                std::slice::from_raw_parts(sh.block_addr(block) as *const u8, FLASH_PAGE_BYTES)
+            };
+            self.log.write_segment(fp, data)?;
+        } else {
+            // The model face has no bytes: its log gets zeros.
+            self.log
+                .write_segment(fp, &self.zero.as_slice()[..FLASH_PAGE_BYTES])?;
+        }
         let done = self.timing.program_page(sh.clock.now_ns(), fp);
         self.program_busy_until_ns = self.program_busy_until_ns.max(done);
         self.cache.set_dirty(block, false);
@@ -357,7 +424,7 @@ impl State {
         if self.cache.is_dirty(block) {
             self.write_back(sh, block)?;
         }
-        madvise_dontneed(sh.block_addr(block), BLOCK)?;
+        sh.discard_block(block)?;
         self.cache.remove(block);
         bump(&sh.counters.evictions, 1);
         // A running average (1/8 weight), for `evict_while_waiting`.
@@ -392,10 +459,8 @@ impl State {
         into_spare: Option<&mut AlignedBuf>,
     ) -> Result<(u64, u64, *const u8)> {
         let now = sh.clock.now_ns();
-        let loc = self
-            .table
-            .locate(block / SEGS, (block % SEGS) as usize, None);
-        let Some(fp) = loc else {
+        let loc = self.table.locate(block / SEGS, (block % SEGS) as u32, None);
+        let Some((fp, _hops)) = loc else {
             return Ok(match into_spare {
                 Some(b) => {
                     b.as_mut_slice()[..FLASH_PAGE_BYTES].fill(0);
@@ -425,7 +490,7 @@ impl State {
         self.make_room(sh, block)?;
         // SAFETY: src is a live buffer of at least BLOCK bytes; the block
         // lies in the registered range.
-        unsafe { sh.uffd.copy(sh.block_addr(block), src, BLOCK, !write)? };
+        unsafe { sh.fill_block(block, src, !write)? };
         self.cache.insert(block, write);
         if write {
             self.note_written(block)?;
@@ -493,7 +558,6 @@ impl State {
 
     fn handle_fault(&mut self, sh: &Shared, f: Fault) -> Result<()> {
         let block = (f.address - sh.base) / BLOCK;
-        let addr = sh.block_addr(block);
         if self.cache.is_resident(block) {
             if f.write_protect || f.write {
                 bump(&sh.counters.write_protect_faults, 1);
@@ -502,9 +566,9 @@ impl State {
                     self.cache.touch(block);
                     self.note_written(block)?;
                 }
-                return sh.uffd.write_protect(addr, BLOCK, false);
+                return sh.protect_block(block, false);
             }
-            return sh.uffd.wake(addr, BLOCK);
+            return sh.wake_block(block);
         }
         let t0 = sh.clock.now_ns();
         if let Some(i) = self.prefetching.iter().position(|p| p.block == block) {
@@ -560,7 +624,7 @@ impl State {
 
     fn drop_block(&mut self, sh: &Shared, block: u64) -> Result<()> {
         if self.cache.is_resident(block) {
-            madvise_dontneed(sh.block_addr(block), BLOCK)?;
+            sh.discard_block(block)?;
             self.cache.remove(block);
         }
         if let Some(i) = self.prefetching.iter().position(|p| p.block == block) {
@@ -626,6 +690,57 @@ impl State {
     }
 }
 
+/// The pages of a region of `size` bytes (rounded up to 64 KB pages),
+/// within libnvmm's limit.
+fn pages_for(size: u64) -> Result<u64> {
+    let pages = size.div_ceil(PAGE);
+    if pages > table::MAX_PAGES {
+        return Err(NvmmError::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "a region of {size} bytes exceeds the largest libnvmm maps, {} bytes \
+                 (16 TiB: 2^28 pages of 64 KB, the page table's 30-bit index; SPEC §7)",
+                table::MAX_PAGES * PAGE
+            ),
+        ));
+    }
+    Ok(pages)
+}
+
+/// The machine's physical memory, if the kernel says.
+fn physical_memory_bytes() -> Option<u64> {
+    // SAFETY: sysinfo fills a zeroed struct that lives here.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return None;
+    }
+    (si.totalram as u64).checked_mul(u64::from(si.mem_unit.max(1)))
+}
+
+/// The page table (16-byte entries, four per 64 KB page, SPEC §7) and the
+/// cache's per-block state live in memory, whatever the DRAM budget: a
+/// region whose bookkeeping would take more than half the machine's memory
+/// is refused with the numbers, before anything is allocated or written.
+fn check_memory(pages: u64, dram_bytes: u64) -> Result<()> {
+    let need = table::memory_bytes(pages)
+        .saturating_add(Cache::memory_bytes((pages * SEGS).min(dram_bytes / BLOCK)));
+    if let Some(ram) = physical_memory_bytes() {
+        if need > ram / 2 {
+            return Err(NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a region of {} bytes needs {need} bytes of page table and cache \
+                     bookkeeping in memory, more than half of this machine's {ram} bytes; \
+                     map a smaller region",
+                    pages * PAGE
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Nvmm {
     /// Map a region of `size` bytes (rounded up to 64 KB pages; 0: the
     /// size the file was made with) backed by the log at `path`, with
@@ -634,54 +749,141 @@ impl Nvmm {
         Self::open_with(path, size, Options::new(dram_bytes))
     }
 
+    /// Open with [`Options`]. Everything is checked before the backing
+    /// file is written (issue 24): the path must be a regular file or new
+    /// (see [`crate::log::Target`]), the size within 64 KB ..= 16 TiB, the
+    /// page table and cache bookkeeping must fit in memory, allocations
+    /// that fail are errors; a failed open leaves the path as it was.
     pub fn open_with(path: impl AsRef<Path>, size: u64, options: Options) -> Result<Nvmm> {
-        let pages = size.div_ceil(PAGE);
+        let background_gc = options.background_gc;
+        let shared = prepare(path.as_ref(), size, options, true)?;
+        let mut nvmm = Nvmm {
+            face: Face {
+                shared: shared.clone(),
+            },
+            threads: Vec::new(),
+        };
+        let sh = shared.clone();
+        nvmm.threads.push(
+            std::thread::Builder::new()
+                .name("nvmm-fault".into())
+                .spawn(move || fault_handler(&sh))
+                .map_err(|e| NvmmError::os("spawn the fault handler", e))?,
+        );
+        if background_gc {
+            let sh = shared.clone();
+            nvmm.threads.push(
+                std::thread::Builder::new()
+                    .name("nvmm-gc".into())
+                    .spawn(move || collector(&sh))
+                    .map_err(|e| NvmmError::os("spawn the collector", e))?,
+            );
+        }
+        Ok(nvmm)
+    }
+}
+
+/// Everything of an open but its threads: arguments and the path checked,
+/// bookkeeping allocated, then (the real face) the region mapped and
+/// registered, and only then the log opened or made. `real` false is the
+/// model face ([`Replay`]): no userfaultfd, no mapping.
+fn prepare(path: &Path, size: u64, options: Options, real: bool) -> Result<Arc<Shared>> {
+    {
+        let bad = |what: String| NvmmError::new(ErrorKind::InvalidArgument, what);
         if options.dram_bytes < BLOCK {
-            return Err(NvmmError::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "a DRAM budget of {} bytes holds no 8 KB block",
-                    options.dram_bytes
-                ),
-            ));
+            return Err(bad(format!(
+                "a DRAM budget of {} bytes holds no 8 KB block",
+                options.dram_bytes
+            )));
         }
         if options.prefetch_blocks > MAX_PREFETCH_BLOCKS {
-            return Err(NvmmError::new(
-                ErrorKind::InvalidArgument,
-                format!(
-                    "prefetch depth {} exceeds {MAX_PREFETCH_BLOCKS}",
-                    options.prefetch_blocks
-                ),
-            ));
+            return Err(bad(format!(
+                "prefetch depth {} exceeds {MAX_PREFETCH_BLOCKS}",
+                options.prefetch_blocks
+            )));
         }
-        let uffd = Userfault::open()?;
-        let (log, recovered) = Log::open(path.as_ref(), pages, options.direct_io)?;
-        let pages = log.pages();
-        let table = Table::from_entries(pages, recovered.entries)?;
-        let len = pages * PAGE;
-        let cache = Cache::new(len / BLOCK, options.dram_bytes / BLOCK, options.ways);
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
+        if !(1..=crate::tokens::MAX_RETAIN).contains(&options.retain_syncs) {
+            return Err(bad(format!(
+                "retain_syncs {} is outside 1 ..= {}: the page table keeps three previous \
+                 versions per page, enough for that many restorable syncs",
+                options.retain_syncs,
+                crate::tokens::MAX_RETAIN
+            )));
+        }
+        let requested = if size == 0 {
+            None
+        } else {
+            Some(pages_for(size)?)
         };
-        if base == libc::MAP_FAILED {
-            return Err(NvmmError::last_os(format!("mmap of {len} bytes")));
-        }
-        // SAFETY: our mapping; huge pages would make 2 MB the fill unit.
-        unsafe { libc::madvise(base, len as usize, libc::MADV_NOHUGEPAGE) };
+        let uffd = if real { Some(Userfault::open()?) } else { None };
+        let target = Target::inspect(path)?;
+        let pages = match (&target, requested) {
+            (Target::Log(_, file_pages), None) => *file_pages,
+            (Target::Log(_, file_pages), Some(p)) if p != *file_pages => {
+                return Err(NvmmError::new(
+                    ErrorKind::BadFile,
+                    format!(
+                        "{} holds a region of {} bytes, not {}",
+                        path.display(),
+                        file_pages * PAGE,
+                        p * PAGE
+                    ),
+                ))
+            }
+            (_, Some(p)) => p,
+            (_, None) => {
+                return Err(bad(format!(
+                    "{} is new: its region needs a size",
+                    path.display()
+                )))
+            }
+        };
+        check_memory(pages, options.dram_bytes)?;
+        let len = pages * PAGE;
+        let mut table = table::new(pages)?;
+        let cache = Cache::new(len / BLOCK, options.dram_bytes / BLOCK, options.ways)?;
+        let buffers = || AlignedBuf::new(FLASH_PAGE_BYTES);
+        let (buf, gc_buf, zero) = (buffers()?, buffers()?, buffers()?);
+        let spare = (0..options.prefetch_blocks)
+            .map(|_| buffers())
+            .collect::<Result<Vec<_>>>()?;
+        let base = match &uffd {
+            Some(uffd) => {
+                // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+                let base = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len as usize,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                        -1,
+                        0,
+                    )
+                };
+                if base == libc::MAP_FAILED {
+                    return Err(NvmmError::last_os(format!("mmap of {len} bytes")));
+                }
+                // SAFETY: our mapping; huge pages would make 2 MB the fill unit.
+                unsafe { libc::madvise(base, len as usize, libc::MADV_NOHUGEPAGE) };
+                if let Err(e) = uffd.register(base as u64, len) {
+                    // SAFETY: unmapping the mapping made above, which nothing uses yet.
+                    unsafe { libc::munmap(base, len as usize) };
+                    return Err(e);
+                }
+                base
+            }
+            None => std::ptr::null_mut(),
+        };
         let unmap = |e: NvmmError| {
-            // SAFETY: unmapping the mapping made above, which nothing uses yet.
-            unsafe { libc::munmap(base, len as usize) };
+            if !base.is_null() {
+                // SAFETY: unmapping the mapping made above, which nothing uses yet.
+                unsafe { libc::munmap(base, len as usize) };
+            }
             e
         };
-        uffd.register(base as u64, len).map_err(unmap)?;
+        // Only now, with everything else in hand, is the file written.
+        let (log, recovered) = Log::open(target, path, pages, options.direct_io).map_err(unmap)?;
+        table.load(recovered.entries).map_err(|e| unmap(e.into()))?;
         // SAFETY: eventfd returns a new descriptor or -1.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if wake < 0 {
@@ -689,20 +891,20 @@ impl Nvmm {
         }
         // SAFETY: a new descriptor nothing else owns.
         let wake = unsafe { OwnedFd::from_raw_fd(wake) };
+        let mut tokens = recovered.tokens;
+        tokens.retain = options.retain_syncs;
         let state = State {
             table,
             log,
-            tokens: recovered.tokens,
+            tokens,
             cache,
             timing: options.timing,
-            buf: AlignedBuf::new(FLASH_PAGE_BYTES),
-            gc_buf: AlignedBuf::new(FLASH_PAGE_BYTES),
-            zero: AlignedBuf::new(FLASH_PAGE_BYTES),
+            buf,
+            gc_buf,
+            zero,
             prefetch_blocks: options.prefetch_blocks,
             prefetching: Vec::new(),
-            spare: (0..options.prefetch_blocks)
-                .map(|_| AlignedBuf::new(FLASH_PAGE_BYTES))
-                .collect(),
+            spare,
             program_busy_until_ns: 0,
             evict_ns_estimate: INITIAL_EVICT_ESTIMATE_NS,
             alloc_cursor: 0,
@@ -716,61 +918,48 @@ impl Nvmm {
             state: Mutex::new(state),
             stop: AtomicBool::new(false),
             wake,
-            clock: WallClock::new(),
+            clock: options
+                .clock
+                .unwrap_or_else(|| Arc::new(WallClock::new()) as Arc<dyn Clock>),
+            wall: WallClock::new(),
             counters: Counters::default(),
             spin_ns: options.handler_spin_ns,
             prefetch_enabled: options.prefetch_blocks > 0,
         });
-        let mut nvmm = Nvmm {
-            shared: shared.clone(),
-            threads: Vec::new(),
-        };
         {
             let mut st = shared.lock()?;
             shared.apply_all_perms(&st)?;
             // The application that made these pages temporary has ended.
             st.collect_temporary(&shared)?;
         }
-        let sh = shared.clone();
-        nvmm.threads.push(
-            std::thread::Builder::new()
-                .name("nvmm-fault".into())
-                .spawn(move || fault_handler(&sh))
-                .map_err(|e| NvmmError::os("spawn the fault handler", e))?,
-        );
-        let sh = shared.clone();
-        nvmm.threads.push(
-            std::thread::Builder::new()
-                .name("nvmm-gc".into())
-                .spawn(move || collector(&sh))
-                .map_err(|e| NvmmError::os("spawn the collector", e))?,
-        );
-        Ok(nvmm)
+        Ok(shared)
     }
+}
 
+impl Nvmm {
     /// The first byte of the region.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.shared.base as *mut u8
+        self.face.shared.base as *mut u8
     }
 
     pub fn len(&self) -> u64 {
-        self.shared.len
+        self.face.shared.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.shared.len == 0
+        self.face.shared.len == 0
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
         if offset
             .checked_add(len)
-            .is_none_or(|end| end > self.shared.len)
+            .is_none_or(|end| end > self.face.shared.len)
         {
             return Err(NvmmError::new(
                 ErrorKind::InvalidArgument,
                 format!(
                     "[{offset}, +{len}) is outside the {}-byte region",
-                    self.shared.len
+                    self.face.shared.len
                 ),
             ));
         }
@@ -809,9 +998,9 @@ impl Nvmm {
     /// Flush every dirty block to the log and commit; the token names the
     /// state for [`Nvmm::rollback`] (SPEC §7 sync).
     pub fn sync(&self) -> Result<u64> {
-        let mut st = self.shared.lock()?;
-        let token = st.sync(&self.shared)?;
-        bump(&self.shared.counters.syncs, 1);
+        let mut st = self.face.shared.lock()?;
+        let token = st.sync(&self.face.shared)?;
+        bump(&self.face.shared.counters.syncs, 1);
         Ok(token)
     }
 
@@ -819,16 +1008,10 @@ impl Nvmm {
     /// written since (including unsynced data), and commit that as a new
     /// token, which is returned. Tokens after `token` become invalid.
     pub fn rollback(&self, token: u64) -> Result<u64> {
-        let sh = &*self.shared;
+        let sh = &*self.face.shared;
         let mut st = sh.lock()?;
-        if !st.tokens.is_live(token) {
-            return Err(NvmmError::new(
-                ErrorKind::StaleToken,
-                format!(
-                    "token {token} is not live (live: {}..={} minus rolled-back intervals)",
-                    st.tokens.horizon, st.tokens.last
-                ),
-            ));
+        if let Some(why) = st.tokens.why_not_live(token) {
+            return Err(NvmmError::new(ErrorKind::StaleToken, why));
         }
         for block in st.cache.resident_blocks() {
             st.drop_block(sh, block)?;
@@ -868,7 +1051,7 @@ impl Nvmm {
 
     /// A never-allocated (or deleted) page, zero-filled; its offset.
     pub fn alloc(&self) -> Result<u64> {
-        let sh = &*self.shared;
+        let sh = &*self.face.shared;
         let mut st = sh.lock()?;
         let pages = st.table.pages();
         for i in 0..pages {
@@ -904,8 +1087,8 @@ impl Nvmm {
     /// zero and is no longer allocated; older tokens still hold its data.
     pub fn delete(&self, offset: u64) -> Result<()> {
         let vpn = self.page_of(offset)?;
-        let mut st = self.shared.lock()?;
-        st.delete(&self.shared, vpn)
+        let mut st = self.face.shared.lock()?;
+        st.delete(&self.face.shared, vpn)
     }
 
     /// Set the page's permissions ([`perms`]: READ, WRITE, TEMPORARY);
@@ -918,17 +1101,17 @@ impl Nvmm {
                 format!("permission bits {perms:#x} outside READ|WRITE|TEMPORARY"),
             ));
         }
-        let mut st = self.shared.lock()?;
+        let mut st = self.face.shared.lock()?;
         let mut e = st.metadata_version(vpn)?;
         e.status = (e.status & !status::PERMS) | perms | status::ALLOCATED;
         st.table.set(vpn as u32, e);
-        self.shared.mprotect_page(vpn, e.status)
+        self.face.shared.mprotect_page(vpn, e.status)
     }
 
     /// The page's status bits (see [`crate::entry::status`]).
     pub fn page_status(&self, offset: u64) -> Result<u8> {
         let vpn = self.page_of(offset)?;
-        let st = self.shared.lock()?;
+        let st = self.face.shared.lock()?;
         let head = st.table.head(vpn);
         Ok(if head.is_present() {
             head.status
@@ -939,17 +1122,17 @@ impl Nvmm {
 
     /// The last committed token.
     pub fn last_token(&self) -> Result<u64> {
-        Ok(self.shared.lock()?.tokens.last)
+        Ok(self.face.shared.lock()?.tokens.last)
     }
 
     /// The oldest token rollback still accepts.
     pub fn oldest_token(&self) -> Result<u64> {
-        Ok(self.shared.lock()?.tokens.horizon)
+        Ok(self.face.shared.lock()?.tokens.horizon)
     }
 
     /// Run garbage collection now down to `target_used` version entries.
     pub fn collect_garbage(&self, target_used: u64) -> Result<GcOutcome> {
-        let mut st = self.shared.lock()?;
+        let mut st = self.face.shared.lock()?;
         let st = &mut *st;
         let mut out = GcOutcome::default();
         gc::collect(
@@ -964,9 +1147,18 @@ impl Nvmm {
         add_gc(&mut st.gc, &out);
         Ok(out)
     }
+}
 
+/// What both faces of a region answer alike ([`Nvmm`] and [`Replay`]
+/// dereference to it).
+pub struct Face {
+    shared: Arc<Shared>,
+}
+
+impl Face {
     pub fn stats(&self) -> Stats {
-        let c = &self.shared.counters;
+        let shared = &*self.shared;
+        let c = &shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut s = Stats {
             misses: get(&c.misses),
@@ -980,7 +1172,7 @@ impl Nvmm {
             syncs: get(&c.syncs),
             ..Stats::default()
         };
-        if let Ok(st) = self.shared.state.lock() {
+        if let Ok(st) = shared.state.lock() {
             s.resident_blocks = st.cache.resident();
             s.capacity_blocks = st.cache.capacity_blocks();
             s.versions_used = st.table.versions_used();
@@ -992,13 +1184,39 @@ impl Nvmm {
         s
     }
 
+    /// Every page-table entry in use (for comparing the two faces).
+    pub fn table_entries(&self) -> Result<Vec<(u32, Entry)>> {
+        Ok(self.shared.lock()?.table.present())
+    }
+
+    /// Now on the region's clock (virtual with [`Options::clock`]).
+    pub fn clock_ns(&self) -> u64 {
+        self.shared.clock.now_ns()
+    }
+}
+
+impl std::ops::Deref for Nvmm {
+    type Target = Face;
+    fn deref(&self) -> &Face {
+        &self.face
+    }
+}
+
+impl std::ops::Deref for Replay {
+    type Target = Face;
+    fn deref(&self) -> &Face {
+        &self.face
+    }
+}
+
+impl Nvmm {
     /// Collect temporary pages, sync, and unmap; returns the final token.
     pub fn close(mut self) -> Result<u64> {
         let token = {
-            let mut st = self.shared.lock()?;
-            st.collect_temporary(&self.shared)?;
-            let t = st.sync(&self.shared)?;
-            bump(&self.shared.counters.syncs, 1);
+            let mut st = self.face.shared.lock()?;
+            st.collect_temporary(&self.face.shared)?;
+            let t = st.sync(&self.face.shared)?;
+            bump(&self.face.shared.counters.syncs, 1);
             t
         };
         self.stop_threads();
@@ -1006,13 +1224,79 @@ impl Nvmm {
     }
 
     fn stop_threads(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.face.shared.stop.store(true, Ordering::Release);
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.shared.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        unsafe {
+            libc::write(
+                self.face.shared.wake.as_raw_fd(),
+                (&one as *const u64).cast(),
+                8,
+            )
+        };
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// The model face of a region (issue 24: one core, two faces): the same
+/// `State` as [`Nvmm`] — cache policy, page table, log, garbage collection,
+/// tokens, flash timing — with no memory behind it and no threads.
+/// Accesses come from a trace instead of the MMU, as the kernel would
+/// deliver them to the real face: a missing block is a missing-page fault;
+/// a store to a resident clean block (installed write-protected) is a
+/// write-protect fault; anything else is a hit the library never sees.
+/// With a [`crate::timing::VirtualClock`] it runs in virtual time; the
+/// twin test (`tests/twin.rs`) runs one trace through both faces.
+pub struct Replay {
+    face: Face,
+}
+
+impl Replay {
+    pub fn open(path: impl AsRef<Path>, size: u64, options: Options) -> Result<Replay> {
+        Ok(Replay {
+            face: Face {
+                shared: prepare(path.as_ref(), size, options, false)?,
+            },
+        })
+    }
+
+    /// One 64 B access at `offset`.
+    pub fn access(&self, offset: u64, write: bool) -> Result<()> {
+        let sh = &*self.face.shared;
+        if offset >= sh.len {
+            return Err(NvmmError::new(
+                ErrorKind::InvalidArgument,
+                format!("{offset} is outside the {}-byte region", sh.len),
+            ));
+        }
+        let mut st = sh.lock()?;
+        let block = offset / BLOCK;
+        let fault = if !st.cache.is_resident(block) {
+            Some((write, false))
+        } else if write && !st.cache.is_dirty(block) {
+            Some((true, true))
+        } else {
+            None
+        };
+        if let Some((write, write_protect)) = fault {
+            st.handle_fault(
+                sh,
+                Fault {
+                    address: sh.base + offset,
+                    write,
+                    write_protect,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<u64> {
+        let token = self.face.shared.lock()?.sync(&self.face.shared)?;
+        bump(&self.face.shared.counters.syncs, 1);
+        Ok(token)
     }
 }
 
@@ -1030,8 +1314,8 @@ impl Drop for Nvmm {
         // access to it after this is the caller's use-after-free.
         unsafe {
             libc::munmap(
-                self.shared.base as *mut libc::c_void,
-                self.shared.len as usize,
+                self.face.shared.base as *mut libc::c_void,
+                self.face.shared.len as usize,
             )
         };
     }
@@ -1048,7 +1332,8 @@ fn fault_handler(sh: &Shared) {
     while !sh.stop.load(Ordering::Acquire) {
         let mut handled = false;
         loop {
-            match sh.uffd.next_fault() {
+            let Some(uffd) = &sh.uffd else { return };
+            match uffd.next_fault() {
                 Ok(Some(f)) => {
                     handled = true;
                     if f.address < sh.base || f.address >= sh.base + sh.len {
@@ -1080,7 +1365,7 @@ fn fault_handler(sh: &Shared) {
             }
             st.next_prefetch_due()
         };
-        let now = sh.clock.now_ns();
+        let now = sh.wall.now_ns();
         if handled {
             last_fault_ns = now;
         }
@@ -1089,10 +1374,13 @@ fn fault_handler(sh: &Shared) {
             continue;
         }
         let timeout_ms = match next_due {
-            Some(due) => (due.saturating_sub(now).div_ceil(1_000_000)).min(100) as i32,
+            Some(due) => {
+                (due.saturating_sub(sh.clock.now_ns()).div_ceil(1_000_000)).min(100) as i32
+            }
             None => 100,
         };
-        if let Err(e) = sh.uffd.poll(sh.wake.as_raw_fd(), timeout_ms) {
+        let Some(uffd) = &sh.uffd else { return };
+        if let Err(e) = uffd.poll(sh.wake.as_raw_fd(), timeout_ms) {
             fatal("polling userfaultfd", &e);
         }
     }

@@ -1,261 +1,88 @@
-//! The NVMM page table (SPEC §7 "page table entry"): a direct table indexed
-//! by virtual page number whose entries are the newest versions, and an
-//! upper, non-indexable area holding older versions linked by the
-//! previous-mapping index. The upper area has three entries per page, the
-//! report's 1B-entry table for 16 TB. Index 0 is never a previous version
-//! (it is page 0's head), so `prev == 0` ends a chain.
-//!
-//! Pure bookkeeping: which flash page holds a segment at a given time, and
-//! which entries changed since the last commit. Flash blocks come from the
-//! caller ([`crate::log::Log`]).
+//! libnvmm's page table: the NVMM page table of the model crate
+//! (`moneta_model::nvmm::page_table`, shared with the simulator's journal
+//! since issue 24: one codec, one set of version chains, one victim order)
+//! with the report's three previous versions per page, 8 KB segments and
+//! change tracking for the log's commit records. This module adds what is
+//! libnvmm's own: its size limit, its memory estimate and its errors.
 
-use crate::entry::{status, Entry, MAX_TABLE_ENTRIES, SEGMENTS_PER_PAGE};
+use crate::entry::{MAX_TABLE_ENTRIES, SEGMENTS_PER_PAGE};
 use crate::error::{ErrorKind, NvmmError, Result};
+pub use moneta_model::nvmm::page_table::{longest_first, PageTable as Table, TableError};
 
 /// Previous versions per page in the upper area (the report's 1B entries
 /// for 256M pages of 64 KB).
 pub const VERSIONS_PER_PAGE: u64 = 3;
 
-pub struct Table {
-    pages: u64,
-    entries: Vec<Entry>,
-    free_versions: Vec<u32>,
-    changed: Vec<bool>,
-    changed_list: Vec<u32>,
+/// The largest region, in 64 KB pages: a 30-bit entry index reaches 2^30
+/// entries, four per page (the head and three versions): 16 TiB.
+pub const MAX_PAGES: u64 = MAX_TABLE_ENTRIES / (1 + VERSIONS_PER_PAGE);
+
+/// Table entries (heads and versions) of a region of `pages` pages.
+pub fn entries_for(pages: u64) -> u64 {
+    pages.saturating_mul(1 + VERSIONS_PER_PAGE)
 }
 
-impl Table {
-    pub fn new(pages: u64) -> Result<Table> {
-        let total = pages * (1 + VERSIONS_PER_PAGE);
-        if pages == 0 || total > MAX_TABLE_ENTRIES {
-            return Err(NvmmError::new(
-                ErrorKind::InvalidArgument,
-                format!("{pages} pages: the table needs 1 ≤ 4 × pages ≤ 2^30 entries"),
-            ));
-        }
-        Ok(Table {
-            pages,
-            entries: vec![Entry::default(); total as usize],
-            // Popped from the end: the lowest indexes are used first.
-            free_versions: (pages as u32..total as u32).rev().collect(),
-            changed: vec![false; total as usize],
-            changed_list: Vec::new(),
-        })
-    }
-
-    /// A table holding `entries` (recovery); rejects indexes out of range.
-    pub fn from_entries(
-        pages: u64,
-        entries: impl IntoIterator<Item = (u32, Entry)>,
-    ) -> Result<Table> {
-        let mut t = Table::new(pages)?;
-        for (index, e) in entries {
-            let slot = t.entries.get_mut(index as usize).ok_or_else(|| {
-                NvmmError::new(
-                    ErrorKind::BadFile,
-                    format!("table index {index} out of range"),
-                )
-            })?;
-            *slot = e;
-        }
-        t.free_versions = (pages as u32..t.entries.len() as u32)
-            .rev()
-            .filter(|&i| !t.entries[i as usize].is_present())
-            .collect();
-        Ok(t)
-    }
-
-    pub fn pages(&self) -> u64 {
-        self.pages
-    }
-    pub fn version_capacity(&self) -> u64 {
-        self.pages * VERSIONS_PER_PAGE
-    }
-    pub fn versions_used(&self) -> u64 {
-        self.version_capacity() - self.free_versions.len() as u64
-    }
-
-    pub fn get(&self, index: u32) -> Entry {
-        self.entries[index as usize]
-    }
-    pub fn head(&self, vpn: u64) -> Entry {
-        self.entries[vpn as usize]
-    }
-
-    pub fn set(&mut self, index: u32, e: Entry) {
-        self.entries[index as usize] = e;
-        if !self.changed[index as usize] {
-            self.changed[index as usize] = true;
-            self.changed_list.push(index);
-        }
-    }
-
-    pub fn free_version(&mut self, index: u32) {
-        debug_assert!(index as u64 >= self.pages);
-        self.set(index, Entry::default());
-        self.free_versions.push(index);
-    }
-
-    /// Indexes of `vpn`'s versions, newest first.
-    pub fn chain(&self, vpn: u64) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut index = vpn as u32;
-        loop {
-            let e = self.entries[index as usize];
-            if !e.is_present() {
-                return out;
-            }
-            out.push(index);
-            if e.prev == 0 {
-                return out;
-            }
-            index = e.prev;
-            assert!(
-                out.len() as u64 <= self.version_capacity() + 1,
-                "cycle in chain of page {vpn}"
-            );
-        }
-    }
-
-    pub fn chain_len(&self, vpn: u64) -> usize {
-        let mut n = 0;
-        let mut e = self.entries[vpn as usize];
-        while e.is_present() {
-            n += 1;
-            if e.prev == 0 {
-                break;
-            }
-            e = self.entries[e.prev as usize];
-        }
-        n
-    }
-
-    /// The flash page holding `segment` of `vpn` as of time `at` (None: now),
-    /// or None when it reads as zero.
-    pub fn locate(&self, vpn: u64, segment: usize, at: Option<u64>) -> Option<u64> {
-        let mut e = self.entries[vpn as usize];
-        while e.is_present() {
-            let visible = at.is_none_or(|t| e.time as u64 <= t);
-            if visible {
-                if e.has(status::MAPPED) {
-                    if let Some(fp) = e.segment_flash_page(segment) {
-                        return Some(fp);
-                    }
-                }
-                if e.has(status::FRESH) {
-                    return None;
-                }
-            }
-            if e.prev == 0 {
-                return None;
-            }
-            e = self.entries[e.prev as usize];
-        }
-        None
-    }
-
-    /// Make room for a new head of `vpn`: the current head moves to a free
-    /// entry of the upper area and the returned head (not yet stored) points
-    /// to it. Fails with `Exhausted` when the upper area is full.
-    pub fn push_version(&mut self, vpn: u64, time: u64) -> Result<Entry> {
-        let head = self.head(vpn);
-        if !head.is_present() {
-            return Ok(Entry {
-                status: status::PRESENT | status::FRESH | status::READ | status::WRITE,
-                time: time as u32,
-                ..Entry::default()
-            });
-        }
-        let e = self.free_versions.pop().ok_or_else(|| {
-            NvmmError::new(
-                ErrorKind::Exhausted,
-                "the page table's version area is full",
-            )
-        })?;
-        self.set(e, head);
-        Ok(Entry {
-            flash_page: 0,
-            prev: e,
-            valid: 0,
-            time: time as u32,
-            status: head.status & !(status::MAPPED | status::FRESH),
-        })
-    }
-
-    pub fn has_free_version(&self) -> bool {
-        !self.free_versions.is_empty()
-    }
-
-    /// Entries changed since the last call (the delta of a commit record).
-    pub fn take_changes(&mut self) -> Vec<(u32, Entry)> {
-        let list = std::mem::take(&mut self.changed_list);
-        list.into_iter()
-            .map(|i| {
-                self.changed[i as usize] = false;
-                (i, self.entries[i as usize])
-            })
-            .collect()
-    }
-
-    /// Every entry in use (a full commit record).
-    pub fn present(&self) -> Vec<(u32, Entry)> {
-        self.entries
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.is_present())
-            .map(|(i, e)| (i as u32, *e))
-            .collect()
-    }
-
-    pub fn present_count(&self) -> usize {
-        self.entries.iter().filter(|e| e.is_present()).count()
-    }
+/// Bytes of memory the table of `pages` pages takes (16-byte entries,
+/// change flags, free list).
+pub fn memory_bytes(pages: u64) -> u64 {
+    entries_for(pages).saturating_mul(16 + 1 + 4)
 }
 
-/// Bits of a page's segments, for sub-page valid bit masks.
-pub const ALL_SEGMENTS: u32 = (1 << SEGMENTS_PER_PAGE) - 1;
+/// The table of a region of `pages` pages.
+pub fn new(pages: u64) -> Result<Table> {
+    if pages == 0 || pages > MAX_PAGES {
+        return Err(NvmmError::new(
+            ErrorKind::InvalidArgument,
+            format!("{pages} pages: a region has 1 ..= {MAX_PAGES} pages of 64 KB (16 TiB)"),
+        ));
+    }
+    Ok(Table::new(
+        pages,
+        VERSIONS_PER_PAGE,
+        SEGMENTS_PER_PAGE as u32,
+        true,
+    )?)
+}
+
+/// A table holding `entries` (recovery); rejects indexes out of range.
+pub fn from_entries(pages: u64, entries: impl IntoIterator<Item = (u32, Entry)>) -> Result<Table> {
+    let mut t = new(pages)?;
+    t.load(entries)?;
+    Ok(t)
+}
+
+use crate::entry::Entry;
+
+impl From<TableError> for NvmmError {
+    fn from(e: TableError) -> NvmmError {
+        let kind = match e {
+            TableError::TooLarge(_) => ErrorKind::InvalidArgument,
+            TableError::NoMemory(_) | TableError::Full => ErrorKind::Exhausted,
+            TableError::BadIndex(_) => ErrorKind::BadFile,
+        };
+        NvmmError::new(kind, e.to_string())
+    }
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn written(t: &mut Table, vpn: u64, time: u64, flash_page: u64, valid: u32) {
-        let mut e = t.push_version(vpn, time).unwrap();
-        e.status |= status::MAPPED | status::ALLOCATED;
-        e.flash_page = flash_page;
-        e.valid = valid;
-        t.set(vpn as u32, e);
-    }
-
     #[test]
-    fn partial_versions_compose_and_time_travel() {
-        let mut t = Table::new(4).unwrap();
-        written(&mut t, 1, 1, 80, ALL_SEGMENTS);
-        written(&mut t, 1, 2, 160, 0b0010_0100); // segments 2 and 5
-        assert_eq!(t.locate(1, 2, None), Some(162));
-        assert_eq!(t.locate(1, 3, None), Some(83));
-        assert_eq!(t.locate(1, 2, Some(1)), Some(82));
-        assert_eq!(t.locate(1, 2, Some(0)), None);
-        assert_eq!(t.chain(1).len(), 2);
-        assert_eq!(t.versions_used(), 1);
-        // A tombstone hides everything older, for now but not for time 2.
-        let mut tomb = t.push_version(1, 3).unwrap();
-        tomb.status = status::PRESENT | status::FRESH | status::READ | status::WRITE;
-        t.set(1, tomb);
-        assert_eq!(t.locate(1, 3, None), None);
-        assert_eq!(t.locate(1, 3, Some(2)), Some(83));
-        let back = Table::from_entries(4, t.present()).unwrap();
-        assert_eq!(back.versions_used(), 2);
-        assert_eq!(back.locate(1, 5, Some(2)), Some(165));
-    }
-
-    #[test]
-    fn the_version_area_is_bounded() {
-        let mut t = Table::new(1).unwrap();
-        for time in 1..=4 {
-            written(&mut t, 0, time, time * 8, 1);
-        }
-        assert_eq!(t.versions_used(), 3);
-        assert_eq!(t.push_version(0, 5).unwrap_err().kind, ErrorKind::Exhausted);
+    fn the_region_limit_and_its_errors() {
+        assert_eq!(
+            new(MAX_PAGES + 1).err().map(|e| e.kind),
+            Some(ErrorKind::InvalidArgument)
+        );
+        let mut t = new(1).unwrap();
+        assert_eq!(t.pages(), 1);
+        assert_eq!(
+            t.load([(9, Entry::default())])
+                .map_err(NvmmError::from)
+                .unwrap_err()
+                .kind,
+            ErrorKind::BadFile
+        );
+        assert_eq!(NvmmError::from(TableError::Full).kind, ErrorKind::Exhausted);
     }
 }

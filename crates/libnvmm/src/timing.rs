@@ -114,6 +114,44 @@ pub fn timing_from_env() -> Result<Option<ModelTiming>, String> {
     }
 }
 
+/// What flash completion times are waited on (DESIGN "one model, two
+/// clocks"): the wall clock of the real face, or a virtual clock whose
+/// waits jump to the deadline (the model face, and the twin test).
+pub trait Clock: Send + Sync {
+    fn now_ns(&self) -> u64;
+    /// Return no earlier than `deadline_ns` on this clock.
+    fn wait_until(&self, deadline_ns: u64);
+}
+
+/// Virtual time: starts at 0, moves only when something waits.
+#[derive(Debug, Default)]
+pub struct VirtualClock(std::sync::atomic::AtomicU64);
+
+impl VirtualClock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Clock for VirtualClock {
+    fn now_ns(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+    fn wait_until(&self, deadline_ns: u64) {
+        self.0
+            .fetch_max(deadline_ns, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl Clock for WallClock {
+    fn now_ns(&self) -> u64 {
+        WallClock::now_ns(self)
+    }
+    fn wait_until(&self, deadline_ns: u64) {
+        WallClock::wait_until(self, deadline_ns)
+    }
+}
+
 /// The wall clock the timing runs on: nanoseconds since `origin`.
 #[derive(Clone, Copy, Debug)]
 pub struct WallClock {

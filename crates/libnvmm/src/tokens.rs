@@ -4,6 +4,14 @@
 //! live: at or above the horizon (garbage collection raises it, discarding
 //! the oldest versions first) and not inside an interval that a rollback
 //! abandoned.
+//!
+//! Retention (issue 24): garbage collection never discards any of the
+//! newest `retain` live tokens ([`Tokens::retain`], `Options::retain_syncs`,
+//! 2 by default: the last sync and the one before it). Keeping k tokens
+//! needs at most k + 1 versions of a page (one run per live token and the
+//! unsynced writes), so it always fits the page table's three previous
+//! versions per page: k ranges over 1 ..= 3 ([`MAX_RETAIN`]). Older tokens
+//! stay restorable while the version area has room for them.
 
 use crate::entry::MAX_TIME;
 use crate::error::{ErrorKind, NvmmError, Result};
@@ -11,6 +19,13 @@ use crate::error::{ErrorKind, NvmmError, Result};
 /// At most this many abandoned intervals are remembered; beyond it the
 /// horizon rises past the oldest.
 pub const MAX_ROLLED_BACK: usize = 1024;
+
+/// The most syncs a page table of three previous versions per page can
+/// always keep restorable.
+pub const MAX_RETAIN: u64 = crate::table::VERSIONS_PER_PAGE;
+
+/// Syncs kept restorable unless asked otherwise: the last and the previous.
+pub const DEFAULT_RETAIN: u64 = 2;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tokens {
@@ -20,6 +35,9 @@ pub struct Tokens {
     pub last: u64,
     /// Abandoned intervals `(a, b]`: tokens in them were rolled back.
     pub rolled_back: Vec<(u64, u64)>,
+    /// How many of the newest live tokens garbage collection must keep
+    /// (an option of the open, not stored in the log; 0 counts as 1).
+    pub retain: u64,
 }
 
 impl Tokens {
@@ -68,10 +86,67 @@ impl Tokens {
         t < hi && t <= self.last
     }
 
-    /// Discard the oldest live token (never the last committed one).
-    /// Returns false when only the last is left.
+    /// The live token before `t`, if any.
+    fn previous_live(&self, t: u64) -> Option<u64> {
+        let mut p = t.checked_sub(1)?;
+        while let Some(&(a, _)) = self.rolled_back.iter().find(|&&(a, b)| a < p && p <= b) {
+            p = a;
+        }
+        (p >= self.horizon).then_some(p)
+    }
+
+    /// The oldest token the retention policy protects.
+    pub fn oldest_retained(&self) -> u64 {
+        let mut t = self.last;
+        for _ in 1..self.retain.max(1) {
+            match self.previous_live(t) {
+                Some(p) => t = p,
+                None => break,
+            }
+        }
+        t
+    }
+
+    /// Why `token` cannot be rolled back to, or None if it is live: a
+    /// sentence saying what to change.
+    pub fn why_not_live(&self, token: u64) -> Option<String> {
+        if self.is_live(token) {
+            return None;
+        }
+        Some(if token > self.last {
+            format!(
+                "token {token} was never issued (the last sync's token is {})",
+                self.last
+            )
+        } else if token < self.horizon {
+            format!(
+                "token {token} was collected: garbage collection keeps the newest {} syncs \
+                 (retain_syncs, at most {MAX_RETAIN}) and older ones while the page table's \
+                 version area has room; the oldest restorable token is {}. To roll back this \
+                 far, open with a larger Options::retain_syncs, sync less often, or use a \
+                 larger region (more version entries)",
+                self.retain.max(1),
+                self.horizon
+            )
+        } else {
+            let (a, b) = self
+                .rolled_back
+                .iter()
+                .copied()
+                .find(|&(a, b)| a < token && token <= b)
+                .unwrap_or((token, token));
+            format!(
+                "token {token} was abandoned by a rollback to {a} (tokens {}..={b} no longer \
+                 exist); roll back to {a} or a later live token",
+                a + 1
+            )
+        })
+    }
+
+    /// Discard the oldest live token, never one the retention policy
+    /// protects. Returns false when none can go.
     pub fn raise_horizon(&mut self) -> bool {
-        if self.horizon >= self.last {
+        if self.horizon >= self.oldest_retained() {
             return false;
         }
         self.horizon = self.skip_rolled_back(self.horizon + 1).min(self.last);
@@ -102,6 +177,7 @@ mod tests {
             horizon: 0,
             last: 10,
             rolled_back: vec![],
+            retain: 1,
         };
         assert!(t.is_live(0) && t.is_live(10) && !t.is_live(11));
         t.abandon_after(4); // rollback to 4 at last = 10
@@ -117,5 +193,36 @@ mod tests {
         assert_eq!(t.horizon, 11, "the horizon skips abandoned tokens");
         assert!(t.rolled_back.is_empty());
         assert!(!t.raise_horizon(), "the last token stays");
+    }
+
+    #[test]
+    fn retention_keeps_the_newest_live_tokens() {
+        let mut t = Tokens {
+            horizon: 0,
+            last: 10,
+            rolled_back: vec![(6, 9)], // a rollback at 9 to 6 made token 10
+            retain: 3,
+        };
+        assert_eq!(
+            t.oldest_retained(),
+            5,
+            "10, 6, 5: the abandoned 7..=9 do not count"
+        );
+        let mut discarded = 0;
+        while t.raise_horizon() {
+            discarded += 1;
+        }
+        assert_eq!((t.horizon, discarded), (5, 5));
+        assert!(t.is_live(5) && t.is_live(6) && t.is_live(10));
+        assert!(t.why_not_live(4).unwrap().contains("retain_syncs"));
+        assert!(t.why_not_live(8).unwrap().contains("rollback to 6"));
+        assert!(t.why_not_live(11).unwrap().contains("never issued"));
+        assert_eq!(t.why_not_live(6), None);
+        t.retain = 0;
+        assert_eq!(
+            t.oldest_retained(),
+            10,
+            "0 counts as 1: the last always stays"
+        );
     }
 }

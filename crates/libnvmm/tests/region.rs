@@ -315,3 +315,62 @@ fn misses_take_the_model_flash_time() {
     );
     n.close().unwrap();
 }
+
+/// Issue 24: with a 16 MiB region over 512 KB of DRAM, syncs that each
+/// rewrite most pages filled the version area and garbage collection
+/// discarded every token but the last, so rollback to the previous sync
+/// failed. The retention policy keeps the newest `retain_syncs` (default 2).
+#[test]
+fn rollback_to_the_previous_sync_survives_garbage_collection() {
+    let seed = seed_from_env("NVMM_TEST_SEED");
+    println!("seed {seed}");
+    for retain in [2u64, 3] {
+        let mut rng = Rng::new(seed ^ retain);
+        let file = TempPath::new(fast_dir(), "retain");
+        let mut o = small(512 << 10, 16);
+        o.retain_syncs = retain;
+        let n = Nvmm::open_with(file.path(), 16 * MB, o).unwrap();
+        // The states of the last `retain` syncs, newest last.
+        let mut kept: Vec<(u64, Vec<u8>)> = vec![(0, contents(&n))];
+        for round in 0..6 {
+            for _ in 0..4 {
+                for _ in 0..1500 {
+                    let off = rng.below(n.len() / 8) * 8;
+                    n.write(off, &rng.next_u64().to_le_bytes()).unwrap();
+                }
+                let t = n.sync().unwrap();
+                kept.push((t, contents(&n)));
+                if kept.len() > retain as usize {
+                    kept.remove(0);
+                }
+            }
+            let s = n.stats();
+            assert!(
+                s.gc.chains_merged > 0,
+                "seed {seed}: the version area must be under pressure: {s:?}"
+            );
+            // Unsynced writes, then back to the oldest retained sync.
+            n.write(0, b"unsynced").unwrap();
+            let (t, state) = kept[0].clone();
+            let back = n
+                .rollback(t)
+                .unwrap_or_else(|e| panic!("seed {seed} retain {retain} round {round}: {e}"));
+            assert_eq!(contents(&n), state, "seed {seed}: state at token {t}");
+            kept = vec![(back, state)];
+        }
+        let s = n.stats();
+        println!("retain {retain}: {s:?}");
+        assert!(s.gc.tokens_discarded > 0, "{s:?}");
+        // A collected token is refused with what to change.
+        let e = n.rollback(1).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::StaleToken);
+        assert!(e.context.contains("retain_syncs"), "{e}");
+        n.close().unwrap();
+    }
+    let mut o = small(512 << 10, 16);
+    o.retain_syncs = 4;
+    let file = TempPath::new(fast_dir(), "retain4");
+    let e = Nvmm::open_with(file.path(), 16 * MB, o).err().unwrap();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    assert!(!file.path().exists());
+}

@@ -12,11 +12,64 @@
 //! - a value of the wrong type, or an enum value that does not exist, is an
 //!   error naming its key and, for enums, the allowed values.
 
-use super::{err, presets, Config, ConfigError, Technology};
+use super::{coerce_like, err, parse_value, presets, ConfigError, Technology};
+use serde::{de::DeserializeOwned, Serialize};
 use toml::{Table, Value};
 
-/// The preset that sets every key: its tree is the schema.
-const ROOT_PRESET: &str = "moneta";
+/// A configuration type built by layering: both the device's
+/// ([`super::Config`], presets in `presets/*.toml`) and NVMM's
+/// (`crate::nvmm::NvmmConfig`, `presets/nvmm-*.toml`) go through the one
+/// [`Layering`] below (issue 24: one config layering).
+pub(crate) trait Layered: Serialize + DeserializeOwned {
+    /// Reject impossible values, naming the key.
+    fn validate(&self) -> Result<(), ConfigError>;
+}
+
+/// One family of presets and how its layers combine.
+pub(crate) struct Layering {
+    /// (name, TOML text) of every preset.
+    pub presets: &'static [(&'static str, &'static str)],
+    /// The preset that sets every key: its tree is the schema.
+    pub root: &'static str,
+    /// What a preset is called in errors ("preset", "NVMM preset").
+    pub what: &'static str,
+    /// Fill in, in a layer, what the technologies it names imply (their
+    /// latencies, unless the layer gives them); an error names the key.
+    pub implied: fn(&mut Table) -> Result<(), ConfigError>,
+}
+
+/// The device's presets: `memory.technology` brings its latencies.
+pub(crate) const DEVICE: Layering = Layering {
+    presets: presets::PRESETS,
+    root: "moneta",
+    what: "preset",
+    implied: memory_technology,
+};
+
+fn memory_technology(top: &mut Table) -> Result<(), ConfigError> {
+    if let Some(Value::Table(memory)) = top.get_mut("memory") {
+        let technology = memory.get("technology").and_then(Value::as_str);
+        if let Some(t) = technology.and_then(Technology::find) {
+            fill_latencies(
+                memory,
+                &[
+                    ("latency_ns_read", t.latency_ns_read),
+                    ("latency_ns_write", t.latency_ns_write),
+                ],
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Insert each `(key, ns)` a section does not give.
+pub(crate) fn fill_latencies(section: &mut Table, values: &[(&str, u64)]) {
+    for &(key, ns) in values {
+        section
+            .entry(key)
+            .or_insert(Value::Integer(ns.try_into().expect("latencies fit i64")));
+    }
+}
 
 /// Parse one layer's TOML text; `origin` names it in errors.
 pub(crate) fn parse(text: &str, origin: &str) -> Result<Table, ConfigError> {
@@ -24,50 +77,125 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Table, ConfigError> {
         .map_err(|e| err("", format!("{origin} is not valid TOML: {e}")))
 }
 
-/// A layer with its `inherits` chain resolved and overlaid.
-pub(super) fn resolve(mut layer: Table, origin: &str) -> Result<Table, ConfigError> {
-    resolve_depth(&mut layer, origin, 0)?;
-    Ok(layer)
-}
-
-fn resolve_depth(layer: &mut Table, origin: &str, depth: usize) -> Result<(), ConfigError> {
-    match layer.remove("inherits") {
-        None => Ok(()),
-        Some(Value::String(parent)) => {
-            if depth > presets::PRESETS.len() {
-                return Err(err("inherits", format!("{origin} inherits in a cycle")));
-            }
-            let text = presets::source_or_error(&parent, "inherits")?;
-            let mut base = parse(text, &format!("preset '{parent}'"))?;
-            resolve_depth(&mut base, &format!("preset '{parent}'"), depth + 1)?;
-            overlay(&mut base, std::mem::take(layer));
-            *layer = base;
-            Ok(())
-        }
-        Some(other) => Err(err(
-            "inherits",
-            format!("expected a preset name, got {} '{other}'", other.type_str()),
-        )),
+impl Layering {
+    /// The TOML text of a preset, or an error listing the presets; `key` is
+    /// the key that named it (`inherits` in a file, none on the command line).
+    pub fn source(&self, name: &str, key: &str) -> Result<&'static str, ConfigError> {
+        self.presets
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let names: Vec<_> = self.presets.iter().map(|(n, _)| *n).collect();
+                err(
+                    key,
+                    format!(
+                        "unknown {} '{name}' (expected one of {})",
+                        self.what,
+                        names.join(", ")
+                    ),
+                )
+            })
     }
-}
 
-/// Overlay `top` onto `base`, table by table; a technology named in `top`
-/// brings its latencies unless `top` gives them.
-pub(super) fn overlay(base: &mut Table, mut top: Table) {
-    if let Some(Value::Table(memory)) = top.get_mut("memory") {
-        let technology = memory.get("technology").and_then(Value::as_str);
-        if let Some(t) = technology.and_then(Technology::find) {
-            for (key, ns) in [
-                ("latency_ns_read", t.latency_ns_read),
-                ("latency_ns_write", t.latency_ns_write),
-            ] {
-                memory
-                    .entry(key)
-                    .or_insert(Value::Integer(ns.try_into().expect("latencies fit i64")));
-            }
-        }
+    /// A preset by name.
+    pub fn preset<T: Layered>(&self, name: &str) -> Result<T, ConfigError> {
+        let text = self.source(name, "")?;
+        let origin = format!("preset '{name}'");
+        self.build(self.resolve(parse(text, &origin)?, &origin)?)
     }
-    overlay_tables(base, top);
+
+    /// A configuration text: every key, or `inherits = "PRESET"` and the
+    /// keys that differ; named `default_name` unless it says.
+    pub fn load_toml<T: Layered>(&self, text: &str, default_name: &str) -> Result<T, ConfigError> {
+        let mut table = parse(text, default_name)?;
+        table
+            .entry("name")
+            .or_insert(Value::String(default_name.into()));
+        self.build(self.resolve(table, default_name)?)
+    }
+
+    /// A layer with its `inherits` chain resolved and overlaid (a layer
+    /// with no base still gets what its technologies imply).
+    pub fn resolve(&self, layer: Table, origin: &str) -> Result<Table, ConfigError> {
+        self.resolve_depth(layer, origin, 0)
+    }
+
+    fn resolve_depth(
+        &self,
+        mut layer: Table,
+        origin: &str,
+        depth: usize,
+    ) -> Result<Table, ConfigError> {
+        let mut base = match layer.remove("inherits") {
+            None => Table::new(),
+            Some(Value::String(parent)) => {
+                if depth > self.presets.len() {
+                    return Err(err("inherits", format!("{origin} inherits in a cycle")));
+                }
+                let text = self.source(&parent, "inherits")?;
+                let origin = format!("preset '{parent}'");
+                self.resolve_depth(parse(text, &origin)?, &origin, depth + 1)?
+            }
+            Some(other) => {
+                return Err(err(
+                    "inherits",
+                    format!("expected a preset name, got {} '{other}'", other.type_str()),
+                ))
+            }
+        };
+        self.overlay(&mut base, layer)?;
+        Ok(base)
+    }
+
+    /// Overlay `top` onto `base`, table by table; a technology named in
+    /// `top` brings what it implies unless `top` gives it.
+    pub fn overlay(&self, base: &mut Table, mut top: Table) -> Result<(), ConfigError> {
+        (self.implied)(&mut top)?;
+        overlay_tables(base, top);
+        Ok(())
+    }
+
+    /// The complete tree as a configuration: keys checked against the
+    /// schema, values deserialized, the whole validated.
+    pub fn build<T: Layered>(&self, tree: Table) -> Result<T, ConfigError> {
+        let schema = self.schema();
+        check_keys(&tree, &schema, "")?;
+        let config: T = deserialize(tree, &schema)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn schema(&self) -> Table {
+        let text = self
+            .source(self.root, "")
+            .expect("the root preset is built in");
+        let tree = parse(text, self.root).expect("the root preset parses");
+        self.resolve(tree, self.root)
+            .expect("the root preset resolves")
+    }
+
+    /// `config` with a `key=value` override applied: the value is parsed as
+    /// TOML (numbers, booleans, strings; bare words are strings), coerced
+    /// to the key's type, and overlaid as a one-key layer, so naming a
+    /// technology also sets its latencies.
+    pub fn set<T: Layered>(&self, config: &T, assignment: &str) -> Result<T, ConfigError> {
+        let (key, raw) = assignment
+            .split_once('=')
+            .ok_or_else(|| err(assignment, "expected key=value"))?;
+        let (key, raw) = (key.trim(), raw.trim());
+        let mut tree = Value::try_from(config).map_err(|e| err(key, e.to_string()))?;
+        let old = lookup_mut(&mut tree, key)?;
+        let mut top = coerce_like(old, parse_value(raw)).map_err(|m| err(key, m))?;
+        for part in key.rsplit('.') {
+            top = Value::Table(Table::from_iter([(part.to_string(), top)]));
+        }
+        let (Value::Table(mut tree), Value::Table(top)) = (tree, top) else {
+            unreachable!("a configuration and a dotted key are tables")
+        };
+        self.overlay(&mut tree, top)?;
+        self.build(tree)
+    }
 }
 
 pub(crate) fn overlay_tables(base: &mut Table, top: Table) {
@@ -80,21 +208,6 @@ pub(crate) fn overlay_tables(base: &mut Table, top: Table) {
             }
         }
     }
-}
-
-/// The complete tree as a configuration: keys checked against the schema,
-/// values deserialized, the whole validated.
-pub(super) fn build(tree: Table) -> Result<Config, ConfigError> {
-    let schema = schema();
-    check_keys(&tree, &schema, "")?;
-    let config: Config = deserialize(tree, &schema)?;
-    config.validate()?;
-    Ok(config)
-}
-
-fn schema() -> Table {
-    let text = presets::preset_source(ROOT_PRESET).expect("the root preset is built in");
-    parse(text, ROOT_PRESET).expect("the root preset parses")
 }
 
 fn join(prefix: &str, key: &str) -> String {

@@ -451,20 +451,14 @@ pub struct PowerConfig {
 impl Config {
     /// Load a preset by name, e.g. `moneta` or `onyx-late`.
     pub fn preset(name: &str) -> Result<Config, ConfigError> {
-        let text = presets::source_or_error(name, "")?;
-        let origin = format!("preset '{name}'");
-        layer::build(layer::resolve(layer::parse(text, &origin)?, &origin)?)
+        layer::DEVICE.preset(name)
     }
 
     /// Load a configuration from TOML text in the presets' schema: either
     /// every key, or `inherits = "PRESET"` and the keys that differ. A text
     /// without `name` is named `default_name`.
     pub fn from_toml(text: &str, default_name: &str) -> Result<Config, ConfigError> {
-        let mut table = layer::parse(text, default_name)?;
-        if !table.contains_key("name") {
-            table.insert("name".into(), toml::Value::String(default_name.into()));
-        }
-        layer::build(layer::resolve(table, default_name)?)
+        layer::DEVICE.load_toml(text, default_name)
     }
 
     /// Load a configuration file (see [`Config::from_toml`]); a file without
@@ -487,23 +481,7 @@ impl Config {
     /// and overlaid as a one-key layer, so `memory.technology=dram` also sets
     /// the DRAM latencies.
     pub fn set(&mut self, assignment: &str) -> Result<(), ConfigError> {
-        let (key, raw) = assignment
-            .split_once('=')
-            .ok_or_else(|| err(assignment, "expected key=value"))?;
-        let key = key.trim();
-        let raw = raw.trim();
-        let mut tree = toml::Value::try_from(&*self).map_err(|e| err(key, e.to_string()))?;
-        let old = layer::lookup_mut(&mut tree, key)?;
-        let value = coerce_like(old, parse_value(raw)).map_err(|m| err(key, m))?;
-        let mut top = value;
-        for part in key.rsplit('.') {
-            top = toml::Value::Table(toml::Table::from_iter([(part.to_string(), top)]));
-        }
-        let (toml::Value::Table(mut tree), toml::Value::Table(top)) = (tree, top) else {
-            unreachable!("a configuration and a dotted key are tables")
-        };
-        layer::overlay(&mut tree, top);
-        *self = layer::build(tree)?;
+        *self = layer::DEVICE.set(self, assignment)?;
         Ok(())
     }
 
@@ -531,6 +509,12 @@ impl Config {
 
     /// Reject impossible values, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        layer::Layered::validate(self)
+    }
+}
+
+impl layer::Layered for Config {
+    fn validate(&self) -> Result<(), ConfigError> {
         let d = &self.device;
         positive("device.capacity_bytes", d.capacity_bytes)?;
         range("device.tags", d.tags as u64, 1, 256)?;

@@ -1,7 +1,5 @@
 //! The presets shipped with the binary (their layering is `layer.rs`).
 
-use super::{err, ConfigError};
-
 /// (name, TOML text) of every preset, in the order `moneta presets` lists them.
 pub const PRESETS: &[(&str, &str)] = &[
     (
@@ -35,19 +33,4 @@ pub fn preset_names() -> impl Iterator<Item = &'static str> {
 /// The TOML text of a preset, with its comments (for `moneta presets --verbose`).
 pub fn preset_source(name: &str) -> Option<&'static str> {
     PRESETS.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
-}
-
-/// The TOML text of a preset, or an error listing the presets; `key` is the
-/// key that named it (`inherits` in a file, none on the command line).
-pub(super) fn source_or_error(name: &str, key: &str) -> Result<&'static str, ConfigError> {
-    preset_source(name).ok_or_else(|| {
-        let names: Vec<_> = preset_names().collect();
-        err(
-            key,
-            format!(
-                "unknown preset '{name}' (expected one of {})",
-                names.join(", ")
-            ),
-        )
-    })
 }

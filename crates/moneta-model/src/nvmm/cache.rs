@@ -1,6 +1,8 @@
 //! A set-associative LRU cache of large blocks (SPEC §7 "DRAM cache"):
 //! NVMM's DRAM cache (flash-page-sized blocks, tags in DRAM), and, with OS
-//! pages as blocks and many ways, the SSD system's page cache.
+//! pages as blocks and many ways, the SSD system's page cache; libnvmm's
+//! DRAM cache keeps its sets and recency here too (issue 24: one cache
+//! policy), seeing only the fills and first stores user space can see.
 //!
 //! The cache holds only metadata: which block each way holds, when it was
 //! last used, whether it is dirty, and when its fill completes. A block is
@@ -47,15 +49,56 @@ pub struct BlockCache {
 impl BlockCache {
     /// `blocks` must be a multiple of `ways` (checked by the configuration).
     pub fn new(blocks: u64, ways: u32) -> Self {
-        let ways = ways as usize;
+        Self::try_new(blocks, ways).expect("a cache the configuration allows")
+    }
+
+    /// As [`BlockCache::new`], with an allocation the system refuses as an
+    /// error instead of an abort.
+    pub fn try_new(blocks: u64, ways: u32) -> Result<Self, super::page_table::TableError> {
+        use super::page_table::try_filled;
+        let ways = ways.max(1) as usize;
         let sets = (blocks / ways as u64).max(1);
-        BlockCache {
+        let n = sets * ways as u64;
+        Ok(BlockCache {
             sets,
             ways,
-            slots: vec![Way::default(); sets as usize * ways],
-            tags: vec![0; sets as usize * ways],
+            slots: try_filled(n, Way::default(), "the cache's ways")?,
+            tags: try_filled(n, 0, "the cache's tags")?,
             tick: 0,
+        })
+    }
+
+    /// Bytes of bookkeeping per block of capacity.
+    pub const BYTES_PER_BLOCK: u64 = (std::mem::size_of::<Way>() + 8) as u64;
+
+    pub fn ways(&self) -> usize {
+        self.ways
+    }
+
+    /// How many ways of `block`'s set hold a block.
+    pub fn occupied(&self, block: u64) -> usize {
+        let start = self.set_start(block);
+        self.tags[start..start + self.ways]
+            .iter()
+            .filter(|&&t| t != 0)
+            .count()
+    }
+
+    /// Empty the way holding `block`, if one does.
+    pub fn remove(&mut self, block: u64) -> bool {
+        match self.find(block) {
+            Some(i) => {
+                self.tags[i] = 0;
+                self.slots[i] = Way::default();
+                true
+            }
+            None => false,
         }
+    }
+
+    /// The ways in use, in index order.
+    pub fn resident(&self) -> impl Iterator<Item = &Way> {
+        self.slots.iter().filter(|w| w.tag != 0)
     }
 
     pub fn blocks(&self) -> u64 {

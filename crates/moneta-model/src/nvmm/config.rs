@@ -10,13 +10,19 @@
 //! time and endurance from [`FLASH_ERASE`], so a name never disagrees with
 //! its timing.
 
-use crate::config::layer;
-use crate::config::{coerce_like, err, parse_value, ConfigError, Technology};
+use crate::config::layer::{self, Layered, Layering};
+use crate::config::{err, ConfigError, Technology};
 use serde::{Deserialize, Serialize};
 use toml::{Table, Value};
 
-/// The preset that sets every key (the schema).
-const ROOT_PRESET: &str = "nvmm-mlc";
+/// NVMM's presets, layered as the device's (`config::layer`); `nvmm-mlc`
+/// sets every key (the schema); named technologies bring their timing.
+const NVMM: Layering = Layering {
+    presets: NVMM_PRESETS,
+    root: "nvmm-mlc",
+    what: "NVMM preset",
+    implied: technologies,
+};
 
 /// (name, TOML) of every NVMM preset.
 pub const NVMM_PRESETS: &[(&str, &str)] = &[
@@ -254,18 +260,13 @@ pub struct SsdConfig {
 impl NvmmConfig {
     /// A built-in preset by name.
     pub fn preset(name: &str) -> Result<NvmmConfig, ConfigError> {
-        let text = preset_text(name)?;
-        build(resolve(parse(text, name)?, 0)?)
+        NVMM.preset(name)
     }
 
     /// A configuration file's text: every key, or `inherits = "PRESET"` and
     /// the keys that differ.
     pub fn from_toml(text: &str, default_name: &str) -> Result<NvmmConfig, ConfigError> {
-        let mut table = parse(text, default_name)?;
-        table
-            .entry("name")
-            .or_insert(Value::String(default_name.into()));
-        build(resolve(table, 0)?)
+        NVMM.load_toml(text, default_name)
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<NvmmConfig, ConfigError> {
@@ -283,30 +284,7 @@ impl NvmmConfig {
     /// `key=value`, e.g. `controller.prefetch_pages=0` or
     /// `flash.technology=slc-nand` (which also sets its latencies).
     pub fn set(&mut self, assignment: &str) -> Result<(), ConfigError> {
-        let (key, raw) = assignment
-            .split_once('=')
-            .ok_or_else(|| err(assignment, "expected key=value"))?;
-        let (key, raw) = (key.trim(), raw.trim());
-        let mut tree = Value::try_from(&*self).map_err(|e| err(key, e.to_string()))?;
-        let old = layer::lookup_mut(&mut tree, key)?;
-        let mut top = coerce_like(old, parse_value(raw)).map_err(|m| err(key, m))?;
-        for part in key.rsplit('.') {
-            top = Value::Table(Table::from_iter([(part.to_string(), top)]));
-        }
-        let (Value::Table(mut tree), Value::Table(top)) = (tree, top) else {
-            unreachable!("a configuration and a dotted key are tables")
-        };
-        if let Some(Value::Table(flash)) = tree.get_mut("flash") {
-            // A new technology replaces the old one's timing unless the
-            // same layer gives it.
-            if top.get("flash").and_then(|f| f.get("technology")).is_some() {
-                for k in ["read_ns", "program_ns", "erase_ns", "endurance_cycles"] {
-                    flash.remove(k);
-                }
-            }
-        }
-        overlay(&mut tree, top)?;
-        *self = build(tree)?;
+        *self = NVMM.set(self, assignment)?;
         Ok(())
     }
 
@@ -340,6 +318,12 @@ impl NvmmConfig {
 
     /// Reject impossible values, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        Layered::validate(self)
+    }
+}
+
+impl Layered for NvmmConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
         let positive: [(&str, u64); 18] = [
             ("dram.capacity_bytes", self.dram.capacity_bytes),
             ("dram.channels", self.dram.channels.into()),
@@ -458,73 +442,20 @@ pub fn nvmm_preset_names() -> impl Iterator<Item = &'static str> {
     NVMM_PRESETS.iter().map(|(n, _)| *n)
 }
 
-fn preset_text(name: &str) -> Result<&'static str, ConfigError> {
-    NVMM_PRESETS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, t)| *t)
-        .ok_or_else(|| {
-            let names: Vec<_> = nvmm_preset_names().collect();
-            err(
-                "",
-                format!(
-                    "unknown NVMM preset '{name}' (expected one of {})",
-                    names.join(", ")
-                ),
-            )
-        })
-}
-
-fn parse(text: &str, origin: &str) -> Result<Table, ConfigError> {
-    layer::parse(text, &format!("preset '{origin}'"))
-}
-
-fn resolve(mut layer: Table, depth: usize) -> Result<Table, ConfigError> {
-    match layer.remove("inherits") {
-        None => {
-            // A layer with no base still gets its technologies' timing.
-            let mut base = Table::new();
-            overlay(&mut base, layer)?;
-            Ok(base)
-        }
-        Some(Value::String(parent)) => {
-            if depth > NVMM_PRESETS.len() {
-                return Err(err("inherits", "presets inherit in a cycle"));
-            }
-            let mut base = resolve(parse(preset_text(&parent)?, &parent)?, depth + 1)?;
-            if layer
-                .get("flash")
-                .and_then(|f| f.get("technology"))
-                .is_some()
-            {
-                if let Some(Value::Table(flash)) = base.get_mut("flash") {
-                    for k in ["read_ns", "program_ns", "erase_ns", "endurance_cycles"] {
-                        flash.remove(k);
-                    }
-                }
-            }
-            overlay(&mut base, layer)?;
-            Ok(base)
-        }
-        Some(other) => Err(err(
-            "inherits",
-            format!("expected a preset name, got {} '{other}'", other.type_str()),
-        )),
-    }
-}
-
-/// Overlay `top` on `base`; technologies named in `top` bring their timing
-/// where `top` does not give it.
-fn overlay(base: &mut Table, mut top: Table) -> Result<(), ConfigError> {
+/// What the technologies a layer names imply: DRAM latencies, flash read
+/// and program latencies, erase time and endurance, where the layer does
+/// not give them.
+fn technologies(top: &mut Table) -> Result<(), ConfigError> {
     if let Some(Value::Table(dram)) = top.get_mut("dram") {
         if let Some(name) = dram.get("technology").and_then(Value::as_str) {
             let t = technology("dram.technology", name)?;
-            for (k, ns) in [
-                ("latency_ns_read", t.latency_ns_read),
-                ("latency_ns_write", t.latency_ns_write),
-            ] {
-                dram.entry(k).or_insert(Value::Integer(ns as i64));
-            }
+            layer::fill_latencies(
+                dram,
+                &[
+                    ("latency_ns_read", t.latency_ns_read),
+                    ("latency_ns_write", t.latency_ns_write),
+                ],
+            );
         }
     }
     if let Some(Value::Table(flash)) = top.get_mut("flash") {
@@ -541,17 +472,17 @@ fn overlay(base: &mut Table, mut top: Table) -> Result<(), ConfigError> {
                     ),
                 ));
             };
-            for (k, v) in [
-                ("read_ns", t.latency_ns_read),
-                ("program_ns", t.latency_ns_write),
-                ("erase_ns", e.erase_ns),
-                ("endurance_cycles", e.endurance_cycles),
-            ] {
-                flash.entry(k).or_insert(Value::Integer(v as i64));
-            }
+            layer::fill_latencies(
+                flash,
+                &[
+                    ("read_ns", t.latency_ns_read),
+                    ("program_ns", t.latency_ns_write),
+                    ("erase_ns", e.erase_ns),
+                    ("endurance_cycles", e.endurance_cycles),
+                ],
+            );
         }
     }
-    layer::overlay_tables(base, top);
     Ok(())
 }
 
@@ -565,20 +496,6 @@ fn technology(key: &str, name: &str) -> Result<&'static Technology, ConfigError>
             ),
         )
     })
-}
-
-fn schema() -> Table {
-    let text = preset_text(ROOT_PRESET).expect("the root preset is built in");
-    let tree = resolve(parse(text, ROOT_PRESET).expect("root parses"), 0);
-    tree.expect("the root preset resolves")
-}
-
-fn build(tree: Table) -> Result<NvmmConfig, ConfigError> {
-    let schema = schema();
-    layer::check_keys(&tree, &schema, "")?;
-    let config: NvmmConfig = layer::deserialize(tree, &schema)?;
-    config.validate()?;
-    Ok(config)
 }
 
 #[cfg(test)]

@@ -9,14 +9,14 @@
 //! page; with 8 KB pages the report's +8, +16, +24). The 32-bit sub-page
 //! vector records which of those positions hold data.
 //!
-//! The page table is a direct table of 16-byte entries ([`Pte`], packed as
-//! the report's layout: 34-bit mapping, 30-bit previous index, 32-bit
-//! vector, 24-bit time written, 8-bit status and permissions) indexed by
-//! virtual page number, plus an upper, non-indexable part holding older
-//! versions (`versions_per_page` per virtual page; 3 in the report). An
-//! update copies the head to a free upper entry E, links `prev = E`, and
-//! writes the new mapping, vector and time into the head, exactly the
-//! report's pseudo-code. A segment's current data is in the newest entry
+//! The page table is the one libnvmm uses too (`page_table.rs`, entries
+//! of `entry.rs`: the report's 16-byte layout — 34-bit mapping, 30-bit
+//! previous index, 32-bit vector, 24-bit time written, 8-bit status and
+//! permissions): a direct table indexed by virtual page number, plus an
+//! upper, non-indexable part holding older versions (`versions_per_page`
+//! per virtual page; 3 in the report). An update copies the head to a free
+//! upper entry E, links `prev = E`, and writes the new mapping, vector and
+//! time into the head, exactly the report's pseudo-code. A segment's current data is in the newest entry
 //! of the chain whose vector has it; older entries are the journal.
 //!
 //! Garbage collection runs on a plane whose free blocks fall below
@@ -39,7 +39,9 @@
 //! a block (the model lets a remapped segment go to a higher page first).
 
 use super::config::NvmmConfig;
+use super::entry::{status, Pte, FLASH_PAGE_BITS, PREV_BITS};
 use super::flash::{FlashGeometry, FlashTiming};
+use super::page_table::{longest_first, PageTable};
 use crate::kernel::Rng;
 use crate::units::Ns;
 use std::collections::VecDeque;
@@ -48,50 +50,9 @@ use std::fmt;
 /// Virtual page size (SPEC §7).
 pub const VIRTUAL_PAGE_BYTES: u64 = 64 * 1024;
 
-/// One 16-byte page-table entry, bit-packed as in the report.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct Pte(pub u128);
-
-pub const STATUS_MAPPED: u8 = 1;
-pub const PERM_READ: u8 = 2;
-pub const PERM_WRITE: u8 = 4;
-
-impl Pte {
-    const MAPPING_BITS: u32 = 34;
-    const PREV_BITS: u32 = 30;
-    const TIME_BITS: u32 = 24;
-
-    pub fn new(mapping: u64, prev: u32, vector: u32, time: u32, status: u8) -> Pte {
-        debug_assert!(mapping < 1 << Self::MAPPING_BITS);
-        debug_assert!(prev < 1 << Self::PREV_BITS);
-        let time = time & ((1 << Self::TIME_BITS) - 1);
-        Pte(u128::from(mapping)
-            | u128::from(prev) << 34
-            | u128::from(vector) << 64
-            | u128::from(time) << 96
-            | u128::from(status) << 120)
-    }
-    /// Flash page of segment 0's first position (block × pages per block + N).
-    pub fn mapping(self) -> u64 {
-        (self.0 & ((1 << Self::MAPPING_BITS) - 1)) as u64
-    }
-    /// Index of the previous version's entry; 0 is none (entry 0 is a head).
-    pub fn prev(self) -> u32 {
-        ((self.0 >> 34) & ((1 << Self::PREV_BITS) - 1)) as u32
-    }
-    pub fn vector(self) -> u32 {
-        (self.0 >> 64) as u32
-    }
-    pub fn time(self) -> u32 {
-        ((self.0 >> 96) & ((1 << Self::TIME_BITS) - 1)) as u32
-    }
-    pub fn status(self) -> u8 {
-        (self.0 >> 120) as u8
-    }
-    pub fn mapped(self) -> bool {
-        self.status() & STATUS_MAPPED != 0
-    }
-}
+/// What the simulator writes into a head: a version with flash pages, read
+/// and write allowed (the shared status bits, `entry::status`).
+const WRITTEN: u8 = status::PRESENT | status::MAPPED | status::READ | status::WRITE;
 
 const FREE: u8 = 0;
 const LIVE: u8 = 1;
@@ -134,8 +95,7 @@ pub struct Journal {
     segments_per_page: u32,
     positions: u32,
     virtual_pages: u32,
-    table: Vec<Pte>,
-    free_entries: Vec<u32>,
+    table: PageTable,
     chain_len: Vec<u16>,
     page_state: Vec<u8>,
     page_owner: Vec<u32>,
@@ -170,11 +130,20 @@ impl Journal {
                 ),
             });
         }
-        if virtual_pages + upper >= 1 << Pte::PREV_BITS || pages >= 1 << Pte::MAPPING_BITS {
+        if virtual_pages + upper >= 1 << PREV_BITS || pages >= 1 << FLASH_PAGE_BITS {
             return Err(OutOfSpace {
                 message: "the page table exceeds its 30-bit index or 34-bit mapping".into(),
             });
         }
+        let table = PageTable::new(
+            virtual_pages,
+            config.journal.versions_per_page.into(),
+            segments_per_page,
+            false,
+        )
+        .map_err(|e| OutOfSpace {
+            message: e.to_string(),
+        })?;
         let mut rng = Rng::stream(seed, 0x0E0D);
         let mean = config.flash.endurance_cycles as f64;
         let sd = mean * config.flash.endurance_spread;
@@ -198,10 +167,7 @@ impl Journal {
             segments_per_page,
             positions: 32 / segments_per_page,
             virtual_pages: virtual_pages as u32,
-            table: vec![Pte::default(); (virtual_pages + upper) as usize],
-            free_entries: (virtual_pages as u32..(virtual_pages + upper) as u32)
-                .rev()
-                .collect(),
+            table,
             chain_len: vec![0; virtual_pages as usize],
             page_state: vec![FREE; pages as usize],
             page_owner: vec![NO_OWNER; pages as usize],
@@ -233,7 +199,7 @@ impl Journal {
     }
 
     pub fn entry(&self, index: u32) -> Pte {
-        self.table[index as usize]
+        self.table.pte(index)
     }
 
     pub fn chain_length(&self, vpn: u64) -> u32 {
@@ -247,27 +213,9 @@ impl Journal {
 
     /// Where segment `segment` of `vpn` currently is, and how many chain
     /// entries the controller read to find it; `None` if never written.
+    #[inline]
     pub fn locate(&self, vpn: u64, segment: u32) -> Option<(u64, u32)> {
-        let mut e = vpn as u32;
-        let mut hops = 1;
-        loop {
-            let pte = self.table[e as usize];
-            if pte.mapped() {
-                for k in 0..self.positions {
-                    if pte.vector() >> (k * self.segments_per_page + segment) & 1 == 1 {
-                        let page = pte.mapping()
-                            + u64::from(segment)
-                            + u64::from(k * self.segments_per_page);
-                        return Some((page, hops));
-                    }
-                }
-            }
-            e = pte.prev();
-            if e == 0 {
-                return None;
-            }
-            hops += 1;
-        }
+        self.table.locate(vpn, segment, None)
     }
 
     /// Write every segment of `virtual_pages` pages once, without timing
@@ -306,26 +254,21 @@ impl Journal {
             return Ok(start_ns);
         }
         let mut now = start_ns;
-        if self.table[vpn as usize].mapped() && self.free_entries.is_empty() {
+        if self.table.pte(vpn as u32).mapped() && !self.table.has_free_version() {
             now = self.reclaim_entries(now, flash.as_deref_mut())?;
         }
         let (mapping, vector, pages, count) = self.place(dirty_mask, now, flash.as_deref_mut())?;
-        let head = self.table[vpn as usize];
-        let mut prev = 0;
-        if head.mapped() {
-            let e = self.free_entries.pop().ok_or_else(|| OutOfSpace {
+        let prev = self
+            .table
+            .push_version(vpn, 0)
+            .map_err(|_| OutOfSpace {
                 message: "no free page-table entry for a previous version".into(),
-            })?;
-            self.table[e as usize] = head;
-            prev = e;
-        }
+            })?
+            .prev;
         self.write_clock = self.write_clock.wrapping_add(1);
-        self.table[vpn as usize] = Pte::new(
-            mapping,
-            prev,
-            vector,
-            self.write_clock,
-            STATUS_MAPPED | PERM_READ | PERM_WRITE,
+        self.table.set_pte(
+            vpn as u32,
+            Pte::new(mapping, prev, vector, self.write_clock, WRITTEN),
         );
         self.chain_len[vpn as usize] = self.chain_len[vpn as usize].saturating_add(1);
         let mut done = now;
@@ -351,44 +294,16 @@ impl Journal {
         now: Ns,
         mut flash: Option<&mut FlashTiming>,
     ) -> Result<Ns, OutOfSpace> {
-        let upper = self.table.len() - self.virtual_pages as usize;
+        let upper = self.table.version_capacity() as usize;
         let target = (upper / 16).max(1);
         let mut done = now;
-        for vpn in self.chains_longest_first() {
-            if self.free_entries.len() >= target {
+        for vpn in longest_first(&self.chain_len) {
+            if self.table.version_capacity() - self.table.versions_used() >= target as u64 {
                 break;
             }
             done = done.max(self.consolidate(now, vpn.into(), false, flash.as_deref_mut())?);
         }
         Ok(done)
-    }
-
-    /// Pages with more than one version, longest chain first, then by
-    /// page number: a counting sort (chain lengths are a few versions; a
-    /// comparison sort of every page was a visible share of a run).
-    fn chains_longest_first(&self) -> Vec<u32> {
-        let longest = self.chain_len.iter().copied().max().unwrap_or(0) as usize;
-        // next[l]: where the next page with a chain of l goes.
-        let mut next = vec![0usize; longest + 2];
-        for &l in &self.chain_len {
-            if l > 1 {
-                next[l as usize] += 1;
-            }
-        }
-        let mut at = 0;
-        for l in (2..=longest).rev() {
-            let count = next[l];
-            next[l] = at;
-            at += count;
-        }
-        let mut order = vec![0u32; at];
-        for (vpn, &l) in self.chain_len.iter().enumerate() {
-            if l > 1 {
-                order[next[l as usize]] = vpn as u32;
-                next[l as usize] += 1;
-            }
-        }
-        order
     }
 
     /// Read the current segments of `vpn` and write them as one version,
@@ -426,7 +341,7 @@ impl Journal {
     fn drop_chain(&mut self, vpn: u64) {
         let mut e = vpn as u32;
         loop {
-            let pte = self.table[e as usize];
+            let pte = self.table.pte(e);
             if pte.mapped() {
                 for bit in 0..32u32 {
                     if pte.vector() >> bit & 1 == 1 {
@@ -438,15 +353,14 @@ impl Journal {
                 }
             }
             if e != vpn as u32 {
-                self.table[e as usize] = Pte::default();
-                self.free_entries.push(e);
+                self.table.free_version(e);
             }
             e = pte.prev();
             if e == 0 {
                 break;
             }
         }
-        self.table[vpn as usize] = Pte::default();
+        self.table.set_pte(vpn as u32, Pte::default());
         self.chain_len[vpn as usize] = 0;
     }
 
@@ -628,7 +542,7 @@ impl Journal {
             let mut e = vpn;
             let mut n = 0;
             loop {
-                let pte = self.table[e as usize];
+                let pte = self.table.pte(e);
                 if pte.mapped() {
                     n += 1;
                     for bit in 0..32u32 {
@@ -674,17 +588,6 @@ mod tests {
         c.flash.blocks_per_plane = 16;
         c.flash.pages_per_block = 64;
         c
-    }
-
-    #[test]
-    fn pte_packs_the_reports_layout() {
-        let p = Pte::new((1 << 34) - 1, (1 << 30) - 1, 0xDEAD_BEEF, 0xFF_FFFF, 0xA5);
-        assert_eq!(p.mapping(), (1 << 34) - 1);
-        assert_eq!(p.prev(), (1 << 30) - 1);
-        assert_eq!(p.vector(), 0xDEAD_BEEF);
-        assert_eq!(p.time(), 0xFF_FFFF);
-        assert_eq!(p.status(), 0xA5);
-        assert_eq!(std::mem::size_of::<Pte>(), 16);
     }
 
     #[test]

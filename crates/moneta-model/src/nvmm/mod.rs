@@ -8,8 +8,10 @@
 //! - [`controller`]: the hybrid controller: DRAM cache of flash-page-sized
 //!   blocks ([`cache`], tags in DRAM, [`dram`] timing), miss path,
 //!   prefetch, early write-back.
-//! - [`journal`]: the page table of 16-byte entries, version chains,
-//!   sub-page vectors, garbage collection, wear and retirement.
+//! - [`journal`]: the journal on physical flash: sub-page placement,
+//!   garbage collection of blocks, wear and retirement, over
+//!   [`page_table`] (16-byte entries of [`entry`], version chains, the
+//!   longest-first victim order), which libnvmm uses too (issue 24).
 //! - [`flash`]: ONFI channels, volumes, dies, planes with two registers,
 //!   FTL and die queues.
 //! - [`baseline`]: the all-DRAM upper bound and the DRAM + NVMe SSD system
@@ -48,9 +50,11 @@ pub mod calibration;
 pub mod config;
 pub mod controller;
 pub mod dram;
+pub mod entry;
 pub mod experiments;
 pub mod flash;
 pub mod journal;
+pub mod page_table;
 pub mod system;
 pub mod workload;
 

@@ -1,0 +1,3 @@
+//! Code shared by the integration tests and benchmarks of libnvmm.
+
+pub mod sqlite;
