@@ -237,13 +237,9 @@ fn check_fillers(fills: &[PathBuf]) -> Result<(), String> {
 
 /// The model a writer step leaves: (block, version) per line.
 fn model_blocks(p: &Path) -> Vec<(u64, u32)> {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let (a, b) = l.split_once(' ')?;
-            Some((a.parse().ok()?, b.parse().ok()?))
-        })
+    crate::pairs(p)
+        .into_iter()
+        .map(|(b, v)| (b, v as u32))
         .collect()
 }
 

@@ -1168,42 +1168,25 @@ impl Worker {
                 .join(format!("w{}.f{k}.model", self.cfg.worker));
             std::fs::write(out, &f.model).expect("writing a model");
         }
-        let stripe: String = self
-            .stripe
-            .iter()
-            .map(|(j, v)| format!("{j} {v}\n"))
-            .collect();
-        std::fs::write(
-            self.cfg
-                .results
-                .join(format!("w{}.stripe", self.cfg.worker)),
-            stripe,
-        )
-        .expect("writing the stripe model");
-        let mapped: String = self
-            .mapped_model
-            .iter()
-            .map(|(i, v)| format!("{i} {v}\n"))
-            .collect();
-        std::fs::write(
-            self.cfg
-                .results
-                .join(format!("w{}.mapped", self.cfg.worker)),
-            mapped,
-        )
-        .expect("writing the mapped model");
+        let pairs = |m: &BTreeMap<u64, u32>| -> String {
+            m.iter().map(|(k, v)| format!("{k} {v}\n")).collect()
+        };
         let contested: String = self
             .contested_mine
             .iter()
             .map(|i| format!("{i}\n"))
             .collect();
-        std::fs::write(
-            self.cfg
+        for (what, text) in [
+            ("stripe", pairs(&self.stripe)),
+            ("mapped", pairs(&self.mapped_model)),
+            ("contested", contested),
+        ] {
+            let out = self
+                .cfg
                 .results
-                .join(format!("w{}.contested", self.cfg.worker)),
-            contested,
-        )
-        .expect("writing the contested list");
+                .join(format!("w{}.{what}", self.cfg.worker));
+            std::fs::write(out, text).expect("writing a model");
+        }
         let _ = self.log.flush();
         Ok(())
     }
