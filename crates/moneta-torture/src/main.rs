@@ -284,6 +284,8 @@ struct Outcome {
     /// O_DIRECT reads the kernel failed with EIO (a delayed allocation in
     /// their range) where the shim read the model's bytes.
     kernel_dio_eio: u64,
+    /// (dev, ino) of the files on the mount before the shim run.
+    preexisting: std::collections::HashSet<(u64, u64)>,
     seconds: f64,
 }
 
@@ -320,6 +322,12 @@ fn run(a: &RunArgs) -> Outcome {
             return out;
         }
         let before = device_requests(a);
+        if phase == Phase::Shim {
+            // Files that were here before the shim run hold what earlier
+            // runs wrote: the scan for foreign units leaves them out (the
+            // kernel run's files are compared byte for byte instead).
+            out.preexisting = regular_files(&a.mount);
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let admin = (phase == Phase::Shim && a.admin).then(|| {
             let (dir, stop, mount, workers) =
@@ -702,7 +710,8 @@ fn check_final(a: &RunArgs, out: &mut Outcome, clones: &[Clone_]) {
     }
     // 5. Fill the disk, then scan every file for units that are not its own.
     let fills = if a.fill { fill_disk(&sdir) } else { Vec::new() };
-    scan_mount(&a.mount, out);
+    let skip = std::mem::take(&mut out.preexisting);
+    scan_mount(&a.mount, &skip, out);
     for f in fills {
         let _ = std::fs::remove_file(f);
     }
@@ -817,62 +826,80 @@ fn fill_disk(dir: &Path) -> Vec<PathBuf> {
     made
 }
 
-/// Every regular file under the mount: units must be of the file itself
-/// (private files may hold their worker's other files' units, which
-/// copies bring); fillers hold nothing but their byte.
-fn scan_mount(mount: &Path, out: &mut Outcome) {
-    let mut stack = vec![mount.to_path_buf()];
-    let mut reported = 0;
+/// Every regular file under `dir` (recursively).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut stack = vec![dir.to_path_buf()];
+    let mut files = Vec::new();
     while let Some(d) = stack.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else {
             continue;
         };
         for e in entries.flatten() {
-            let p = e.path();
-            let Ok(t) = e.file_type() else { continue };
-            if t.is_dir() {
-                stack.push(p);
-                continue;
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(e.path()),
+                Ok(t) if t.is_file() => files.push(e.path()),
+                _ => {}
             }
-            if !t.is_file() {
-                continue;
-            }
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            if name.starts_with("clone") {
-                continue; // checked by digest
-            }
-            let Ok(bytes) = read_path(&p) else { continue };
-            let allowed = allowed_ids(&name);
-            if name.starts_with("fill") {
-                if let Some(i) = bytes.iter().position(|&b| b != FILL_BYTE) {
-                    out.problems.push(format!(
+        }
+    }
+    files
+}
+
+/// (dev, ino) of every regular file under `dir`.
+fn regular_files(dir: &Path) -> std::collections::HashSet<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    walk(dir)
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino())))
+        .collect()
+}
+
+/// Every regular file under the mount that the shim run made (those from
+/// before it are in `skip`): units must be of the file itself
+/// (private files may hold their worker's other files' units, which
+/// copies bring); fillers hold nothing but their byte.
+fn scan_mount(mount: &Path, skip: &std::collections::HashSet<(u64, u64)>, out: &mut Outcome) {
+    use std::os::unix::fs::MetadataExt;
+    let mut reported = 0;
+    for p in walk(mount) {
+        if std::fs::metadata(&p).is_ok_and(|m| skip.contains(&(m.dev(), m.ino()))) {
+            continue;
+        }
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if name.starts_with("clone") {
+            continue; // checked by digest
+        }
+        let Ok(bytes) = read_path(&p) else { continue };
+        let allowed = allowed_ids(&name);
+        if name.starts_with("fill") {
+            if let Some(i) = bytes.iter().position(|&b| b != FILL_BYTE) {
+                out.problems.push(format!(
                         "{}: a filler holds foreign bytes at {i} (unit {:?}): a write reached freed blocks",
                         p.display(),
                         bytes.get(i / 16 * 16..i / 16 * 16 + 16).and_then(pattern::parse)
                     ));
+                reported += 1;
+            }
+            continue;
+        }
+        for (i, u) in bytes.chunks_exact(16).enumerate() {
+            if let Some((f, _, _)) = pattern::parse(u) {
+                if !allowed(f) {
+                    out.problems.push(format!(
+                        "{}: unit of file {f:#06x} at offset {}: another file's data",
+                        p.display(),
+                        i * 16
+                    ));
                     reported += 1;
-                }
-                continue;
-            }
-            for (i, u) in bytes.chunks_exact(16).enumerate() {
-                if let Some((f, _, _)) = pattern::parse(u) {
-                    if !allowed(f) {
-                        out.problems.push(format!(
-                            "{}: unit of file {f:#06x} at offset {}: another file's data",
-                            p.display(),
-                            i * 16
-                        ));
-                        reported += 1;
-                        break;
-                    }
+                    break;
                 }
             }
-            if reported > 20 {
-                return;
-            }
+        }
+        if reported > 20 {
+            return;
         }
     }
 }
