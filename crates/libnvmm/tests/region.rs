@@ -338,7 +338,9 @@ fn rollback_to_the_previous_sync_survives_garbage_collection() {
                     let off = rng.below(n.len() / 8) * 8;
                     n.write(off, &rng.next_u64().to_le_bytes()).unwrap();
                 }
-                let t = n.sync().unwrap();
+                let t = n
+                    .sync()
+                    .unwrap_or_else(|e| panic!("seed {seed} retain {retain} round {round}: {e}"));
                 kept.push((t, contents(&n)));
                 if kept.len() > retain as usize {
                     kept.remove(0);
