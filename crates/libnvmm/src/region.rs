@@ -74,7 +74,7 @@ pub struct Options {
     /// After a fault, keep polling for the next this long before sleeping.
     pub handler_spin_ns: u64,
     /// Syncs kept restorable whatever garbage collection needs: 1 ..=
-    /// [`crate::tokens::MAX_RETAIN`] (3), default 2 (the last sync and the
+    /// [`crate::tokens::MAX_RETAIN`] (2), default 2 (the last sync and the
     /// one before it). Older tokens stay restorable while there is room.
     pub retain_syncs: u64,
     /// The clock of flash completion times (None: the wall clock). A
@@ -335,7 +335,7 @@ impl State {
             return Err(NvmmError::new(
                 ErrorKind::Exhausted,
                 "the version area is full with only the retained syncs' versions left (a bug: \
-                 retain_syncs ≤ 3 always fits)",
+                 retain_syncs ≤ 2 always fits)",
             ));
         }
         Ok(())
@@ -805,7 +805,8 @@ fn prepare(path: &Path, size: u64, options: Options, real: bool) -> Result<Arc<S
         if !(1..=crate::tokens::MAX_RETAIN).contains(&options.retain_syncs) {
             return Err(bad(format!(
                 "retain_syncs {} is outside 1 ..= {}: the page table keeps three previous \
-                 versions per page, enough for that many restorable syncs",
+                 versions per page, which always hold that many restorable syncs and a \
+                 write-back's new version",
                 options.retain_syncs,
                 crate::tokens::MAX_RETAIN
             )));
@@ -1322,7 +1323,11 @@ impl Drop for Nvmm {
 }
 
 fn fatal(what: &str, e: &NvmmError) -> ! {
-    eprintln!("libnvmm: {what}: {e}; a faulting thread cannot be resumed, aborting");
+    // Straight to descriptor 2: a test harness captures eprintln! (in
+    // spawned threads too) and would lose the message with the process.
+    let msg = format!("libnvmm: {what}: {e}; a faulting thread cannot be resumed, aborting\n");
+    // SAFETY: writes a live buffer to stderr.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
     std::process::abort();
 }
 

@@ -8,10 +8,12 @@
 //! Retention (issue 24): garbage collection never discards any of the
 //! newest `retain` live tokens ([`Tokens::retain`], `Options::retain_syncs`,
 //! 2 by default: the last sync and the one before it). Keeping k tokens
-//! needs at most k + 1 versions of a page (one run per live token and the
-//! unsynced writes), so it always fits the page table's three previous
-//! versions per page: k ranges over 1 ..= 3 ([`MAX_RETAIN`]). Older tokens
-//! stay restorable while the version area has room for them.
+//! leaves up to k + 1 versions of a page after collection (one run per
+//! live token and one of unsynced writes), and a write-back may need one
+//! more entry before anything can merge; with the table's three previous
+//! versions per page that always fits for k ≤ 2 ([`MAX_RETAIN`]; k = 3
+//! was tried and ran out of entries when every page had four versions).
+//! Older tokens stay restorable while the version area has room.
 
 use crate::entry::MAX_TIME;
 use crate::error::{ErrorKind, NvmmError, Result};
@@ -21,8 +23,8 @@ use crate::error::{ErrorKind, NvmmError, Result};
 pub const MAX_ROLLED_BACK: usize = 1024;
 
 /// The most syncs a page table of three previous versions per page can
-/// always keep restorable.
-pub const MAX_RETAIN: u64 = crate::table::VERSIONS_PER_PAGE;
+/// always keep restorable (see the module header).
+pub const MAX_RETAIN: u64 = crate::table::VERSIONS_PER_PAGE - 1;
 
 /// Syncs kept restorable unless asked otherwise: the last and the previous.
 pub const DEFAULT_RETAIN: u64 = 2;

@@ -115,6 +115,16 @@ impl Layering {
         self.build(self.resolve(table, default_name)?)
     }
 
+    /// A configuration file (see [`Layering::load_toml`]); a file without
+    /// `name` is named after the file (`my-array.toml` → `my-array`).
+    pub fn load_file<T: Layered>(&self, path: &std::path::Path) -> Result<T, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| err("", e.to_string()))?;
+        let stem = path
+            .file_stem()
+            .map_or("config".into(), |s| s.to_string_lossy());
+        self.load_toml(&text, &stem)
+    }
+
     /// A layer with its `inherits` chain resolved and overlaid (a layer
     /// with no base still gets what its technologies imply).
     pub fn resolve(&self, layer: Table, origin: &str) -> Result<Table, ConfigError> {

@@ -464,11 +464,7 @@ impl Config {
     /// Load a configuration file (see [`Config::from_toml`]); a file without
     /// `name` is named after the file (`my-array.toml` → `my-array`).
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| err("", e.to_string()))?;
-        let stem = path
-            .file_stem()
-            .map_or("config".into(), |s| s.to_string_lossy());
-        Config::from_toml(&text, &stem)
+        layer::DEVICE.load_file(path)
     }
 
     /// Every key as TOML, loadable by [`Config::from_toml`] (`moneta config dump`).

@@ -270,11 +270,7 @@ impl NvmmConfig {
     }
 
     pub fn from_file(path: &std::path::Path) -> Result<NvmmConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| err("", e.to_string()))?;
-        let stem = path
-            .file_stem()
-            .map_or("config".into(), |s| s.to_string_lossy());
-        NvmmConfig::from_toml(&text, &stem)
+        NVMM.load_file(path)
     }
 
     pub fn to_toml(&self) -> String {
