@@ -1244,54 +1244,54 @@ fn splice_copy(sfd: i32, src_off: u64, dfd: i32, dst_off: u64, len: u64) -> Sys 
     }
 }
 
-fn send_fd(sock: i32, fd: i32) {
+/// `f` with a message of one byte and room for one descriptor
+/// (SCM_RIGHTS), in buffers that live for the call.
+fn with_fd_message<T>(f: impl FnOnce(&mut libc::msghdr) -> T) -> T {
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec {
         iov_base: byte.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // SAFETY: building one SCM_RIGHTS control message in a buffer we own.
-    unsafe {
-        let space = libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) as usize;
-        let mut control = vec![0u8; space];
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd);
-        libc::sendmsg(sock, &msg, 0);
-    }
+    // SAFETY: CMSG_SPACE is arithmetic on a constant.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    // SAFETY: a zeroed msghdr is valid; its pointers are set to our buffers.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space;
+    f(&mut msg)
+}
+
+fn send_fd(sock: i32, fd: i32) {
+    with_fd_message(|msg| {
+        // SAFETY: the control buffer has room for one header and descriptor.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<i32>(), fd);
+            libc::sendmsg(sock, msg, 0);
+        }
+    })
 }
 
 fn recv_fd(sock: i32) -> Option<i32> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: receiving one control message into a buffer we own.
-    unsafe {
-        let space = libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) as usize;
-        let mut control = vec![0u8; space];
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        if libc::recvmsg(sock, &mut msg, 0) <= 0 {
-            return None;
+    with_fd_message(|msg| {
+        // SAFETY: receiving into the message's own buffers.
+        unsafe {
+            if libc::recvmsg(sock, msg, 0) <= 0 {
+                return None;
+            }
+            let c = libc::CMSG_FIRSTHDR(msg);
+            if c.is_null() || (*c).cmsg_type != libc::SCM_RIGHTS {
+                return None;
+            }
+            Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>()))
         }
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        if c.is_null() || (*c).cmsg_type != libc::SCM_RIGHTS {
-            return None;
-        }
-        Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>()))
-    }
+    })
 }
 
 /// `moneta-torture exec-write FD LEN FILE VERSION`: the exec'd child of
