@@ -75,6 +75,10 @@ fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
                 "--rw=randwrite",
                 "--bs=4k",
                 "--size=32m",
+                // Written before it runs: writes into unwritten extents go
+                // through the kernel (which outlives monetad); overwrites
+                // are what the shim serves, and what must fail.
+                "--overwrite=1",
                 "--time_based",
                 "--runtime=120",
                 "--fsync=16",
