@@ -18,6 +18,7 @@ setup:
 	@command -v mkfs.xfs >/dev/null && command -v xfs_fsr >/dev/null || (apt-get update && apt-get install -y xfsprogs)
 	@command -v e4defrag >/dev/null || (apt-get update && apt-get install -y e2fsprogs)
 	@command -v blkdiscard >/dev/null && command -v losetup >/dev/null || (apt-get update && apt-get install -y util-linux)
+	@command -v clang >/dev/null || (apt-get update && apt-get install -y clang)
 	@command -v fio >/dev/null || (apt-get update && apt-get install -y fio)
 	@command -v sqlite3 >/dev/null || (apt-get update && apt-get install -y sqlite3)
 	@dpkg -s libdb5.3-dev >/dev/null 2>&1 || (apt-get update && apt-get install -y libdb5.3-dev)

@@ -217,8 +217,9 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             }
             if let Err(e) = plane.file_table().watch_file_system(&dir) {
                 eprintln!(
-                    "monetad: {e}; layout changes by processes outside the shim are not seen \
-                     (README, \"Direct-path contract\")"
+                    "monetad: watching {}: {e}; guarded by {} (README, \"Direct-path contract\")",
+                    dir.display(),
+                    plane.file_table().guard()
                 );
             }
         };

@@ -1822,9 +1822,16 @@ fn status_row(dir: PathBuf) -> serde_json::Value {
         ),
         _ => (None, None, None, None),
     };
+    // What guards the direct path's blocks: the daemon says (README,
+    // "Direct-path contract").
+    let guard = (word == "up")
+        .then(|| moneta::Moneta::connect(&inst.socket).ok()?.stats().ok())
+        .flatten()
+        .map(|s| s.guard);
     serde_json::json!({
         "mount": mount,
         "state": word,
+        "guard": guard,
         "fs": fs.map(Fs::name),
         "size_bytes": size,
         "preset": preset,
@@ -1885,6 +1892,9 @@ fn print_status(rows: &[serde_json::Value], root: &Path) {
             )),
             Some("down") if r["image_exists"] == true => {
                 notes.push(format!("{mount}: down, image kept: {}", text(&r["image"])))
+            }
+            Some("up") if r["guard"].is_string() => {
+                notes.push(format!("{mount}: guarded by {}", text(&r["guard"])))
             }
             _ => {}
         }

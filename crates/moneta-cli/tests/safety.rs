@@ -134,6 +134,15 @@ fn layout_change_then_reuse(fs: &str, name: &str, change: &dyn Fn(&Mounted, &Pat
     layout_change_then_reuse_after(fs, name, &|_, _| {}, change, true);
 }
 
+/// How monetad learns of the change in [`layout_change_then_reuse_with`].
+#[derive(Clone, Copy, PartialEq)]
+enum Guard {
+    /// fanotify and the block-free tracepoints (the default).
+    Both,
+    /// The file systems' block-free tracepoints alone (MONETA_GUARD).
+    Tracepoints,
+}
+
 /// [`layout_change_then_reuse`], running `before` ahead of the holder;
 /// `seen`: monetad must have been told of the change (else it must have
 /// kept the holder off the device for the file).
@@ -143,6 +152,17 @@ fn layout_change_then_reuse_after(
     before: &dyn Fn(&Mounted, &Path),
     change: &dyn Fn(&Mounted, &Path),
     seen: bool,
+) {
+    layout_change_then_reuse_with(fs, name, before, change, seen, Guard::Both);
+}
+
+fn layout_change_then_reuse_with(
+    fs: &str,
+    name: &str,
+    before: &dyn Fn(&Mounted, &Path),
+    change: &dyn Fn(&Mounted, &Path),
+    seen: bool,
+    guard: Guard,
 ) {
     if !root() {
         eprintln!("skipped: needs root");
@@ -154,7 +174,11 @@ fn layout_change_then_reuse_after(
         "ext4" => ("128M", 64 * MIB),
         _ => ("512M", 4 * MIB),
     };
-    let m = Mounted::up(name, fs, fs_size);
+    let env: &[(&str, &str)] = match guard {
+        Guard::Both => &[],
+        Guard::Tracepoints => &[("MONETA_GUARD", "tracepoints")],
+    };
+    let m = Mounted::up_with(name, fs, fs_size, env);
     let x = m.path("x");
     let y = m.path("y");
     before(&m, &x);
@@ -175,11 +199,16 @@ fn layout_change_then_reuse_after(
         "the holder reached the device: {before} requests (expected: {seen})"
     );
     let x_blocks = physical_ranges(&x);
-    let changes_before = m.stats()["files"]["layout_changes"].as_u64().unwrap();
+    // Which counter says monetad saw the change.
+    let counter = match guard {
+        Guard::Both => "layout_changes",
+        Guard::Tracepoints => "block_free_revocations",
+    };
+    let changes_before = m.stats()["files"][counter].as_u64().unwrap();
     change(&m, &x);
     assert!(
-        !seen || m.stats()["files"]["layout_changes"].as_u64().unwrap() > changes_before,
-        "monetad did not see the layout change"
+        !seen || m.stats()["files"][counter].as_u64().unwrap() > changes_before,
+        "monetad did not see the layout change ({counter})"
     );
     // The freeing transaction commits (ext4 reuses blocks only after).
     ok(Command::new("sync").output().unwrap(), "sync");
@@ -280,6 +309,33 @@ fn a_plain_hole_punch_in_a_held_file_revokes_the_holder() {
             "--length",
             "4194304",
         ]),
+    );
+}
+
+/// The block-free tracepoints alone (fanotify off) keep the holder out of
+/// blocks a plain process freed: the guard for frees that no open, access
+/// or ioctl hook reports.
+#[test]
+fn block_free_tracepoints_alone_revoke_the_holder_on_xfs() {
+    layout_change_then_reuse_with(
+        "xfs",
+        "tracepoints-xfs",
+        &|_, _| {},
+        &plain_change(&["truncate", "-s", "0"]),
+        true,
+        Guard::Tracepoints,
+    );
+}
+
+#[test]
+fn block_free_tracepoints_alone_revoke_the_holder_on_ext4() {
+    layout_change_then_reuse_with(
+        "ext4",
+        "tracepoints-ext4",
+        &|_, _| {},
+        &plain_change(&["truncate", "-s", "0"]),
+        true,
+        Guard::Tracepoints,
     );
 }
 

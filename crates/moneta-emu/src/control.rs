@@ -522,6 +522,7 @@ impl ControlPlane {
             Request::Stats {} => {
                 let mut stats = self.engine.stats()?;
                 stats.files = self.files.stats();
+                stats.guard = self.files.guard();
                 Ok((Response::Stats(Box::new(stats)), None))
             }
             Request::OpenFile {} => {

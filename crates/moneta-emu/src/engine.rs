@@ -202,6 +202,10 @@ pub struct EngineStats {
     /// The control plane's file grants (filled in by the control plane).
     #[serde(default)]
     pub files: crate::file_table::FileTableStats,
+    /// What guards the watched file system's granted blocks (README,
+    /// "Direct-path contract"); empty before a file system is watched.
+    #[serde(default)]
+    pub guard: String,
     /// A SAN node's network port.
     #[serde(default)]
     pub san: Option<PortStats>,
@@ -262,6 +266,9 @@ struct Shared {
     /// ends a nap (the wire watcher sleeps on it meanwhile).
     napping: AtomicBool,
     nap_word: AtomicU32,
+    /// Block frees the file systems reported and the control plane has not
+    /// applied yet: no command is taken meanwhile (issue 20, free_watch.rs).
+    free_fence: std::sync::OnceLock<Arc<crate::free_watch::FreeFence>>,
 }
 
 impl Shared {
@@ -293,6 +300,7 @@ impl Shared {
             doorbell,
             napping: AtomicBool::new(false),
             nap_word: AtomicU32::new(0),
+            free_fence: std::sync::OnceLock::new(),
         }))
     }
 }
@@ -485,6 +493,12 @@ impl Engine {
         self.shared.channels.write().expect("channels")[id as usize] = None;
         self.shared.allocated.lock().expect("allocated")[id as usize] = false;
         Ok(())
+    }
+
+    /// From now on take no command while `fence` says a block free is
+    /// pending (the first fence set stays).
+    pub fn set_free_fence(&self, fence: Arc<crate::free_watch::FreeFence>) {
+        let _ = self.shared.free_fence.set(fence);
     }
 
     /// Apply permission-table edits (the update protocol of SPEC §3.3). All
@@ -947,6 +961,10 @@ impl<C: StampClock> DeviceThread<C> {
 
     /// Take new commands from the channels' slots, round robin over channels.
     fn poll_channels(&mut self, now: Ns) -> bool {
+        if self.shared.free_fence.get().is_some_and(|f| f.pending()) {
+            // Busy, not idle: the watcher applies it within microseconds.
+            return true;
+        }
         let n = self.active.len();
         let mut worked = false;
         for i in self.round_robin.pass(n) {

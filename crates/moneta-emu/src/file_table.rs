@@ -52,6 +52,7 @@ use crate::control::FileExtent;
 use crate::engine::Engine;
 use crate::error::{EmuError, ErrorKind};
 use crate::files::{GrantedFile, InodeId};
+use crate::free_watch::{FreeHandler, FreeWatch, FreedRange};
 use crate::layout_watch::{Handler, LayoutEvent, LayoutWatch};
 use crate::protection::Update;
 use crate::sys;
@@ -195,6 +196,19 @@ pub struct FileTableStats {
     /// Soft misses that granted nothing because the page cache held pages
     /// of the range it could not drop (mapped, locked or dirtied meanwhile).
     pub grants_refused_cached: u64,
+    /// Whether the file systems' block-free tracepoints guard the mount
+    /// (free_watch.rs): every freed block is revoked before reuse.
+    #[serde(default)]
+    pub block_free_guard: bool,
+    /// Block frees reported on watched file systems.
+    #[serde(default)]
+    pub block_frees: u64,
+    /// Of them, frees of blocks some channel was granted (each revoked).
+    #[serde(default)]
+    pub block_free_revocations: u64,
+    /// Device turns that took no command while a free was being applied.
+    #[serde(default)]
+    pub free_fence_stalls: u64,
 }
 
 /// Every channel's file grants, by inode.
@@ -215,6 +229,9 @@ pub struct FileTable {
     /// Where the watched file system is mounted (the /proc scans look only
     /// at descriptors under it).
     mount_root: Mutex<Option<std::path::PathBuf>>,
+    /// The file systems' reports of freed blocks (started with the file
+    /// system's watch; the reason if it could not start).
+    frees: OnceLock<Result<FreeWatch, String>>,
     me: Weak<FileTable>,
 }
 
@@ -228,6 +245,7 @@ impl FileTable {
             covered: Mutex::new(None),
             session_pids: Mutex::new(HashMap::new()),
             mount_root: Mutex::new(None),
+            frees: OnceLock::new(),
             me: me.clone(),
         })
     }
@@ -241,6 +259,10 @@ impl FileTable {
         // Only if started: statistics must not start the watcher.
         let started = self.watch.get().and_then(|w| w.as_ref());
         let watch = started.map(|w| w.stats()).unwrap_or_default();
+        let frees = match self.frees.get() {
+            Some(Ok(f)) => f.stats(),
+            _ => Default::default(),
+        };
         FileTableStats {
             files_open: t.files.len() as u64,
             inodes_held: t.inodes.values().filter(|s| !s.holders.is_empty()).count() as u64,
@@ -258,14 +280,22 @@ impl FileTable {
             layout_watch: started.is_some(),
             kernel_events: watch.events,
             kernel_event_handler_ns_max: watch.handler_ns_max,
+            block_free_guard: frees.running,
+            block_frees: frees.frees,
+            free_fence_stalls: frees.fence_stalls,
             ..*self.stats.lock().expect("stats")
         }
     }
 
-    /// The layout watcher, started on first use.
+    /// The layout watcher, started on first use (never with
+    /// `MONETA_GUARD=tracepoints`, which tests the block-free guard alone).
     fn watcher(&self) -> Option<&LayoutWatch> {
         self.watch
             .get_or_init(|| {
+                if std::env::var_os("MONETA_GUARD").is_some_and(|g| g == "tracepoints") {
+                    eprintln!("monetad: MONETA_GUARD=tracepoints: no fanotify layout watch");
+                    return None;
+                }
                 let me = self.me.clone();
                 let handler: Handler = Arc::new(move |e: &LayoutEvent| {
                     if let Some(t) = me.upgrade() {
@@ -308,6 +338,7 @@ impl FileTable {
     /// (a daemon restart) are noted — a process outside the shim with such
     /// an open keeps the file from being granted.
     pub fn watch_file_system(&self, dir: &std::path::Path) -> Result<(), EmuError> {
+        let frees = self.watch_frees(dir);
         let watcher = self.watcher().ok_or_else(|| {
             EmuError::new(
                 crate::error::ErrorKind::Io,
@@ -315,14 +346,94 @@ impl FileTable {
             )
         })?;
         let mut covered = self.covered.lock().expect("covered");
-        if covered.is_some() {
-            return Ok(());
+        if covered.is_none() {
+            watcher.cover_file_system(dir)?;
+            let root = mount_point_of(dir);
+            *covered = Some(sys::inodes_open_under(&root));
+            *self.mount_root.lock().expect("mount root") = Some(root);
         }
-        watcher.cover_file_system(dir)?;
-        let root = mount_point_of(dir);
-        *covered = Some(sys::inodes_open_under(&root));
-        *self.mount_root.lock().expect("mount root") = Some(root);
-        Ok(())
+        frees
+    }
+
+    /// Learn of every block the file system holding `dir` frees (README,
+    /// "Direct-path contract"): an error says why not, and the mount keeps
+    /// fanotify's guard alone.
+    fn watch_frees(&self, dir: &std::path::Path) -> Result<(), EmuError> {
+        let started = self.frees.get_or_init(|| {
+            let me = self.me.clone();
+            let handler: FreeHandler = Arc::new(move |frees: &[FreedRange]| {
+                if let Some(t) = me.upgrade() {
+                    t.on_frees(frees);
+                }
+            });
+            let watch = FreeWatch::start(handler).map_err(|e| e.message)?;
+            self.engine.set_free_fence(watch.fence());
+            Ok(watch)
+        });
+        match started {
+            Ok(watch) => watch.watch_file_system(dir),
+            Err(why) => Err(EmuError::new(crate::error::ErrorKind::Io, why.clone())),
+        }
+    }
+
+    /// Which mechanisms guard the watched file system against blocks moved
+    /// or freed under a grant (for `moneta status`).
+    pub fn guard(&self) -> String {
+        let fanotify = self.watch.get().is_some_and(|w| w.is_some());
+        let frees = match self.frees.get() {
+            Some(Ok(f)) => Ok(f.watched().join(",")),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("not started".into()),
+        };
+        match (fanotify, frees) {
+            (true, Ok(tps)) => format!("fanotify pre-content + block-free tracepoints ({tps})"),
+            (true, Err(why)) => {
+                format!("fanotify pre-content only (block-free tracepoints: {why})")
+            }
+            (false, Ok(tps)) => format!("block-free tracepoints only ({tps}; no fanotify)"),
+            (false, Err(_)) => "none: no fanotify pre-content events and no block-free \
+                                tracepoints (README, \"Direct-path contract\")"
+                .into(),
+        }
+    }
+
+    /// The file system freed blocks (on the free watcher's thread; the
+    /// device takes no command until this returns): every channel's grant
+    /// of a freed block is revoked, and every map of an inode on that file
+    /// system in progress starts over (its FIEMAP may predate the free).
+    fn on_frees(&self, frees: &[FreedRange]) {
+        let mut t = self.lock();
+        let Table { files, inodes } = &mut *t;
+        let mut updates = Vec::new();
+        let mut hit = 0u64;
+        for (&(channel, file_id), f) in files.iter_mut() {
+            let dev = f.inode().dev;
+            let mut lost = false;
+            for r in frees.iter().filter(|r| r.dev == dev) {
+                for (from, to) in f.logical_on_device(r.start, r.len) {
+                    let u = f.revoke_range(channel, from, to);
+                    lost |= !u.is_empty();
+                    updates.extend(u);
+                }
+            }
+            if lost {
+                hit += 1;
+                self.bump_epoch(channel, file_id);
+            }
+        }
+        for (inode, st) in inodes.iter_mut() {
+            if frees.iter().any(|r| r.dev == inode.dev) {
+                st.generation += 1;
+            }
+        }
+        if !updates.is_empty() {
+            if let Err(e) = self.engine.update_permissions(updates) {
+                eprintln!("monetad: revoking freed blocks: {e}");
+            }
+        }
+        let mut stats = self.stats.lock().expect("stats");
+        stats.block_free_revocations += hit;
+        stats.revocations += hit;
     }
 
     /// Take a file opened for `(channel, file_id)`; its inode is watched

@@ -350,6 +350,25 @@ impl GrantedFile {
         self.revoke_range(channel, from, u64::MAX)
     }
 
+    /// The file ranges `[from, to)` whose grants lie on block-device bytes
+    /// `[start, start + len)` (none for a grant of the device itself).
+    pub fn logical_on_device(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        if self.device_bytes.is_some() {
+            return Vec::new();
+        }
+        let lo = self.base.saturating_add(start);
+        let hi = lo.saturating_add(len);
+        self.grants
+            .values()
+            .filter(|g| g.start < hi && lo < g.start.saturating_add(g.len))
+            .map(|g| {
+                let from = g.logical + (lo.max(g.start) - g.start);
+                let to = g.logical + (hi.min(g.start + g.len) - g.start);
+                (from, to)
+            })
+            .collect()
+    }
+
     /// Revoke this channel's grants of the file over `[from, to)`.
     pub fn revoke_range(&mut self, channel: u16, from: u64, to: u64) -> Vec<Update> {
         if self.take_grants(from, to).is_empty() {
@@ -650,6 +669,21 @@ mod tests {
         let u = f.replace(1, 20, 100, &[extent(20, 1020, 20), extent(60, 5000, 40)]);
         assert!(!u.iter().any(|u| matches!(u, Update::RemoveFile { .. })));
         assert_eq!(grants(&f), [(0, 1000, 40), (60, 5000, 40)], "merged back");
+    }
+
+    #[test]
+    fn a_freed_block_is_found_by_its_device_address() {
+        let mut f = file(READ | WRITE);
+        f.base = 100;
+        f.replace(1, 0, 100, &[extent(0, 1100, 40), extent(60, 5100, 40)]);
+        // Device bytes 1010..1030 are medium bytes 1110..1130: file 10..30.
+        assert_eq!(f.logical_on_device(1010, 20), [(10, 30)]);
+        // A free across both grants (and the gap between) finds both parts.
+        assert_eq!(f.logical_on_device(1030, 4010), [(30, 40), (60, 100)]);
+        assert!(f.logical_on_device(2000, 100).is_empty());
+        let u = f.revoke_range(1, 10, 30);
+        assert_eq!(installs(&u), [(1100, 10), (1130, 10), (5100, 40)]);
+        assert!(f.logical_on_device(1010, 20).is_empty(), "revoked");
     }
 
     #[test]

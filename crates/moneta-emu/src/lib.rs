@@ -11,6 +11,8 @@
 //! - [`medium`]: anonymous memory or a memory-mapped image file.
 //! - [`control`], [`daemon`]: the trusted control plane and `monetad`.
 //! - [`files`]: file grants from the kernel (descriptor checks, FIEMAP).
+//! - [`layout_watch`], [`free_watch`]: what the kernel says of held files
+//!   (fanotify) and of freed blocks (the file systems' tracepoints, BPF).
 //! - [`wall_clock`]: the clock that makes it an emulator.
 
 pub mod channel;
@@ -21,6 +23,7 @@ pub mod engine;
 pub mod error;
 pub mod file_table;
 pub mod files;
+pub mod free_watch;
 pub mod layout_watch;
 pub mod medium;
 pub mod san_file;

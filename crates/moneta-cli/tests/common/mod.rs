@@ -28,10 +28,16 @@ pub struct Mounted {
 
 impl Mounted {
     pub fn up(name: &str, fs: &str, size: &str) -> Mounted {
+        Mounted::up_with(name, fs, size, &[])
+    }
+
+    /// [`Mounted::up`] with `env` in monetad's environment.
+    pub fn up_with(name: &str, fs: &str, size: &str, env: &[(&str, &str)]) -> Mounted {
         let mount = std::env::temp_dir().join(format!("moneta-prog-{}-{name}", std::process::id()));
         let m = Mounted { mount };
         ok(
             moneta()
+                .envs(env.iter().copied())
                 .args(["up", "--fs", fs, "--size", size, "--mount"])
                 .arg(&m.mount)
                 .output()
