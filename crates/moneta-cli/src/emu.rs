@@ -56,6 +56,12 @@ pub struct ServeArgs {
     /// passes its mount).
     #[arg(long)]
     watch_fs: Option<PathBuf>,
+    /// A file that carries this device's whole medium from byte 0 besides
+    /// the image: the nbdfuse file over this daemon's own NBD export
+    /// (`moneta up --kernel-path device` passes it). Files on a loop device
+    /// over it are granted the direct path as over the image.
+    #[arg(long)]
+    image_alias: Option<PathBuf>,
     /// Also serve the device over NBD here: tcp://HOST:PORT or unix:PATH
     /// (repeatable). Clients reach it as nbd://HOST:PORT/NAME or
     /// nbd+unix:///NAME?socket=PATH.
@@ -201,6 +207,12 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     let plane = Arc::new(ControlPlane::new(engine, owner));
     if san.is_some() {
         plane.set_san_faults(faults);
+    }
+    if let Some(alias) = &a.image_alias {
+        if a.image.is_none() {
+            return Err("--image-alias needs --image (the medium it carries)".into());
+        }
+        plane.set_image_alias(alias.clone());
     }
     if let Some(dir) = &a.watch_fs {
         // With the kernel path through NBD (`moneta up --kernel-path

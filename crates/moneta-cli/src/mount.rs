@@ -1455,7 +1455,8 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
         .append(true)
         .open(&inst.fuse_log)
         .map_err(|e| format!("{}: {e}", inst.fuse_log.display()))?;
-    let uri = format!("nbd+unix:///moneta?socket={}", inst.nbd_socket.display());
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let uri = moneta_nbd::unix_uri("moneta", &inst.nbd_socket);
     let mut cmd = Command::new("nbdfuse");
     cmd.arg(&inst.fuse_file).arg(&uri);
     let pid = spawn_detached(&mut cmd, log, &inst.fuse_log)
@@ -1470,9 +1471,9 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
     loop {
         if let Some(status) = reap(pid as i32) {
             return Err(format!(
-                "nbdfuse exited (status {status}) before serving {}; see {}",
+                "nbdfuse exited (status {status}) before serving {}; {}",
                 inst.fuse_file.display(),
-                inst.fuse_log.display()
+                log_tail(&inst.fuse_log, log_start)
             ));
         }
         if fs::metadata(&inst.fuse_file).is_ok_and(|m| m.len() == size) {
@@ -1480,10 +1481,10 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
         }
         if started.elapsed() > SOCKET_WAIT {
             return Err(format!(
-                "nbdfuse (pid {pid}) did not serve {} within {} s; see {}",
+                "nbdfuse (pid {pid}) did not serve {} within {} s; {}",
                 inst.fuse_file.display(),
                 SOCKET_WAIT.as_secs(),
-                inst.fuse_log.display()
+                log_tail(&inst.fuse_log, log_start)
             ));
         }
         interrupted()?;
@@ -1593,8 +1594,13 @@ fn start_daemon(
         .arg("--watch-fs")
         .arg(&inst.mount);
     if nbd {
+        // The loop device goes over nbdfuse's file, which carries the
+        // daemon's own export "moneta" (the whole medium): files there are
+        // granted as on the image, so the direct path stays.
         cmd.arg("--nbd")
-            .arg(format!("unix:{}", inst.nbd_socket.display()));
+            .arg(format!("unix:{}", inst.nbd_socket.display()))
+            .arg("--image-alias")
+            .arg(&inst.fuse_file);
     }
     let _ = writeln!(
         log,

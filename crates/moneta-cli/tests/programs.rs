@@ -256,3 +256,80 @@ fn posix_calls_through_the_shim_give_the_kernels_transcript() {
     }
     assert_eq!(a.lines().count(), b.lines().count());
 }
+
+/// Calls of `name` in an `strace -c` summary.
+fn strace_calls(summary: &str, name: &str) -> u64 {
+    summary
+        .lines()
+        .find(|l| l.split_whitespace().last() == Some(name))
+        .and_then(|l| {
+            // % time, seconds, usecs/call, calls, [errors,] syscall
+            l.split_whitespace().nth(3)?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// `moneta up --kernel-path device` keeps the direct path (issue 21): the
+/// kernel's share pays the device's timing through NBD, and the shim's
+/// overwrites still go to the device without a system call. The mount
+/// path holds '_' and a space (escaped in the state directory's name and
+/// in nbdfuse's URI).
+#[test]
+fn a_kernel_path_device_mount_with_an_odd_path_keeps_the_direct_path() {
+    let m = Mounted::up_with(
+        "kpath dev_x",
+        "xfs",
+        "512M",
+        &[],
+        &["--kernel-path", "device"],
+    );
+    let summary = std::env::temp_dir().join(format!("moneta-strace-{}", std::process::id()));
+    let filename = format!("--filename={}", m.path("fio.dat").display());
+    let out = ok(
+        m.run(
+            "strace",
+            &[
+                "-f",
+                "-c",
+                "-o",
+                summary.to_str().unwrap(),
+                "-e",
+                "trace=pread64,pwrite64",
+                "fio",
+                "--name=kpath",
+                &filename,
+                "--ioengine=psync",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--size=4m",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_state_save=0",
+                "--overwrite=1",
+                "--output-format=json",
+            ],
+        )
+        .output()
+        .unwrap(),
+        "fio through the shim on a --kernel-path device mount",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["jobs"][0]["error"], 0, "fio reports an error");
+    assert_eq!(
+        v["jobs"][0]["read"]["io_bytes"],
+        4 << 20,
+        "all data verified"
+    );
+    let text = std::fs::read_to_string(&summary).unwrap();
+    let _ = std::fs::remove_file(&summary);
+    // 1,024 random writes and 1,024 verifying reads; through the kernel
+    // each would be a pwrite64 or pread64 (2,002 were counted before).
+    let (writes, reads) = (
+        strace_calls(&text, "pwrite64"),
+        strace_calls(&text, "pread64"),
+    );
+    assert!(
+        writes + reads <= 2048 / 20,
+        "{writes} pwrite64 and {reads} pread64 reached the kernel: the direct path was lost\n{text}"
+    );
+}

@@ -178,7 +178,7 @@ fn layout_change_then_reuse_with(
         Guard::Both => &[],
         Guard::Tracepoints => &[("MONETA_GUARD", "tracepoints")],
     };
-    let m = Mounted::up_with(name, fs, fs_size, env);
+    let m = Mounted::up_with(name, fs, fs_size, env, &[]);
     let x = m.path("x");
     let y = m.path("y");
     before(&m, &x);

@@ -357,6 +357,10 @@ pub struct ControlPlane {
     files: Arc<FileTable>,
     /// A SAN node's fault injector (`moneta san fault`).
     san_faults: Mutex<Option<moneta_wire::FaultHandle>>,
+    /// A file that serves the whole medium from its byte 0 besides the
+    /// image (the nbdfuse file of `moneta up --kernel-path device`): a file
+    /// system on a loop device over it is granted as one over the image.
+    image_alias: Mutex<Option<std::path::PathBuf>>,
 }
 
 impl ControlPlane {
@@ -367,7 +371,28 @@ impl ControlPlane {
             owner_uid,
             grants: Mutex::new(HashMap::new()),
             san_faults: Mutex::new(None),
+            image_alias: Mutex::new(None),
         }
+    }
+
+    /// Grant files on a loop device over `path` as over the image: the
+    /// daemon's owner vouches that `path` serves this device's whole medium
+    /// from byte 0 (`moneta up --kernel-path device` passes its nbdfuse
+    /// file, which reads and writes the daemon's own NBD export).
+    pub fn set_image_alias(&self, path: std::path::PathBuf) {
+        *self.image_alias.lock().expect("alias") = Some(path);
+    }
+
+    /// (st_dev, st_ino) of every file whose loop devices carry the medium.
+    fn medium_files(&self) -> Vec<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let mut ids: Vec<(u64, u64)> = self.engine.medium().image_identity().into_iter().collect();
+        if let Some(alias) = self.image_alias.lock().expect("alias").as_ref() {
+            if let Ok(m) = std::fs::metadata(alias) {
+                ids.push((m.dev(), m.ino()));
+            }
+        }
+        ids
     }
 
     /// The handle of the faults this SAN node's link injects.
@@ -544,8 +569,7 @@ impl ControlPlane {
                     EmuError::new(ErrorKind::Protocol, "this channel ran out of file ids")
                 })?;
                 let key = (u64::from(channel) << 32) | u64::from(file_id);
-                let image = self.engine.medium().image_identity();
-                let (file, opened) = GrantedFile::open(fd, key, image)?;
+                let (file, opened) = GrantedFile::open(fd, key, &self.medium_files())?;
                 session.last_file_id = file_id;
                 self.files.open(channel, file_id, file);
                 session.files.insert(file_id);

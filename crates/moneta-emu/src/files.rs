@@ -151,12 +151,14 @@ pub struct GrantedFile {
 }
 
 impl GrantedFile {
-    /// Check the descriptor and take it. `image` is the (device, inode) of
-    /// the medium's image file; `key` the records' file key.
+    /// Check the descriptor and take it. `images` are the (device, inode)
+    /// of the files that carry the medium from byte 0 (the image file, and
+    /// the nbdfuse file of a kernel path through the device); `key` the
+    /// records' file key.
     pub fn open(
         fd: OwnedFd,
         key: u64,
-        image: Option<(u64, u64)>,
+        images: &[(u64, u64)],
     ) -> Result<(GrantedFile, Opened), EmuError> {
         let raw = fd.as_raw_fd();
         let st = sys::fstat(raw).map_err(|e| EmuError::io("fstat of the descriptor", e))?;
@@ -177,13 +179,13 @@ impl GrantedFile {
                 )))
             }
         };
-        let image = image.ok_or_else(|| {
-            unauthorized(
+        if images.is_empty() {
+            return Err(unauthorized(
                 "this device's medium is anonymous memory, so no file system lives on it \
                  (serve an --image)",
-            )
-        })?;
-        let base = device_base(dev, image)?;
+            ));
+        }
+        let base = device_base(dev, images)?;
         let mut perms = match flags & libc::O_ACCMODE {
             libc::O_RDONLY => READ,
             // The kernel refuses read(2) on a write-only descriptor, so
@@ -591,9 +593,9 @@ fn block_device_bytes(dev: libc::dev_t) -> Result<u64, EmuError> {
 }
 
 /// Where byte 0 of block device `dev` lies on the medium, if `dev` is a
-/// loop device whose backing file is the image (partitions of one are not
-/// recognized).
-fn device_base(dev: libc::dev_t, image: (u64, u64)) -> Result<u64, EmuError> {
+/// loop device whose backing file is one of `images` (partitions of one are
+/// not recognized).
+fn device_base(dev: libc::dev_t, images: &[(u64, u64)]) -> Result<u64, EmuError> {
     let name = format!("{}:{}", libc::major(dev), libc::minor(dev));
     let not_ours = |why: String| {
         unauthorized(format!(
@@ -607,7 +609,7 @@ fn device_base(dev: libc::dev_t, image: (u64, u64)) -> Result<u64, EmuError> {
     let backing = backing.trim_end_matches('\n');
     let meta = std::fs::metadata(backing)
         .map_err(|e| not_ours(format!("a loop device over {backing} ({e})")))?;
-    if (meta.dev(), meta.ino()) != image {
+    if !images.contains(&(meta.dev(), meta.ino())) {
         return Err(not_ours(format!(
             "a loop device over {backing}, which is not the image"
         )));

@@ -137,14 +137,8 @@ fn main() -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let uris = [
-        (
-            "monetad null",
-            format!("nbd+unix:///moneta?socket={}", ours.display()),
-        ),
-        (
-            "nbdkit memory",
-            format!("nbd+unix:///?socket={}", theirs.display()),
-        ),
+        ("monetad null", moneta_nbd::unix_uri("moneta", &ours)),
+        ("nbdkit memory", moneta_nbd::unix_uri("", &theirs)),
     ];
     let result = std::thread::scope(|scope| -> Result<serde_json::Value, String> {
         scope.spawn(|| server.run(&stop));

@@ -20,3 +20,40 @@ pub mod server;
 pub use client::NbdClient;
 
 pub use server::{negotiate, Export, Listen, NbdServer, Negotiated};
+
+/// The NBD URI of export `export` on the Unix socket `socket`
+/// (`nbd+unix:///EXPORT?socket=PATH`, NetworkBlockDevice/nbd
+/// `doc/uri.md`), with every byte outside RFC 3986's unreserved set and
+/// `/` percent-encoded: a path holding `%`, `_`-escapes, spaces, `&` or
+/// `#` reaches the tools as the same path.
+pub fn unix_uri(export: &str, socket: &std::path::Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    fn escape(bytes: &[u8]) -> String {
+        let mut out = String::with_capacity(bytes.len());
+        for &b in bytes {
+            if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+                out.push(b as char);
+            } else {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        }
+        out
+    }
+    format!(
+        "nbd+unix:///{}?socket={}",
+        escape(export.as_bytes()),
+        escape(socket.as_os_str().as_bytes())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unix_uris_escape_what_a_uri_would_misread() {
+        let uri = super::unix_uri("moneta", std::path::Path::new("/run/a b/_x%5Fy&z#/s.sock"));
+        assert_eq!(
+            uri,
+            "nbd+unix:///moneta?socket=/run/a%20b/_x%255Fy%26z%23/s.sock"
+        );
+    }
+}

@@ -94,7 +94,7 @@ impl Server {
     }
 
     fn uri(&self, export: &str) -> String {
-        format!("nbd+unix:///{export}?socket={}", self.socket.display())
+        moneta_nbd::unix_uri(export, &self.socket)
     }
 
     fn file(&self, name: &str) -> PathBuf {

@@ -28,17 +28,26 @@ pub struct Mounted {
 
 impl Mounted {
     pub fn up(name: &str, fs: &str, size: &str) -> Mounted {
-        Mounted::up_with(name, fs, size, &[])
+        Mounted::up_with(name, fs, size, &[], &[])
     }
 
-    /// [`Mounted::up`] with `env` in monetad's environment.
-    pub fn up_with(name: &str, fs: &str, size: &str, env: &[(&str, &str)]) -> Mounted {
+    /// [`Mounted::up`] with `env` in monetad's environment and `extra`
+    /// arguments to `moneta up`.
+    pub fn up_with(
+        name: &str,
+        fs: &str,
+        size: &str,
+        env: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Mounted {
         let mount = std::env::temp_dir().join(format!("moneta-prog-{}-{name}", std::process::id()));
         let m = Mounted { mount };
         ok(
             moneta()
                 .envs(env.iter().copied())
-                .args(["up", "--fs", fs, "--size", size, "--mount"])
+                .args(["up", "--fs", fs, "--size", size])
+                .args(extra)
+                .arg("--mount")
                 .arg(&m.mount)
                 .output()
                 .unwrap(),
@@ -62,11 +71,21 @@ impl Mounted {
         c
     }
 
+    /// The daemon's socket: in the state directory named after the mount
+    /// ('/' → '_', with '_' and '%' percent-escaped, as `moneta up` names it).
     pub fn socket(&self) -> String {
-        format!(
-            "/run/moneta/{}/monetad.sock",
-            self.mount.to_string_lossy().replace('/', "_")
-        )
+        let name: String = self
+            .mount
+            .to_string_lossy()
+            .chars()
+            .map(|c| match c {
+                '/' => "_".to_string(),
+                '_' => "%5F".to_string(),
+                '%' => "%25".to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        format!("/run/moneta/{name}/monetad.sock")
     }
 
     /// The daemon's counters (`moneta stats`).
