@@ -451,6 +451,11 @@ fn warn_if_threads_exceed_cores(client_threads: u32) {
 }
 
 fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
+    if !s.faithful {
+        // On stderr whatever the format: the numbers are the host's, not
+        // the modeled device's.
+        eprintln!("moneta: warning: {}", s.verdict);
+    }
     match format {
         Format::Json => output::print_json(s),
         Format::Csv => output::print_csv(std::slice::from_ref(s)),
@@ -516,6 +521,17 @@ fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
             for (span, us) in &s.breakdown_us {
                 println!("  {span:<36} {us:>9.3}");
             }
+            let f = &s.fidelity;
+            println!(
+                "verdict: {} (seen {:.2} µs after the model time: mean, p50 {:.2}, p99 {:.2}; \
+                 {:.1} runnable threads on {} cores)",
+                s.verdict,
+                f.behind_us_mean,
+                f.behind_us_p50,
+                f.behind_us_p99,
+                f.runnable_threads_mean,
+                f.cores
+            );
             Ok(())
         }
     }

@@ -188,3 +188,56 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_bad_flags_are_errors() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/monetad.sock"));
 }
+
+/// Under contention (more busy threads than cores) a benchmark says "not
+/// faithful" (issue 21): on stderr and in its JSON, instead of printing the
+/// host's numbers as the device's.
+#[test]
+fn a_bench_beside_busy_loops_says_it_is_not_faithful() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Bounded busy loops: they stop when the bench is done, or after 20 s.
+    let spinners: Vec<_> = (0..cores + 1)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                    && t0.elapsed() < Duration::from_secs(20)
+                {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    let o = moneta()
+        .args([
+            "bench",
+            "--preset",
+            "onyx-late",
+            "--op",
+            "read",
+            "--size",
+            "4096",
+            "--duration-ms",
+            "500",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v = json(&o);
+    assert_eq!(v["faithful"], false, "{v}");
+    let verdict = v["verdict"].as_str().unwrap();
+    assert!(verdict.starts_with("not faithful"), "{verdict}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("not faithful"),
+        "no warning on stderr"
+    );
+    assert!(v["fidelity"]["runnable_threads_mean"].as_f64().unwrap() > 0.0);
+}
