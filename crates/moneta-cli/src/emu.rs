@@ -540,11 +540,7 @@ fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
 pub fn stats(socket: &Path) -> Result<(), String> {
     let m = Moneta::connect(socket).map_err(|e| e.to_string())?;
     let s = m.stats().map_err(|e| e.to_string())?;
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&s).expect("stats serialize")
-    );
-    Ok(())
+    crate::output::print_json(&s)
 }
 
 #[derive(Args)]

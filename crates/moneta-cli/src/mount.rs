@@ -1775,6 +1775,8 @@ pub fn status(a: StatusArgs) -> Result<(), String> {
         Ok(entries) => entries
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            // A SAN's directory is `moneta san status`'s, not a mount.
+            .filter(|e| !e.file_name().to_string_lossy().starts_with("san-"))
             .map(|e| e.path())
             .collect(),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),

@@ -126,8 +126,20 @@ pub fn print_aligned(header: &[String], cells: &[Vec<String>]) {
 
 pub fn print_json<T: Serialize + ?Sized>(value: &T) -> Result<(), String> {
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    println!("{text}");
-    Ok(())
+    print_text(&text)
+}
+
+/// `text` and a newline on stdout. A reader that went away (`moneta stats |
+/// head`) ends the output quietly: commands that talk to a daemon keep
+/// SIGPIPE ignored (they must see EPIPE on the socket), so `println!` would
+/// panic there.
+pub fn print_text(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("writing stdout: {e}")),
+        _ => Ok(()),
+    }
 }
 
 /// CSV of results on stdout: one row per record, one column per field of

@@ -241,3 +241,23 @@ fn a_bench_beside_busy_loops_says_it_is_not_faithful() {
     );
     assert!(v["fidelity"]["runnable_threads_mean"].as_f64().unwrap() > 0.0);
 }
+
+/// `moneta stats | head -1` (issue 22 item 5): the reader goes away and
+/// the command ends quietly, no panic on the broken pipe.
+#[test]
+fn stats_into_a_closed_pipe_end_quietly() {
+    let serve = Serve::start("pipe", &["--preset", "null"]);
+    let mut stats = moneta()
+        .args(["stats", "--daemon"])
+        .arg(serve.socket())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the command writes.
+    drop(stats.stdout.take());
+    let o = stats.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(o.status.success(), "status {}: {err}", o.status);
+}
