@@ -94,10 +94,11 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
             ops: 2000,
             threads_per_host: 1,
         };
-        experiments::latency(
+        experiments::latency_of(
             &setup,
             &[Interface::QuicksanD],
             Topology::Distributed { nodes },
+            file.mirror,
             a.size,
             &mut |_, _, _| {},
         )?
