@@ -268,11 +268,8 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         ));
     }
     let dir = san_dir(&a.name);
-    if read_state(&dir)?.is_some() {
-        return Err(format!(
-            "SAN '{}' is up already (moneta san status; moneta san down --name {})",
-            a.name, a.name
-        ));
+    if let Some(state) = read_state(&dir)? {
+        return up_again(&a, size, &state);
     }
     // Leftovers of a crash that skipped the rollback go first.
     teardown(&a.name, None)?;
@@ -783,6 +780,85 @@ pub fn fault(a: SanFaultArgs) -> Result<(), String> {
             .name
             .clone()),
         a.faults
+    );
+    Ok(())
+}
+
+/// `san up` on a SAN that is up: nothing to do if it runs with the same
+/// options and every node is healthy (as `moneta up` twice); otherwise say
+/// what differs or what is broken.
+fn up_again(a: &SanUpArgs, size: u64, state: &SanState) -> Result<(), String> {
+    let file = SanFile::load(&state.san_file).map_err(|e| e.to_string())?;
+    let topology = match a.topology {
+        TopologyArg::Distributed => SanTopology::Distributed,
+        TopologyArg::Centralized => SanTopology::Centralized,
+    };
+    let transport = match a.transport {
+        TransportArg::Ethernet => Transport::Ethernet,
+        TransportArg::Udp => Transport::Udp,
+    };
+    let nbd_port = |n: &NodeState| {
+        n.nbd
+            .as_deref()
+            .and_then(|h| h.rsplit_once(':'))
+            .and_then(|(_, p)| p.parse::<u16>().ok())
+    };
+    let differs = [
+        ("--nodes", state.nodes.len() != a.nodes as usize),
+        ("--topology", file.topology != topology),
+        ("--mirror", file.mirror != a.mirror),
+        ("--transport", file.transport != transport),
+        ("--size", state.size != size),
+        ("--set", state.sets != a.sets),
+        ("--idle-spin-us", state.idle_spin_us != a.idle_spin_us),
+        (
+            "--preset",
+            !state.nodes.iter().any(|n| n.preset == a.preset),
+        ),
+        (
+            "--nbd-port",
+            state.nodes.first().and_then(nbd_port) != a.nbd_port,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, d)| *d)
+    .map(|(flag, _)| flag)
+    .collect::<Vec<_>>();
+    if !differs.is_empty() {
+        return Err(format!(
+            "SAN '{}' is up with other options ({} differ): moneta san down --name {} first",
+            a.name,
+            differs.join(", "),
+            a.name
+        ));
+    }
+    let broken: Vec<&str> = state
+        .nodes
+        .iter()
+        .filter(|n| {
+            let alive = crate::mount::cmdline(n.pid as i32).is_some()
+                && socket_of(n.pid as i32).as_deref() == Some(&n.socket);
+            !(alive
+                && netns_exists(&n.netns)
+                && link_exists(&n.host_link)
+                && UnixStream::connect(&n.socket).is_ok())
+        })
+        .map(|n| n.name.as_str())
+        .collect();
+    if !broken.is_empty() {
+        return Err(format!(
+            "SAN '{}' is up with these options but node(s) {} are not healthy: moneta san \
+             restart --name {} --node NODE, or moneta san down --name {}",
+            a.name,
+            broken.join(", "),
+            a.name,
+            a.name
+        ));
+    }
+    println!(
+        "SAN '{}' is up already with these options ({} nodes): nothing to do",
+        a.name,
+        state.nodes.len()
     );
     Ok(())
 }

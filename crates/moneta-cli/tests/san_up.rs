@@ -173,6 +173,12 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     let b: serde_json::Value = serde_json::from_str(&bench).unwrap();
     assert!(b["ops"].as_u64().unwrap_or(0) > 0, "{b:#}");
 
+    // Up again with the same options: nothing to do, as `moneta up` twice.
+    let again = ok(&moneta(&[
+        "san", "up", "--nodes", "3", "--mirror", "--size", "64M", "--name", &san.0,
+    ]));
+    assert!(again.contains("nothing to do"), "{again}");
+
     // A node's daemon dies: status says so.
     let pid = s["nodes"][2]["pid"].as_u64().unwrap() as i32;
     // SAFETY: kill(2) of the daemon this test's SAN started.
@@ -183,12 +189,19 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     assert_eq!(s["nodes"][2]["daemon_alive"], false);
     assert_eq!(s["nodes"][0]["daemon_alive"], true);
 
-    // A second up of the same name is refused while it is up.
+    // A second up of the same name with other options is refused, naming
+    // them; with the same options it names the broken node.
     refused(
         &moneta(&[
             "san", "up", "--nodes", "2", "--size", "64M", "--name", &san.0,
         ]),
-        "up already",
+        "--nodes, --mirror differ",
+    );
+    refused(
+        &moneta(&[
+            "san", "up", "--nodes", "3", "--mirror", "--size", "64M", "--name", &san.0,
+        ]),
+        "n2 are not healthy",
     );
 
     let out = ok(&moneta(&["san", "down", "--name", &san.0]));
