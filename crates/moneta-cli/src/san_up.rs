@@ -898,6 +898,30 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                         let alive = crate::mount::cmdline(n.pid as i32).is_some()
                             && socket_of(n.pid as i32).as_deref() == Some(&n.socket);
                         let listening = UnixStream::connect(&n.socket).is_ok();
+                        // What the node's port says of its peers (a cut
+                        // link leaves every local piece alive).
+                        let port = listening
+                            .then(|| moneta::Moneta::connect(&n.socket).ok()?.stats().ok()?.san)
+                            .flatten();
+                        let name_of = |i: &u16| {
+                            s.nodes
+                                .get(*i as usize)
+                                .map_or_else(|| format!("node {i}"), |p| p.name.clone())
+                        };
+                        let unreachable: Vec<String> = port
+                            .iter()
+                            .flat_map(|p| &p.peers)
+                            .filter(|(_, st)| st != "up")
+                            .map(|(i, st)| format!("{} ({st})", name_of(i)))
+                            .collect();
+                        let split_brain: Vec<String> = port
+                            .iter()
+                            .flat_map(|p| p.split_brain_peers.iter().map(name_of))
+                            .collect();
+                        let unsynced: Vec<String> = port
+                            .iter()
+                            .flat_map(|p| p.unsynced_partners.iter().map(name_of))
+                            .collect();
                         serde_json::json!({
                             "name": n.name,
                             "netns": n.netns,
@@ -913,6 +937,9 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             "image": n.image,
                             "log": n.log,
                             "nbd": n.nbd,
+                            "peers_unreachable": unreachable,
+                            "split_brain_with": split_brain,
+                            "resyncing_from": unsynced,
                         })
                     })
                     .collect()
@@ -923,10 +950,19 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                 .iter()
                 .all(|k| v[*k] == true)
         };
+        let any = |key: &str| {
+            nodes
+                .iter()
+                .any(|n| n[key].as_array().is_some_and(|a| !a.is_empty()))
+        };
         let word = match s {
             None => "down",
-            Some(_) if nodes.iter().all(healthy) => "up",
-            Some(_) => "degraded",
+            Some(_) if any("split_brain_with") => "split-brain",
+            Some(_) if !nodes.iter().all(healthy) => "degraded",
+            Some(_) if any("peers_unreachable") => "partitioned",
+            // A node resyncing from a partner is shown per node: right
+            // after up every node waits for its partners' word once.
+            Some(_) => "up",
         };
         let san = s.and_then(|s| SanFile::load(&s.san_file).ok());
         rows.push(serde_json::json!({
@@ -981,6 +1017,26 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                         yes("netns_exists"),
                         yes("link_exists"),
                     );
+                    let list = |k: &str| {
+                        n[k].as_array()
+                            .map(|a| {
+                                a.iter()
+                                    .filter_map(|v| v.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            })
+                            .unwrap_or_default()
+                    };
+                    for (key, what) in [
+                        ("peers_unreachable", "cannot reach"),
+                        ("split_brain_with", "split brain with"),
+                        ("resyncing_from", "resyncing from"),
+                    ] {
+                        let l = list(key);
+                        if !l.is_empty() {
+                            println!("       {what} {l}");
+                        }
+                    }
                 }
             }
         }

@@ -570,6 +570,12 @@ fn a_partition_with_writers_on_both_sides_is_detected_as_split_brain() {
     c0.write(4096, &[2u8; 4096]).expect("n0 writes on alone");
     c1.write(8192, &[3u8; 4096]).expect("n1 writes on alone");
     assert!(port_stats(&c0).dirty_bytes > 0 && port_stats(&c1).dirty_bytes > 0);
+    // Status says the SAN is cut (every local piece is alive), and who
+    // cannot reach whom (issue 22 item 5: it said "up").
+    let st = san.status();
+    assert_eq!(st["state"], "partitioned", "{st:#}");
+    let unreachable = st["nodes"][0]["peers_unreachable"].to_string();
+    assert!(unreachable.contains("n1"), "{st:#}");
     fault(&san, "n1", "none");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     loop {
@@ -577,6 +583,11 @@ fn a_partition_with_writers_on_both_sides_is_detected_as_split_brain() {
         if s0.split_brain_peers == [1] && s1.split_brain_peers == [0] {
             // Nothing was resynced over the other side's writes.
             assert!(s0.dirty_bytes > 0 && s1.dirty_bytes > 0, "{s0:?} {s1:?}");
+            let st = san.status();
+            assert_eq!(st["state"], "split-brain", "{st:#}");
+            assert!(st["nodes"][0]["split_brain_with"]
+                .to_string()
+                .contains("n1"));
             break;
         }
         assert!(
