@@ -184,9 +184,8 @@ impl HostLoad {
             .spawn(move || {
                 let (mut sum, mut n) = (0.0, 0u32);
                 loop {
-                    if let Some(r) = procs_running() {
-                        // The sampler itself runs while it reads.
-                        sum += r.saturating_sub(1) as f64;
+                    if let Some(r) = moneta_emu::fidelity::runnable_now() {
+                        sum += r;
                         n += 1;
                     }
                     if flag.load(Ordering::Relaxed) {
@@ -210,25 +209,10 @@ impl HostLoad {
     }
 }
 
-/// Runnable threads now (`procs_running` of /proc/stat).
-fn procs_running() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    stat.lines()
-        .find_map(|l| l.strip_prefix("procs_running "))?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// Whether a run kept the emulator's promise, the model's timing (issue
-/// 21; README "Fidelity"): each request seen by its client at its model
-/// completion time. A request is behind by the time from its model
-/// completion until its client saw it (the device thread's posting, the hop
-/// back, the client's detection). The run is faithful when that is, on
-/// average, at most [`BEHIND_FRACTION`] of the modeled latency or
-/// [`BEHIND_FLOOR_NS`], whichever is larger; else the verdict says why:
-/// more runnable threads than cores (a thread waited for one), or the host
-/// was simply too slow for the model.
+/// 21, [`moneta_emu::fidelity`]): a request is behind by the time from its
+/// model completion until its client saw it (the device thread's posting,
+/// the hop back, the client's detection).
 #[derive(Debug, Clone, Serialize)]
 pub struct Fidelity {
     pub faithful: bool,
@@ -250,40 +234,12 @@ pub struct Fidelity {
     pub cores: usize,
 }
 
-/// The share of the modeled latency a request may be behind (the
-/// project's fidelity target, issue 23: within 10%).
-pub const BEHIND_FRACTION: f64 = 0.10;
-/// Below this nothing is resolvable here: a few cross-core hops (120–600 ns
-/// each on this machine's vCPUs).
-pub const BEHIND_FLOOR_NS: f64 = 2_000.0;
-
 impl Fidelity {
     pub fn judge(r: &BenchResult, modeled_us_mean: f64, device: &EngineStats) -> Fidelity {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = moneta_emu::fidelity::cores();
         let behind_ns = r.due_to_seen_ns_mean;
-        let limit_ns = (modeled_us_mean * 1e3 * BEHIND_FRACTION).max(BEHIND_FLOOR_NS);
-        let faithful = behind_ns <= limit_ns;
-        let verdict = if faithful {
-            "faithful".to_string()
-        } else if r.runnable_mean > cores as f64 {
-            format!(
-                "not faithful: {:.1} runnable threads on {cores} cores on average, so threads \
-                 waited for a core; requests were seen {:.1} µs after their model time \
-                 (limit {:.1} µs)",
-                r.runnable_mean,
-                behind_ns / 1e3,
-                limit_ns / 1e3
-            )
-        } else {
-            format!(
-                "not faithful: requests were seen {:.1} µs after their model time on average \
-                 (limit {:.1} µs: {:.0}% of the modeled {:.1} µs); the host did not keep up",
-                behind_ns / 1e3,
-                limit_ns / 1e3,
-                BEHIND_FRACTION * 100.0,
-                modeled_us_mean
-            )
-        };
+        let (faithful, verdict) =
+            moneta_emu::fidelity::judge(behind_ns, modeled_us_mean * 1e3, r.runnable_mean, cores);
         Fidelity {
             faithful,
             verdict,
@@ -633,44 +589,5 @@ mod spans_tests {
         assert!((get("other") - (10.0 - 0.1 - 3.5 - 2.25 - 0.4)).abs() < 1e-12);
         let sum: f64 = spans.iter().map(|(_, us)| us).sum();
         assert!((sum - 10.0).abs() < 1e-12);
-    }
-}
-
-#[cfg(test)]
-mod fidelity_tests {
-    use super::*;
-
-    fn result(behind_ns: f64, runnable: f64) -> BenchResult {
-        let mut latency = LatencyHistogram::new();
-        latency.record(30_000);
-        BenchResult {
-            ops: 1,
-            bytes: 4096,
-            elapsed_ns: 30_000,
-            latency,
-            submit_to_stamp_ns_mean: 100.0,
-            due_to_seen_ns_mean: behind_ns,
-            due_to_seen: LatencyHistogram::new(),
-            runnable_mean: runnable,
-        }
-    }
-
-    #[test]
-    fn a_run_behind_its_model_is_not_faithful_and_says_why() {
-        let d = EngineStats::default();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-        // 28 µs modeled: 2.8 µs behind is the limit.
-        assert!(Fidelity::judge(&result(2_500.0, 1.0), 28.0, &d).faithful);
-        let slow = Fidelity::judge(&result(3_000.0, 0.5), 28.0, &d);
-        assert!(!slow.faithful);
-        assert!(slow.verdict.contains("did not keep up"), "{}", slow.verdict);
-        let crowded = Fidelity::judge(&result(300_000.0, cores + 2.0), 28.0, &d);
-        assert!(
-            crowded.verdict.contains("runnable threads"),
-            "{}",
-            crowded.verdict
-        );
-        // A tiny model time: the floor (2 µs) applies.
-        assert!(Fidelity::judge(&result(1_900.0, 1.0), 0.5, &d).faithful);
     }
 }

@@ -202,6 +202,13 @@ pub struct EngineStats {
     /// The control plane's file grants (filled in by the control plane).
     #[serde(default)]
     pub files: crate::file_table::FileTableStats,
+    /// Whether completions were posted at their model time ([`crate::fidelity`]:
+    /// behind = posted after the model time, against the mean modeled
+    /// device time); empty before the first request.
+    #[serde(default)]
+    pub faithful: bool,
+    #[serde(default)]
+    pub verdict: String,
     /// What guards the watched file system's granted blocks (README,
     /// "Direct-path contract"); empty before a file system is watched.
     #[serde(default)]
@@ -830,6 +837,16 @@ impl<C: StampClock> DeviceThread<C> {
             .into_iter()
             .map(|(c, us)| (c.key().to_string(), us))
             .collect();
+        if s.device_time_requests > 0 {
+            let modeled_ns = s.device_time_us.iter().map(|(_, us)| us).sum::<f64>() * 1e3;
+            let runnable = crate::fidelity::runnable_now().unwrap_or(0.0);
+            (s.faithful, s.verdict) = crate::fidelity::judge(
+                s.lateness_ns_mean,
+                modeled_ns,
+                runnable,
+                crate::fidelity::cores(),
+            );
+        }
         s
     }
 

@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod dirty;
 pub mod engine;
 pub mod error;
+pub mod fidelity;
 pub mod file_table;
 pub mod files;
 pub mod free_watch;
