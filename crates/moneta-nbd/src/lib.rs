@@ -20,7 +20,7 @@ pub mod server;
 pub use client::NbdClient;
 
 pub use server::{
-    negotiate, negotiate_or_refuse, Export, Limits, Listen, NbdServer, Negotiated,
+    negotiate, negotiate_with, Export, Limits, Listen, NbdServer, Negotiated,
     LOCAL_CHANNEL_RESERVE, MAX_CONNECTIONS_CAP,
 };
 

@@ -582,17 +582,19 @@ pub fn negotiate<S: Read + Write>(
     s: &mut S,
     exports: &[Export],
 ) -> Result<Option<Negotiated>, String> {
-    negotiate_or_refuse(s, exports, None)
+    negotiate_with(s, exports, &mut |_| Ok(()))
 }
 
-/// As [`negotiate`]; with `refusal`, every `NBD_OPT_GO` is answered
-/// `NBD_REP_ERR_POLICY` with that message (the client may still list and
-/// ask about exports, or abort), and `NBD_OPT_EXPORT_NAME`, which has no
-/// error reply, ends in an error (a close).
-pub fn negotiate_or_refuse<S: Read + Write>(
+/// As [`negotiate`], with `admit` asked before an export is granted (what
+/// a connection needs to be served, its channel, is taken there, so a
+/// client is never told GO and then closed): its error answers
+/// `NBD_OPT_GO` with `NBD_REP_ERR_POLICY` and the message (the client may
+/// still list and ask about exports, retry, or abort), and ends an
+/// `NBD_OPT_EXPORT_NAME`, which has no error reply, in a close.
+pub fn negotiate_with<S: Read + Write>(
     s: &mut S,
     exports: &[Export],
-    refusal: Option<&str>,
+    admit: &mut dyn FnMut(usize) -> Result<(), String>,
 ) -> Result<Option<Negotiated>, String> {
     let mut hello = proto::NBDMAGIC.to_be_bytes().to_vec();
     hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
@@ -624,13 +626,11 @@ pub fn negotiate_or_refuse<S: Read + Write>(
         let reply = |kind: u32, d: &[u8]| proto::option_reply(option, kind, d);
         match option {
             proto::OPT_EXPORT_NAME => {
-                if let Some(m) = refusal {
-                    return Err(m.to_string());
-                }
                 let name = String::from_utf8(data).map_err(|_| "export name not UTF-8")?;
                 let Some(i) = find(exports, &name) else {
                     return Err(format!("no export '{name}'"));
                 };
+                admit(i)?;
                 let e = &exports[i];
                 let mut out = e.size.to_be_bytes().to_vec();
                 out.extend_from_slice(&e.transmission_flags(structured).to_be_bytes());
@@ -674,9 +674,11 @@ pub fn negotiate_or_refuse<S: Read + Write>(
                     send(s, &reply(proto::REP_ERR_UNKNOWN, m.as_bytes()))?;
                     continue;
                 };
-                if let (Some(m), proto::OPT_GO) = (refusal, option) {
-                    send(s, &reply(proto::REP_ERR_POLICY, m.as_bytes()))?;
-                    continue;
+                if option == proto::OPT_GO {
+                    if let Err(m) = admit(i) {
+                        send(s, &reply(proto::REP_ERR_POLICY, m.as_bytes()))?;
+                        continue;
+                    }
                 }
                 let e = &exports[i];
                 let flags = e.transmission_flags(structured);
@@ -861,13 +863,29 @@ fn serve(mut stream: Stream, shared: &Shared, slot: &Slot) -> Result<(), String>
             limits.max_connections
         )
     });
-    let negotiated = negotiate_or_refuse(
+    let plane = &shared.plane;
+    // The channel is taken at GO, before the client is told yes.
+    let mut attached: Option<(Moneta, Export)> = None;
+    let mut admit = |i: usize| -> Result<(), String> {
+        if let Some(m) = &refusal {
+            return Err(m.clone());
+        }
+        let export = shared.exports[i].clone();
+        let moneta = Moneta::attach(plane, None)
+            .map_err(|e| format!("no device channel for this connection: {e}"))?;
+        moneta
+            .grant_raw(export.start, export.size, !export.read_only)
+            .map_err(|e| format!("no grant of the export: {e}"))?;
+        attached = Some((moneta, export));
+        Ok(())
+    };
+    let negotiated = negotiate_with(
         &mut Deadline {
             stream: &mut stream,
             at: deadline,
         },
         &shared.exports,
-        refusal.as_deref(),
+        &mut admit,
     );
     let negotiated = match negotiated {
         Ok(Some(n)) => n,
@@ -881,19 +899,13 @@ fn serve(mut stream: Stream, shared: &Shared, slot: &Slot) -> Result<(), String>
             return Err(e);
         }
     };
-    if slot.refusing {
-        return Err("an over-limit client got past GO".into());
-    }
+    let Some((moneta, export)) = attached else {
+        return Err("negotiation ended without a channel".into());
+    };
     stream.set_write_timeout(None).map_err(|e| e.to_string())?;
     // Mid-request, a client that stops sending for the idle time is idle too.
     stream
         .set_read_timeout(limits.idle_timeout)
-        .map_err(|e| e.to_string())?;
-    let export = shared.exports[negotiated.export].clone();
-    let plane = &shared.plane;
-    let moneta = Moneta::attach(plane, None).map_err(|e| e.to_string())?;
-    moneta
-        .grant_raw(export.start, export.size, !export.read_only)
         .map_err(|e| e.to_string())?;
     let connection = Arc::new(Connection {
         moneta,
