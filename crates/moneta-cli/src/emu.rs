@@ -88,8 +88,11 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30)]
     nbd_negotiation_timeout_s: u64,
     /// Close an NBD connection with no request (and none unanswered) for
-    /// this many seconds; 0: never.
-    #[arg(long, default_value_t = 300)]
+    /// this many seconds (e.g. 300 for a server others reach); 0: never,
+    /// the default, because `moneta up --kernel-path device` mounts over
+    /// nbdfuse, whose one connection lives as long as the mount and is not
+    /// made again.
+    #[arg(long, default_value_t = 0)]
     nbd_idle_timeout_s: u64,
     /// Be one node of a QuickSAN: the SAN file lists every node and the
     /// global address map (`moneta san up` writes one; README "QuickSAN

@@ -80,7 +80,9 @@ impl Default for Limits {
         Limits {
             max_connections: 64,
             negotiation_deadline: Duration::from_secs(30),
-            idle_timeout: Some(Duration::from_secs(300)),
+            // A mount over nbdfuse holds its one connection however long
+            // it stays quiet (monetad's --nbd-idle-timeout-s sets one).
+            idle_timeout: None,
         }
     }
 }
