@@ -15,11 +15,12 @@ use moneta_emu::san_file::SanFile;
 use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
 use moneta_model::workload::{OpMix, RunLimit, Workload};
-use moneta_nbd::{Export, Listen, NbdServer};
+use moneta_nbd::{Export, Limits, Listen, NbdServer};
 use moneta_wire::FaultHandle;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The socket `moneta serve` and `moneta bench --daemon` use unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/tmp/monetad.sock";
@@ -78,6 +79,21 @@ pub struct ServeArgs {
     /// the status word; lowest latency on idle cores) (SPEC §3.5).
     #[arg(long, default_value = "issue-sleep")]
     nbd_completion: String,
+    /// NBD connections at a time (each holds a device channel), at most
+    /// 1007: 16 channels always stay with local clients. A client over the
+    /// limit is refused at NBD_OPT_GO (NBD_REP_ERR_POLICY, with a message).
+    #[arg(long, default_value_t = 64)]
+    nbd_max_connections: usize,
+    /// Seconds an NBD client has for its whole negotiation (to GO).
+    #[arg(long, default_value_t = 30)]
+    nbd_negotiation_timeout_s: u64,
+    /// Close an NBD connection with no request (and none unanswered) for
+    /// this many seconds (e.g. 300 for a server others reach); 0: never,
+    /// the default, because `moneta up --kernel-path device` mounts over
+    /// nbdfuse, whose one connection lives as long as the mount and is not
+    /// made again.
+    #[arg(long, default_value_t = 0)]
+    nbd_idle_timeout_s: u64,
     /// Be one node of a QuickSAN: the SAN file lists every node and the
     /// global address map (`moneta san up` writes one; README "QuickSAN
     /// on this machine").
@@ -271,6 +287,12 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
                 a.nbd_completion
             )
         })?;
+        server.set_limits(Limits {
+            max_connections: a.nbd_max_connections,
+            negotiation_deadline: Duration::from_secs(a.nbd_negotiation_timeout_s),
+            idle_timeout: (a.nbd_idle_timeout_s > 0)
+                .then(|| Duration::from_secs(a.nbd_idle_timeout_s)),
+        })?;
         Some(server)
     };
     let daemon = Daemon::bind(&a.socket, plane).map_err(|e| e.to_string())?;
@@ -291,7 +313,15 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     }
     let served = std::thread::scope(|scope| {
         if let Some(server) = &nbd {
-            eprintln!("monetad: NBD on {}", a.nbd.join(", "));
+            let l = server.limits();
+            eprintln!(
+                "monetad: NBD on {} (at most {} connections; negotiation within {:?}; idle ones closed after {})",
+                a.nbd.join(", "),
+                l.max_connections,
+                l.negotiation_deadline,
+                l.idle_timeout
+                    .map_or("never".to_string(), |t| format!("{t:?}"))
+            );
             scope.spawn(|| server.run(&STOP));
         }
         let r = daemon.run(&STOP).map_err(|e| e.to_string());

@@ -19,7 +19,10 @@ pub mod server;
 
 pub use client::NbdClient;
 
-pub use server::{negotiate, Export, Listen, NbdServer, Negotiated};
+pub use server::{
+    negotiate, negotiate_with, Export, Limits, Listen, NbdServer, Negotiated,
+    LOCAL_CHANNEL_RESERVE, MAX_CONNECTIONS_CAP,
+};
 
 /// The NBD URI of export `export` on the Unix socket `socket`
 /// (`nbd+unix:///EXPORT?socket=PATH`, NetworkBlockDevice/nbd

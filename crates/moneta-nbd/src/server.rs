@@ -14,9 +14,21 @@
 //! writes do the same before their reply. Exports are ranges of the one
 //! device, shared by all connections (`NBD_FLAG_CAN_MULTI_CONN`: the
 //! device has no cache, and a flush syncs the whole medium).
+//!
+//! Limits ([`Limits`]) keep hostile or forgetful clients from taking the
+//! device from everyone else: at most `max_connections` connections at a
+//! time, never more than [`MAX_CONNECTIONS_CAP`] so that
+//! [`LOCAL_CHANNEL_RESERVE`] channels always stay with local clients
+//! (`moneta stats`, `moneta bench --daemon`, the shim); a client over the
+//! limit is refused at `NBD_OPT_GO` with `NBD_REP_ERR_POLICY` and a message
+//! naming the limit. Negotiation has one deadline for all of it, not one
+//! per read; a connection with no request for `idle_timeout` is closed; and
+//! a client that hangs up has the requests it queued dropped instead of
+//! run (only those already on the device finish, at most a channel's tags).
 
 use crate::proto::{self, ProtoError, RequestHeader};
 use moneta::{CompletionMode, Io, Moneta};
+use moneta_emu::channel::CHANNELS;
 use moneta_emu::control::ControlPlane;
 use moneta_model::units::{parse_bytes, Op};
 use std::io::{self, Read, Write};
@@ -24,10 +36,10 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest channel request one NBD command is split into.
 pub const PIECE: u64 = 128 << 10;
@@ -35,8 +47,63 @@ pub const PIECE: u64 = 128 << 10;
 /// Bytes of requests read from a client per system call at most.
 const INPUT_BYTES: usize = 256 << 10;
 
-/// How long a client may take over one negotiation message.
-const NEGOTIATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Channels NBD connections never take: local clients of the daemon
+/// (`moneta stats`, `moneta bench --daemon`, the shim) always find one.
+pub const LOCAL_CHANNEL_RESERVE: usize = 16;
+
+/// The most connections a server may be configured for: every channel but
+/// the engine's own (channel 0) and the local reserve. Each connection
+/// holds one channel.
+pub const MAX_CONNECTIONS_CAP: usize = CHANNELS - 1 - LOCAL_CHANNEL_RESERVE;
+
+/// Clients over the connection limit being told so at the same time, at
+/// most; beyond this a new client is closed without a word (a flood).
+const REFUSING_MAX: usize = 16;
+
+/// How often at most the reply writer probes a quiet socket for a hang-up.
+const HANG_UP_PROBE: Duration = Duration::from_millis(50);
+
+/// What a server lets one client hold, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections at a time (negotiating or transmitting), 1..=[`MAX_CONNECTIONS_CAP`].
+    pub max_connections: usize,
+    /// The whole negotiation, from accept to the end of `NBD_OPT_GO`.
+    pub negotiation_deadline: Duration,
+    /// After GO, a connection with no request for this long (and none
+    /// unanswered) is closed. None: never.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 64,
+            negotiation_deadline: Duration::from_secs(30),
+            // A mount over nbdfuse holds its one connection however long
+            // it stays quiet (monetad's --nbd-idle-timeout-s sets one).
+            idle_timeout: None,
+        }
+    }
+}
+
+impl Limits {
+    fn check(&self) -> Result<(), String> {
+        if self.max_connections == 0 || self.max_connections > MAX_CONNECTIONS_CAP {
+            return Err(format!(
+                "NBD connection limit {}: expected 1..={MAX_CONNECTIONS_CAP} (the device has {CHANNELS} channels; channel 0 is the engine's and {LOCAL_CHANNEL_RESERVE} stay with local clients)",
+                self.max_connections
+            ));
+        }
+        if self.negotiation_deadline.is_zero() {
+            return Err("NBD negotiation deadline: must be more than 0".into());
+        }
+        if self.idle_timeout.is_some_and(|t| t.is_zero()) {
+            return Err("NBD idle timeout: None (never) or more than 0".into());
+        }
+        Ok(())
+    }
+}
 
 /// Commands parsed but not yet answered, per connection, beyond which the
 /// reader waits (a client that sends without reading replies).
@@ -152,6 +219,18 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(t),
         }
     }
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+    fn fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        }
+    }
     fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
@@ -181,6 +260,63 @@ impl Write for Stream {
     }
 }
 
+/// Wait up to `timeout` for any of `events` on `fd`; the events seen
+/// (empty on timeout; an interrupted wait counts as a timeout).
+fn poll_fd(fd: std::os::fd::RawFd, events: libc::c_short, timeout: Duration) -> libc::c_short {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `p` is one valid pollfd for the call.
+    let ready = unsafe { libc::poll(&mut p, 1, ms) };
+    if ready > 0 {
+        p.revents
+    } else {
+        0
+    }
+}
+
+/// A stream whose every read and write ends by one instant: negotiation
+/// as a whole has a deadline, not each message.
+struct Deadline<'a> {
+    stream: &'a mut Stream,
+    at: Instant,
+}
+
+impl Deadline<'_> {
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the negotiation deadline passed",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let left = self.left()?;
+        self.stream.set_write_timeout(Some(left))?;
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 enum Listener {
     Tcp(TcpListener),
     Unix(UnixListener, PathBuf),
@@ -190,8 +326,54 @@ enum Listener {
 #[derive(Debug, Default)]
 pub struct ServerCounters {
     pub connections: AtomicUsize,
+    /// Connections not served: no thread, or over the connection limit.
     pub refused: AtomicUsize,
     pub commands: AtomicUsize,
+    /// Connections now holding a slot of the limit (and, after GO, a channel).
+    pub open: AtomicUsize,
+    /// Over-limit clients now being told so.
+    pub refusing: AtomicUsize,
+    /// Negotiations ended by the deadline.
+    pub negotiation_timeouts: AtomicUsize,
+    /// Connections closed for being idle.
+    pub idle_closed: AtomicUsize,
+    /// Connections whose client hung up with requests unanswered.
+    pub hung_up: AtomicUsize,
+}
+
+/// One place in a gauge of [`ServerCounters`] (`open` or `refusing`),
+/// given back when the connection's thread ends (after its channel closed).
+struct Slot {
+    counters: Arc<ServerCounters>,
+    refusing: bool,
+}
+
+impl Slot {
+    fn gauge(counters: &ServerCounters, refusing: bool) -> &AtomicUsize {
+        if refusing {
+            &counters.refusing
+        } else {
+            &counters.open
+        }
+    }
+
+    fn take(counters: &Arc<ServerCounters>, refusing: bool, max: usize) -> Option<Slot> {
+        Slot::gauge(counters, refusing)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Slot {
+            counters: counters.clone(),
+            refusing,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        Slot::gauge(&self.counters, self.refusing).fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// An NBD server bound to its listeners; `run` serves until `stop`.
@@ -201,7 +383,17 @@ pub struct NbdServer {
     pub completion: CompletionMode,
     exports: Arc<Vec<Export>>,
     listeners: Vec<Listener>,
+    limits: Limits,
     pub counters: Arc<ServerCounters>,
+}
+
+/// What every connection's threads share.
+struct Shared {
+    plane: Arc<ControlPlane>,
+    exports: Arc<Vec<Export>>,
+    counters: Arc<ServerCounters>,
+    mode: CompletionMode,
+    limits: Limits,
 }
 
 impl NbdServer {
@@ -249,8 +441,21 @@ impl NbdServer {
             completion: CompletionMode::IssueSleep,
             exports: Arc::new(exports),
             listeners,
+            limits: Limits::default(),
             counters: Arc::default(),
         })
+    }
+
+    /// Serve with these limits from now on (checked: a limit of 0, or one
+    /// that would take the local clients' channels, is an error).
+    pub fn set_limits(&mut self, limits: Limits) -> Result<(), String> {
+        limits.check()?;
+        self.limits = limits;
+        Ok(())
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     /// The TCP ports actually bound (port 0 asks for any).
@@ -265,7 +470,8 @@ impl NbdServer {
     }
 
     /// Accept connections until `stop` is set (checked every 100 ms); each
-    /// connection runs on its own threads.
+    /// connection runs on its own threads. A client over the connection
+    /// limit is negotiated with only to be refused at GO.
     pub fn run(&self, stop: &AtomicBool) {
         let mut fds: Vec<libc::pollfd> = self
             .listeners
@@ -279,6 +485,13 @@ impl NbdServer {
                 revents: 0,
             })
             .collect();
+        let shared = Arc::new(Shared {
+            plane: self.plane.clone(),
+            exports: self.exports.clone(),
+            counters: self.counters.clone(),
+            mode: self.completion,
+            limits: self.limits,
+        });
         while !stop.load(Ordering::Acquire) {
             // SAFETY: `fds` is a valid array of pollfd for the call.
             let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
@@ -299,19 +512,29 @@ impl NbdServer {
                 };
                 let Ok(stream) = stream else { continue };
                 self.counters.connections.fetch_add(1, Ordering::Relaxed);
-                let plane = self.plane.clone();
-                let exports = self.exports.clone();
-                let counters = self.counters.clone();
-                let mode = self.completion;
+                let max = shared.limits.max_connections;
+                let slot = match Slot::take(&self.counters, false, max) {
+                    Some(slot) => slot,
+                    None => {
+                        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+                        match Slot::take(&self.counters, true, REFUSING_MAX) {
+                            Some(slot) => slot,
+                            // A flood: closed unheard.
+                            None => continue,
+                        }
+                    }
+                };
+                let s = shared.clone();
                 let spawned =
                     std::thread::Builder::new()
                         .name("moneta-nbd".into())
                         .spawn(move || {
-                            if let Err(e) = serve(stream, &plane, &exports, &counters, mode) {
+                            if let Err(e) = serve(stream, &s, &slot) {
                                 if std::env::var_os("MONETA_NBD_DEBUG").is_some() {
                                     eprintln!("monetad: NBD connection: {e}");
                                 }
                             }
+                            drop(slot);
                         });
                 if spawned.is_err() {
                     self.counters.refused.fetch_add(1, Ordering::Relaxed);
@@ -361,6 +584,20 @@ pub fn negotiate<S: Read + Write>(
     s: &mut S,
     exports: &[Export],
 ) -> Result<Option<Negotiated>, String> {
+    negotiate_with(s, exports, &mut |_| Ok(()))
+}
+
+/// As [`negotiate`], with `admit` asked before an export is granted (what
+/// a connection needs to be served, its channel, is taken there, so a
+/// client is never told GO and then closed): its error answers
+/// `NBD_OPT_GO` with `NBD_REP_ERR_POLICY` and the message (the client may
+/// still list and ask about exports, retry, or abort), and ends an
+/// `NBD_OPT_EXPORT_NAME`, which has no error reply, in a close.
+pub fn negotiate_with<S: Read + Write>(
+    s: &mut S,
+    exports: &[Export],
+    admit: &mut dyn FnMut(usize) -> Result<(), String>,
+) -> Result<Option<Negotiated>, String> {
     let mut hello = proto::NBDMAGIC.to_be_bytes().to_vec();
     hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
@@ -395,6 +632,7 @@ pub fn negotiate<S: Read + Write>(
                 let Some(i) = find(exports, &name) else {
                     return Err(format!("no export '{name}'"));
                 };
+                admit(i)?;
                 let e = &exports[i];
                 let mut out = e.size.to_be_bytes().to_vec();
                 out.extend_from_slice(&e.transmission_flags(structured).to_be_bytes());
@@ -438,6 +676,12 @@ pub fn negotiate<S: Read + Write>(
                     send(s, &reply(proto::REP_ERR_UNKNOWN, m.as_bytes()))?;
                     continue;
                 };
+                if option == proto::OPT_GO {
+                    if let Err(m) = admit(i) {
+                        send(s, &reply(proto::REP_ERR_POLICY, m.as_bytes()))?;
+                        continue;
+                    }
+                }
                 let e = &exports[i];
                 let flags = e.transmission_flags(structured);
                 send(
@@ -553,33 +797,129 @@ struct Connection {
     export: Export,
     negotiated: Negotiated,
     mode: CompletionMode,
+    /// The client's socket (for polls; the streams own it).
+    fd: std::os::fd::RawFd,
+    /// The client is gone: nothing more is issued, nothing answered.
+    hung_up: AtomicBool,
+    /// Commands read and not yet answered.
+    outstanding: AtomicUsize,
+    /// The connection's clock: `idle_since_ns` counts from here.
+    born: Instant,
+    /// When the last unanswered command was answered.
+    idle_since_ns: AtomicU64,
 }
 
-fn serve(
-    mut stream: Stream,
-    plane: &Arc<ControlPlane>,
-    exports: &[Export],
-    counters: &ServerCounters,
-    mode: CompletionMode,
-) -> Result<(), String> {
-    stream
-        .set_read_timeout(Some(NEGOTIATION_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let Some(negotiated) = negotiate(&mut stream, exports)? else {
-        return Ok(());
+impl Connection {
+    fn clock_ns(&self) -> u64 {
+        self.born.elapsed().as_nanos() as u64
+    }
+
+    /// One command answered (or dropped).
+    fn answered(&self) {
+        if self.outstanding.load(Ordering::Acquire) == 1 {
+            // Before the count reaches 0, so whoever sees 0 sees this too.
+            self.idle_since_ns.store(self.clock_ns(), Ordering::Release);
+        }
+        self.outstanding.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether the peer closed the socket (a zero-time poll: POLLHUP on a
+    /// Unix socket the peer closed, or POLLERR once a TCP peer reset it).
+    fn probe_hang_up(&self) -> bool {
+        let seen = poll_fd(self.fd, 0, Duration::ZERO);
+        if seen & (libc::POLLHUP | libc::POLLERR) != 0 {
+            self.hung_up.store(true, Ordering::Release);
+        }
+        self.hung_up.load(Ordering::Acquire)
+    }
+
+    /// Wait for the next request's first byte; false when the connection
+    /// has been idle (nothing unanswered, nothing sent) for `idle`.
+    fn wait_for_request(&self, idle: Duration) -> bool {
+        let began = self.clock_ns();
+        let idle_ns = idle.as_nanos() as u64;
+        // While commands are unanswered the clock has not started; look
+        // again at this pace.
+        let step = (idle / 4).max(Duration::from_millis(10));
+        loop {
+            let since = began.max(self.idle_since_ns.load(Ordering::Acquire));
+            let left = Duration::from_nanos((since + idle_ns).saturating_sub(self.clock_ns()));
+            if left.is_zero() && self.outstanding.load(Ordering::Acquire) == 0 {
+                return false;
+            }
+            let wait = if left.is_zero() { step } else { left.min(step) };
+            if poll_fd(self.fd, libc::POLLIN, wait) != 0 {
+                return true;
+            }
+        }
+    }
+}
+
+fn serve(mut stream: Stream, shared: &Shared, slot: &Slot) -> Result<(), String> {
+    let counters = &*shared.counters;
+    let limits = shared.limits;
+    let deadline = Instant::now() + limits.negotiation_deadline;
+    let refusal = slot.refusing.then(|| {
+        format!(
+            "the server is at its limit of {} connections (monetad --nbd-max-connections); try again later",
+            limits.max_connections
+        )
+    });
+    let plane = &shared.plane;
+    // The channel is taken at GO, before the client is told yes.
+    let mut attached: Option<(Moneta, Export)> = None;
+    let mut admit = |i: usize| -> Result<(), String> {
+        if let Some(m) = &refusal {
+            return Err(m.clone());
+        }
+        let export = shared.exports[i].clone();
+        let moneta = Moneta::attach(plane, None)
+            .map_err(|e| format!("no device channel for this connection: {e}"))?;
+        moneta
+            .grant_raw(export.start, export.size, !export.read_only)
+            .map_err(|e| format!("no grant of the export: {e}"))?;
+        attached = Some((moneta, export));
+        Ok(())
     };
-    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
-    let export = exports[negotiated.export].clone();
-    let moneta = Moneta::attach(plane, None).map_err(|e| e.to_string())?;
-    moneta
-        .grant_raw(export.start, export.size, !export.read_only)
+    let negotiated = negotiate_with(
+        &mut Deadline {
+            stream: &mut stream,
+            at: deadline,
+        },
+        &shared.exports,
+        &mut admit,
+    );
+    let negotiated = match negotiated {
+        Ok(Some(n)) => n,
+        Ok(None) => return Ok(()),
+        Err(e) => {
+            if Instant::now() >= deadline {
+                counters
+                    .negotiation_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+    };
+    let Some((moneta, export)) = attached else {
+        return Err("negotiation ended without a channel".into());
+    };
+    stream.set_write_timeout(None).map_err(|e| e.to_string())?;
+    // Mid-request, a client that stops sending for the idle time is idle too.
+    stream
+        .set_read_timeout(limits.idle_timeout)
         .map_err(|e| e.to_string())?;
     let connection = Arc::new(Connection {
         moneta,
         plane: plane.clone(),
         export,
         negotiated,
-        mode,
+        mode: shared.mode,
+        fd: stream.fd(),
+        hung_up: AtomicBool::new(false),
+        outstanding: AtomicUsize::new(0),
+        born: Instant::now(),
+        idle_since_ns: AtomicU64::new(0),
     });
     let writer = stream.try_clone().map_err(|e| e.to_string())?;
     let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE_BOUND);
@@ -592,9 +932,20 @@ fn serve(
     };
     let mut reader =
         io::BufReader::with_capacity(INPUT_BYTES, stream.try_clone().map_err(|e| e.to_string())?);
-    let result = transmit(&connection, &mut reader, &jobs, counters);
+    let result = transmit(
+        &connection,
+        &mut reader,
+        &jobs,
+        counters,
+        limits.idle_timeout,
+    );
     drop(jobs);
     let _ = completer.join();
+    if connection.hung_up.load(Ordering::Acquire)
+        && connection.outstanding.load(Ordering::Acquire) > 0
+    {
+        counters.hung_up.fetch_add(1, Ordering::Relaxed);
+    }
     stream.shutdown();
     result
 }
@@ -602,9 +953,10 @@ fn serve(
 /// The reader side of the transmission phase.
 fn transmit(
     c: &Connection,
-    stream: &mut impl Read,
+    stream: &mut io::BufReader<Stream>,
     jobs: &SyncSender<Job>,
     counters: &ServerCounters,
+    idle_timeout: Option<Duration>,
 ) -> Result<(), String> {
     let structured = c.negotiated.structured;
     let queue = |job: Job| {
@@ -612,10 +964,24 @@ fn transmit(
             .map_err(|_| "the reply writer stopped".to_string())
     };
     loop {
+        if c.hung_up.load(Ordering::Acquire) {
+            return Err("the client hung up".into());
+        }
+        if let Some(idle) = idle_timeout {
+            if stream.buffer().is_empty() && !c.wait_for_request(idle) {
+                counters.idle_closed.fetch_add(1, Ordering::Relaxed);
+                return Err(format!("idle for {idle:?}: closed"));
+            }
+        }
         let mut raw = [0u8; proto::REQUEST_BYTES];
         match stream.read_exact(&mut raw) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                // No DISC: a client that closed its socket is not waiting
+                // for the rest; one that only stopped writing still is.
+                c.probe_hang_up();
+                return Ok(());
+            }
             Err(e) => return Err(format!("reading a request: {e}")),
         }
         let h = proto::parse_request(&raw).map_err(|ProtoError(m)| m)?;
@@ -638,6 +1004,10 @@ fn transmit(
             structured,
             c.negotiated.meta,
         );
+        if checked.is_err() || h.kind != proto::CMD_DISC {
+            // Every command but DISC gets one answer.
+            c.outstanding.fetch_add(1, Ordering::AcqRel);
+        }
         if let Err(error) = checked {
             queue(Job::Reply(error_reply(
                 structured, h.cookie, error, "refused",
@@ -711,6 +1081,10 @@ fn issue(
     });
     let mut at = 0u64;
     while at < len {
+        if c.hung_up.load(Ordering::Acquire) {
+            // Nobody to answer: the rest is never issued.
+            return Err("the client hung up".into());
+        }
         let n = PIECE.min(len - at);
         let addr = c.export.start + h.offset + at;
         let mut io = match c.moneta.prepare(op, addr, n, c.mode) {
@@ -759,6 +1133,7 @@ fn complete(c: &Connection, queue: Receiver<Job>, writer: Stream) {
         buffer: Vec::with_capacity(OUTPUT_BYTES),
         broken: false,
     };
+    let mut probed = Instant::now();
     loop {
         let job = match queue.try_recv() {
             Ok(job) => job,
@@ -771,18 +1146,30 @@ fn complete(c: &Connection, queue: Receiver<Job>, writer: Stream) {
             }
             Err(TryRecvError::Disconnected) => break,
         };
+        if out.broken {
+            c.hung_up.store(true, Ordering::Release);
+        }
+        // With the client gone, pieces already on the device are waited
+        // for (their tags come back) and nothing is answered.
+        let gone = c.hung_up.load(Ordering::Acquire);
         let finished = match job {
             Job::Reply(bytes) => {
-                out.send(&bytes);
+                if !gone {
+                    out.send(&bytes);
+                }
+                c.answered();
                 continue;
             }
             Job::Flush(h) => {
-                out.flush();
-                let error = match c.plane.engine().medium().flush() {
-                    Ok(()) => 0,
-                    Err(_) => proto::EIO,
-                };
-                out.send(&reply_bytes(structured, h.cookie, error));
+                if !gone {
+                    out.flush();
+                    let error = match c.plane.engine().medium().flush() {
+                        Ok(()) => 0,
+                        Err(_) => proto::EIO,
+                    };
+                    out.send(&reply_bytes(structured, h.cookie, error));
+                }
+                c.answered();
                 continue;
             }
             Job::Failed(command) => command,
@@ -793,11 +1180,17 @@ fn complete(c: &Connection, queue: Receiver<Job>, writer: Stream) {
             } => {
                 if c.moneta.poll(&io).is_none() {
                     out.flush();
+                    // The reader may be stuck issuing: whether the client
+                    // is still there is found out here.
+                    if !gone && probed.elapsed() >= HANG_UP_PROBE {
+                        probed = Instant::now();
+                        c.probe_hang_up();
+                    }
                 }
                 let ok = c.moneta.wait(&mut io).is_ok();
                 if !ok {
                     command.error.store(proto::EIO, Ordering::Relaxed);
-                } else if io.op() == Op::Read {
+                } else if io.op() == Op::Read && !gone {
                     let mut data = command.data.lock().expect("data");
                     data[at..at + io.len() as usize].copy_from_slice(c.moneta.buffer(&io));
                 }
@@ -808,6 +1201,10 @@ fn complete(c: &Connection, queue: Receiver<Job>, writer: Stream) {
                 command
             }
         };
+        c.answered();
+        if c.hung_up.load(Ordering::Acquire) {
+            continue;
+        }
         let h = finished.header;
         let mut error = finished.error.load(Ordering::Relaxed);
         if error == 0 && h.flags & proto::CMD_FLAG_FUA != 0 {

@@ -11,7 +11,8 @@ use moneta_emu::engine::{Engine, EngineOptions};
 use moneta_emu::medium::Medium;
 use moneta_model::config::Config;
 use moneta_nbd::proto;
-use moneta_nbd::{Export, Listen, NbdServer};
+use moneta_nbd::server::ServerCounters;
+use moneta_nbd::{Export, Limits, Listen, NbdServer};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -49,18 +50,24 @@ impl Rng {
 struct Server {
     dir: PathBuf,
     socket: PathBuf,
+    plane: Arc<ControlPlane>,
+    counters: Arc<ServerCounters>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
     fn start(config: Config, exports: &[&str]) -> Server {
-        Server::start_on(config, exports, false)
+        Server::start_on(config, exports, false, Limits::default())
+    }
+
+    fn start_limited(config: Config, exports: &[&str], limits: Limits) -> Server {
+        Server::start_on(config, exports, false, limits)
     }
 
     /// With `image`, the medium is the file `device.img` in the server's
     /// directory.
-    fn start_on(config: Config, exports: &[&str], image: bool) -> Server {
+    fn start_on(config: Config, exports: &[&str], image: bool, limits: Limits) -> Server {
         let capacity = config.device.capacity_bytes;
         let dir = std::env::temp_dir().join(format!(
             "moneta-nbd-{}-{}",
@@ -81,13 +88,18 @@ impl Server {
             .iter()
             .map(|s| Export::parse(s, capacity).unwrap())
             .collect();
-        let server = NbdServer::bind(plane, exports, &[Listen::Unix(socket.clone())]).unwrap();
+        let mut server =
+            NbdServer::bind(plane.clone(), exports, &[Listen::Unix(socket.clone())]).unwrap();
+        server.set_limits(limits).unwrap();
+        let counters = server.counters.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || server.run(&flag));
         Server {
             dir,
             socket,
+            plane,
+            counters,
             stop,
             thread: Some(thread),
         }
@@ -334,22 +346,43 @@ struct Client {
 
 impl Client {
     fn connect(socket: &Path, export: &str) -> Client {
+        let mut c = Client::hello(socket);
+        c.option(proto::OPT_STRUCTURED_REPLY, &[]);
+        let (kind, message) = c.go(export);
+        assert_eq!(
+            kind,
+            proto::REP_ACK,
+            "GO refused: {}",
+            String::from_utf8_lossy(&message)
+        );
+        c
+    }
+
+    /// Connected, the server's greeting read and the client's flags sent.
+    fn hello(socket: &Path) -> Client {
         let mut s = UnixStream::connect(socket).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello).unwrap();
         assert_eq!(&hello[..8], b"NBDMAGIC");
         s.write_all(&3u32.to_be_bytes()).unwrap();
-        let mut c = Client { s };
-        c.option(proto::OPT_STRUCTURED_REPLY, &[]);
+        Client { s }
+    }
+
+    /// NBD_OPT_GO: the final reply's type and data.
+    fn go(&mut self, export: &str) -> (u32, Vec<u8>) {
         let mut go = proto::length_prefixed(None, export);
         go.extend_from_slice(&0u16.to_be_bytes());
-        c.option(proto::OPT_GO, &go);
-        c
+        self.option_data(proto::OPT_GO, &go)
     }
 
     /// Send an option and read replies up to the final one; its type.
     fn option(&mut self, option: u32, data: &[u8]) -> u32 {
+        self.option_data(option, data).0
+    }
+
+    /// As `option`, with the final reply's data.
+    fn option_data(&mut self, option: u32, data: &[u8]) -> (u32, Vec<u8>) {
         self.s
             .write_all(&proto::option_request(option, data))
             .unwrap();
@@ -363,7 +396,7 @@ impl Client {
                 && kind != proto::REP_SERVER
                 && kind != proto::REP_META_CONTEXT
             {
-                return kind;
+                return (kind, d);
             }
         }
     }
@@ -571,7 +604,7 @@ fn reads_pay_the_modeled_device_time() {
 
 #[test]
 fn flushed_and_fua_writes_are_in_the_image_file() {
-    let s = Server::start_on(null(4 * MIB), &["moneta"], true);
+    let s = Server::start_on(null(4 * MIB), &["moneta"], true, Limits::default());
     let mut c = Client::connect(&s.socket, "moneta");
     let a = vec![0x5Au8; 8192];
     let b = vec![0xC3u8; 4096];
@@ -623,4 +656,253 @@ fn the_crate_client_reads_what_it_wrote_and_is_refused_cleanly() {
         .err()
         .unwrap();
     assert!(e.contains("refused"), "{e}");
+}
+
+// ---- Limits (issue 22 item 4) ----
+
+/// Look every 10 ms, for at most `bound`, until `done`; how long it took.
+fn wait_until(bound: Duration, mut done: impl FnMut() -> bool) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() < bound {
+        if done() {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done().then(|| t.elapsed())
+}
+
+/// Whether the server closed `s`: a read ends (EOF or reset) within
+/// `within`; false if it is still open.
+fn closed_within(s: &mut UnixStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut sink = [0u8; 4096];
+    let t = Instant::now();
+    loop {
+        match s.read(&mut sink) {
+            Ok(0) => return true,
+            Ok(_) if t.elapsed() < within => continue,
+            Ok(_) => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+fn limits(max_connections: usize) -> Limits {
+    Limits {
+        max_connections,
+        ..Limits::default()
+    }
+}
+
+#[test]
+fn a_client_over_the_connection_limit_is_refused_at_go_with_the_limit_named() {
+    let s = Server::start_limited(null(8 * MIB), &["moneta"], limits(2));
+    let mut a = Client::connect(&s.socket, "moneta");
+    let _b = Client::connect(&s.socket, "moneta");
+    // The third may still ask about the export, but GO is refused with
+    // NBD_REP_ERR_POLICY and a message, and the connection is not used.
+    let mut c = Client::hello(&s.socket);
+    let (kind, message) = c.go("moneta");
+    let message = String::from_utf8_lossy(&message).to_string();
+    assert_eq!(kind, proto::REP_ERR_POLICY, "{message}");
+    assert!(message.contains("limit of 2 connections"), "{message}");
+    // It may try again, and is told the same, then abort cleanly.
+    assert_eq!(c.go("moneta").0, proto::REP_ERR_POLICY);
+    assert_eq!(c.option(proto::OPT_ABORT, &[]), proto::REP_ACK);
+    // A real client fails at GO (libnbd says "server replied with error
+    // to opt_go request" and logs the server's words with LIBNBD_DEBUG=1).
+    let out = Command::new("timeout")
+        .args(["30", "nbdinfo", &s.uri("moneta")])
+        .env("LIBNBD_DEBUG", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("opt_go") && stderr.contains("limit of 2"),
+        "{stderr}"
+    );
+    // A slot that frees is taken again.
+    a.request(proto::CMD_DISC, 0, 1, 0, 0, &[]);
+    let counters = s.counters.clone();
+    wait_until(Duration::from_secs(10), || {
+        counters.open.load(Ordering::Acquire) < 2
+    })
+    .expect("the disconnected client's slot");
+    let mut d = Client::connect(&s.socket, "moneta");
+    d.request(proto::CMD_READ, 0, 2, 0, 4096, &[]);
+    assert_eq!(d.reply().1, 0);
+}
+
+#[test]
+fn a_trickling_negotiator_is_dropped_at_the_whole_negotiation_deadline() {
+    let deadline = Duration::from_secs(2);
+    let s = Server::start_limited(
+        null(8 * MIB),
+        &["moneta"],
+        Limits {
+            negotiation_deadline: deadline,
+            ..Limits::default()
+        },
+    );
+    let mut sock = UnixStream::connect(&s.socket).unwrap();
+    let t = Instant::now();
+    let mut hello = [0u8; 18];
+    sock.read_exact(&mut hello).unwrap();
+    // Flags, then a GO, one byte every 250 ms: no single read waits long,
+    // the whole would take 10 s.
+    let mut bytes = 3u32.to_be_bytes().to_vec();
+    let mut go = proto::length_prefixed(None, "moneta");
+    go.extend_from_slice(&0u16.to_be_bytes());
+    bytes.extend(proto::option_request(proto::OPT_GO, &go));
+    let mut closed_at = None;
+    for b in bytes.iter().take(40) {
+        if sock.write_all(&[*b]).is_err() || closed_within(&mut sock, Duration::from_millis(250)) {
+            closed_at = Some(t.elapsed());
+            break;
+        }
+    }
+    let closed_at = closed_at.expect("the trickling client was never dropped");
+    eprintln!("trickling negotiator dropped after {closed_at:?} (deadline {deadline:?})");
+    assert!(
+        closed_at >= deadline - Duration::from_millis(100) && closed_at < deadline * 3,
+        "dropped after {closed_at:?}"
+    );
+    assert_eq!(s.counters.negotiation_timeouts.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn an_idle_client_after_go_is_closed_and_a_busy_one_is_not() {
+    let idle = Duration::from_secs(1);
+    let s = Server::start_limited(
+        null(8 * MIB),
+        &["moneta"],
+        Limits {
+            idle_timeout: Some(idle),
+            ..Limits::default()
+        },
+    );
+    let mut quiet = Client::connect(&s.socket, "moneta");
+    let mut busy = Client::connect(&s.socket, "moneta");
+    quiet.request(proto::CMD_READ, 0, 1, 0, 4096, &[]);
+    assert_eq!(quiet.reply().1, 0);
+    let t = Instant::now();
+    // The busy client asks every 300 ms for three idle times.
+    for i in 0..10u64 {
+        busy.request(proto::CMD_READ, 0, i, i * 4096, 4096, &[]);
+        assert_eq!(
+            busy.reply(),
+            (i, 0, vec![0u8; 4096]),
+            "busy client, request {i}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(t.elapsed() > idle * 2);
+    // The quiet one has been closed, after about the idle time.
+    assert!(closed_within(&mut quiet.s, Duration::from_millis(100)));
+    assert_eq!(s.counters.idle_closed.load(Ordering::Relaxed), 1);
+    busy.request(proto::CMD_READ, 0, 99, 0, 4096, &[]);
+    assert_eq!(busy.reply().1, 0);
+    // When: a new quiet client, timed.
+    let mut quiet = Client::connect(&s.socket, "moneta");
+    let t = Instant::now();
+    assert!(closed_within(&mut quiet.s, Duration::from_secs(10)));
+    let took = t.elapsed();
+    eprintln!("idle client closed after {took:?} (idle timeout {idle:?})");
+    assert!(
+        took >= idle - Duration::from_millis(100) && took < idle * 4,
+        "{took:?}"
+    );
+}
+
+#[test]
+fn a_hung_up_clients_queued_reads_are_dropped_and_its_channel_freed() {
+    // A 100 MB/s link: 64 reads of 32 MiB take ~30 s to answer in full
+    // (measured; the old server ran them all after the hang-up).
+    let mut c = Config::preset("moneta").unwrap();
+    c.device.capacity_bytes = 64 * MIB;
+    c.link.bandwidth_bytes_per_s = 100e6;
+    let s = Server::start(c, &["moneta"]);
+    let engine = s.plane.engine().clone();
+    let channels = || engine.stats().unwrap().channels_open;
+    let before = channels();
+    let mut client = Client::connect(&s.socket, "moneta");
+    for i in 0..64u64 {
+        client.request(proto::CMD_READ, 0, i, 0, 32 << 20, &[]);
+    }
+    assert_eq!(channels(), before + 1);
+    // Some work has begun; then the client goes without a word.
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    drop(client);
+    let freed = wait_until(Duration::from_secs(30), || channels() == before);
+    eprintln!("hung-up client's channel freed after {freed:?} (its queued work: ~30 s)");
+    let freed = freed.expect("the channel was still open after 30 s");
+    assert!(freed < Duration::from_secs(3), "freed after {freed:?}");
+    let counters = s.counters.clone();
+    wait_until(Duration::from_secs(5), || {
+        counters.open.load(Ordering::Acquire) == 0
+    })
+    .expect("the connection's slot");
+    assert_eq!(s.counters.hung_up.load(Ordering::Relaxed), 1);
+    eprintln!("closed {:?} after the hang-up", t.elapsed());
+}
+
+#[test]
+fn local_clients_keep_channels_while_nbd_is_at_its_largest_limit() {
+    use moneta_nbd::{LOCAL_CHANNEL_RESERVE, MAX_CONNECTIONS_CAP};
+    // Every connection holds a few descriptors in this process (client and
+    // server side, the channel's memory): make room for them.
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit for both calls.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+    }
+    assert!(
+        r.rlim_cur >= 8 * 1024,
+        "open-file limit {} is too small for 1,007 connections",
+        r.rlim_cur
+    );
+    let s = Server::start_limited(null(8 * MIB), &["moneta"], limits(MAX_CONNECTIONS_CAP));
+    // A limit that would take the local clients' channels is refused.
+    let mut other = NbdServer::bind(
+        s.plane.clone(),
+        vec![Export::parse("moneta", 8 * MIB).unwrap()],
+        &[Listen::Unix(s.file("other.sock"))],
+    )
+    .unwrap();
+    let e = other
+        .set_limits(limits(MAX_CONNECTIONS_CAP + 1))
+        .unwrap_err();
+    assert!(e.contains("1..=1007"), "{e}");
+    drop(other);
+    // NBD at the largest limit: every connection after GO holds a channel.
+    let t = Instant::now();
+    let clients: Vec<Client> = (0..MAX_CONNECTIONS_CAP)
+        .map(|_| Client::connect(&s.socket, "moneta"))
+        .collect();
+    eprintln!("{} NBD connections in {:?}", clients.len(), t.elapsed());
+    let mut over = Client::hello(&s.socket);
+    assert_eq!(over.go("moneta").0, proto::REP_ERR_POLICY);
+    // All reserved channels are there for local clients.
+    let locals: Vec<moneta::Moneta> = (0..LOCAL_CHANNEL_RESERVE)
+        .map(|i| {
+            moneta::Moneta::attach(&s.plane, None)
+                .unwrap_or_else(|e| panic!("local client {i} with NBD at its limit: {e}"))
+        })
+        .collect();
+    assert_eq!(locals.len(), 16);
+    // And the NBD clients still work.
+    let mut last = clients.into_iter().last().unwrap();
+    last.request(proto::CMD_READ, 0, 7, 0, 4096, &[]);
+    assert_eq!(last.reply().1, 0);
 }
