@@ -125,6 +125,12 @@ struct InodeState {
     /// kernel, where they change the file's times (xfs_fsr then refuses to
     /// swap a file changed under it).
     foreign_writer: Option<Instant>,
+    /// A write grant may have existed since the file's cached pages were
+    /// last dropped: only then can a cached page be stale (the device
+    /// writes a file's blocks only through write grants, and a grant's
+    /// window is dropped when it is made), so only then does a kernel
+    /// access drop the cache first.
+    maybe_stale: bool,
 }
 
 impl InodeState {
@@ -694,6 +700,7 @@ impl FileTable {
                 }
             }
             let (extents, updates) = file.grant(channel, offset, covered, extents, limit)?;
+            st.maybe_stale |= file.has_write_grants();
             // Applied under the lock: a revocation cannot slip between.
             self.engine.update_permissions(updates)?;
             return Ok((covered, extents));
@@ -732,9 +739,10 @@ impl FileTable {
         let inode = file.inode();
         if let Some(st) = t.inodes.get_mut(&inode) {
             st.holders.remove(&(channel, file_id));
-            if st.holders.is_empty() {
+            if st.holders.is_empty() && st.maybe_stale {
                 // Unwatched from now on: no stale page may outlive the grants.
                 drop_stale_pages(file.raw_fd());
+                st.maybe_stale = false;
             }
             if st.holders.is_empty() && st.watched_since.take().is_some() {
                 if let Some(w) = self.watcher() {
@@ -789,11 +797,18 @@ impl FileTable {
         });
         st.generation += 1;
         let revoked = self.revoke(files, st, from)?;
-        let dropped = st
+        let dropped = st.maybe_stale
+            && st
+                .holders
+                .iter()
+                .find_map(|h| files.get(h))
+                .is_some_and(|f| drop_stale_pages(f.raw_fd()));
+        // Write grants left below `from` may still make pages stale.
+        st.maybe_stale = st
             .holders
             .iter()
-            .find_map(|h| files.get(h))
-            .is_some_and(|f| drop_stale_pages(f.raw_fd()));
+            .filter_map(|h| files.get(h))
+            .any(|f| f.has_write_grants());
         let mut stats = self.stats.lock().expect("stats");
         if read {
             stats.kernel_reads += 1;

@@ -345,6 +345,11 @@ impl GrantedFile {
         Ok((extents, updates))
     }
 
+    /// Whether some grant allows the device to write the file.
+    pub fn has_write_grants(&self) -> bool {
+        self.grants.values().any(|g| g.perms & WRITE != 0)
+    }
+
     /// Revoke this channel's grants of the file from byte `from` on (a
     /// layout change there is about to happen): the updates that leave
     /// only the grants before it, or none if nothing was granted there.
