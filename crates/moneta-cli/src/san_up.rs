@@ -101,6 +101,29 @@ pub struct SanUpArgs {
     idle_spin_us: u64,
 }
 
+impl SanUpArgs {
+    fn topology(&self) -> SanTopology {
+        match self.topology {
+            TopologyArg::Distributed => SanTopology::Distributed,
+            TopologyArg::Centralized => SanTopology::Centralized,
+        }
+    }
+
+    fn transport(&self) -> Transport {
+        match self.transport {
+            TransportArg::Ethernet => Transport::Ethernet,
+            TransportArg::Udp => Transport::Udp,
+        }
+    }
+}
+
+/// Whether node `n`'s daemon is the one up started (its pid still runs
+/// with its socket).
+fn daemon_alive(n: &NodeState) -> bool {
+    crate::mount::cmdline(n.pid as i32).is_some()
+        && socket_of(n.pid as i32).as_deref() == Some(&n.socket)
+}
+
 #[derive(Args)]
 pub struct SanDownArgs {
     #[arg(long, default_value = "san")]
@@ -276,14 +299,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
     catch_signals();
     let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
 
-    let topology = match a.topology {
-        TopologyArg::Distributed => SanTopology::Distributed,
-        TopologyArg::Centralized => SanTopology::Centralized,
-    };
-    let transport = match a.transport {
-        TransportArg::Ethernet => Transport::Ethernet,
-        TransportArg::Udp => Transport::Udp,
-    };
+    let (topology, transport) = (a.topology(), a.transport());
     let mut file = SanFile {
         topology,
         mirror: a.mirror,
@@ -789,14 +805,7 @@ pub fn fault(a: SanFaultArgs) -> Result<(), String> {
 /// what differs or what is broken.
 fn up_again(a: &SanUpArgs, size: u64, state: &SanState) -> Result<(), String> {
     let file = SanFile::load(&state.san_file).map_err(|e| e.to_string())?;
-    let topology = match a.topology {
-        TopologyArg::Distributed => SanTopology::Distributed,
-        TopologyArg::Centralized => SanTopology::Centralized,
-    };
-    let transport = match a.transport {
-        TransportArg::Ethernet => Transport::Ethernet,
-        TransportArg::Udp => Transport::Udp,
-    };
+    let (topology, transport) = (a.topology(), a.transport());
     let nbd_port = |n: &NodeState| {
         n.nbd
             .as_deref()
@@ -836,9 +845,7 @@ fn up_again(a: &SanUpArgs, size: u64, state: &SanState) -> Result<(), String> {
         .nodes
         .iter()
         .filter(|n| {
-            let alive = crate::mount::cmdline(n.pid as i32).is_some()
-                && socket_of(n.pid as i32).as_deref() == Some(&n.socket);
-            !(alive
+            !(daemon_alive(n)
                 && netns_exists(&n.netns)
                 && link_exists(&n.host_link)
                 && UnixStream::connect(&n.socket).is_ok())
@@ -895,8 +902,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                 s.nodes
                     .iter()
                     .map(|n| {
-                        let alive = crate::mount::cmdline(n.pid as i32).is_some()
-                            && socket_of(n.pid as i32).as_deref() == Some(&n.socket);
+                        let alive = daemon_alive(n);
                         let listening = UnixStream::connect(&n.socket).is_ok();
                         // What the node's port says of its peers (a cut
                         // link leaves every local piece alive).

@@ -430,12 +430,13 @@ fn serve(
         // SAFETY: one valid pollfd. The timeout bounds how long a stop
         // waits, and a wake-up the ring skipped (it wakes adaptively).
         unsafe { libc::poll(&mut pfd, 1, 20) };
-        let geo = geometry.lock().expect("geometry").clone();
+        // The devices' geometry, locked only when a record came.
+        let mut geo = None;
         while let Some(item) = ring.next() {
-            if let Some(r) = parse(&item, &geo) {
-                batch.push(r);
-            }
+            let g = geo.get_or_insert_with(|| geometry.lock().expect("geometry"));
+            batch.extend(parse(&item, g));
         }
+        drop(geo);
         frees.fetch_add(batch.len() as u64, Ordering::Relaxed);
         if !batch.is_empty() {
             handler(&batch);
