@@ -670,11 +670,36 @@ const READ_ONLY_IOCTLS: [libc::c_ulong; 6] = [
     0x8004_6601, // FS_IOC32_GETFLAGS
 ];
 
+const FICLONE: libc::c_ulong = 0x4004_9409;
+const FICLONERANGE: libc::c_ulong = 0x4020_940D;
+
+/// Whether `request` clones from a source that is not on the mount: the
+/// kernel refuses a clone across mounts (EXDEV) before it touches the
+/// destination, so no layout change is needed (cp tries FICLONE for every
+/// file it copies in from elsewhere).
+fn clone_from_elsewhere(request: libc::c_ulong, arg: usize) -> bool {
+    let src = match request {
+        FICLONE => arg as c_int,
+        // SAFETY: FICLONERANGE's argument points to a struct
+        // file_clone_range, whose first field is the source's s64 fd.
+        FICLONERANGE if arg != 0 => {
+            (unsafe { std::ptr::read_unaligned(arg as *const i64) }) as c_int
+        }
+        _ => return false,
+    };
+    let Some(dev) = shim().mount_dev else {
+        return false;
+    };
+    // SAFETY: fstat into a zeroed struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(src, &mut st) }) == 0 && st.st_dev != dev
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: usize) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
     let real_call = || unsafe { (real().ioctl)(fd, request, arg) };
-    if READ_ONLY_IOCTLS.contains(&request) {
+    if READ_ONLY_IOCTLS.contains(&request) || clone_from_elsewhere(request, arg) {
         return real_call();
     }
     let handled = ours(fd, |of| {

@@ -287,6 +287,8 @@ struct Outcome {
     /// (dev, ino) of the files on the mount before the shim run.
     preexisting: std::collections::HashSet<(u64, u64)>,
     seconds: f64,
+    /// Wall seconds of the kernel run, the shim run and the final checks.
+    phase_seconds: [f64; 3],
 }
 
 /// A phase of the run: the kernel alone, or with the shim.
@@ -335,6 +337,7 @@ fn run(a: &RunArgs) -> Outcome {
             let seed = a.seed;
             std::thread::spawn(move || admin_loop(&dir, &mount, workers, seed, &stop))
         });
+        let tp = Instant::now();
         let children: Vec<(u32, std::io::Result<Child>)> = (0..a.workers)
             .map(|w| (w, spawn_worker(a, phase, w, &dir, &res)))
             .collect();
@@ -363,6 +366,7 @@ fn run(a: &RunArgs) -> Outcome {
         let clones = admin
             .map(|h| h.join().unwrap_or_default())
             .unwrap_or_default();
+        out.phase_seconds[phase as usize] = tp.elapsed().as_secs_f64();
         if phase == Phase::Shim {
             out.device_requests = device_requests(a)
                 .zip(before)
@@ -373,7 +377,9 @@ fn run(a: &RunArgs) -> Outcome {
                 out.seconds = t0.elapsed().as_secs_f64();
                 return out;
             }
+            let tc = Instant::now();
             check_final(a, &mut out, &clones);
+            out.phase_seconds[2] = tc.elapsed().as_secs_f64();
         } else if !out.problems.is_empty() {
             out.problems.insert(
                 0,
@@ -929,7 +935,7 @@ fn report(a: &RunArgs, o: &Outcome) {
         let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
         println!(
             "{{\"seed\":{},\"kernel_dio_eio\":{},\"workers\":{},\"shim_workers\":{},\"ops_per_worker\":{},\"ops\":{},\
-             \"device_requests\":{},\"admin_actions\":{},\"seconds\":{:.1},\"problems\":[{}]}}",
+             \"device_requests\":{},\"admin_actions\":{},\"seconds\":{:.1},\"phase_seconds\":{{\"kernel\":{:.1},\"shim\":{:.1},\"check\":{:.1}}},\"problems\":[{}]}}",
             a.seed,
             o.kernel_dio_eio,
             a.workers,
@@ -939,6 +945,9 @@ fn report(a: &RunArgs, o: &Outcome) {
             o.device_requests.map_or("null".into(), |n| n.to_string()),
             o.admin_actions.len(),
             o.seconds,
+            o.phase_seconds[0],
+            o.phase_seconds[1],
+            o.phase_seconds[2],
             o.problems
                 .iter()
                 .map(|p| format!("\"{}\"", esc(p)))

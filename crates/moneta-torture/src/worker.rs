@@ -194,6 +194,9 @@ pub struct Worker {
     log: std::io::BufWriter<std::fs::File>,
     op: u64,
     failures: u64,
+    /// Calls and wall time per kind of operation (written to `w{N}.time`:
+    /// where a run's time goes, never compared between runs).
+    time: BTreeMap<&'static str, (u64, std::time::Duration)>,
 }
 
 /// What went wrong in a check: the worker stops at the first.
@@ -237,6 +240,7 @@ impl Worker {
             log: std::io::BufWriter::new(log),
             op: 0,
             failures: 0,
+            time: BTreeMap::new(),
             cfg,
         }
     }
@@ -292,7 +296,12 @@ impl Worker {
             let seed = self.rng.next();
             if !self.cfg.skip.contains(name) {
                 let mut r = Rng::new(seed);
-                self.step(name, k, &mut r)?;
+                let t = std::time::Instant::now();
+                let res = self.step(name, k, &mut r);
+                let e = self.time.entry(name).or_default();
+                e.0 += 1;
+                e.1 += t.elapsed();
+                res?;
             }
             self.op += 1;
         }
@@ -1187,6 +1196,15 @@ impl Worker {
                 .join(format!("w{}.{what}", self.cfg.worker));
             std::fs::write(out, text).expect("writing a model");
         }
+        let time: String = self
+            .time
+            .iter()
+            .map(|(name, (n, d))| format!("{name} {n} {}\n", d.as_micros()))
+            .collect();
+        let _ = std::fs::write(
+            self.cfg.results.join(format!("w{}.time", self.cfg.worker)),
+            time,
+        );
         let _ = self.log.flush();
         Ok(())
     }
