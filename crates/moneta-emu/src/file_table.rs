@@ -215,6 +215,12 @@ pub struct FileTableStats {
     /// Device turns that took no command while a free was being applied.
     #[serde(default)]
     pub free_fence_stalls: u64,
+    /// Passes over /proc (who else has a file open or mapped) and their
+    /// wall time: what a first registration of a file costs.
+    #[serde(default)]
+    pub proc_scans: u64,
+    #[serde(default)]
+    pub proc_scan_us: u64,
 }
 
 /// Every channel's file grants, by inode.
@@ -522,7 +528,12 @@ impl FileTable {
             .copied()
             .collect();
         let root = self.mount_root.lock().expect("mount root").clone();
-        sys::outside_uses(inode.dev, inode.ino, &pids, root.as_deref(), true, maps)
+        let t = Instant::now();
+        let uses = sys::outside_uses(inode.dev, inode.ino, &pids, root.as_deref(), true, maps);
+        let mut stats = self.stats.lock().expect("stats");
+        stats.proc_scans += 1;
+        stats.proc_scan_us += t.elapsed().as_micros() as u64;
+        uses
     }
 
     fn open_outside_the_shim(&self, inode: InodeId, for_writing: bool) -> bool {
