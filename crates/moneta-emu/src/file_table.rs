@@ -215,10 +215,13 @@ pub struct FileTableStats {
     /// Device turns that took no command while a free was being applied.
     #[serde(default)]
     pub free_fence_stalls: u64,
-    /// Passes over /proc (who else has a file open or mapped) and their
-    /// wall time: what a first registration of a file costs.
+    /// Passes over /proc (who else has a file open or mapped): at a file's
+    /// first registration, and rechecks of a file sent to the kernel path
+    /// by an outside opener; and their wall time.
     #[serde(default)]
     pub proc_scans: u64,
+    #[serde(default)]
+    pub proc_rechecks: u64,
     #[serde(default)]
     pub proc_scan_us: u64,
 }
@@ -531,7 +534,11 @@ impl FileTable {
         let t = Instant::now();
         let uses = sys::outside_uses(inode.dev, inode.ino, &pids, root.as_deref(), true, maps);
         let mut stats = self.stats.lock().expect("stats");
-        stats.proc_scans += 1;
+        if maps {
+            stats.proc_scans += 1;
+        } else {
+            stats.proc_rechecks += 1;
+        }
         stats.proc_scan_us += t.elapsed().as_micros() as u64;
         uses
     }
