@@ -996,7 +996,7 @@ fn request_error(io: &Io, code: ResultCode) -> EmuError {
         ResultCode::MissingRecord => ErrorKind::Unauthorized,
         _ => ErrorKind::Request,
     };
-    EmuError::new(
+    let e = EmuError::new(
         kind,
         format!(
             "{} of {} B at {}: {}",
@@ -1005,5 +1005,9 @@ fn request_error(io: &Io, code: ResultCode) -> EmuError {
             io.addr,
             code.as_str()
         ),
-    )
+    );
+    // The device's refusal of an access no grant of the channel allows:
+    // EACCES, which the file library tells from a failed request (a grant
+    // downgraded under a handle that may write is asked for again).
+    e.with_errno((code == ResultCode::PermissionDenied).then_some(libc::EACCES))
 }

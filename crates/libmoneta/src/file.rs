@@ -307,9 +307,13 @@ impl Moneta {
 }
 
 /// Whether an error means "the records under this request were revoked"
-/// (the hard miss found no grant): ask for the map again.
-fn revoked(e: &EmuError) -> bool {
+/// (the hard miss found no grant): ask for the map again. The device's
+/// permission refusal counts too when the handle `may` do the access: its
+/// grant was downgraded meanwhile (a kernel access of the file took the
+/// write permission back); a handle that may not keeps the refusal.
+fn revoked(e: &EmuError, may: bool) -> bool {
     e.kind == ErrorKind::Unauthorized
+        || (may && e.kind == ErrorKind::Request && e.errno == Some(libc::EACCES))
 }
 
 fn page_floor(x: u64) -> u64 {
@@ -411,7 +415,7 @@ impl MonetaFile {
         loop {
             self.follow_epoch(m);
             match self.read_once(m, buf, offset, attempt >= REVOKED_RETRIES) {
-                Err(e) if revoked(&e) && attempt < REVOKED_RETRIES => {
+                Err(e) if revoked(&e, self.access.can_read()) && attempt < REVOKED_RETRIES => {
                     attempt += 1;
                     self.invalidate(offset, offset + n);
                 }
@@ -490,7 +494,7 @@ impl MonetaFile {
                 m.write_mapped(s.physical, piece)
             });
             match result {
-                Err(e) if revoked(&e) && attempt < REVOKED_RETRIES => {
+                Err(e) if revoked(&e, self.access.can_write()) && attempt < REVOKED_RETRIES => {
                     attempt += 1;
                     self.invalidate(offset, end);
                 }

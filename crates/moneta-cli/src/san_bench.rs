@@ -10,6 +10,12 @@
 //! copies are on nodes 1 and 2, so it needs three nodes). Latency is one
 //! request at a time; bandwidth keeps `--qd` requests of `--bw-size` in
 //! flight from one thread.
+//!
+//! Every point carries the verdict of `moneta_emu::fidelity` (issue 21): how
+//! far behind the model it ran (against the simulator's prediction where
+//! there is one) and, when that is beyond the limit, why (more runnable
+//! threads than cores, or a host too slow); a warning on stderr and
+//! `faithful`/`verdict` in the JSON say so for the whole run.
 
 use crate::output::{print_aligned, Format};
 use crate::san_up::load_state;
@@ -59,6 +65,18 @@ struct Row {
     mb_per_s: f64,
     /// The simulator's mean for a lone request (latency points only).
     sim_mean_us: Option<f64>,
+    /// How far behind the model the point ran (µs, mean): the measured
+    /// mean beyond the simulator's where there is one, else from each
+    /// request's model completion until node 0's client saw it.
+    behind_us_mean: f64,
+    /// Model completion until seen, per request (µs).
+    behind_us_p50: f64,
+    behind_us_p99: f64,
+    /// Threads of the machine runnable during the point, on average.
+    runnable_threads_mean: f64,
+    /// The verdict (`moneta_emu::fidelity`): faithful, or why not.
+    faithful: bool,
+    verdict: String,
 }
 
 pub fn run(a: SanBenchArgs) -> Result<(), String> {
@@ -134,19 +152,61 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                             .map(|s| s.latency_us_mean)
                     })
                     .flatten();
+                let mean_us = r.latency.mean_ns() / 1e3;
+                // The model's time for the point: the simulator's mean where
+                // it predicts one (a remote request's model time starts over
+                // at each wire crossing, so only the end-to-end prediction
+                // shows the hops the host was late for); else what the
+                // device modeled, the measured mean less the lag.
+                let (behind_ns, modeled_ns) = match sim_mean_us {
+                    Some(sim) => ((mean_us - sim).max(0.0) * 1e3, sim * 1e3),
+                    None => (
+                        r.due_to_seen_ns_mean,
+                        (mean_us * 1e3 - r.due_to_seen_ns_mean).max(0.0),
+                    ),
+                };
+                let (faithful, verdict) = moneta_emu::fidelity::judge(
+                    behind_ns,
+                    modeled_ns,
+                    r.runnable_mean,
+                    moneta_emu::fidelity::cores(),
+                );
                 rows.push(Row {
                     locality,
                     op: op_key,
                     size_bytes: size,
                     qd,
-                    mean_us: r.latency.mean_ns() / 1e3,
+                    mean_us,
                     p50_us: r.latency.percentile_ns(0.5) / 1e3,
                     p99_us: r.latency.percentile_ns(0.99) / 1e3,
                     mb_per_s: r.bandwidth_mb_per_s(),
                     sim_mean_us,
+                    behind_us_mean: behind_ns / 1e3,
+                    behind_us_p50: r.due_to_seen.percentile_ns(0.5) / 1e3,
+                    behind_us_p99: r.due_to_seen.percentile_ns(0.99) / 1e3,
+                    runnable_threads_mean: r.runnable_mean,
+                    faithful,
+                    verdict,
                 });
             }
         }
+    }
+    let faithful = rows.iter().all(|r| r.faithful);
+    let verdict = match rows.iter().find(|r| !r.faithful) {
+        None => "faithful".to_string(),
+        Some(r) => format!(
+            "{} of {} points not faithful; first, {} {} {} B QD {}: {}",
+            rows.iter().filter(|r| !r.faithful).count(),
+            rows.len(),
+            r.locality,
+            r.op,
+            r.size_bytes,
+            r.qd,
+            r.verdict
+        ),
+    };
+    if !faithful {
+        eprintln!("moneta: warning: {verdict}");
     }
     match a.format {
         Format::Json => {
@@ -155,6 +215,8 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                 "nodes": nodes,
                 "mirror": file.mirror,
                 "preset": config.name,
+                "faithful": faithful,
+                "verdict": verdict,
                 "rows": rows,
             });
             println!(
@@ -171,7 +233,17 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
             );
             let f = |v: f64| format!("{v:.2}");
             let header = [
-                "locality", "op", "size", "qd", "mean µs", "p50 µs", "p99 µs", "MB/s", "sim µs",
+                "locality",
+                "op",
+                "size",
+                "qd",
+                "mean µs",
+                "p50 µs",
+                "p99 µs",
+                "MB/s",
+                "sim µs",
+                "behind µs",
+                "faithful",
             ]
             .map(String::from);
             let mut table = Vec::new();
@@ -186,9 +258,12 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                     f(r.p99_us),
                     format!("{:.1}", r.mb_per_s),
                     r.sim_mean_us.map_or("-".into(), f),
+                    f(r.behind_us_mean),
+                    if r.faithful { "yes" } else { "no" }.into(),
                 ]);
             }
             print_aligned(&header, &table);
+            println!("verdict: {verdict}");
         }
     }
     Ok(())

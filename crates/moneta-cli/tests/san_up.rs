@@ -173,6 +173,31 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     let b: serde_json::Value = serde_json::from_str(&bench).unwrap();
     assert!(b["ops"].as_u64().unwrap_or(0) > 0, "{b:#}");
 
+    // `san bench` gives every point its verdict and the run one: faithful
+    // only if every point is, and a reason where not.
+    let sb = moneta(&[
+        "san", "bench", "--name", &san.0, "--ops", "200", "--format", "json",
+    ]);
+    let sbj: serde_json::Value = serde_json::from_str(&ok(&sb)).unwrap();
+    let rows = sbj["rows"].as_array().unwrap();
+    assert_eq!(
+        rows.len(),
+        8,
+        "local and remote, read and write, latency and bandwidth"
+    );
+    let all = rows.iter().all(|r| r["faithful"] == true);
+    assert_eq!(sbj["faithful"], all, "{sbj:#}");
+    for r in rows {
+        assert!(r["behind_us_mean"].as_f64().unwrap() >= 0.0, "{r:#}");
+        let v = r["verdict"].as_str().unwrap();
+        assert_eq!(r["faithful"] == true, v == "faithful", "{r:#}");
+    }
+    if !all {
+        let v = sbj["verdict"].as_str().unwrap();
+        assert!(v.contains("points not faithful"), "{v}");
+        assert!(text(&sb.stderr).contains("warning"), "{}", text(&sb.stderr));
+    }
+
     // Up again with the same options: nothing to do, as `moneta up` twice.
     let again = ok(&moneta(&[
         "san", "up", "--nodes", "3", "--mirror", "--size", "64M", "--name", &san.0,

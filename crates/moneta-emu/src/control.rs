@@ -162,6 +162,10 @@ impl DirectAccess {
     pub fn can_write(self) -> bool {
         self.perms() & WRITE != 0
     }
+
+    pub fn can_read(self) -> bool {
+        self.perms() & READ != 0
+    }
 }
 
 /// One extent of a file (a `map-file` answer).

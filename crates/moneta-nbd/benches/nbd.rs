@@ -11,6 +11,10 @@
 //! `cargo bench -p moneta-nbd --bench nbd` (`-- --smoke` for the short CI
 //! run, `-- --json PATH` to write the results, `-- --completion dma` to
 //! have connections spin instead of sleep).
+//!
+//! The device's verdict (`moneta_emu::fidelity`, issue 21) follows the
+//! table: were completions posted on their model time over the whole run,
+//! and if not, why; `faithful`/`verdict` in the JSON, a warning on stderr.
 
 use moneta::bench::{verdict, BenchOptions};
 use moneta::CompletionMode;
@@ -117,7 +121,9 @@ fn main() -> Result<(), String> {
         .map_err(|e| e.to_string())?,
     );
     // SAFETY: geteuid has no preconditions.
-    let plane = Arc::new(ControlPlane::new(engine, unsafe { libc::geteuid() }));
+    let plane = Arc::new(ControlPlane::new(engine.clone(), unsafe {
+        libc::geteuid()
+    }));
     let export = Export::parse("moneta", SIZE)?;
     let mut server = NbdServer::bind(plane, vec![export], &[Listen::Unix(ours.clone())])?;
     server.completion = completion;
@@ -182,7 +188,20 @@ fn main() -> Result<(), String> {
             qd16_ours / qd16_kit,
             verdict(qd16_ours > qd16_kit)
         );
+        // The device's verdict (moneta_emu::fidelity, issue 21): were its
+        // completions posted on model time, over the whole run?
+        let device = engine.stats().map_err(|e| e.to_string())?;
+        println!("device: {}", device.verdict);
+        if !device.faithful {
+            eprintln!("nbd bench: warning: {}", device.verdict);
+        }
         Ok(serde_json::json!({
+            "faithful": device.faithful,
+            "verdict": device.verdict,
+            "lateness_ns_mean": device.lateness_ns_mean,
+            "lateness_ns_p99": device.lateness_ns_p99,
+            "accept_delay_ns_mean": device.accept_delay_ns_mean,
+            "accept_delay_ns_p99": device.accept_delay_ns_p99,
             "completion": completion.name(),
             "rounds": rounds,
             "seconds": seconds,
