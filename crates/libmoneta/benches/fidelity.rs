@@ -225,6 +225,7 @@ fn measure(case: &Case, duration_ns: u64) -> Outcome {
         duration_ns,
         mode: CompletionMode::Dma,
         seed: 7,
+        realtime: false,
     };
     // Warm up (caches, the device thread's first polls), then measure.
     let warm_up = BenchSpec {

@@ -154,6 +154,7 @@ fn queue_depth_32_iops(m: &Moneta, region: u64, ops: u64, round: u64) -> f64 {
         duration_ns: u64::MAX,
         mode: CompletionMode::Dma,
         seed: round,
+        realtime: false,
     };
     bench::run(m, &spec).expect("queue depth 32 run").iops()
 }

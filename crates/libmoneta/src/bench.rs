@@ -33,6 +33,9 @@ pub struct BenchSpec {
     pub duration_ns: u64,
     pub mode: CompletionMode,
     pub seed: u64,
+    /// Run the client threads under SCHED_FIFO (`moneta bench --realtime`,
+    /// issue 21): the host's other threads cannot make them wait for a core.
+    pub realtime: bool,
 }
 
 /// What one run measured.
@@ -54,6 +57,8 @@ pub struct BenchResult {
     /// Threads of the whole machine that were runnable, on average over
     /// the run (sampled from /proc/stat every 10 ms; the sampler excluded).
     pub runnable_mean: f64,
+    /// Every client thread ran under SCHED_FIFO (`BenchSpec::realtime`).
+    pub realtime: bool,
 }
 
 /// What one client thread measured.
@@ -123,13 +128,24 @@ pub fn run(m: &Moneta, spec: &BenchSpec) -> Result<BenchResult, EmuError> {
     }
     let issued = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
+    let ordinary = AtomicU64::new(0);
     let start = Instant::now();
     let load = HostLoad::start();
     let results: Vec<Result<ThreadTotals, EmuError>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..g.threads)
             .map(|t| {
-                let (issued, stop) = (&issued, &stop);
+                let (issued, stop, ordinary) = (&issued, &stop, &ordinary);
                 s.spawn(move || {
+                    if spec.realtime {
+                        if let Err(e) =
+                            moneta_emu::sys::set_realtime(moneta_emu::engine::REALTIME_PRIORITY)
+                        {
+                            ordinary.fetch_add(1, Ordering::Relaxed);
+                            eprintln!(
+                                "moneta: bench threads stay ordinary threads: SCHED_FIFO: {e}"
+                            );
+                        }
+                    }
                     let r = thread(m, spec, t as u64, issued, stop, start);
                     if r.is_err() {
                         stop.store(true, Ordering::Relaxed);
@@ -166,6 +182,7 @@ pub fn run(m: &Moneta, spec: &BenchSpec) -> Result<BenchResult, EmuError> {
         due_to_seen_ns_mean: per_op(after_due),
         due_to_seen,
         runnable_mean,
+        realtime: spec.realtime && ordinary.load(Ordering::Relaxed) == 0,
     })
 }
 
@@ -366,6 +383,8 @@ pub struct BenchSummary {
     pub faithful: bool,
     pub verdict: String,
     pub fidelity: Fidelity,
+    /// The client threads ran under SCHED_FIFO (`moneta bench --realtime`).
+    pub realtime: bool,
 }
 
 impl BenchSummary {
@@ -418,6 +437,7 @@ impl BenchSummary {
             faithful: fidelity.faithful,
             verdict: fidelity.verdict.clone(),
             fidelity,
+            realtime: r.realtime,
         }
     }
 }
@@ -579,6 +599,7 @@ mod spans_tests {
             due_to_seen_ns_mean: 400.0,
             due_to_seen: LatencyHistogram::new(),
             runnable_mean: 1.0,
+            realtime: false,
         };
         let spans = emulator_spans(&before, &after, &r);
         let get = |k: &str| spans.iter().find(|(n, _)| n == k).unwrap().1;

@@ -152,6 +152,12 @@ pub struct BenchArgs {
     /// model time (see `serve --post-ahead-ns`).
     #[arg(long, default_value_t = moneta_emu::engine::DEFAULT_POST_AHEAD_NS, conflicts_with = "daemon")]
     post_ahead_ns: u64,
+    /// Run the client threads (and an embedded device's thread) under
+    /// SCHED_FIFO, so that a busy host cannot make them wait for a core
+    /// (needs root or CAP_SYS_NICE; while they spin, ordinary threads on
+    /// their cores get only what the kernel's real-time throttling leaves).
+    #[arg(long)]
+    realtime: bool,
 }
 
 fn medium_for(config: &Config, image: Option<&Path>) -> Result<Medium, String> {
@@ -412,6 +418,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
                 seed: a.model.seed,
                 populate_bytes: region(config.device.capacity_bytes),
                 post_ahead_ns: a.post_ahead_ns,
+                realtime: a.realtime,
                 ..EngineOptions::default()
             };
             let m = Moneta::embedded(config.clone(), medium, options).map_err(|e| e.to_string())?;
@@ -449,6 +456,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         duration_ns,
         mode,
         seed: a.model.seed,
+        realtime: a.realtime,
     };
     m.grant_raw(a.region_offset, region, mix != OpMix::Read)
         .map_err(|e| format!("{e} (raw grants need the daemon's owner)"))?;
@@ -463,6 +471,15 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         w.groups[0].threads = a.threads * a.qd;
         w.limit = RunLimit::Ops(result.ops.max(1));
         summary.sim = Some(workload_point(&sim_config, &w)?);
+    }
+    if !summary.faithful
+        && !a.realtime
+        && summary.fidelity.runnable_threads_mean > summary.fidelity.cores as f64
+    {
+        eprintln!(
+            "moneta: hint: --realtime runs the benchmark's threads under SCHED_FIFO, so that \
+             the host's other threads cannot make them wait for a core"
+        );
     }
     print_bench(&summary, a.model.format)
 }

@@ -142,6 +142,7 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                     duration_ns: u64::MAX,
                     mode: CompletionMode::Dma,
                     seed: a.seed,
+                    realtime: false,
                 };
                 eprintln!("moneta: {locality} {op_key} {size} B at QD {qd} …");
                 let r = bench::run(&m, &spec).map_err(|e| e.to_string())?;

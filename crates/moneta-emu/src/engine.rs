@@ -131,7 +131,15 @@ pub struct EngineOptions {
     pub populate_bytes: u64,
     /// A SAN node's `idle_spin_ns` (several daemons share the cores).
     pub san_idle_spin_ns: u64,
+    /// Run the device thread under SCHED_FIFO ([`REALTIME_PRIORITY`]): on a
+    /// host with more runnable threads than cores it is not made to wait
+    /// for one (issue 21). Off by default: spinning real-time threads
+    /// starve everything else on their core while they spin.
+    pub realtime: bool,
 }
+
+/// The SCHED_FIFO priority of real-time device and benchmark threads.
+pub const REALTIME_PRIORITY: i32 = 10;
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -142,6 +150,7 @@ impl Default for EngineOptions {
             post_ahead_ns: DEFAULT_POST_AHEAD_NS,
             populate_bytes: 0,
             san_idle_spin_ns: SAN_IDLE_SPIN_NS,
+            realtime: false,
         }
     }
 }
@@ -392,7 +401,20 @@ impl Engine {
                 .spawn(f)
                 .map_err(|e| EmuError::io("starting a device thread", e))
         };
-        let mut threads = vec![spawn("moneta-device", Box::new(move || device.run()))?];
+        let realtime = options.realtime;
+        let mut threads = vec![spawn(
+            "moneta-device",
+            Box::new(move || {
+                if realtime {
+                    if let Err(e) = crate::sys::set_realtime(REALTIME_PRIORITY) {
+                        eprintln!(
+                            "moneta: the device thread stays an ordinary thread: SCHED_FIFO: {e}"
+                        );
+                    }
+                }
+                device.run()
+            }),
+        )?];
         let kernel_shared = shared.clone();
         threads.push(spawn(
             "moneta-interrupt",

@@ -298,6 +298,21 @@ pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
 }
 
 /// A new descriptor (close-on-exec) for the open file description behind `fd`.
+/// Run the calling thread under SCHED_FIFO at `priority` (1–99): it
+/// preempts every ordinary thread the moment it is runnable (the kernel's
+/// real-time throttling still leaves others 5% of each second). Needs
+/// CAP_SYS_NICE.
+pub fn set_realtime(priority: i32) -> io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: sched_setscheduler(2) on this thread (0) with a valid param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC only reads the descriptor table; an invalid fd is EBADF.
     let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
