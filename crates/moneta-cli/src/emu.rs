@@ -52,6 +52,13 @@ pub struct ServeArgs {
     /// due time (README "Fidelity"). 0: post at the model time.
     #[arg(long, default_value_t = moneta_emu::engine::DEFAULT_POST_AHEAD_NS)]
     post_ahead_ns: u64,
+    /// Run the device thread under SCHED_FIFO, so that a busy host cannot
+    /// make it wait for a core (issue 21; needs root or CAP_SYS_NICE).
+    /// While it spins (busy, or idle for --idle-spin-us) ordinary threads
+    /// on its core get only what real-time throttling leaves: best with
+    /// one daemon per core at most.
+    #[arg(long)]
+    realtime: bool,
     /// Watch the file system mounted at DIR (the one on this device's
     /// image) for layout changes by any process from the start (`moneta up`
     /// passes its mount).
@@ -203,6 +210,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
         san_idle_spin_ns: a.san_idle_spin_us.saturating_mul(1000),
         populate_bytes: a.populate_bytes,
         post_ahead_ns: a.post_ahead_ns,
+        realtime: a.realtime,
         ..EngineOptions::default()
     };
     let name = config.name.clone();

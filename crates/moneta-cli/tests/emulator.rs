@@ -304,6 +304,52 @@ fn realtime_bench_threads_keep_up_beside_busy_loops() {
     assert!(rt["ops"].as_u64().unwrap() > plain["ops"].as_u64().unwrap());
 }
 
+/// The scheduling policy (field 41 of /proc/PID/task/TID/stat: 0 normal,
+/// 1 SCHED_FIFO) of each thread of `pid` named `name`.
+fn thread_policies(pid: u32, name: &str) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .map(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap();
+            // Fields after the parenthesized command name, which may hold spaces.
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            rest.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+/// `moneta serve --realtime` (issue 21): the device thread runs under
+/// SCHED_FIFO, the others stay ordinary; without the flag, none is real-time.
+#[test]
+fn serve_realtime_runs_the_device_thread_under_sched_fifo() {
+    let rt = Serve::start("rt", &["--preset", "null", "--realtime"]);
+    let plain = Serve::start("nort", &["--preset", "null"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let device = loop {
+        let p = thread_policies(rt.child.id(), "moneta-device");
+        if !p.is_empty() || Instant::now() > deadline {
+            break p;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(device, vec![1], "the device thread's policy");
+    // Thread names are cut to 15 bytes: "moneta-interrupt".
+    assert_eq!(thread_policies(rt.child.id(), "moneta-interrup"), vec![0]);
+    assert_eq!(thread_policies(plain.child.id(), "moneta-device"), vec![0]);
+    // It serves as before.
+    let o = run(moneta().args(["bench", "--daemon"]).arg(rt.socket()).args([
+        "--size",
+        "4096",
+        "--duration-ms",
+        "200",
+        "--format",
+        "json",
+    ]));
+    assert!(json(&o)["ops"].as_u64().unwrap() > 0);
+}
+
 /// `moneta stats | head -1` (issue 22 item 5): the reader goes away and
 /// the command ends quietly, no panic on the broken pipe.
 #[test]

@@ -696,8 +696,6 @@ pub fn outside_uses(
     uses
 }
 
-/// The inodes (dev, ino) of every regular file some process (other than
-/// this one) has open under directory `root` (by the descriptor's path).
 /// Whether descriptor `fd` of the process at `/proc/PID` is open for
 /// writing (its fdinfo's octal flags; unreadable counts as writable).
 fn fd_writable(proc: &std::path::Path, fd: &std::ffi::OsStr) -> bool {
@@ -738,6 +736,8 @@ pub fn process_of_thread(tid: i32) -> Option<i32> {
         .ok()
 }
 
+/// The inodes (dev, ino) of every regular file some process (other than
+/// this one) has open under directory `root` (by the descriptor's path).
 pub fn inodes_open_under(
     root: &std::path::Path,
 ) -> std::collections::HashSet<crate::files::InodeId> {
