@@ -959,9 +959,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                                 let partner_alive =
                                     s.nodes.get(x.partner as usize).is_some_and(daemon_alive);
                                 let word = match x.state.as_str() {
-                                    "up-to-date" if !x.partner_up && partner_alive => {
-                                        "partitioned"
-                                    }
+                                    "up-to-date" if !x.partner_up && partner_alive => "partitioned",
                                     "up-to-date" if !x.partner_up => "degraded",
                                     "up-to-date" if x.to_send > 0 => "resyncing",
                                     "up-to-date" => "up-to-date",
@@ -981,10 +979,9 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                                          granules to resync)",
                                         x.to_send
                                     ),
-                                    "resyncing" if x.state == "up-to-date" => format!(
-                                        "to {partner}: {} granules left",
-                                        x.to_send
-                                    ),
+                                    "resyncing" if x.state == "up-to-date" => {
+                                        format!("to {partner}: {} granules left", x.to_send)
+                                    }
                                     "resyncing" => format!(
                                         "from {partner}: {} of {} granules",
                                         x.received, x.to_receive

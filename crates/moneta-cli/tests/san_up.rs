@@ -629,7 +629,10 @@ fn slice_state(san: &San, node: usize, slice: u64) -> String {
 fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     while !f() {
-        assert!(std::time::Instant::now() < deadline, "{what}: not in {secs} s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not in {secs} s"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
@@ -669,7 +672,10 @@ fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
     // n1 is up again, n2 is down; n0 must have noticed n2's failure.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let st = slice_state(&san, 1, 1);
-    assert_eq!(st, "outdated", "n1's copy of slice 1 after the double failure");
+    assert_eq!(
+        st, "outdated",
+        "n1's copy of slice 1 after the double failure"
+    );
     let (mut new, mut refused) = (0, 0);
     let mut message = String::new();
     for reader in [0u16, 1] {
@@ -683,7 +689,10 @@ fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
                         "n{reader}: block {b} read back its OLD version (a write acknowledged \
                          before was lost)"
                     );
-                    assert!(got == block_content(seed, b, 2), "n{reader}: block {b} garbled");
+                    assert!(
+                        got == block_content(seed, b, 2),
+                        "n{reader}: block {b} garbled"
+                    );
                     new += 1;
                 }
                 Err(e) => {
@@ -694,10 +703,18 @@ fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
         }
     }
     eprintln!("double failure: {new} reads new, {refused} refused ({message})");
-    assert_eq!(refused, 1024, "no up-to-date copy is reachable: every read must fail");
+    assert_eq!(
+        refused, 1024,
+        "no up-to-date copy is reachable: every read must fail"
+    );
     assert!(message.contains("up-to-date"), "{message}");
-    let last = port_stats(&client(&san, 1)).last_refusal.unwrap_or_default();
-    assert!(last.contains("slice 1") && last.contains("node 2"), "{last}");
+    let last = port_stats(&client(&san, 1))
+        .last_refusal
+        .unwrap_or_default();
+    assert!(
+        last.contains("slice 1") && last.contains("node 2"),
+        "{last}"
+    );
     // n1 takes no write alone on a copy that is not up to date either.
     let err = client(&san, 1)
         .write(blocks[0] * BLOCK, &block_content(seed, blocks[0], 3))
@@ -775,9 +792,9 @@ fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
         let c = client(&san, reader);
         for b in [5u64, 15, 25, 35] {
             let mut got = vec![0u8; BLOCK as usize];
-            let err = c
-                .read(b * BLOCK, &mut got)
-                .expect_err(&format!("n{reader} read block {b} of a slice in split brain"));
+            let err = c.read(b * BLOCK, &mut got).expect_err(&format!(
+                "n{reader} read block {b} of a slice in split brain"
+            ));
             assert!(err.to_string().contains("up-to-date"), "{err}");
         }
         c.write(5 * BLOCK, &block_content(seed, 5, 9))
@@ -788,12 +805,24 @@ fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
     client(&san, 2).read(8 << 20, &mut got).unwrap();
     refused(
         &moneta(&[
-            "san", "resolve", "--name", &san.0, "--discard", "n1", "--slice", "1",
+            "san",
+            "resolve",
+            "--name",
+            &san.0,
+            "--discard",
+            "n1",
+            "--slice",
+            "1",
         ]),
         "not in split brain",
     );
     let out = ok(&moneta(&[
-        "san", "resolve", "--name", &san.0, "--discard", "n1",
+        "san",
+        "resolve",
+        "--name",
+        &san.0,
+        "--discard",
+        "n1",
     ]));
     assert!(out.contains("slice 0"), "{out}");
     wait_until(20, "n1's copy of slice 0 resynced from n0", || {

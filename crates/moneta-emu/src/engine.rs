@@ -1174,7 +1174,8 @@ impl<C: StampClock> DeviceThread<C> {
                 r.slice,
                 r.state.as_str(),
                 match r.partner {
-                    Some(p) if r.state == moneta_model::device::network::ReplicaState::SplitBrain =>
+                    Some(p)
+                        if r.state == moneta_model::device::network::ReplicaState::SplitBrain =>
                         format!(", in split brain with node {p}: moneta san resolve"),
                     Some(p) => format!(" and node {p}, which holds the other copy, is unreachable"),
                     None => String::new(),

@@ -74,8 +74,8 @@ use crate::dirty::{DirtyMap, GRANULE_BYTES};
 use crate::wall_clock::StampClock;
 use moneta_model::device::network::HeaderFields;
 use moneta_model::device::network::{Packet, PortOutput};
-use moneta_model::device::packet::{PacketHeader, PacketKind};
 use moneta_model::device::network::{ReplicaState, RouteTable};
+use moneta_model::device::packet::{PacketHeader, PacketKind};
 use moneta_model::device::pipeline::{PayloadSource, CMD_WRITE, CTRL_DEGRADED, CTRL_REFUSED};
 use moneta_model::units::Ns;
 use moneta_wire::reliable::PeerState;
@@ -305,8 +305,7 @@ impl PortState {
             .filter_map(|slice| {
                 let partner = routes.partner_of(slice)?;
                 let (lo, hi) = slice_range(routes, slice);
-                let (to_receive, received) =
-                    self.incoming.get(&slice).copied().unwrap_or_default();
+                let (to_receive, received) = self.incoming.get(&slice).copied().unwrap_or_default();
                 Some(SliceStatus {
                     slice: slice as u32,
                     partner,
@@ -444,7 +443,11 @@ impl<C: StampClock> DeviceThread<C> {
         result
     }
 
-    fn discard_in(&mut self, state: &mut PortState, slice: Option<usize>) -> Result<String, String> {
+    fn discard_in(
+        &mut self,
+        state: &mut PortState,
+        slice: Option<usize>,
+    ) -> Result<String, String> {
         let routes = self.driver.device().port().expect("a port").routes.clone();
         let candidates: Vec<usize> = match slice {
             Some(s) if s >= routes.slice_count() => {
@@ -539,9 +542,8 @@ impl<C: StampClock> DeviceThread<C> {
                 // source.
                 if !state.told.contains(&key) {
                     let missed = state.port.dirty.granules_in(peer, lo, hi).min(COUNT_MASK);
-                    let mut word = (slice as u64) << 48
-                        | state_code(routes.state(slice)) << 40
-                        | missed;
+                    let mut word =
+                        (slice as u64) << 48 | state_code(routes.state(slice)) << 40 | missed;
                     if state.retell.contains(&key) {
                         word |= RETELL;
                     }
@@ -554,8 +556,7 @@ impl<C: StampClock> DeviceThread<C> {
                     }
                     continue;
                 }
-                if !state.heard.contains_key(&key)
-                    || routes.state(slice) != ReplicaState::UpToDate
+                if !state.heard.contains_key(&key) || routes.state(slice) != ReplicaState::UpToDate
                 {
                     continue;
                 }
@@ -585,13 +586,8 @@ impl<C: StampClock> DeviceThread<C> {
                 if peer_in_flight >= RESYNC_WINDOW {
                     continue;
                 }
-                for global in state
-                    .port
-                    .dirty
-                    .pending_in(peer, lo, hi, RESYNC_WINDOW * 4)
-                {
-                    if state.resyncing.keys().filter(|&&(p, _)| p == peer).count()
-                        >= RESYNC_WINDOW
+                for global in state.port.dirty.pending_in(peer, lo, hi, RESYNC_WINDOW * 4) {
+                    if state.resyncing.keys().filter(|&&(p, _)| p == peer).count() >= RESYNC_WINDOW
                     {
                         break;
                     }
@@ -839,9 +835,17 @@ impl<C: StampClock> DeviceThread<C> {
         state.refusal(format!(
             "a {} from node {from} on slice {slice}: this node's copy is {} (node {partner} holds \
              the other{})",
-            if h.kind == PacketKind::ReadRequest { "read" } else { "write" },
+            if h.kind == PacketKind::ReadRequest {
+                "read"
+            } else {
+                "write"
+            },
             st.as_str(),
-            if routes.is_down(partner) { ", unreachable" } else { "" }
+            if routes.is_down(partner) {
+                ", unreachable"
+            } else {
+                ""
+            }
         ));
         true
     }

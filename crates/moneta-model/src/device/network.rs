@@ -297,7 +297,9 @@ impl RouteTable {
         if len == 0 || self.states.iter().all(|&s| s == ReplicaState::UpToDate) {
             return None;
         }
-        let last = addr.saturating_add(len - 1).min(self.global_bytes().saturating_sub(1));
+        let last = addr
+            .saturating_add(len - 1)
+            .min(self.global_bytes().saturating_sub(1));
         (self.slice_of(addr)..=self.slice_of(last)).find_map(|slice| {
             let partner = self.partner_of(slice)?;
             let state = self.states[slice];

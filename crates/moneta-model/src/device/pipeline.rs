@@ -952,8 +952,7 @@ impl Device {
                 .filter_map(|copy| routes.holder(addr, copy))
                 .find(|&(n, _)| n != from);
             let local_ok = routes.refusal(addr, s.segment.bytes).is_none()
-                && routes.state(routes.slice_of(addr))
-                    == super::network::ReplicaState::UpToDate;
+                && routes.state(routes.slice_of(addr)) == super::network::ReplicaState::UpToDate;
             match other {
                 Some((n, at)) if !s.retried && n != routes.node && !routes.is_down(n) => {
                     self.segments[slot as usize].retried = true;
