@@ -482,6 +482,19 @@ impl Moneta {
         }
     }
 
+    /// A SAN node's daemon: discard this node's writes in its split-brain
+    /// slices (all, or `slice`), so that each partner's copy wins and
+    /// resyncs this one (the daemon's owner only). Returns what it did.
+    pub fn san_discard(&self, slice: Option<u64>) -> Result<String, EmuError> {
+        match self.call(Request::SanDiscard { slice })? {
+            Response::Said { text } => Ok(text),
+            other => Err(EmuError::new(
+                ErrorKind::Protocol,
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
     /// A SAN node's daemon: inject `faults` (`moneta_wire::LinkFaults`
     /// syntax; `none` heals) into its link to `peer`, or to every peer
     /// (the daemon's owner only).

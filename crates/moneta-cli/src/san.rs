@@ -48,6 +48,10 @@ pub enum SanCommand {
     /// Inject faults into a node's link at run time: drop, corrupt,
     /// duplicate, reorder, delay, partition; `none` heals.
     Fault(crate::san_up::SanFaultArgs),
+    /// Resolve a split brain: NODE discards its writes in the split-brain
+    /// slices it holds (all, or --slice), its partner's copy wins and
+    /// resyncs it (DRBD's discard-my-data).
+    Resolve(crate::san_up::SanResolveArgs),
     /// Local against remote access on a SAN that is up, through node 0's
     /// daemon, beside the simulator's prediction (issue 12 item 8).
     Bench(crate::san_bench::SanBenchArgs),
@@ -294,6 +298,7 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Status(a) => crate::san_up::status(a),
         SanCommand::Restart(a) => crate::san_up::restart(a),
         SanCommand::Fault(a) => crate::san_up::fault(a),
+        SanCommand::Resolve(a) => crate::san_up::resolve(a),
         SanCommand::Bench(a) => crate::san_bench::run(a),
         SanCommand::Sort(a) => crate::san_sort::run(*a),
         SanCommand::SortWorker(a) => crate::sort_worker::run(a),

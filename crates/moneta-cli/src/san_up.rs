@@ -167,6 +167,19 @@ pub struct SanFaultArgs {
     faults: String,
 }
 
+#[derive(Args)]
+pub struct SanResolveArgs {
+    #[arg(long, default_value = "san")]
+    name: String,
+    /// The node whose writes are discarded (name or index): the other
+    /// holder of each slice wins, and resyncs this node's copy from its own.
+    #[arg(long)]
+    discard: String,
+    /// Only this slice (default: every slice the node holds in split brain).
+    #[arg(long)]
+    slice: Option<u64>,
+}
+
 /// What `up` made, for `status`, `down`, `restart` and `sort`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct SanState {
@@ -800,6 +813,14 @@ pub fn fault(a: SanFaultArgs) -> Result<(), String> {
     Ok(())
 }
 
+pub fn resolve(a: SanResolveArgs) -> Result<(), String> {
+    let (state, i) = find_node(&a.name, &a.discard)?;
+    let m = moneta::Moneta::connect(&state.nodes[i].socket).map_err(|e| e.to_string())?;
+    let text = m.san_discard(a.slice).map_err(|e| e.to_string())?;
+    println!("node {}: {text}", state.nodes[i].name);
+    Ok(())
+}
+
 /// `san up` on a SAN that is up: nothing to do if it runs with the same
 /// options and every node is healthy (as `moneta up` twice); otherwise say
 /// what differs or what is broken.
@@ -928,6 +949,67 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             .iter()
                             .flat_map(|p| p.unsynced_partners.iter().map(name_of))
                             .collect();
+                        // Per mirrored slice held here: what a read of
+                        // this copy does (issue 22).
+                        let slices: Vec<serde_json::Value> = port
+                            .iter()
+                            .flat_map(|p| &p.slices)
+                            .map(|x| {
+                                let partner = name_of(&x.partner);
+                                let partner_alive =
+                                    s.nodes.get(x.partner as usize).is_some_and(daemon_alive);
+                                let word = match x.state.as_str() {
+                                    "up-to-date" if !x.partner_up && partner_alive => "partitioned",
+                                    "up-to-date" if !x.partner_up => "degraded",
+                                    "up-to-date" if x.to_send > 0 => "resyncing",
+                                    "up-to-date" => "up-to-date",
+                                    "inconsistent" if x.partner_up => "resyncing",
+                                    "inconsistent" => "outdated",
+                                    "split-brain" => "split-brain",
+                                    _ => "outdated",
+                                };
+                                let detail = match word {
+                                    "partitioned" => format!(
+                                        "{partner} runs but cannot be reached; writes go on here \
+                                         alone ({} granules to resync)",
+                                        x.to_send
+                                    ),
+                                    "degraded" => format!(
+                                        "{partner} unreachable; writes go on here alone ({} \
+                                         granules to resync)",
+                                        x.to_send
+                                    ),
+                                    "resyncing" if x.state == "up-to-date" => {
+                                        format!("to {partner}: {} granules left", x.to_send)
+                                    }
+                                    "resyncing" => format!(
+                                        "from {partner}: {} of {} granules",
+                                        x.received, x.to_receive
+                                    ),
+                                    "outdated" => format!(
+                                        "may have missed writes; not read until {partner} \
+                                         (unreachable) resyncs it"
+                                    ),
+                                    "split-brain" => format!(
+                                        "both {partner} and this copy took writes alone; not \
+                                         read or written until `moneta san resolve`"
+                                    ),
+                                    _ => format!("in sync with {partner}"),
+                                };
+                                serde_json::json!({
+                                    "slice": x.slice,
+                                    "partner": partner,
+                                    "state": word,
+                                    "replica_state": x.state,
+                                    "readable": x.state == "up-to-date",
+                                    "partner_reachable": x.partner_up,
+                                    "to_send": x.to_send,
+                                    "to_receive": x.to_receive,
+                                    "received": x.received,
+                                    "detail": detail,
+                                })
+                            })
+                            .collect();
                         serde_json::json!({
                             "name": n.name,
                             "netns": n.netns,
@@ -946,6 +1028,9 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             "peers_unreachable": unreachable,
                             "split_brain_with": split_brain,
                             "resyncing_from": unsynced,
+                            "slices": slices,
+                            "refusals": port.as_ref().map_or(0, |p| p.refusals),
+                            "last_refusal": port.as_ref().and_then(|p| p.last_refusal.clone()),
                         })
                     })
                     .collect()
@@ -1033,6 +1118,14 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             })
                             .unwrap_or_default()
                     };
+                    for x in n["slices"].as_array().into_iter().flatten() {
+                        println!(
+                            "       slice {:<3} {:<11} {}",
+                            x["slice"],
+                            x["state"].as_str().unwrap_or("?"),
+                            x["detail"].as_str().unwrap_or(""),
+                        );
+                    }
                     for (key, what) in [
                         ("peers_unreachable", "cannot reach"),
                         ("split_brain_with", "split brain with"),

@@ -622,3 +622,258 @@ fn a_partition_with_writers_on_both_sides_is_detected_as_split_brain() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// The content of `block` at `version` (seeded).
+fn block_content(seed: u64, block: u64, version: u64) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    Rng::new((block << 32 | version) ^ seed).fill(&mut b);
+    b
+}
+
+/// `kill -9` of node `node`'s daemon.
+fn kill_node(san: &San, node: usize) {
+    let pid = san.status()["nodes"][node]["pid"].as_u64().unwrap() as i32;
+    // SAFETY: kill(2) of a daemon this test's SAN started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+}
+
+/// Node `node`'s view of its copy of `slice` in `san status --format json`.
+fn slice_state(san: &San, node: usize, slice: u64) -> String {
+    let st = san.status();
+    st["nodes"][node]["slices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|x| x["slice"] == slice)
+        .map(|x| x["state"].as_str().unwrap_or("?").to_string())
+        .unwrap_or_else(|| "none".into())
+}
+
+/// Wait (at most `secs`) until `f` holds.
+#[track_caller]
+fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !f() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: not in {secs} s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Issue 22 item 1: two failures in a row. n1 is killed, 512 blocks of
+/// slice 1 (primary n1, replica n2) are written again through n0 (degraded:
+/// only n2 has them), then n2 is killed too and n1 restarted: n1's copy is
+/// the only one reachable and misses every one of those writes. Reads of
+/// them, through n0 and n1, must give the new version or an error, never
+/// the old one (before issue 22 all 512 came back old, without an error).
+/// Once n2 is back, n1 is resynced and every node reads the new version.
+#[test]
+fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
+    let Some(san) = up_three("d", &["--mirror"]) else {
+        return;
+    };
+    let seed = seed();
+    const BLOCK: u64 = 4096;
+    // Slice 1 is global [8 MiB, 16 MiB).
+    let blocks: Vec<u64> = (0..512).map(|i| (8 << 20) / BLOCK + i * 3).collect();
+    let c0 = client(&san, 0);
+    for &b in &blocks {
+        c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
+    }
+    kill_node(&san, 1);
+    // Writes wait for the failure to be declared (1 s), then go on degraded.
+    for &b in &blocks {
+        c0.write(b * BLOCK, &block_content(seed, b, 2))
+            .unwrap_or_else(|e| panic!("degraded write of block {b}: {e}"));
+    }
+    let n2 = port_stats(&client(&san, 2));
+    assert_eq!(n2.dirty_bytes, 512 * BLOCK, "n2 records what n1 missed");
+    kill_node(&san, 2);
+    ok(&moneta(&[
+        "san", "restart", "--name", &san.0, "--node", "n1",
+    ]));
+    // n1 is up again, n2 is down; n0 must have noticed n2's failure.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let st = slice_state(&san, 1, 1);
+    assert_eq!(
+        st, "outdated",
+        "n1's copy of slice 1 after the double failure"
+    );
+    let (mut new, mut refused) = (0, 0);
+    let mut message = String::new();
+    for reader in [0u16, 1] {
+        let c = client(&san, reader);
+        for &b in &blocks {
+            let mut got = vec![0u8; BLOCK as usize];
+            match c.read(b * BLOCK, &mut got) {
+                Ok(()) => {
+                    assert!(
+                        got != block_content(seed, b, 1),
+                        "n{reader}: block {b} read back its OLD version (a write acknowledged \
+                         before was lost)"
+                    );
+                    assert!(
+                        got == block_content(seed, b, 2),
+                        "n{reader}: block {b} garbled"
+                    );
+                    new += 1;
+                }
+                Err(e) => {
+                    refused += 1;
+                    message = e.to_string();
+                }
+            }
+        }
+    }
+    eprintln!("double failure: {new} reads new, {refused} refused ({message})");
+    assert_eq!(
+        refused, 1024,
+        "no up-to-date copy is reachable: every read must fail"
+    );
+    assert!(message.contains("up-to-date"), "{message}");
+    let last = port_stats(&client(&san, 1))
+        .last_refusal
+        .unwrap_or_default();
+    assert!(
+        last.contains("slice 1") && last.contains("node 2"),
+        "{last}"
+    );
+    // n1 takes no write alone on a copy that is not up to date either.
+    let err = client(&san, 1)
+        .write(blocks[0] * BLOCK, &block_content(seed, blocks[0], 3))
+        .expect_err("a degraded write on an outdated copy");
+    assert!(err.to_string().contains("up-to-date"), "{err}");
+    // n2 comes back: its durable dirty map makes it the source.
+    ok(&moneta(&[
+        "san", "restart", "--name", &san.0, "--node", "n2",
+    ]));
+    wait_until(30, "n1's copy of slice 1 resynced", || {
+        slice_state(&san, 1, 1) == "up-to-date"
+    });
+    for reader in [0u16, 1, 2] {
+        let c = client(&san, reader);
+        for &b in &blocks {
+            let mut got = vec![0u8; BLOCK as usize];
+            c.read(b * BLOCK, &mut got)
+                .unwrap_or_else(|e| panic!("n{reader} reading block {b} after the resync: {e}"));
+            assert!(
+                got == block_content(seed, b, 2),
+                "n{reader}: block {b} is not its last acknowledged version after the resync"
+            );
+        }
+    }
+    // And n1's own copy alone holds them.
+    kill_node(&san, 2);
+    let c1 = client(&san, 1);
+    for &b in &blocks {
+        let mut got = vec![0u8; BLOCK as usize];
+        c1.read(b * BLOCK, &mut got).unwrap();
+        assert!(got == block_content(seed, b, 2), "n1's copy: block {b}");
+    }
+}
+
+/// Issue 22 item 2: split brain end to end. n1 is cut off; n0 and n1 both
+/// write slice 0 (primary n0, replica n1) alone; after healing, reads of
+/// slice 0 are refused on every node, n2 (which holds no copy) included;
+/// `moneta san resolve --discard n1` makes n0's copy win: every node then
+/// reads n0's writes, the blocks only n1 wrote come back as they were
+/// before the partition, and n1's own copy holds exactly that.
+#[test]
+fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
+    let Some(san) = up_three("sb", &["--mirror"]) else {
+        return;
+    };
+    let seed = seed();
+    const BLOCK: u64 = 4096;
+    let (c0, c1) = (client(&san, 0), client(&san, 1));
+    // Slice 0 is global [0, 8 MiB): blocks 0..40 before the partition.
+    for b in 0..40 {
+        c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
+    }
+    fault(&san, "n1", "partition");
+    // n0 writes blocks 0..20 (version 2), n1 writes 10..30 (version 3):
+    // 10..20 both, 20..30 n1 only.
+    for b in 0..20 {
+        c0.write(b * BLOCK, &block_content(seed, b, 2))
+            .unwrap_or_else(|e| panic!("n0 writing block {b} alone: {e}"));
+    }
+    for b in 10..30 {
+        c1.write(b * BLOCK, &block_content(seed, b, 3))
+            .unwrap_or_else(|e| panic!("n1 writing block {b} alone: {e}"));
+    }
+    let st = san.status();
+    assert_eq!(st["state"], "partitioned", "{st:#}");
+    assert_eq!(slice_state(&san, 0, 0), "partitioned");
+    fault(&san, "n1", "none");
+    wait_until(15, "split brain on slice 0 seen by n0 and n1", || {
+        slice_state(&san, 0, 0) == "split-brain" && slice_state(&san, 1, 0) == "split-brain"
+    });
+    let st = san.status();
+    assert_eq!(st["state"], "split-brain", "{st:#}");
+    // Refused everywhere, n2 included (it used to alternate between sides).
+    for reader in [0u16, 1, 2] {
+        let c = client(&san, reader);
+        for b in [5u64, 15, 25, 35] {
+            let mut got = vec![0u8; BLOCK as usize];
+            let err = c.read(b * BLOCK, &mut got).expect_err(&format!(
+                "n{reader} read block {b} of a slice in split brain"
+            ));
+            assert!(err.to_string().contains("up-to-date"), "{err}");
+        }
+        c.write(5 * BLOCK, &block_content(seed, 5, 9))
+            .expect_err("a write to a slice in split brain");
+    }
+    // Slice 1 (n1 and n2) and slice 2 (n2 and n0) are not affected.
+    let mut got = vec![0u8; BLOCK as usize];
+    client(&san, 2).read(8 << 20, &mut got).unwrap();
+    refused(
+        &moneta(&[
+            "san",
+            "resolve",
+            "--name",
+            &san.0,
+            "--discard",
+            "n1",
+            "--slice",
+            "1",
+        ]),
+        "not in split brain",
+    );
+    let out = ok(&moneta(&[
+        "san",
+        "resolve",
+        "--name",
+        &san.0,
+        "--discard",
+        "n1",
+    ]));
+    assert!(out.contains("slice 0"), "{out}");
+    wait_until(20, "n1's copy of slice 0 resynced from n0", || {
+        slice_state(&san, 1, 0) == "up-to-date" && slice_state(&san, 0, 0) == "up-to-date"
+    });
+    assert_eq!(san.status()["state"], "up");
+    let expect = |b: u64| match b {
+        0..20 => block_content(seed, b, 2),
+        _ => block_content(seed, b, 1),
+    };
+    for reader in [0u16, 1, 2] {
+        let c = client(&san, reader);
+        for b in 0..40 {
+            let mut got = vec![0u8; BLOCK as usize];
+            c.read(b * BLOCK, &mut got)
+                .unwrap_or_else(|e| panic!("n{reader} reading block {b} after resolve: {e}"));
+            assert!(got == expect(b), "n{reader}: block {b} is not n0's side");
+        }
+    }
+    // n1's own copy holds n0's side (n0 gone: n1 reads its copy).
+    kill_node(&san, 0);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    for b in 0..40 {
+        let mut got = vec![0u8; BLOCK as usize];
+        c1.read(b * BLOCK, &mut got)
+            .unwrap_or_else(|e| panic!("n1 alone reading block {b}: {e}"));
+        assert!(got == expect(b), "n1's copy: block {b} is not n0's side");
+    }
+}

@@ -142,10 +142,13 @@ pub enum ResultCode {
     DeviceFailure = 7,
     /// A QuickSAN peer holding the data failed and no replica is up.
     PeerUnreachable = 8,
+    /// No up-to-date copy of a mirrored slice is reachable: the copies left
+    /// may have missed acknowledged writes, or are in split brain (issue 22).
+    NoUpToDateCopy = 9,
 }
 
 impl ResultCode {
-    pub const ALL: [ResultCode; 9] = [
+    pub const ALL: [ResultCode; 10] = [
         ResultCode::Ok,
         ResultCode::MissingRecord,
         ResultCode::PermissionDenied,
@@ -155,6 +158,7 @@ impl ResultCode {
         ResultCode::OutOfRange,
         ResultCode::DeviceFailure,
         ResultCode::PeerUnreachable,
+        ResultCode::NoUpToDateCopy,
     ];
 
     /// Decode a code read from shared memory; unknown values are failures.
@@ -176,6 +180,11 @@ impl ResultCode {
             ResultCode::OutOfRange => "access beyond the device's capacity",
             ResultCode::DeviceFailure => "device failure",
             ResultCode::PeerUnreachable => "the SAN peer holding the data is unreachable",
+            ResultCode::NoUpToDateCopy => {
+                "no up-to-date copy of the mirrored slice is reachable (a copy that may have \
+                 missed writes is never read; `moneta san status` names the slice's state and \
+                 the missing peer)"
+            }
         }
     }
 }

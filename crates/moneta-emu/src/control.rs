@@ -95,6 +95,13 @@ pub enum Request {
         peer: Option<u16>,
         faults: String,
     },
+    /// A SAN node discards its writes in its split-brain slices (all, or
+    /// `slice`): the partner's copy wins (`moneta san resolve --discard`;
+    /// daemon owner only).
+    SanDiscard {
+        #[serde(default)]
+        slice: Option<u64>,
+    },
 }
 
 /// What a client learns about its channel.
@@ -217,6 +224,10 @@ pub enum Response {
         token: u64,
     },
     Done {},
+    /// What a request did, in words.
+    Said {
+        text: String,
+    },
     Error {
         kind: ErrorKind,
         message: String,
@@ -501,6 +512,11 @@ impl ControlPlane {
                     None => handle.set_all(parsed),
                 }
                 Ok((Response::Done {}, None))
+            }
+            Request::SanDiscard { slice } => {
+                self.owner_only(session, "SAN split-brain resolution")?;
+                let text = self.engine.san_discard(slice.map(|s| s as usize))?;
+                Ok((Response::Said { text }, None))
             }
             Request::GrantRaw { start, len, write } => {
                 self.owner_only(session, "raw grants")?;

@@ -6,13 +6,22 @@
 //! exactly those granules from this node's copy, and clears each once the
 //! peer has acknowledged it.
 //!
-//! The map is kept in a file beside the image (`save` after changes, at
-//! most every `SAVE_INTERVAL_NS`; and at once when the last entry for a
-//! peer clears), so that a node that itself restarts while a peer is behind
-//! still knows what to resync.
+//! The map is kept in a file beside the image, so that a node that itself
+//! restarts while a peer is behind still knows what to resync. A granule
+//! newly marked is durable before the write that marked it is acknowledged
+//! (issue 22: DRBD's activity log): the port appends the new granules to
+//! the file and fdatasyncs it (`flush`) once per turn of the device thread
+//! that marked any, before any completion of that turn leaves. Clears are
+//! not urgent (a granule left in the file is only resynced once more): the
+//! whole file is rewritten (`save`, atomically) at most every
+//! `SAVE_INTERVAL_NS` while clears happen, and at once when the map empties.
+//!
+//! The file also tells a daemon whether its image served before (`fresh`):
+//! a node starting on an image that did may have missed writes while it
+//! was away, so its copies start `Outdated` (engine/port.rs).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// Granule of the map: a missed write marks every granule it touches.
@@ -23,13 +32,32 @@ pub const GRANULE_BYTES: u64 = 4096;
 pub struct DirtyMap {
     missed: BTreeMap<u16, BTreeSet<u64>>,
     path: Option<PathBuf>,
+    /// Cleared since the last `save` (the file holds more than the map).
     changed: bool,
+    /// Marked since the last `flush` or `save`, not yet in the file.
+    unsaved: Vec<(u16, u64)>,
+    /// The file, open for appending (reopened after each `save`).
+    append: Option<std::fs::File>,
+    /// There was no file: this image never served as a SAN node before.
+    fresh: bool,
+    /// `flush`es done (each one write and one fdatasync) and their time.
+    pub flushes: u64,
+    pub flush_ns: u64,
 }
 
 impl DirtyMap {
     /// An empty map kept only in memory.
     pub fn in_memory() -> DirtyMap {
-        DirtyMap::default()
+        DirtyMap {
+            fresh: true,
+            ..DirtyMap::default()
+        }
+    }
+
+    /// Whether there was no file when the map was loaded (the image never
+    /// served as a SAN node), or the map lives only in memory.
+    pub fn fresh(&self) -> bool {
+        self.fresh
     }
 
     /// The map saved at `path` (empty if there is no file yet). A file that
@@ -41,7 +69,13 @@ impl DirtyMap {
         };
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(map),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                // Created now: a later start knows the image served.
+                std::fs::write(path, "")?;
+                std::fs::File::open(path)?.sync_all()?;
+                map.fresh = true;
+                return Ok(map);
+            }
             Err(e) => return Err(e),
         };
         for (n, line) in text.lines().enumerate() {
@@ -70,9 +104,76 @@ impl DirtyMap {
         }
         let set = self.missed.entry(node).or_default();
         for g in addr / GRANULE_BYTES..=(addr + bytes - 1) / GRANULE_BYTES {
-            set.insert(g);
+            if set.insert(g) {
+                self.unsaved.push((node, g));
+            }
         }
-        self.changed = true;
+    }
+
+    /// Granules marked that are not yet durable.
+    pub fn needs_flush(&self) -> bool {
+        !self.unsaved.is_empty()
+    }
+
+    /// Make the granules marked since the last flush durable: append them
+    /// to the file and fdatasync it (module header). Without a file,
+    /// nothing to do.
+    pub fn flush(&mut self) -> io::Result<()> {
+        if self.unsaved.is_empty() {
+            return Ok(());
+        }
+        let Some(path) = &self.path else {
+            self.unsaved.clear();
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        if self.append.is_none() {
+            self.append = Some(std::fs::OpenOptions::new().append(true).open(path)?);
+        }
+        let mut text = String::with_capacity(self.unsaved.len() * 12);
+        for (peer, g) in &self.unsaved {
+            text += &format!("{peer} {g}\n");
+        }
+        let file = self.append.as_mut().expect("opened");
+        file.write_all(text.as_bytes())?;
+        file.sync_data()?;
+        self.unsaved.clear();
+        self.flushes += 1;
+        self.flush_ns += started.elapsed().as_nanos() as u64;
+        Ok(())
+    }
+
+    /// Up to `max` granules `node` still misses in global `[lo, hi)`,
+    /// from the lowest, as global byte addresses.
+    pub fn pending_in(&self, node: u16, lo: u64, hi: u64, max: usize) -> Vec<u64> {
+        self.missed
+            .get(&node)
+            .map(|s| {
+                s.range(lo / GRANULE_BYTES..hi.div_ceil(GRANULE_BYTES))
+                    .take(max)
+                    .map(|g| g * GRANULE_BYTES)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Granules `node` misses in global `[lo, hi)`.
+    pub fn granules_in(&self, node: u16, lo: u64, hi: u64) -> u64 {
+        self.missed.get(&node).map_or(0, |s| {
+            s.range(lo / GRANULE_BYTES..hi.div_ceil(GRANULE_BYTES))
+                .count() as u64
+        })
+    }
+
+    /// Forget what `node` misses in global `[lo, hi)` (this side's writes
+    /// there are discarded: `moneta san resolve`); returns the granules'
+    /// global addresses.
+    pub fn take_in(&mut self, node: u16, lo: u64, hi: u64) -> Vec<u64> {
+        let taken = self.pending_in(node, lo, hi, usize::MAX);
+        for &g in &taken {
+            self.clear(node, g);
+        }
+        taken
     }
 
     /// Up to `max` granules `node` still misses, from the lowest, as
@@ -114,14 +215,15 @@ impl DirtyMap {
         self.changed
     }
 
-    /// Write the map to its file (atomically: a temporary file renamed
-    /// over it), if it has one and changed.
+    /// Write the whole map to its file (atomically: a temporary file
+    /// renamed over it), if it has one and granules were cleared since.
     pub fn save(&mut self) -> io::Result<()> {
         let Some(path) = &self.path else {
             self.changed = false;
+            self.unsaved.clear();
             return Ok(());
         };
-        if !self.changed {
+        if !self.changed && self.unsaved.is_empty() {
             return Ok(());
         }
         let mut text = String::new();
@@ -135,6 +237,9 @@ impl DirtyMap {
         std::fs::File::open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, path)?;
         self.changed = false;
+        // The new file holds everything marked; appends go to it now.
+        self.unsaved.clear();
+        self.append = None;
         Ok(())
     }
 }
@@ -158,6 +263,12 @@ mod tests {
         assert_eq!(again.pending(1, 10), vec![8192]);
         again.clear(1, 8192);
         assert!(again.is_clean(1) && !again.is_clean(2));
+        // Marks are durable after a flush alone, without a save.
+        again.mark(3, 0, 1);
+        again.flush().unwrap();
+        let third = DirtyMap::load(&path).unwrap();
+        assert_eq!(third.pending(3, 10), vec![0]);
+        assert!(!third.fresh());
         std::fs::write(&path, "1 x\n").unwrap();
         assert!(DirtyMap::load(&path).is_err());
         std::fs::remove_dir_all(&dir).unwrap();

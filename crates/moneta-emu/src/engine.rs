@@ -246,6 +246,11 @@ enum ControlOp {
     Stats {
         done: mpsc::SyncSender<EngineStats>,
     },
+    /// A SAN node discards its writes in split-brain slices (all, or one).
+    SanDiscard {
+        slice: Option<usize>,
+        done: mpsc::SyncSender<Result<String, String>>,
+    },
 }
 
 /// One entry of the hardware error queue (SPEC §3.5).
@@ -544,6 +549,16 @@ impl Engine {
         self.send(ControlOp::Stats { done })?;
         Self::wait(rx, "report statistics")
     }
+
+    /// A SAN node: discard this node's writes in its split-brain slices
+    /// (all, or `slice`): the partner's copy wins and resyncs this one
+    /// (`moneta san resolve --discard`). Returns what was done.
+    pub fn san_discard(&self, slice: Option<usize>) -> Result<String, EmuError> {
+        let (done, rx) = mpsc::sync_channel(1);
+        self.send(ControlOp::SanDiscard { slice, done })?;
+        Self::wait(rx, "discard a split brain side")?
+            .map_err(|e| EmuError::new(ErrorKind::Protocol, e))
+    }
 }
 
 impl Drop for Engine {
@@ -645,9 +660,12 @@ impl<C: StampClock> DeviceThread<C> {
                 let timing = moneta_model::san::fabric::FabricTiming::derive(&config.network)
                     .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
                 let mut routes: RouteTable = san.routes.clone();
-                // Until each mirror partner says this node's copies are in
-                // sync, reads of them go to the partner (engine/port.rs).
-                routes.set_unsynced(&routes.partners());
+                // On an image that served before, every copy may have
+                // missed writes while this node was away: outdated until
+                // each partner says what it missed (engine/port.rs).
+                if !san.dirty.fresh() {
+                    routes.set_all_outdated();
+                }
                 let network = NetworkPort::new(&config.network, routes, timing.nic_tx_ns);
                 let driver =
                     DeviceDriver::with_port(config, options.seed, CHANNELS as u16, network);
@@ -811,6 +829,9 @@ impl<C: StampClock> DeviceThread<C> {
                 ControlOp::Stats { done } => {
                     let _ = done.send(self.snapshot());
                 }
+                ControlOp::SanDiscard { slice, done } => {
+                    let _ = done.send(self.discard(slice));
+                }
             }
         }
     }
@@ -852,7 +873,11 @@ impl<C: StampClock> DeviceThread<C> {
         s.accept_delay_ns_mean = self.accept_delay.mean_ns();
         s.accept_delay_ns_p99 = self.accept_delay.percentile_ns(0.99);
         s.device_time_requests = self.device_time.count();
-        s.san = self.port.as_ref().map(|p| p.stats());
+        s.san = match (self.port.as_ref(), self.driver.device().port()) {
+            (Some(p), Some(np)) => Some(p.stats_with(&np.routes)),
+            (Some(p), None) => Some(p.stats()),
+            _ => None,
+        };
         s.device_time_us = self
             .device_time
             .mean_us()
@@ -894,6 +919,13 @@ impl<C: StampClock> DeviceThread<C> {
         if self.finished.is_empty() {
             return;
         }
+        // What degraded writes marked is durable before they are
+        // acknowledged (dirty.rs).
+        if let Some(mut state) = self.port.take() {
+            self.collect_port_output(&mut state);
+            state.flush_dirty();
+            self.port = Some(state);
+        }
         let posted = self.clock.now();
         let mut finished = std::mem::take(&mut self.finished);
         for f in finished.drain(..) {
@@ -905,7 +937,9 @@ impl<C: StampClock> DeviceThread<C> {
                 ch.free_at[tag as usize] = posted.max(due);
             }
             self.device_time.record_device(&f.completion.parts);
-            let code = if f.completion.failed {
+            let code = if f.completion.refused {
+                ResultCode::NoUpToDateCopy
+            } else if f.completion.failed {
                 ResultCode::PeerUnreachable
             } else {
                 ResultCode::Ok
@@ -1146,6 +1180,34 @@ impl<C: StampClock> DeviceThread<C> {
         let at = self.entry_time(now, channel, tag, stamp);
         self.deliver_due_events(at);
         self.model_floor = at;
+        // A SAN node's own copies: one that may have missed writes is not
+        // read, nor written alone; one in split brain neither (issue 22).
+        let refused = self
+            .driver
+            .device()
+            .port()
+            .and_then(|p| Some((p.routes.refusal(cmd.addr.0, cmd.len_bytes)?, p.routes.node)));
+        if let Some((r, node)) = refused {
+            let why = format!(
+                "a {} of {} B at global {} on node {node}: slice {}'s copy here is {}{}",
+                cmd.op.as_str(),
+                cmd.len_bytes,
+                cmd.addr.0,
+                r.slice,
+                r.state.as_str(),
+                match r.partner {
+                    Some(p)
+                        if r.state == moneta_model::device::network::ReplicaState::SplitBrain =>
+                        format!(", in split brain with node {p}: moneta san resolve"),
+                    Some(p) => format!(" and node {p}, which holds the other copy, is unreachable"),
+                    None => String::new(),
+                }
+            );
+            if let Some(p) = self.port.as_mut() {
+                p.refusal(why);
+            }
+            return fail(self, ResultCode::NoUpToDateCopy);
+        }
         let request = ChannelRequest {
             op: cmd.op,
             addr: DeviceAddr(cmd.addr.0),

@@ -41,19 +41,42 @@
 //!   partner from that partner until the partner says it is in sync (the
 //!   direction of the resync: the partner that stayed up holds the newer
 //!   copies, and says which). A partner that is down is not waited for.
-//! - each time two partners meet, each first says how many granules the
-//!   other missed here (`MISSED_TAG`, DRBD's generations reduced to what
-//!   decides the direction): the side that wrote alone resyncs the other;
-//!   if both did (a partition with writers on both sides), that is split
-//!   brain: neither resyncs, and stats list the partner.
+//! - replica states (issue 22, after DRBD): each node keeps, per mirrored
+//!   slice it holds, the state of its copy (`ReplicaState` in the model's
+//!   route table): up-to-date, outdated (it started again on an image that
+//!   served before and has not yet heard from its partner what it missed),
+//!   inconsistent (the target of a resync in progress) or split brain. Only
+//!   an up-to-date copy is read, and only an up-to-date copy takes a write
+//!   alone (degraded). A holder refuses a peer's read of a copy that is
+//!   not up to date with a write completion flagged `CTRL_REFUSED`; the
+//!   requester then asks the other holder once, or fails the request
+//!   (`ResultCode::NoUpToDateCopy`). Reads of this node's own copy that is
+//!   not up to date go to the partner while it is up, else fail;
+//! - each time two partners meet, each first says, per slice they share,
+//!   the state of its copy and how many granules the other missed here
+//!   (`MISSED_TAG`, DRBD's generations reduced to what decides the
+//!   direction): the side that wrote alone is the source and the other
+//!   becomes inconsistent until the source says the slice is in sync
+//!   (`SYNC_DONE_TAG`); if neither missed anything both are up to date;
+//!   if both did (a partition with writers on both sides), the slice is in
+//!   split brain on both: neither resyncs, neither serves it, until `moneta
+//!   san resolve --discard NODE` on one side: that side sends the granules
+//!   it wrote alone to the other (`DISCARD_TAG`, so the resync covers the
+//!   union of both sides' writes, as DRBD merges the bitmaps), forgets
+//!   them, becomes outdated and asks to be told again (`MISSED_TAG` with
+//!   `RETELL`): the other side is then the source of an ordinary resync.
+//! - the dirty map is durable before a degraded write is acknowledged
+//!   (`dirty.rs`: the granules a turn marked are appended and fdatasynced
+//!   before any completion of that turn leaves).
 
 use super::{DeviceThread, SLICE_BYTES};
 use crate::dirty::{DirtyMap, GRANULE_BYTES};
 use crate::wall_clock::StampClock;
 use moneta_model::device::network::HeaderFields;
 use moneta_model::device::network::{Packet, PortOutput};
+use moneta_model::device::network::{ReplicaState, RouteTable};
 use moneta_model::device::packet::{PacketHeader, PacketKind};
-use moneta_model::device::pipeline::{PayloadSource, CMD_WRITE, CTRL_DEGRADED};
+use moneta_model::device::pipeline::{PayloadSource, CMD_WRITE, CTRL_DEGRADED, CTRL_REFUSED};
 use moneta_model::units::Ns;
 use moneta_wire::reliable::PeerState;
 use moneta_wire::{Endpoint, Transport, WireError, WireEvent};
@@ -65,8 +88,16 @@ pub const RESYNC_TAG: u16 = u16::MAX;
 /// The TAG of a completion that tells a partner it is in sync with us.
 pub const SYNC_DONE_TAG: u16 = u16::MAX - 1;
 /// The TAG of a completion that tells a partner, each time it comes up,
-/// how many granules it missed here (its ADDR field).
+/// per slice they share, the state of this copy and how many granules it
+/// missed here (ADDR: slice << 48 | RETELL | state << 40 | count).
 pub const MISSED_TAG: u16 = u16::MAX - 2;
+/// The TAG of a completion that hands a partner a granule (global ADDR)
+/// this node wrote alone and discards (`moneta san resolve`): the
+/// partner resyncs it too.
+pub const DISCARD_TAG: u16 = u16::MAX - 3;
+/// In a `MISSED_TAG` ADDR: tell me again (this side discarded its writes).
+const RETELL: u64 = 1 << 47;
+const COUNT_MASK: u64 = (1 << 40) - 1;
 /// Resync writes in flight per peer at most.
 const RESYNC_WINDOW: usize = 16;
 /// The dirty map is saved at most this often while it changes.
@@ -118,10 +149,43 @@ pub struct PortStats {
     /// writes there (both wrote degraded: a partition with writers on both
     /// sides). Neither side resyncs the other automatically.
     pub split_brain_peers: Vec<u16>,
+    /// Per mirrored slice this node holds a copy of: its state (issue 22).
+    #[serde(default)]
+    pub slices: Vec<SliceStatus>,
+    /// Requests refused for want of an up-to-date copy, and the last one
+    /// (which slice, whose copy, why).
+    #[serde(default)]
+    pub refusals: u64,
+    #[serde(default)]
+    pub last_refusal: Option<String>,
+    /// Durable appends of the dirty map (one fdatasync each) and their
+    /// total time.
+    #[serde(default)]
+    pub dirty_flushes: u64,
+    #[serde(default)]
+    pub dirty_flush_ns: u64,
     pub retransmits: u64,
     pub crc_errors: u64,
     pub pauses_sent: u64,
     pub pauses_received: u64,
+}
+
+/// The state of this node's copy of one mirrored slice (`moneta san status`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SliceStatus {
+    pub slice: u32,
+    /// The other holder.
+    pub partner: u16,
+    /// `ReplicaState::as_str`: up-to-date, outdated, inconsistent, split-brain.
+    pub state: String,
+    /// The wire's session with the partner is up.
+    pub partner_up: bool,
+    /// Granules the partner misses here (this copy resyncs them to it).
+    pub to_send: u64,
+    /// As a resync target: granules the partner said this copy missed,
+    /// and resync writes received since.
+    pub to_receive: u64,
+    pub received: u64,
 }
 
 pub(super) struct PortState {
@@ -134,15 +198,46 @@ pub(super) struct PortState {
     /// Resync writes in flight: (peer, its device address) → global
     /// address, and whether the granule was written again meanwhile.
     resyncing: BTreeMap<(u16, u64), (u64, bool)>,
-    /// Partners told they are in sync with us (since they were last up).
-    announced: BTreeSet<u16>,
-    /// Partners told how many granules they missed here, and what each
-    /// said it holds for us, since they were last up.
-    told: BTreeSet<u16>,
-    heard: BTreeMap<u16, u64>,
-    /// Partners that missed writes here while we missed writes there.
-    split_brain: BTreeSet<u16>,
+    /// (Partner, slice) told the slice is in sync with us (since the
+    /// partner was last up).
+    announced: BTreeSet<(u16, usize)>,
+    /// (Partner, slice) told how many granules it missed here, and what
+    /// each said (its state, what we missed there), since it was last up.
+    told: BTreeSet<(u16, usize)>,
+    heard: BTreeMap<(u16, usize), (ReplicaState, u64)>,
+    /// Slices whose next `MISSED_TAG` asks to be told again.
+    retell: BTreeSet<(u16, usize)>,
+    /// Granules this node discarded, to hand to the partner first.
+    discards: BTreeMap<u16, VecDeque<u64>>,
+    /// As a resync target, per slice: granules to come, and come.
+    incoming: BTreeMap<usize, (u64, u64)>,
+    /// Refusals to send (the window was full).
+    refusals_out: VecDeque<(u16, PacketHeader)>,
     last_save_ns: Ns,
+}
+
+fn state_code(s: ReplicaState) -> u64 {
+    match s {
+        ReplicaState::UpToDate => 0,
+        ReplicaState::Outdated => 1,
+        ReplicaState::Inconsistent => 2,
+        ReplicaState::SplitBrain => 3,
+    }
+}
+
+fn state_of_code(c: u64) -> ReplicaState {
+    match c {
+        0 => ReplicaState::UpToDate,
+        2 => ReplicaState::Inconsistent,
+        3 => ReplicaState::SplitBrain,
+        _ => ReplicaState::Outdated,
+    }
+}
+
+/// Global `[lo, hi)` of `slice`.
+fn slice_range(routes: &RouteTable, slice: usize) -> (u64, u64) {
+    let b = routes.slice_bytes();
+    (slice as u64 * b, (slice as u64 + 1) * b)
 }
 
 impl PortState {
@@ -161,7 +256,10 @@ impl PortState {
             announced: BTreeSet::new(),
             told: BTreeSet::new(),
             heard: BTreeMap::new(),
-            split_brain: BTreeSet::new(),
+            retell: BTreeSet::new(),
+            discards: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            refusals_out: VecDeque::new(),
             last_save_ns: 0,
         }
     }
@@ -181,6 +279,57 @@ impl PortState {
         }
     }
 
+    /// A request was refused for want of an up-to-date copy: count it,
+    /// keep and log why.
+    pub(super) fn refusal(&mut self, why: String) {
+        self.stats.refusals += 1;
+        if self.stats.refusals <= 20 || self.stats.refusals.is_power_of_two() {
+            eprintln!("monetad: refused ({} so far): {why}", self.stats.refusals);
+        }
+        self.stats.last_refusal = Some(why);
+    }
+
+    /// Make every granule marked so far durable (before an acknowledgement).
+    pub(super) fn flush_dirty(&mut self) {
+        if self.port.dirty.needs_flush() {
+            if let Err(e) = self.port.dirty.flush() {
+                self.stats.dirty_save_error = Some(e.to_string());
+            }
+        }
+    }
+
+    pub(super) fn stats_with(&self, routes: &RouteTable) -> PortStats {
+        let mut s = self.stats();
+        let e = &self.port.endpoint;
+        s.slices = (0..routes.slice_count())
+            .filter_map(|slice| {
+                let partner = routes.partner_of(slice)?;
+                let (lo, hi) = slice_range(routes, slice);
+                let (to_receive, received) = self.incoming.get(&slice).copied().unwrap_or_default();
+                Some(SliceStatus {
+                    slice: slice as u32,
+                    partner,
+                    state: routes.state(slice).as_str().to_string(),
+                    partner_up: e.peer_state(partner) == Some(PeerState::Up),
+                    to_send: self.port.dirty.granules_in(partner, lo, hi),
+                    to_receive,
+                    received: received.min(to_receive),
+                })
+            })
+            .collect();
+        s.split_brain_peers = s
+            .slices
+            .iter()
+            .filter(|x| x.state == ReplicaState::SplitBrain.as_str())
+            .map(|x| x.partner)
+            .collect();
+        s.split_brain_peers.dedup();
+        s.unsynced_partners = routes.unsynced();
+        s.dirty_flushes = self.port.dirty.flushes;
+        s.dirty_flush_ns = self.port.dirty.flush_ns;
+        s
+    }
+
     pub(super) fn stats(&self) -> PortStats {
         let mut s = self.stats.clone();
         let e = &self.port.endpoint;
@@ -198,7 +347,6 @@ impl PortState {
             })
             .collect();
         s.dirty_bytes = self.port.dirty.bytes();
-        s.split_brain_peers = self.split_brain.iter().copied().collect();
         let w = e.stats();
         s.retransmits = w.retransmits;
         s.crc_errors = w.crc_errors;
@@ -241,15 +389,22 @@ impl<C: StampClock> DeviceThread<C> {
                     peer
                 }
             };
-            state.announced.remove(&peer);
-            state.told.remove(&peer);
-            state.heard.remove(&peer);
-            state.split_brain.remove(&peer);
+            state.announced.retain(|&(p, _)| p != peer);
+            state.told.retain(|&(p, _)| p != peer);
+            state.heard.retain(|&(p, _), _| p != peer);
+            state.retell.retain(|&(p, _)| p != peer);
             state.resyncing.retain(|&(p, _), _| p != peer);
+            let routes = &self.driver.device().port().expect("a port").routes;
+            for slice in routes.shared_slices(peer) {
+                state.incoming.remove(&slice);
+            }
         }
         worked |= self.take_arrivals(&mut state, now);
         self.collect_port_output(&mut state);
+        // Granules marked this turn are durable before anything leaves.
+        state.flush_dirty();
         worked |= self.send_due(&mut state, now);
+        worked |= self.send_refusals(&mut state, now);
         worked |= self.resync(&mut state, now);
         if state.port.dirty.is_changed()
             && (now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.bytes() == 0)
@@ -257,106 +412,274 @@ impl<C: StampClock> DeviceThread<C> {
             state.last_save_ns = now;
             state.stats.dirty_save_error = state.port.dirty.save().err().map(|e| e.to_string());
         }
-        state.stats.unsynced_partners = self
-            .driver
-            .routes_mut()
-            .map(|r| r.unsynced().to_vec())
-            .unwrap_or_default();
         self.port = Some(state);
         worked
     }
 
-    /// Resync partners that are up from the dirty map, and tell those in
-    /// sync that they are (module header).
-    fn resync(&mut self, state: &mut PortState, now: Ns) -> bool {
+    /// Send the refusals the window held back.
+    fn send_refusals(&mut self, state: &mut PortState, now: Ns) -> bool {
         let mut worked = false;
-        let peers = state.port.endpoint.config().peers.clone();
-        for peer in peers {
-            if state.port.endpoint.peer_state(peer) != Some(PeerState::Up) {
-                continue;
-            }
-            // Generations, DRBD-style: each side first says how much the
-            // other missed here; the side that wrote alone is the source.
-            if !state.told.contains(&peer) {
-                let missed = state.port.dirty.granules(peer);
-                let header =
-                    self.header_to(peer, PacketKind::WriteCompletion, missed, MISSED_TAG, 0);
-                if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
+        while let Some(&(peer, header)) = state.refusals_out.front() {
+            match state.port.endpoint.send(now, peer, header, &[]) {
+                Err(WireError::WindowFull { .. }) => break,
+                _ => {
                     worked = true;
-                    state.told.insert(peer);
-                }
-                continue;
-            }
-            let Some(&theirs) = state.heard.get(&peer) else {
-                continue;
-            };
-            if theirs > 0 && !state.port.dirty.is_clean(peer) {
-                if state.split_brain.insert(peer) {
-                    eprintln!(
-                        "monetad: split brain with node {peer}: it missed {} granules here and \
-                         this node missed {theirs} there; neither is resynced (moneta stats: san)",
-                        state.port.dirty.granules(peer)
-                    );
-                }
-                continue;
-            }
-            if state.port.dirty.is_clean(peer) {
-                if state.resyncing.keys().any(|&(p, _)| p == peer)
-                    || state.announced.contains(&peer)
-                {
-                    continue;
-                }
-                let header = self.header_to(peer, PacketKind::WriteCompletion, 0, SYNC_DONE_TAG, 0);
-                if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
-                    worked = true;
-                    state.announced.insert(peer);
-                }
-                continue;
-            }
-            let in_flight = state.resyncing.keys().filter(|&&(p, _)| p == peer).count();
-            if in_flight >= RESYNC_WINDOW {
-                continue;
-            }
-            let routes = self.driver.device().port().expect("a port").routes.clone();
-            for global in state.port.dirty.pending(peer, RESYNC_WINDOW * 4) {
-                if state.resyncing.len() >= RESYNC_WINDOW + in_flight {
-                    break;
-                }
-                let there = (0..2)
-                    .filter_map(|c| routes.holder(global, c))
-                    .find(|&(n, _)| n == peer);
-                let (Some((_, at)), Some(local)) = (there, routes.local_copy(global)) else {
-                    // Not a copy we share (a stale map): nothing to send.
-                    state.port.dirty.clear(peer, global);
-                    continue;
-                };
-                if state.resyncing.contains_key(&(peer, at)) {
-                    continue;
-                }
-                let bytes = GRANULE_BYTES as usize;
-                // SAFETY: scratch holds at least a granule.
-                let read = unsafe {
-                    self.shared
-                        .medium
-                        .read_into(local, state.scratch.as_mut_ptr(), bytes)
-                };
-                if read.is_err() {
-                    continue;
-                }
-                let header =
-                    self.header_to(peer, PacketKind::WriteRequest, at, RESYNC_TAG, bytes as u16);
-                if state
-                    .port
-                    .endpoint
-                    .send(now, peer, header, &state.scratch[..bytes])
-                    .is_ok()
-                {
-                    worked = true;
-                    state.resyncing.insert((peer, at), (global, false));
+                    state.refusals_out.pop_front();
                 }
             }
         }
         worked
+    }
+
+    /// `moneta san resolve --discard` on this node: its writes in the
+    /// split-brain slices it holds (all, or `slice`) are discarded and its
+    /// partner's copy wins (module header). Returns what it did.
+    pub(super) fn discard(&mut self, slice: Option<usize>) -> Result<String, String> {
+        let Some(mut state) = self.port.take() else {
+            return Err("this daemon is not a SAN node".into());
+        };
+        let result = self.discard_in(&mut state, slice);
+        self.port = Some(state);
+        result
+    }
+
+    fn discard_in(
+        &mut self,
+        state: &mut PortState,
+        slice: Option<usize>,
+    ) -> Result<String, String> {
+        let routes = self.driver.device().port().expect("a port").routes.clone();
+        let candidates: Vec<usize> = match slice {
+            Some(s) if s >= routes.slice_count() => {
+                return Err(format!(
+                    "slice {s} does not exist (the SAN has {})",
+                    routes.slice_count()
+                ))
+            }
+            Some(s) if routes.partner_of(s).is_none() => {
+                return Err(format!("this node holds no mirrored copy of slice {s}"))
+            }
+            Some(s) if routes.state(s) != ReplicaState::SplitBrain => {
+                return Err(format!(
+                    "slice {s} is not in split brain here (its copy is {})",
+                    routes.state(s).as_str()
+                ))
+            }
+            Some(s) => vec![s],
+            None => (0..routes.slice_count())
+                .filter(|&s| routes.state(s) == ReplicaState::SplitBrain)
+                .collect(),
+        };
+        if candidates.is_empty() {
+            return Err("no slice this node holds is in split brain".into());
+        }
+        let mut done = Vec::new();
+        for s in candidates {
+            let partner = routes.partner_of(s).expect("checked");
+            if state.port.endpoint.peer_state(partner) != Some(PeerState::Up) {
+                return Err(format!(
+                    "slice {s}: its partner node {partner} is not reachable; resolve once it is \
+                     (it must take the discarded granules)"
+                ));
+            }
+            let (lo, hi) = slice_range(&routes, s);
+            let granules = state.port.dirty.take_in(partner, lo, hi);
+            let n = granules.len();
+            state.discards.entry(partner).or_default().extend(granules);
+            if let Some(r) = self.driver.routes_mut() {
+                r.set_state(s, ReplicaState::Outdated);
+            }
+            state.told.remove(&(partner, s));
+            state.heard.remove(&(partner, s));
+            state.announced.remove(&(partner, s));
+            state.retell.insert((partner, s));
+            eprintln!(
+                "monetad: slice {s}: discarded this node's {n} granules written alone; node \
+                 {partner}'s copy wins and resyncs them here"
+            );
+            done.push(format!(
+                "slice {s}: {n} granules written here discarded, node {partner}'s copy wins"
+            ));
+        }
+        // The discarded granules leave the file now.
+        state.port.dirty.save().map_err(|e| e.to_string())?;
+        Ok(done.join("; "))
+    }
+
+    /// Per partner that is up: hand over discarded granules, tell it
+    /// per shared slice what it missed here, resync the slices this copy
+    /// is the source of, and say when each is in sync (module header).
+    fn resync(&mut self, state: &mut PortState, now: Ns) -> bool {
+        let mut worked = false;
+        let peers = state.port.endpoint.config().peers.clone();
+        let routes = self.driver.device().port().expect("a port").routes.clone();
+        for peer in peers {
+            if state.port.endpoint.peer_state(peer) != Some(PeerState::Up) {
+                continue;
+            }
+            // Discarded granules first: the partner must hold them as
+            // missed before it hears this side's new word.
+            if let Some(queue) = state.discards.get_mut(&peer) {
+                while let Some(&global) = queue.front() {
+                    let header =
+                        self.header_to(peer, PacketKind::WriteCompletion, global, DISCARD_TAG, 0);
+                    if state.port.endpoint.send(now, peer, header, &[]).is_err() {
+                        break;
+                    }
+                    worked = true;
+                    queue.pop_front();
+                }
+                if !queue.is_empty() {
+                    continue;
+                }
+                state.discards.remove(&peer);
+            }
+            for slice in routes.shared_slices(peer) {
+                let (lo, hi) = slice_range(&routes, slice);
+                let key = (peer, slice);
+                // Generations, DRBD-style: each side first says how much
+                // the other missed here; the side that wrote alone is the
+                // source.
+                if !state.told.contains(&key) {
+                    let missed = state.port.dirty.granules_in(peer, lo, hi).min(COUNT_MASK);
+                    let mut word =
+                        (slice as u64) << 48 | state_code(routes.state(slice)) << 40 | missed;
+                    if state.retell.contains(&key) {
+                        word |= RETELL;
+                    }
+                    let header =
+                        self.header_to(peer, PacketKind::WriteCompletion, word, MISSED_TAG, 0);
+                    if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
+                        worked = true;
+                        state.told.insert(key);
+                        state.retell.remove(&key);
+                    }
+                    continue;
+                }
+                if !state.heard.contains_key(&key) || routes.state(slice) != ReplicaState::UpToDate
+                {
+                    continue;
+                }
+                let in_flight = state
+                    .resyncing
+                    .iter()
+                    .filter(|(&(p, _), &(g, _))| p == peer && routes.slice_of(g) == slice)
+                    .count();
+                if state.port.dirty.granules_in(peer, lo, hi) == 0 {
+                    if in_flight > 0 || state.announced.contains(&key) {
+                        continue;
+                    }
+                    let header = self.header_to(
+                        peer,
+                        PacketKind::WriteCompletion,
+                        slice as u64,
+                        SYNC_DONE_TAG,
+                        0,
+                    );
+                    if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
+                        worked = true;
+                        state.announced.insert(key);
+                    }
+                    continue;
+                }
+                let peer_in_flight = state.resyncing.keys().filter(|&&(p, _)| p == peer).count();
+                if peer_in_flight >= RESYNC_WINDOW {
+                    continue;
+                }
+                for global in state.port.dirty.pending_in(peer, lo, hi, RESYNC_WINDOW * 4) {
+                    if state.resyncing.keys().filter(|&&(p, _)| p == peer).count() >= RESYNC_WINDOW
+                    {
+                        break;
+                    }
+                    let there = (0..2)
+                        .filter_map(|c| routes.holder(global, c))
+                        .find(|&(n, _)| n == peer);
+                    let (Some((_, at)), Some(local)) = (there, routes.local_copy(global)) else {
+                        // Not a copy we share (a stale map): nothing to send.
+                        state.port.dirty.clear(peer, global);
+                        continue;
+                    };
+                    if state.resyncing.contains_key(&(peer, at)) {
+                        continue;
+                    }
+                    let bytes = GRANULE_BYTES as usize;
+                    // SAFETY: scratch holds at least a granule.
+                    let read = unsafe {
+                        self.shared
+                            .medium
+                            .read_into(local, state.scratch.as_mut_ptr(), bytes)
+                    };
+                    if read.is_err() {
+                        continue;
+                    }
+                    let header = self.header_to(
+                        peer,
+                        PacketKind::WriteRequest,
+                        at,
+                        RESYNC_TAG,
+                        bytes as u16,
+                    );
+                    if state
+                        .port
+                        .endpoint
+                        .send(now, peer, header, &state.scratch[..bytes])
+                        .is_ok()
+                    {
+                        worked = true;
+                        state.resyncing.insert((peer, at), (global, false));
+                    }
+                }
+            }
+        }
+        worked
+    }
+
+    /// `from` says, for `slice`, the state of its copy and how many
+    /// granules this copy missed there: decide this copy's state (module
+    /// header).
+    fn heard_missed(&mut self, state: &mut PortState, from: u16, word: u64) {
+        let slice = (word >> 48) as usize;
+        let theirs_state = state_of_code((word >> 40) & 0x7f);
+        let theirs = word & COUNT_MASK;
+        let key = (from, slice);
+        if word & RETELL != 0 {
+            // It discarded its side: tell it again (it is now the target).
+            state.told.remove(&key);
+            state.announced.remove(&key);
+        }
+        state.heard.insert(key, (theirs_state, theirs));
+        let Some(routes) = self.driver.routes_mut() else {
+            return;
+        };
+        if routes.partner_of(slice) != Some(from) {
+            return;
+        }
+        let (lo, hi) = slice_range(routes, slice);
+        let mine = state.port.dirty.granules_in(from, lo, hi);
+        let before = routes.state(slice);
+        let after = match (mine > 0, theirs > 0) {
+            (true, true) => ReplicaState::SplitBrain,
+            (false, true) => ReplicaState::Inconsistent,
+            // The source, or neither missed anything: the copies agree on
+            // every acknowledged write (the dirty maps are durable).
+            _ => ReplicaState::UpToDate,
+        };
+        routes.set_state(slice, after);
+        match after {
+            ReplicaState::Inconsistent => {
+                state.incoming.insert(slice, (theirs, 0));
+            }
+            _ => {
+                state.incoming.remove(&slice);
+            }
+        }
+        if after == ReplicaState::SplitBrain && before != after {
+            eprintln!(
+                "monetad: split brain with node {from} on slice {slice}: it missed {mine} \
+                 granules here and this node missed {theirs} there; neither copy is read or \
+                 written until `moneta san resolve --discard NODE --slice {slice}`"
+            );
+        }
     }
 
     fn header_to(
@@ -419,6 +742,16 @@ impl<C: StampClock> DeviceThread<C> {
             debug_assert_eq!(h, header);
             state.stats.packets_received += 1;
             state.stats.payload_bytes_received += n as u64;
+            if h.kind == PacketKind::WriteCompletion && h.ctrl & CTRL_REFUSED != 0 {
+                if self.driver.refused(now, from, &h) {
+                    state.refusal(format!(
+                        "node {from} refused a request on its copy (its device address {}): \
+                         not up to date, or in split brain (moneta san status)",
+                        h.addr
+                    ));
+                }
+                continue;
+            }
             if h.kind == PacketKind::WriteCompletion && h.tag == RESYNC_TAG {
                 if let Some((global, again)) = state.resyncing.remove(&(from, h.addr)) {
                     if !again {
@@ -429,19 +762,92 @@ impl<C: StampClock> DeviceThread<C> {
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == MISSED_TAG {
-                state.heard.insert(from, h.addr);
+                self.heard_missed(state, from, h.addr);
+                continue;
+            }
+            if h.kind == PacketKind::WriteCompletion && h.tag == DISCARD_TAG {
+                // The partner discarded its write of this granule: ours goes
+                // to it in the resync.
+                state.port.dirty.mark(from, h.addr, GRANULE_BYTES);
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == SYNC_DONE_TAG {
                 if let Some(routes) = self.driver.routes_mut() {
-                    routes.set_synced(from);
+                    let slice = h.addr as usize;
+                    if routes.partner_of(slice) == Some(from)
+                        && matches!(
+                            routes.state(slice),
+                            ReplicaState::Inconsistent | ReplicaState::Outdated
+                        )
+                    {
+                        routes.set_state(slice, ReplicaState::UpToDate);
+                        state.incoming.remove(&slice);
+                    }
                 }
+                continue;
+            }
+            if matches!(h.kind, PacketKind::ReadRequest | PacketKind::WriteRequest)
+                && self.refuse_request(state, from, &h)
+            {
                 continue;
             }
             self.arrival_data(state, from, &h, n);
             self.driver.receive_packet(now, from, h);
         }
         worked
+    }
+
+    /// A peer's request on this node's copy of a slice whose state forbids
+    /// it (module header): answered with a refusal, not served. Returns
+    /// whether it was refused. Counts resync writes as they come.
+    fn refuse_request(&mut self, state: &mut PortState, from: u16, h: &PacketHeader) -> bool {
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let Some(global) = routes.global_of(h.addr) else {
+            return false;
+        };
+        let slice = routes.slice_of(global);
+        if routes.partner_of(slice).is_none() {
+            return false;
+        }
+        let st = routes.state(slice);
+        if h.kind == PacketKind::WriteRequest && h.tag == RESYNC_TAG {
+            if let Some((_, got)) = state.incoming.get_mut(&slice) {
+                *got += 1;
+            }
+            return false;
+        }
+        let refuse = match h.kind {
+            PacketKind::ReadRequest => st != ReplicaState::UpToDate,
+            _ => {
+                st == ReplicaState::SplitBrain
+                    || (h.ctrl & CTRL_DEGRADED != 0 && st != ReplicaState::UpToDate)
+                    || routes.refusal(global, u64::from(h.size)).is_some()
+            }
+        };
+        if !refuse {
+            return false;
+        }
+        let partner = routes.partner_of(slice).expect("checked");
+        let mut header = self.header_to(from, PacketKind::WriteCompletion, h.addr, h.tag, 0);
+        header.offsets = h.offsets;
+        header.ctrl |= CTRL_REFUSED;
+        state.refusals_out.push_back((from, header));
+        state.refusal(format!(
+            "a {} from node {from} on slice {slice}: this node's copy is {} (node {partner} holds \
+             the other{})",
+            if h.kind == PacketKind::ReadRequest {
+                "read"
+            } else {
+                "write"
+            },
+            st.as_str(),
+            if routes.is_down(partner) {
+                ", unreachable"
+            } else {
+                ""
+            }
+        ));
+        true
     }
 
     /// Move an arriving packet's bytes (module header, step 3): its

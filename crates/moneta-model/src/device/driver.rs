@@ -186,6 +186,16 @@ impl DeviceDriver {
         self.collect_scheduled();
     }
 
+    /// `from` refused a segment (a completion flagged `CTRL_REFUSED`, issue
+    /// 22): `Device::refused`.
+    pub fn refused(&mut self, now_ns: Ns, from: u16, header: &PacketHeader) -> bool {
+        let waited = self
+            .device
+            .refused(now_ns.max(self.model_time_ns), from, header);
+        self.collect_scheduled();
+        waited
+    }
+
     /// The port's routing tables (a device with a port).
     pub fn routes_mut(&mut self) -> Option<&mut super::network::RouteTable> {
         self.device.routes_mut()

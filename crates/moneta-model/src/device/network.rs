@@ -109,6 +109,48 @@ pub struct SliceOwners {
     pub replica: Option<(u16, u64)>,
 }
 
+/// The state of this node's copy of a mirrored slice (DRBD's disk states,
+/// issue 22): only an up-to-date copy serves reads or takes writes alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReplicaState {
+    /// Holds every acknowledged write (or its partner is the only one that
+    /// may hold newer ones, and says it holds none).
+    UpToDate,
+    /// May have missed acknowledged writes: the node (re)started on an
+    /// image that served before and has not yet heard from its partner
+    /// what it missed, or was told it missed some and its resync has not
+    /// begun. Never read; reads go to the partner or fail.
+    Outdated,
+    /// The target of a resync from its partner, in progress: some granules
+    /// are old. Never read; reads go to the partner or fail.
+    Inconsistent,
+    /// Both copies took writes the other missed (a partition with writers
+    /// on both sides). Neither is read or written until `moneta san
+    /// resolve` discards one side.
+    SplitBrain,
+}
+
+impl ReplicaState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplicaState::UpToDate => "up-to-date",
+            ReplicaState::Outdated => "outdated",
+            ReplicaState::Inconsistent => "inconsistent",
+            ReplicaState::SplitBrain => "split-brain",
+        }
+    }
+}
+
+/// Why a request touching this node's copy of a slice is refused
+/// ([`RouteTable::refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    pub slice: usize,
+    pub state: ReplicaState,
+    /// The other holder of the slice (down, or in split brain with us).
+    pub partner: Option<u16>,
+}
+
 /// The port's routing registers and MAC table (SPEC §4.1).
 #[derive(Debug, Clone)]
 pub struct RouteTable {
@@ -126,10 +168,9 @@ pub struct RouteTable {
     /// simulator's links never fail): reads avoid them while a replica is
     /// up, and mirrored writes skip them (degraded, SPEC §4.3).
     down: Vec<u16>,
-    /// Mirror partners whose copies may be newer than this node's (a node
-    /// that restarted, until each partner says its resync is done): reads
-    /// of the copies they share go to them while they are up.
-    unsynced: Vec<u16>,
+    /// The state of this node's copy of each slice (slices it holds no
+    /// copy of stay `UpToDate` and are never asked).
+    states: Vec<ReplicaState>,
 }
 
 impl RouteTable {
@@ -147,10 +188,10 @@ impl RouteTable {
             local_request_mask,
             local_request_tag,
             slice_shift,
-            slices,
             read_turn: 0,
             down: Vec::new(),
-            unsynced: Vec::new(),
+            states: vec![ReplicaState::UpToDate; slices.len()],
+            slices,
         }
     }
 
@@ -173,17 +214,106 @@ impl RouteTable {
         partners
     }
 
-    /// Treat `partners`' copies as possibly newer until [`Self::set_synced`].
-    pub fn set_unsynced(&mut self, partners: &[u16]) {
-        self.unsynced = partners.to_vec();
+    /// Every copy this node holds may have missed writes (it starts again
+    /// on an image that served before): `Outdated` until each partner
+    /// says what it missed.
+    pub fn set_all_outdated(&mut self) {
+        for slice in 0..self.slices.len() {
+            if self.partner_of(slice).is_some() {
+                self.states[slice] = ReplicaState::Outdated;
+            }
+        }
     }
 
-    pub fn set_synced(&mut self, partner: u16) {
-        self.unsynced.retain(|&n| n != partner);
+    /// The state of this node's copy of `slice`.
+    pub fn state(&self, slice: usize) -> ReplicaState {
+        self.states
+            .get(slice)
+            .copied()
+            .unwrap_or(ReplicaState::UpToDate)
     }
 
-    pub fn unsynced(&self) -> &[u16] {
-        &self.unsynced
+    pub fn set_state(&mut self, slice: usize, state: ReplicaState) {
+        if let Some(s) = self.states.get_mut(slice) {
+            *s = state;
+        }
+    }
+
+    /// Number of slices of the global space.
+    pub fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+
+    pub fn slice_bytes(&self) -> u64 {
+        1u64 << self.slice_shift
+    }
+
+    /// The slice global byte `addr` belongs to.
+    pub fn slice_of(&self, addr: u64) -> usize {
+        (addr >> self.slice_shift) as usize
+    }
+
+    /// The holders of `slice`'s two copies (primary first), if mirrored.
+    pub fn holders(&self, slice: usize) -> Option<(u16, u16)> {
+        let s = self.slices.get(slice)?;
+        Some((s.primary.0, s.replica?.0))
+    }
+
+    /// The other holder of `slice`, if this node holds a mirrored copy of it.
+    pub fn partner_of(&self, slice: usize) -> Option<u16> {
+        let (p, r) = self.holders(slice)?;
+        match self.node {
+            n if n == p => Some(r),
+            n if n == r => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The slices this node and `partner` both hold a copy of.
+    pub fn shared_slices(&self, partner: u16) -> Vec<usize> {
+        (0..self.slices.len())
+            .filter(|&s| self.partner_of(s) == Some(partner))
+            .collect()
+    }
+
+    /// Partners holding a copy this node's copy is not up to date with
+    /// (it reads from them while they are up).
+    pub fn unsynced(&self) -> Vec<u16> {
+        let mut v: Vec<u16> = (0..self.slices.len())
+            .filter(|&s| self.states[s] != ReplicaState::UpToDate)
+            .filter_map(|s| self.partner_of(s))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Whether a request on `[addr, addr + len)` must be refused because
+    /// of this node's copies (issue 22): a copy in split brain is neither
+    /// read nor written; a copy that is not up to date is not read, and
+    /// takes no write alone, while its partner is down. (Reads of a copy
+    /// that is not up to date go to the partner while it is up.)
+    pub fn refusal(&self, addr: u64, len: u64) -> Option<Refusal> {
+        if len == 0 || self.states.iter().all(|&s| s == ReplicaState::UpToDate) {
+            return None;
+        }
+        let last = addr
+            .saturating_add(len - 1)
+            .min(self.global_bytes().saturating_sub(1));
+        (self.slice_of(addr)..=self.slice_of(last)).find_map(|slice| {
+            let partner = self.partner_of(slice)?;
+            let state = self.states[slice];
+            let refuse = match state {
+                ReplicaState::UpToDate => false,
+                ReplicaState::SplitBrain => true,
+                _ => self.is_down(partner),
+            };
+            refuse.then_some(Refusal {
+                slice,
+                state,
+                partner: Some(partner),
+            })
+        })
     }
 
     /// The global address of this node's device-local byte `local`, if it
@@ -301,8 +431,11 @@ impl RouteTable {
     /// in turn (SPEC §4.3), skipping a failed one while the other is up.
     pub fn route_read(&mut self, addr: u64) -> Target {
         if let Some(local) = self.local_copy(addr) {
+            // A copy that is not up to date is never read: its partner's
+            // is, while up (the partner refuses if its own is not either);
+            // a down partner fails the segment (`Device::detour`).
             return match self.other_holder(addr) {
-                Some((node, at)) if self.unsynced.contains(&node) && !self.is_down(node) => {
+                Some((node, at)) if self.states[self.slice_of(addr)] != ReplicaState::UpToDate => {
                     Target::Remote { node, addr: at }
                 }
                 _ => Target::Local(local),

@@ -102,6 +102,10 @@ pub struct Completion {
     /// A segment could not be served: its peer failed and no replica was up
     /// (QuickSAN on a real wire; never in the simulator).
     pub failed: bool,
+    /// It failed because no up-to-date copy of a mirrored slice was
+    /// reachable (issue 22: a copy that may have missed writes is never
+    /// read; one in split brain is neither read nor written).
+    pub refused: bool,
 }
 
 /// A mirrored write's copy that a failed peer missed (SPEC §4.3, degraded
@@ -222,6 +226,8 @@ struct RequestState {
     local_bytes: u64,
     remote_bytes: u64,
     failed: bool,
+    /// Failed for want of an up-to-date copy (`Completion::refused`).
+    refused: bool,
     /// Where time goes: accepted at `submitted_ns`, past retag and
     /// protection at `queued_ns`; the chain of the segment that finishes
     /// last so far and when it finishes. A peer's request starts with the
@@ -254,6 +260,8 @@ struct SegmentState {
     /// holder failed: the packet says so (`CTRL_DEGRADED`), so that the
     /// holder records what its partner missed.
     degraded: bool,
+    /// A read already sent to the other holder once after a refusal.
+    retried: bool,
 }
 
 /// What becomes of a segment whose copy lives on a failed peer.
@@ -268,6 +276,10 @@ enum Detour {
 /// Table A.3's CTRL bit this model gives a degraded mirrored write: the
 /// receiver holds the only live copy and records what its partner missed.
 pub const CTRL_DEGRADED: u8 = 1;
+/// This model's CTRL bit of a completion that refuses a request: the
+/// holder's copy of the slice is not up to date, or in split brain (issue
+/// 22). Sent as a write completion (no payload) for reads and writes alike.
+pub const CTRL_REFUSED: u8 = 2;
 
 /// Counters of the device's components, for reports and the power model.
 #[derive(Debug, Clone, Default)]
@@ -371,6 +383,7 @@ impl Device {
             rx_stored_bytes: 0,
             awaiting: None,
             degraded: false,
+            retried: false,
         };
         Self {
             capacity_bytes: d.capacity_bytes,
@@ -550,6 +563,7 @@ impl Device {
             local_bytes: 0,
             remote_bytes: 0,
             failed: false,
+            refused: false,
             submitted_ns: now_ns,
             queued_ns,
             start_chain: Chain::starting(queued_ns),
@@ -766,6 +780,7 @@ impl Device {
                 rx_stored_bytes: 0,
                 awaiting: None,
                 degraded,
+                retried: false,
             };
             // Barriers, the request queue and the wait for this buffer.
             state.chain.spend(Component::DeviceQueue, now_ns);
@@ -826,16 +841,25 @@ impl Device {
             .find(|&(n, _)| n != node);
         let me = routes.node;
         let other_down = other.is_some_and(|(n, _)| routes.is_down(n));
+        // This node's own copy takes a write alone only if up to date.
+        let own_ok = routes.refusal(addr, 1).is_none()
+            && routes.state(routes.slice_of(addr)) == super::network::ReplicaState::UpToDate;
+        let mirrored = routes.mirrored();
         let req = self.requests[request as usize].as_mut().expect("live");
         let mirrored_write = op == Op::Write && req.copies == 2;
         match other {
-            Some((n, _)) if mirrored_write && n == me => {
+            Some((n, _)) if mirrored_write && n == me && own_ok => {
                 self.missed.push(Missed { node, addr, bytes });
             }
-            Some((n, at)) if mirrored_write && !other_down => {
+            Some((n, at)) if mirrored_write && n != me && !other_down => {
                 return Detour::Elsewhere { node: n, addr: at };
             }
-            _ => req.failed = true,
+            _ => {
+                req.failed = true;
+                // Mirrored: the copy that is left is down, or here and not
+                // up to date.
+                req.refused |= mirrored;
+            }
         }
         self.outbox
             .push((now_ns, DeviceEvent::SegmentDone(request)));
@@ -879,10 +903,10 @@ impl Device {
                     }
                     Target::Remote { .. } => {
                         self.remote_reads_holding -= 1;
-                        self.requests[s.request as usize]
-                            .as_mut()
-                            .expect("live")
-                            .failed = true;
+                        let mirrored = self.port_mut().routes.mirrored();
+                        let req = self.requests[s.request as usize].as_mut().expect("live");
+                        req.failed = true;
+                        req.refused |= mirrored;
                         self.outbox.push((now_ns, DeviceEvent::BufferFree(slot)));
                         self.outbox
                             .push((now_ns, DeviceEvent::SegmentDone(s.request)));
@@ -902,6 +926,63 @@ impl Device {
                 },
             }
         }
+    }
+
+    /// `from` refused the segment a completion flagged `CTRL_REFUSED`
+    /// answers (its copy is not up to date, or in split brain): a read
+    /// goes once to the slice's other holder if that one is up (here: if
+    /// this node's copy is up to date), else the request fails, refused;
+    /// a write fails, refused. Returns whether a segment was waiting.
+    pub fn refused(&mut self, now_ns: Ns, from: u16, h: &PacketHeader) -> bool {
+        let slot = h.offsets;
+        let Some(s) = self.segments.get(slot as usize).copied() else {
+            return false;
+        };
+        let waiting = s.request == h.tag
+            && s.awaiting.is_some()
+            && matches!(s.target, Target::Remote { node, .. } if node == from);
+        if !waiting {
+            return false;
+        }
+        self.segments[slot as usize].awaiting = None;
+        let addr = self.request(s.request).addr + s.segment.offset_bytes;
+        if s.awaiting == Some(PacketKind::ReadCompletion) {
+            let routes = &self.port.as_ref().expect("a port").routes;
+            let other = (0..2)
+                .filter_map(|copy| routes.holder(addr, copy))
+                .find(|&(n, _)| n != from);
+            let local_ok = routes.refusal(addr, s.segment.bytes).is_none()
+                && routes.state(routes.slice_of(addr)) == super::network::ReplicaState::UpToDate;
+            match other {
+                Some((n, at)) if !s.retried && n != routes.node && !routes.is_down(n) => {
+                    self.segments[slot as usize].retried = true;
+                    self.send_read_request(now_ns, slot, n, at);
+                    return true;
+                }
+                Some((n, local)) if n == routes.node && local_ok => {
+                    self.remote_reads_holding -= 1;
+                    let state = &mut self.segments[slot as usize];
+                    state.target = Target::Local(local);
+                    state.segment = Segment {
+                        offset_bytes: s.segment.offset_bytes,
+                        ..self.striping.segment(local, s.segment.bytes, 0)
+                    };
+                    self.read_from_controller(now_ns, slot);
+                    return true;
+                }
+                _ => {}
+            }
+            self.remote_reads_holding -= 1;
+            self.outbox.push((now_ns, DeviceEvent::BufferFree(slot)));
+        } else {
+            self.free_remote_slots.push(slot);
+        }
+        let req = self.requests[s.request as usize].as_mut().expect("live");
+        req.failed = true;
+        req.refused = true;
+        self.outbox
+            .push((now_ns, DeviceEvent::SegmentDone(s.request)));
+        true
     }
 
     /// The wire hears from `node` again: new segments may use it.
@@ -1113,6 +1194,7 @@ impl Device {
             local_bytes: req.local_bytes,
             remote_bytes: req.remote_bytes,
             failed: req.failed,
+            refused: req.refused,
         });
         self.counters.requests_completed += 1;
         match req.op {
@@ -1285,6 +1367,7 @@ impl Device {
             local_bytes: bytes,
             remote_bytes: 0,
             failed: false,
+            refused: false,
             submitted_ns: now_ns,
             queued_ns: now_ns,
             start_chain: packet.chain,
@@ -1324,6 +1407,7 @@ impl Device {
             rx_stored_bytes: 0,
             awaiting: None,
             degraded: false,
+            retried: false,
         };
         match op {
             Op::Read => self.read_from_controller(now_ns, buffer),
