@@ -189,27 +189,45 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_bad_flags_are_errors() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/monetad.sock"));
 }
 
+/// `n` bounded busy loops: they stop when told, or
+/// after `limit`.
+struct BusyLoops {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl BusyLoops {
+    fn start(n: usize, limit: Duration) -> BusyLoops {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let t0 = Instant::now();
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < limit {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        BusyLoops { stop, threads }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+    }
+}
+
 /// Under contention (more busy threads than cores) a benchmark says "not
 /// faithful" (issue 21): on stderr and in its JSON, instead of printing the
 /// host's numbers as the device's.
 #[test]
 fn a_bench_beside_busy_loops_says_it_is_not_faithful() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // Bounded busy loops: they stop when the bench is done, or after 20 s.
-    let spinners: Vec<_> = (0..cores + 1)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let t0 = Instant::now();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                    && t0.elapsed() < Duration::from_secs(20)
-                {
-                    std::hint::spin_loop();
-                }
-            })
-        })
-        .collect();
+    let spinners = BusyLoops::start(cores + 1, Duration::from_secs(20));
     let o = moneta()
         .args([
             "bench",
@@ -226,10 +244,7 @@ fn a_bench_beside_busy_loops_says_it_is_not_faithful() {
         ])
         .output()
         .unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for s in spinners {
-        s.join().unwrap();
-    }
+    spinners.stop();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v = json(&o);
     assert_eq!(v["faithful"], false, "{v}");
@@ -249,20 +264,7 @@ fn a_bench_beside_busy_loops_says_it_is_not_faithful() {
 #[test]
 fn realtime_bench_threads_keep_up_beside_busy_loops() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let spinners: Vec<_> = (0..cores + 1)
-        .map(|_| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let t0 = Instant::now();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                    && t0.elapsed() < Duration::from_secs(30)
-                {
-                    std::hint::spin_loop();
-                }
-            })
-        })
-        .collect();
+    let spinners = BusyLoops::start(cores + 1, Duration::from_secs(30));
     let bench = |realtime: bool| {
         let mut args = vec![
             "bench",
@@ -285,10 +287,7 @@ fn realtime_bench_threads_keep_up_beside_busy_loops() {
         json(&o)
     };
     let (plain, rt) = (bench(false), bench(true));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for s in spinners {
-        s.join().unwrap();
-    }
+    spinners.stop();
     assert_eq!(plain["realtime"], false, "{plain}");
     assert_eq!(
         rt["realtime"], true,

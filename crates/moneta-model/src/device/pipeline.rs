@@ -891,16 +891,7 @@ impl Device {
                     } if !self.port_mut().routes.is_down(other) => {
                         self.send_read_request(now_ns, slot, other, at)
                     }
-                    Target::Local(local) => {
-                        self.remote_reads_holding -= 1;
-                        let state = &mut self.segments[slot as usize];
-                        state.target = Target::Local(local);
-                        state.segment = Segment {
-                            offset_bytes: s.segment.offset_bytes,
-                            ..self.striping.segment(local, s.segment.bytes, 0)
-                        };
-                        self.read_from_controller(now_ns, slot);
-                    }
+                    Target::Local(local) => self.read_here_instead(now_ns, slot, local),
                     Target::Remote { .. } => {
                         self.remote_reads_holding -= 1;
                         let mirrored = self.port_mut().routes.mirrored();
@@ -926,6 +917,21 @@ impl Device {
                 },
             }
         }
+    }
+
+    /// A remote read's segment `slot` is served from this node's copy at
+    /// local address `local` instead (the holder it waited on failed or
+    /// refused it).
+    fn read_here_instead(&mut self, now_ns: Ns, slot: u16, local: u64) {
+        self.remote_reads_holding -= 1;
+        let state = &mut self.segments[slot as usize];
+        let (offset_bytes, bytes) = (state.segment.offset_bytes, state.segment.bytes);
+        state.target = Target::Local(local);
+        state.segment = Segment {
+            offset_bytes,
+            ..self.striping.segment(local, bytes, 0)
+        };
+        self.read_from_controller(now_ns, slot);
     }
 
     /// `from` refused the segment a completion flagged `CTRL_REFUSED`
@@ -960,14 +966,7 @@ impl Device {
                     return true;
                 }
                 Some((n, local)) if n == routes.node && local_ok => {
-                    self.remote_reads_holding -= 1;
-                    let state = &mut self.segments[slot as usize];
-                    state.target = Target::Local(local);
-                    state.segment = Segment {
-                        offset_bytes: s.segment.offset_bytes,
-                        ..self.striping.segment(local, s.segment.bytes, 0)
-                    };
-                    self.read_from_controller(now_ns, slot);
+                    self.read_here_instead(now_ns, slot, local);
                     return true;
                 }
                 _ => {}
