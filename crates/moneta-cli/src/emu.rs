@@ -224,8 +224,17 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
                     .map_err(|e| format!("the dirty map beside the image: {e}"))?,
                 None => DirtyMap::in_memory(),
             };
+            let path = a.san.as_deref().expect("a SAN node has its file");
+            let secret = file.secret(path).map_err(|e| e.to_string())?;
+            if secret.is_none() {
+                eprintln!(
+                    "monetad: {} names no secret_file: frames carry no MAC, and anyone on \
+                     the segment can speak for a node (README, \"Authenticated frames\")",
+                    path.display()
+                );
+            }
             let port = file
-                .open_port(*index, faults.clone(), dirty, 0)
+                .open_port(*index, faults.clone(), dirty, secret, 0)
                 .map_err(|e| e.to_string())?;
             Engine::start_san(config, medium, options, port)
         }

@@ -99,6 +99,12 @@ pub struct SanUpArgs {
     /// client, a large value gives the lowest latency.
     #[arg(long, default_value_t = moneta_emu::engine::SAN_IDLE_SPIN_NS / 1000)]
     idle_spin_us: u64,
+    /// Frames without a MAC: no secret is made, and anything on the
+    /// segment can speak for a node (to measure what the MAC costs, or on
+    /// a segment you trust). Default: a new secret in the state directory,
+    /// named by the SAN file, and every frame tagged with it.
+    #[arg(long)]
+    insecure: bool,
 }
 
 impl SanUpArgs {
@@ -319,6 +325,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         transport,
         ethertype: DEFAULT_ETHERTYPE,
         device_capacity_bytes: size,
+        secret_file: (!a.insecure).then(|| dir.join("secret")),
         nodes: Vec::new(),
     };
     for i in 0..a.nodes {
@@ -345,6 +352,13 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         rb.push(format!("removed {}", dir.display()), move || {
             fs::remove_dir_all(&d).map_err(|e| e.to_string())
         });
+    }
+    if let Some(path) = &file.secret_file {
+        // A new SAN, a new secret (one left by a crash is not reused).
+        let _ = fs::remove_file(path);
+        moneta_wire::auth::Secret::generate()
+            .map_err(|e| format!("making the SAN's secret: {e}"))?
+            .save_new(path)?;
     }
     let san_file = dir.join("san.toml");
     fs::write(&san_file, &text).map_err(|e| format!("{}: {e}", san_file.display()))?;
@@ -841,6 +855,7 @@ fn up_again(a: &SanUpArgs, size: u64, state: &SanState) -> Result<(), String> {
         ("--size", state.size != size),
         ("--set", state.sets != a.sets),
         ("--idle-spin-us", state.idle_spin_us != a.idle_spin_us),
+        ("--insecure", file.secret_file.is_some() == a.insecure),
         (
             "--preset",
             !state.nodes.iter().any(|n| n.preset == a.preset),
@@ -1031,6 +1046,8 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             "slices": slices,
                             "refusals": port.as_ref().map_or(0, |p| p.refusals),
                             "last_refusal": port.as_ref().and_then(|p| p.last_refusal.clone()),
+                            "frames_unauthenticated": port.as_ref().map_or(0, |p| p.unauthenticated),
+                            "frames_replayed": port.as_ref().map_or(0, |p| p.replayed),
                         })
                     })
                     .collect()
@@ -1066,6 +1083,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
             "transport": san.as_ref().map(|f| f.transport),
             "device_capacity_bytes": san.as_ref().map(|f| f.device_capacity_bytes),
             "global_bytes": san.as_ref().and_then(|f| f.address_map().ok()).map(|m| m.capacity_bytes()),
+            "authenticated": san.as_ref().map(|f| f.secret_file.is_some()),
             "nodes": nodes,
             "error": state.err(),
         }));
@@ -1083,7 +1101,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
             }
             for r in &rows {
                 println!(
-                    "SAN {}: {} ({} {}{}, global {})",
+                    "SAN {}: {} ({} {}{}, global {}{})",
                     r["name"].as_str().unwrap_or("?"),
                     r["state"].as_str().unwrap_or("?"),
                     r["topology"].as_str().unwrap_or("-"),
@@ -1094,6 +1112,11 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                         ""
                     },
                     r["global_bytes"].as_u64().map_or("-".into(), human),
+                    match r["authenticated"].as_bool() {
+                        Some(true) => ", frames authenticated",
+                        Some(false) => ", frames NOT authenticated (--insecure)",
+                        None => "",
+                    },
                 );
                 for n in r["nodes"].as_array().into_iter().flatten() {
                     let yes = |k: &str| if n[k] == true { "yes" } else { "NO" };
@@ -1135,6 +1158,15 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                         if !l.is_empty() {
                             println!("       {what} {l}");
                         }
+                    }
+                    let (forged, replayed) = (
+                        n["frames_unauthenticated"].as_u64().unwrap_or(0),
+                        n["frames_replayed"].as_u64().unwrap_or(0),
+                    );
+                    if forged + replayed > 0 {
+                        println!(
+                            "       dropped {forged} frames without a valid tag, {replayed} replayed"
+                        );
                     }
                 }
             }

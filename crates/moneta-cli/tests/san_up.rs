@@ -877,3 +877,97 @@ fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
         assert!(got == expect(b), "n1's copy: block {b} is not n0's side");
     }
 }
+
+/// 4 KB writes through `m` into node 1's slice (global [16, 32) MiB of
+/// three 16 MiB nodes) for `secs`: completions per second.
+fn remote_write_rate(m: &moneta::Moneta, secs: f64) -> f64 {
+    let t = std::time::Instant::now();
+    let block = [0x5Au8; 4096];
+    let mut n = 0u64;
+    while t.elapsed().as_secs_f64() < secs {
+        let addr = (16 << 20) + (n * 4096) % (16 << 20);
+        // Errors count as nothing done (a forged reset fails requests).
+        if m.write(addr, &block).is_ok() {
+            n += 1;
+        }
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Issue 22 item 3 (failure 3 of the issue): frames forged from inside n1's
+/// namespace — session probes claiming to be n1 with ever newer epochs
+/// (untagged, and tagged under a wrong secret) and 802.3x pauses from n1's
+/// MAC — once cut writes through n0 to n1 from ~2,000/s to under 10/s. Under
+/// the SAN's secret they are dropped and counted, and the writes go on.
+#[test]
+fn forged_frames_from_a_nodes_namespace_are_dropped_and_writes_go_on() {
+    use moneta_model::device::packet::Mac;
+    use moneta_wire::frame::{self, SessionHeader, FLAG_HELLO};
+    use moneta_wire::Transport;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let Some(san) = up_three("f", &[]) else {
+        return;
+    };
+    let n0 = client(&san, 0);
+    assert!(port_stats(&n0).authenticated);
+    let before = remote_write_rate(&n0, 1.5);
+    let (stop, forged) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let forger = {
+        let (stop, forged, ns) = (stop.clone(), forged.clone(), san.netns(1));
+        std::thread::spawn(move || {
+            moneta_wire::netns::enter_netns(&ns).expect("into n1's namespace");
+            let ethertype = moneta_emu::san_file::DEFAULT_ETHERTYPE;
+            let mut link =
+                moneta_wire::packet_socket::PacketSocket::open("eth0", ethertype, &[(0, Mac::of_node(0))])
+                    .expect("a packet socket in n1's namespace");
+            let wrong = moneta_wire::auth::Secret::from_bytes([0x42; 32]);
+            let (n0_mac, n1_mac) = (Mac::of_node(0), Mac::of_node(1));
+            let mut buf = vec![0u8; 256];
+            // Newer than any clock-made epoch for the next weeks.
+            let mut epoch = (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u32)
+                .wrapping_add(1 << 30);
+            while !stop.load(Ordering::Relaxed) {
+                epoch = epoch.wrapping_add(1);
+                let key = (epoch % 2 == 0).then_some(&wrong);
+                let h = SessionHeader {
+                    flags: FLAG_HELLO,
+                    src_epoch: epoch,
+                    counter: u64::from(epoch),
+                    ..Default::default()
+                };
+                let len = frame::encode_control(&mut buf, n0_mac, n1_mac, 1, ethertype, &h, key);
+                let pause = frame::Pause {
+                    quanta: 0xFFFF,
+                    epoch,
+                    counter: u64::from(epoch),
+                };
+                let sent = link.send(0, 0, &buf[..len]).is_ok() as u64;
+                let len = frame::encode_pause(&mut buf, n0_mac, n1_mac, &pause, key);
+                let sent = sent + link.send(0, 0, &buf[..len]).is_ok() as u64;
+                forged.fetch_add(sent, Ordering::Relaxed);
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        })
+    };
+    let under = remote_write_rate(&n0, 3.0);
+    stop.store(true, Ordering::Relaxed);
+    forger.join().expect("the forger");
+    let forged = forged.load(Ordering::Relaxed);
+    let p = port_stats(&n0);
+    eprintln!(
+        "remote 4 KB writes: {before:.0}/s, {under:.0}/s under {forged} forged frames; n0 dropped \
+         {} without a valid tag, {} replayed, {} epoch changes limited, {} peer failures",
+        p.unauthenticated, p.replayed, p.epoch_changes_limited, p.peer_failures
+    );
+    assert!(forged > 500, "the forger sent {forged} frames");
+    assert!(p.unauthenticated >= forged * 9 / 10, "{p:?}");
+    assert_eq!(p.peer_failures, 0, "{p:?}");
+    assert!(
+        under >= before * 0.25,
+        "writes went from {before:.0}/s to {under:.0}/s under forged frames"
+    );
+}

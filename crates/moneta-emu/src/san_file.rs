@@ -33,6 +33,7 @@ use moneta_model::device::network::RouteTable;
 use moneta_model::device::packet::Mac;
 use moneta_model::san::address_map::AddressMap;
 use moneta_wire::link::LinkSpec;
+use moneta_wire::auth::Secret;
 use moneta_wire::{Endpoint, FaultHandle, Faulty, WireConfig};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
@@ -106,6 +107,12 @@ pub struct SanFile {
     /// Every SSD's capacity (a power of two: the routing registers select a
     /// slice by the upper address bits).
     pub device_capacity_bytes: u64,
+    /// The SAN's shared secret (`moneta_wire::auth`): a file of 64 hex
+    /// digits, readable by its owner only, on every host; a relative path
+    /// is relative to the SAN file. Without it frames carry no MAC and
+    /// anyone on the segment can speak for a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<PathBuf>,
     #[serde(rename = "node", default)]
     pub nodes: Vec<SanNode>,
 }
@@ -312,14 +319,28 @@ impl SanFile {
         })
     }
 
+    /// The SAN's secret, if the file names one (`path`: the SAN file's,
+    /// for a relative `secret_file`).
+    pub fn secret(&self, path: &Path) -> Result<Option<Secret>, SanFileError> {
+        let Some(f) = &self.secret_file else {
+            return Ok(None);
+        };
+        let f = path.parent().unwrap_or(Path::new(".")).join(f);
+        Secret::load(&f)
+            .map(Some)
+            .map_err(|e| SanFileError(format!("secret_file: {e}")))
+    }
+
     /// Open node `node`'s port: its link (with `faults` injected, for
-    /// `moneta san fault`), the endpoint on it, and the routing tables.
-    /// `dirty` is where the node keeps what failed mirrors missed.
+    /// `moneta san fault`), the endpoint on it (its frames tagged under
+    /// `secret`), and the routing tables. `dirty` is where the node keeps
+    /// what failed mirrors missed.
     pub fn open_port(
         &self,
         node: u16,
         faults: FaultHandle,
         dirty: DirtyMap,
+        secret: Option<Secret>,
         now_ns: u64,
     ) -> Result<SanPort, SanFileError> {
         let routes = self.route_table(node)?;
@@ -331,6 +352,7 @@ impl SanFile {
             Box::new(Faulty::new(transport, faults, 0x5A4E ^ u64::from(node)));
         let mut config = WireConfig::new(node, &link.peer_nodes());
         config.rto_ns = DAEMON_MIN_RTO_NS;
+        config.secret = secret;
         let endpoint = Endpoint::new(transport, config, now_ns)
             .map_err(|e| SanFileError(format!("node {node}: its endpoint: {e}")))?;
         Ok(SanPort {

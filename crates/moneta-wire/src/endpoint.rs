@@ -35,6 +35,7 @@
 //! when the endpoint is made (events about failed peers allocate the list of
 //! lost packets, which is rare).
 
+use crate::auth::Secret;
 use crate::frame::{self, Parsed, SessionHeader, FLAG_DATA, FLAG_HELLO, PAYLOAD_OFFSET};
 use crate::reliable::{
     epoch_newer, next_epoch, seq_before, PeerState, RxVerdict, Session, MAX_WINDOW_FRAMES,
@@ -92,6 +93,14 @@ pub struct WireConfig {
     /// This incarnation's epoch (default: from the real-time clock, so a
     /// restarted daemon is newer than its previous self).
     pub initial_epoch: Option<u32>,
+    /// The SAN's shared secret: every frame is tagged with it and every
+    /// frame without a valid tag is dropped (`auth`). None: frames carry
+    /// no MAC and anyone on the segment can speak for a node.
+    pub secret: Option<Secret>,
+    /// A peer's newer epoch (a restart, a session it started over) is
+    /// accepted at most this often; frames of a newer one in between are
+    /// dropped (counted `epoch_changes_limited`) and come again.
+    pub epoch_change_min_ns: u64,
 }
 
 impl WireConfig {
@@ -122,6 +131,8 @@ impl WireConfig {
             small_frames_max: 128,
             pause_quanta: 0xFFFF,
             initial_epoch: None,
+            secret: None,
+            epoch_change_min_ns: 1_000_000_000,
         }
     }
 
@@ -206,6 +217,14 @@ pub struct WireStats {
     pub would_block: u64,
     pub peer_failures: u64,
     pub events_dropped: u64,
+    /// Frames dropped for their authentication: no valid tag under this
+    /// node's secret, or a tag where it has none.
+    pub unauthenticated: u64,
+    /// Authentic frames dropped as replays (a frame number already seen,
+    /// or below the window; a pause naming an old epoch).
+    pub replayed: u64,
+    /// Frames of a peer's newer epoch dropped by the rate limit.
+    pub epoch_changes_limited: u64,
 }
 
 /// A frame's place in the receive pool.
@@ -244,6 +263,8 @@ pub struct Endpoint<T: Transport> {
     pause_ns: u64,
     events: VecDeque<WireEvent>,
     stats: WireStats,
+    /// The number of the next frame this endpoint puts on the wire.
+    next_counter: u64,
 }
 
 fn epoch_from_clock() -> u32 {
@@ -324,8 +345,17 @@ impl<T: Transport> Endpoint<T> {
             pause_ns,
             events: VecDeque::new(),
             stats: WireStats::default(),
+            next_counter: 1,
             config,
         })
+    }
+
+    /// The number of a frame about to go on the wire (each transmission its
+    /// own: 2^48 frames last years at line rate).
+    fn take_counter(&mut self) -> u64 {
+        let n = self.next_counter;
+        self.next_counter = (n + 1).min(crate::auth::MAX_COUNTER);
+        n
     }
 
     fn session_index(&self, peer: PeerId) -> Result<usize, WireError> {
@@ -402,6 +432,7 @@ impl<T: Transport> Endpoint<T> {
     /// Put frame `seq` of session `i` on the link (first time or again),
     /// with the current acknowledgement.
     fn transmit_data(&mut self, i: usize, seq: u32, now_ns: u64) -> Result<(), WireError> {
+        let counter = self.take_counter();
         let s = &mut self.sessions[i];
         let session = SessionHeader {
             flags: FLAG_DATA,
@@ -410,6 +441,7 @@ impl<T: Transport> Endpoint<T> {
             seq,
             ack: s.expected,
             sack: s.sack_bits(),
+            counter,
         };
         let k = s.slot_of(seq);
         let backoff = {
@@ -418,7 +450,12 @@ impl<T: Transport> Endpoint<T> {
             (rto << shift).min(self.config.rto_max_ns)
         };
         let slot = &mut s.tx[k];
-        frame::seal(&mut slot.frame, slot.len, &session);
+        frame::seal(
+            &mut slot.frame,
+            slot.len,
+            &session,
+            self.config.secret.as_ref(),
+        );
         let retransmit = slot.sent_ns.is_some();
         slot.sent_ns = Some(now_ns);
         slot.due_ns = now_ns + backoff;
@@ -448,6 +485,7 @@ impl<T: Transport> Endpoint<T> {
 
     /// Send a session-only frame (acknowledgement, heartbeat, probe).
     fn send_control(&mut self, i: usize, now_ns: u64) -> Result<(), WireError> {
+        let counter = self.take_counter();
         let s = &mut self.sessions[i];
         let session = SessionHeader {
             flags: if s.state == PeerState::Up {
@@ -460,6 +498,7 @@ impl<T: Transport> Endpoint<T> {
             seq: 0,
             ack: s.expected,
             sack: s.sack_bits(),
+            counter,
         };
         let len = frame::encode_control(
             &mut self.control,
@@ -468,6 +507,7 @@ impl<T: Transport> Endpoint<T> {
             self.config.node,
             self.ethertype,
             &session,
+            self.config.secret.as_ref(),
         );
         s.ack_due_ns = None;
         s.last_sent_ns = now_ns;
@@ -484,8 +524,19 @@ impl<T: Transport> Endpoint<T> {
             if self.sessions[i].state != PeerState::Up {
                 continue;
             }
+            let pause = frame::Pause {
+                quanta,
+                epoch: self.sessions[i].local_epoch,
+                counter: self.take_counter(),
+            };
             let s = &self.sessions[i];
-            let len = frame::encode_pause(&mut self.control, s.mac, self.local_mac, quanta);
+            let len = frame::encode_pause(
+                &mut self.control,
+                s.mac,
+                self.local_mac,
+                &pause,
+                self.config.secret.as_ref(),
+            );
             let peer = s.peer;
             let r = self.transport.send(now_ns, peer, &self.control[..len]);
             self.stats.frames_sent += 1;
@@ -548,10 +599,15 @@ impl<T: Transport> Endpoint<T> {
         len: usize,
         slot: Option<u32>,
     ) -> bool {
-        let parsed = match frame::parse(&mut buf[..len], self.ethertype, self.local_mac) {
+        let secret = self.config.secret.as_ref();
+        let parsed = match frame::parse(&mut buf[..len], self.ethertype, self.local_mac, secret) {
             Ok(p) => p,
             Err(frame::FrameError::BadCrc) => {
                 self.stats.crc_errors += 1;
+                return false;
+            }
+            Err(frame::FrameError::Unauthenticated) => {
+                self.stats.unauthenticated += 1;
                 return false;
             }
             Err(_) => {
@@ -564,17 +620,26 @@ impl<T: Transport> Endpoint<T> {
             return false;
         };
         match parsed {
-            Parsed::Pause { src, quanta } => {
+            Parsed::Pause { src, pause } => {
+                let authenticated = self.config.secret.is_some();
                 let s = &mut self.sessions[i];
                 if src != s.mac {
                     self.stats.malformed += 1;
                     return false;
                 }
+                // An authentic pause counts only in the peer's current
+                // session and once (a recorded one replayed would stop us).
+                if authenticated
+                    && (s.peer_epoch != Some(pause.epoch) || !s.replay.accept(pause.counter))
+                {
+                    self.stats.replayed += 1;
+                    return false;
+                }
                 self.stats.pauses_received += 1;
-                s.paused_until_ns = if quanta == 0 {
+                s.paused_until_ns = if pause.quanta == 0 {
                     0
                 } else {
-                    now_ns + (f64::from(quanta) * self.ns_per_quantum).ceil() as u64
+                    now_ns + (f64::from(pause.quanta) * self.ns_per_quantum).ceil() as u64
                 };
                 false
             }
@@ -602,23 +667,48 @@ impl<T: Transport> Endpoint<T> {
         packet: Option<PacketHeader>,
         slot: Option<u32>,
     ) -> bool {
-        let s = &self.sessions[i];
-        match s.peer_epoch {
-            Some(e) if e == h.src_epoch => {}
+        let authenticated = self.config.secret.is_some();
+        let min_ns = self.config.epoch_change_min_ns;
+        let s = &mut self.sessions[i];
+        match s.newest_peer_epoch {
+            Some(e) if e == h.src_epoch => {
+                if authenticated && !s.replay.accept(h.counter) {
+                    self.stats.replayed += 1;
+                    return false;
+                }
+                // Back after this side failed it: the same session.
+                s.peer_epoch = Some(e);
+            }
             Some(e) if !epoch_newer(h.src_epoch, e) => {
                 self.stats.stale += 1;
                 return false;
             }
             Some(_) => {
-                // A new session from the peer: ours with its old self is over.
-                let lost = self.reset_session(i);
-                self.push_event(WireEvent::PeerRestarted {
-                    peer: self.sessions[i].peer,
-                    lost,
-                });
+                if s
+                    .epoch_changed_ns
+                    .is_some_and(|t| now_ns < t.saturating_add(min_ns))
+                {
+                    self.stats.epoch_changes_limited += 1;
+                    return false;
+                }
+                s.epoch_changed_ns = Some(now_ns);
+                s.newest_peer_epoch = Some(h.src_epoch);
+                s.replay.restart(h.counter);
+                if s.peer_epoch.is_some() {
+                    // A new session from the peer: ours with its old self is over.
+                    let lost = self.reset_session(i);
+                    self.push_event(WireEvent::PeerRestarted {
+                        peer: self.sessions[i].peer,
+                        lost,
+                    });
+                }
                 self.sessions[i].peer_epoch = Some(h.src_epoch);
             }
-            None => self.sessions[i].peer_epoch = Some(h.src_epoch),
+            None => {
+                s.newest_peer_epoch = Some(h.src_epoch);
+                s.replay.restart(h.counter);
+                s.peer_epoch = Some(h.src_epoch);
+            }
         }
         let s = &mut self.sessions[i];
         s.last_heard_ns = now_ns;

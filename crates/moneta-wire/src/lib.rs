@@ -26,6 +26,7 @@
 //! - [`netns`]: network namespaces joined by a veth pair, for the tests and
 //!   the benchmark of the packet-socket transport.
 
+pub mod auth;
 pub mod crc32c;
 pub mod endpoint;
 pub mod fault;

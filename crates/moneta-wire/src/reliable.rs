@@ -27,7 +27,12 @@
 //!   dropped; data and acknowledgements count only if they name this side's
 //!   current epoch. So no frame of an old session is ever delivered in a new
 //!   one, and both ends restart at sequence 0 together.
-//! - Corrupt frames never get here: the CRC32C check drops them (`frame`).
+//! - Newer epochs are accepted at most once per `epoch_change_min_ns` per
+//!   peer (a flood of them, forged or replayed, cannot keep resetting the
+//!   session), and an epoch older than the newest ever accepted is stale
+//!   even after this side failed the peer.
+//! - Corrupt frames never get here: the CRC32C check drops them (`frame`);
+//!   with a secret, so do forged and replayed ones (`auth`).
 //!
 //! This module holds the state and its arithmetic; `endpoint` drives it.
 
@@ -124,6 +129,13 @@ pub struct Session {
     /// frames acknowledged without a retransmission (Karn's rule).
     pub srtt_ns: u64,
     pub rttvar_ns: u64,
+    /// The newest epoch ever accepted from the peer (kept when this side
+    /// fails it and forgets `peer_epoch`): older ones are stale.
+    pub newest_peer_epoch: Option<u32>,
+    /// When a newer peer epoch was last accepted (the rate limit).
+    pub epoch_changed_ns: Option<u64>,
+    /// Frame numbers seen in the peer's newest epoch (with a secret).
+    pub replay: crate::auth::ReplayWindow,
 }
 
 impl Session {
@@ -165,6 +177,9 @@ impl Session {
             paused_until_ns: 0,
             srtt_ns: 0,
             rttvar_ns: 0,
+            newest_peer_epoch: None,
+            epoch_changed_ns: None,
+            replay: Default::default(),
         }
     }
 

@@ -5,6 +5,7 @@
 //! nothing that was not sent whole.
 
 use moneta_model::device::packet::{Mac, PacketHeader, PacketKind};
+use moneta_wire::auth::Secret;
 use moneta_wire::crc32c::crc32c;
 use moneta_wire::frame::{self, SessionHeader, FLAG_DATA, QUICKSAN_ETHERTYPE};
 use moneta_wire::mem::MemWire;
@@ -33,15 +34,16 @@ fn shape(mode: u8, mut bytes: Vec<u8>, cut: usize) -> Vec<u8> {
                 bytes[15] = (1 << 4) | (bytes[15] & 0x0F);
             }
             if bytes.len() >= frame::OVERHEAD_BYTES {
-                bytes[32] = 1; // session version
+                bytes[32] = 2; // session version
                 let p = match PacketHeader::decode(&bytes) {
                     Ok(h) => h.payload_bytes() as usize,
                     Err(_) => 0,
                 };
                 let len = frame::OVERHEAD_BYTES + p;
                 if bytes.len() >= len {
-                    let crc = crc32c(&bytes[..len - 4]);
-                    bytes[len - 4..len].copy_from_slice(&crc.to_be_bytes());
+                    let at = len - frame::TAG_BYTES - 4;
+                    let crc = crc32c(&bytes[..at]);
+                    bytes[at..at + 4].copy_from_slice(&crc.to_be_bytes());
                 }
             }
         }
@@ -76,7 +78,7 @@ fn shape(mode: u8, mut bytes: Vec<u8>, cut: usize) -> Vec<u8> {
                 flags: FLAG_DATA,
                 ..Default::default()
             };
-            frame::seal(&mut buf, len, &s);
+            frame::seal(&mut buf, len, &s, None);
             buf.truncate(cut % len);
             bytes = buf;
         }
@@ -97,8 +99,13 @@ proptest! {
     fn parse_never_panics(mode: u8, bytes in proptest::collection::vec(any::<u8>(), 0..9000),
                           cut: usize, ethertype: u16) {
         let mut f = shape(mode, bytes, cut);
-        let _ = frame::parse(&mut f, ethertype, Mac::of_node(0));
-        let _ = frame::parse(&mut f, QUICKSAN_ETHERTYPE, Mac::of_node(0));
+        let secret = Secret::from_bytes([7; 32]);
+        for key in [None, Some(&secret)] {
+            let _ = frame::parse(&mut f, ethertype, Mac::of_node(0), key);
+            let r = frame::parse(&mut f, QUICKSAN_ETHERTYPE, Mac::of_node(0), key);
+            // Nobody without the secret makes a frame that passes under it.
+            prop_assert!(key.is_none() || r.is_err());
+        }
     }
 
     #[test]
@@ -107,24 +114,33 @@ proptest! {
             (any::<u8>(), proptest::collection::vec(any::<u8>(), 0..300), any::<usize>()),
             1..40)
     ) {
-        let wire = MemWire::new(2, 100);
-        let mut c = WireConfig::new(0, &[1]);
-        c.initial_epoch = Some(10);
-        let mut ep = Endpoint::new(wire.port(0, 9000), c, 0).unwrap();
-        let mut noise = wire.port(1, 9000);
-        let mut now = 0;
-        for (mode, bytes, cut) in frames.iter().cloned() {
-            let f = shape(mode, bytes, cut);
-            noise.send(now, 0, &f).unwrap();
-            now += 1000;
-            ep.poll(now).unwrap();
+        for secret in [None, Some(Secret::from_bytes([7; 32]))] {
+            let keyed = secret.is_some();
+            let wire = MemWire::new(2, 100);
+            let mut c = WireConfig::new(0, &[1]);
+            c.initial_epoch = Some(10);
+            c.secret = secret;
+            let mut ep = Endpoint::new(wire.port(0, 9000), c, 0).unwrap();
+            let mut noise = wire.port(1, 9000);
+            let mut now = 0;
+            for (mode, bytes, cut) in frames.iter().cloned() {
+                let f = shape(mode, bytes, cut);
+                noise.send(now, 0, &f).unwrap();
+                now += 1000;
+                ep.poll(now).unwrap();
+            }
+            let s = ep.stats();
+            prop_assert_eq!(s.frames_received, frames.len() as u64);
+            // Nothing delivered is anything but a packet whose payload fits;
+            // under a secret, nothing at all.
+            while let Some(ok) = ep.recv(|_, h, payload| payload.len() as u64 == h.payload_bytes()) {
+                prop_assert!(ok && !keyed);
+            }
+            let mut up = false;
+            while let Some(e) = ep.next_event() {
+                up |= matches!(e, moneta_wire::WireEvent::PeerUp { .. });
+            }
+            prop_assert!(!(keyed && up), "garbage brought a peer up under a secret");
         }
-        let s = ep.stats();
-        prop_assert_eq!(s.frames_received, frames.len() as u64);
-        // Nothing delivered is anything but a packet whose payload fits.
-        while let Some(ok) = ep.recv(|_, h, payload| payload.len() as u64 == h.payload_bytes()) {
-            prop_assert!(ok);
-        }
-        while ep.next_event().is_some() {}
     }
 }

@@ -8,7 +8,10 @@
 use moneta_model::config::Config;
 use moneta_model::device::packet::{Mac, PacketHeader, PacketKind};
 use moneta_model::kernel::Rng;
+use moneta_wire::auth::Secret;
+use moneta_wire::frame::{self, SessionHeader, FLAG_HELLO};
 use moneta_wire::mem::{MemPort, MemWire};
+use moneta_wire::Transport;
 use moneta_wire::reliable::PeerState;
 use moneta_wire::{
     Endpoint, FaultHandle, Faulty, LinkFaults, PeerId, WireConfig, WireError, WireEvent,
@@ -156,9 +159,12 @@ fn seeds() -> Vec<u64> {
     }
 }
 
-/// Both directions stream `n` packets under `faults`; returns the stats.
-fn lossy_streams(seed: u64, n: u64, faults: LinkFaults) -> String {
-    let mut p = pair(seed, config(0, 1), config(1, 0));
+/// Both directions stream `n` packets under `faults`, both ends keyed with
+/// `secret` if any; returns the stats.
+fn lossy_streams(seed: u64, n: u64, faults: LinkFaults, secret: Option<Secret>) -> String {
+    let (mut ca, mut cb) = (config(0, 1), config(1, 0));
+    (ca.secret, cb.secret) = (secret.clone(), secret);
+    let mut p = pair(seed, ca, cb);
     p.ha.set_all(faults);
     p.hb.set_all(faults);
     let (mut ab, mut ba) = (Stream::default(), Stream::default());
@@ -218,19 +224,29 @@ fn seeded_lossy_streams_arrive_exactly_once_in_order_intact() {
         jitter_ns: 3_000,
         partition: false,
     };
-    for seed in seeds() {
-        eprintln!("mem wire seed {seed}");
-        let stats = lossy_streams(seed, 2000, faults);
+    for (seed, secret) in seeds()
+        .into_iter()
+        .flat_map(|s| [(s, None), (s, Some(Secret::from_bytes([s as u8; 32])))])
+    {
+        eprintln!("mem wire seed {seed}, secret {}", secret.is_some());
+        let keyed = secret.is_some();
+        let stats = lossy_streams(seed, 2000, faults, secret);
         eprintln!("{stats}");
-        // Every fault kind happened, and the layer above saw it.
+        // Every fault kind happened, and the layer above saw it (under a
+        // secret, a duplicated frame is a replay: its number was seen).
+        let dups = if keyed {
+            " replayed: 0,"
+        } else {
+            " duplicates: 0,"
+        };
         for needle in [
-            "dropped: 0,",
-            "corrupted: 0,",
-            "duplicated: 0,",
-            "reordered: 0,",
-            "retransmits: 0,",
-            "duplicates: 0,",
-            "crc_errors: 0,",
+            " dropped: 0,",
+            " corrupted: 0,",
+            " duplicated: 0,",
+            " reordered: 0,",
+            " retransmits: 0,",
+            dups,
+            " crc_errors: 0,",
         ] {
             assert!(!stats.contains(needle), "seed {seed}: {needle} in {stats}");
         }
@@ -240,8 +256,8 @@ fn seeded_lossy_streams_arrive_exactly_once_in_order_intact() {
 #[test]
 fn the_same_seed_gives_the_same_run() {
     let faults = LinkFaults::parse("drop=3%,corrupt=1%,dup=2%,reorder=5%,jitter-us=4").unwrap();
-    let one = lossy_streams(77, 300, faults);
-    let two = lossy_streams(77, 300, faults);
+    let one = lossy_streams(77, 300, faults, None);
+    let two = lossy_streams(77, 300, faults, None);
     assert_eq!(one, two);
 }
 
@@ -490,14 +506,14 @@ fn a_restarted_peer_is_noticed_and_its_lost_packets_reported() {
 fn frames_larger_than_the_link_are_an_error() {
     let wire = MemWire::new(2, LATENCY_NS);
     let mut a = Endpoint::new(wire.port(0, 1514), config(0, 1), 0).unwrap();
-    assert_eq!(a.max_payload_bytes(), 1514 - 68);
+    assert_eq!(a.max_payload_bytes(), 1514 - 84);
     let (mut h, _) = packet(1, 0, 0, 0);
     h.kind = PacketKind::WriteRequest;
     h.size = 8192;
     assert!(matches!(
         a.send(0, 1, h, &[7u8; 8192]),
         Err(WireError::FrameTooLarge {
-            frame_bytes: 8260,
+            frame_bytes: 8276,
             mtu_bytes: 1514
         })
     ));
@@ -664,4 +680,186 @@ fn tight_buffers_under_loss_still_deliver_everything() {
     assert_eq!((ab.errors, ba.errors), (0, 0));
     eprintln!("a {:?}\nb {:?}", p.a.stats(), p.b.stats());
     assert!(p.a.stats().overflow_drops + p.b.stats().overflow_drops > 0);
+}
+
+/// A forger on the segment speaks for node 0 (its MAC and index) to node
+/// 1: probes claiming ever newer epochs, sealed without the secret or with
+/// another one, and pauses, while node 0 streams `n` packets to node 1 for
+/// 600 ms at most. Returns the frames forged, how many times node 1 saw
+/// node 0 restart, and the stream.
+fn forge_while_streaming(secret: Option<Secret>, n: u64) -> (u64, u64, Stream, Pair) {
+    let (mut ca, mut cb) = (config(0, 1), config(1, 0));
+    (ca.secret, cb.secret) = (secret.clone(), secret);
+    let mut p = pair(5, ca, cb);
+    let mut forger = p.wire.port(0, 9000);
+    let wrong = Secret::from_bytes([0x66; 32]);
+    let (mut buf, mut forged, mut restarts) = (vec![0u8; 256], 0, 0);
+    let mut ab = Stream::default();
+    let mut epoch = 1_000_000;
+    while ab.received < n && p.now < 600_000_000 {
+        p.step(20_000);
+        let now = p.now;
+        while ab.sent < n {
+            let (h, payload) = packet(5, 0, 0, ab.sent);
+            if p.a.send(now, 1, h, &payload).is_err() {
+                break;
+            }
+            ab.sent += 1;
+        }
+        receive_all(&mut p.b, 0, 5, 0, &mut ab);
+        // Every 200 µs: a "restart" of node 0 and a pause from it.
+        if now % 200_000 == 0 {
+            epoch += 1;
+            let h = SessionHeader {
+                flags: FLAG_HELLO,
+                src_epoch: epoch,
+                dst_epoch: 0,
+                counter: u64::from(epoch),
+                ..Default::default()
+            };
+            let key = (epoch % 2 == 0).then_some(&wrong);
+            let (a, b) = (Mac::of_node(1), Mac::of_node(0));
+            let len = frame::encode_control(&mut buf, a, b, 0, forger.ethertype(), &h, key);
+            forger.send(now, 1, &buf[..len]).unwrap();
+            let pause = frame::Pause {
+                quanta: 0xFFFF,
+                epoch,
+                counter: u64::from(epoch),
+            };
+            let len = frame::encode_pause(&mut buf, a, b, &pause, key);
+            forger.send(now, 1, &buf[..len]).unwrap();
+            forged += 2;
+        }
+        while let Some(e) = p.b.next_event() {
+            restarts += u64::from(matches!(e, WireEvent::PeerRestarted { peer: 0, .. }));
+        }
+    }
+    (forged, restarts, ab, p)
+}
+
+#[test]
+fn forged_frames_are_dropped_under_a_secret_and_reset_nothing() {
+    let (forged, restarts, ab, p) =
+        forge_while_streaming(Some(Secret::from_bytes([9; 32])), 3000);
+    let s = p.b.stats();
+    eprintln!("forged {forged}, restarts {restarts}, {s:?}");
+    assert_eq!((ab.received, ab.errors), (3000, 0));
+    assert!(forged > 20);
+    assert_eq!(restarts, 0);
+    assert_eq!(s.unauthenticated, forged);
+    assert_eq!(s.pauses_received, 0);
+    assert_eq!((s.stale, s.epoch_changes_limited), (0, 0));
+    // Without a secret the same forgeries reset the session, and only the
+    // rate limit bounds how often (once per epoch_change_min_ns).
+    let (forged, restarts, ab, p) = forge_while_streaming(None, 3000);
+    let s = p.b.stats();
+    eprintln!(
+        "unkeyed: forged {forged}, restarts {restarts}, {} of 3000 delivered, {s:?}",
+        ab.received
+    );
+    assert!(restarts >= 1, "the forgery works without a secret");
+    let allowed = 1 + p.now / p.b.config().epoch_change_min_ns;
+    assert!(restarts <= allowed, "{restarts} restarts in {} ns", p.now);
+    assert!(s.epoch_changes_limited > 0);
+    assert!(s.pauses_received > 0);
+}
+
+#[test]
+fn recorded_authentic_frames_replayed_are_dropped() {
+    let secret = Secret::from_bytes([3; 32]);
+    let (mut ca, mut cb) = (config(0, 1), config(1, 0));
+    (ca.secret, cb.secret) = (Some(secret.clone()), Some(secret.clone()));
+    let mut p = pair(6, ca, cb);
+    // A tap on node 1's inbox records every frame and relays it.
+    let (mut tap, mut relay) = (p.wire.port(1, 9000), p.wire.port(0, 9000));
+    let mut recorded: Vec<Vec<u8>> = Vec::new();
+    let mut buf = vec![0u8; frame::MAX_FRAME_BYTES];
+    let mut ab = Stream::default();
+    while ab.received < 500 {
+        assert!(p.now < 2_000_000_000, "stuck at {}", ab.received);
+        p.now += 5_000;
+        p.a.poll(p.now).unwrap();
+        while let Some((from, len)) = tap.poll_recv(p.now, &mut buf).unwrap() {
+            assert_eq!(from, 0);
+            recorded.push(buf[..len].to_vec());
+            relay.send(p.now, 1, &buf[..len]).unwrap();
+        }
+        p.now += 2 * LATENCY_NS;
+        p.b.poll(p.now).unwrap();
+        let now = p.now;
+        send_some(&mut p.a, now, 1, 6, 0, &mut ab, 500);
+        receive_all(&mut p.b, 0, 6, 0, &mut ab);
+    }
+    assert_eq!(ab.errors, 0);
+    let before = p.b.stats();
+    let epoch = p.a.config().initial_epoch.unwrap();
+    // Everything again, in order and reversed, plus an authentic pause
+    // with an old frame number.
+    let mut replays = recorded.len() as u64 * 2;
+    for f in recorded.iter().chain(recorded.iter().rev()) {
+        relay.send(p.now, 1, f).unwrap();
+        p.step(1_000);
+    }
+    let (me, peer) = (Mac::of_node(1), Mac::of_node(0));
+    let old = frame::Pause {
+        quanta: 0xFFFF,
+        epoch,
+        counter: 2,
+    };
+    let len = frame::encode_pause(&mut buf, me, peer, &old, Some(&secret));
+    relay.send(p.now, 1, &buf[..len]).unwrap();
+    replays += 1;
+    for _ in 0..20 {
+        p.step(10_000);
+    }
+    let after = p.b.stats();
+    assert!(p.b.recv(|_, _, _| ()).is_none(), "a replay was delivered");
+    assert_eq!(after.replayed - before.replayed, replays, "{after:?}");
+    assert_eq!(after.pauses_received, before.pauses_received);
+    while let Some(e) = p.b.next_event() {
+        assert!(matches!(e, WireEvent::PeerUp { .. }), "{e:?}");
+    }
+    // The same pause with a new number is honored: the path is live.
+    let fresh = frame::Pause {
+        counter: 1 << 40,
+        ..old
+    };
+    let len = frame::encode_pause(&mut buf, me, peer, &fresh, Some(&secret));
+    // Pauses go from the receiver to the sender: node 1 tells node 0.
+    let mut to_a = p.wire.port(1, 9000);
+    let len2 = frame::encode_pause(&mut buf[len..], peer, me, &fresh, Some(&secret));
+    let _ = len2;
+    to_a.send(p.now, 0, &buf[len..len + len2]).unwrap();
+    p.step(10_000);
+    assert!(p.a.stats().pauses_received == 0, "node 1's epoch is not node 0's");
+    let pause_from_b = frame::Pause {
+        epoch: p.b.config().initial_epoch.unwrap(),
+        ..fresh
+    };
+    let len = frame::encode_pause(&mut buf, peer, me, &pause_from_b, Some(&secret));
+    to_a.send(p.now, 0, &buf[..len]).unwrap();
+    p.step(10_000);
+    assert_eq!(p.a.stats().pauses_received, 1);
+    assert!(p.a.paused_by(1, p.now));
+}
+
+#[test]
+fn nodes_with_different_secrets_never_come_up() {
+    let (mut ca, mut cb) = (config(0, 1), config(1, 0));
+    (ca.secret, cb.secret) = (Some(Secret::from_bytes([1; 32])), None);
+    let mut p = pair(7, ca.clone(), cb);
+    for _ in 0..200 {
+        p.step(100_000);
+    }
+    assert_ne!(p.a.peer_state(1), Some(PeerState::Up));
+    assert_ne!(p.b.peer_state(0), Some(PeerState::Up));
+    assert!(p.a.stats().unauthenticated > 0 && p.b.stats().unauthenticated > 0);
+    let mut cb = config(1, 0);
+    cb.secret = Some(Secret::from_bytes([2; 32]));
+    let mut p = pair(7, ca, cb);
+    for _ in 0..200 {
+        p.step(100_000);
+    }
+    assert_ne!(p.a.peer_state(1), Some(PeerState::Up));
+    assert!(p.a.stats().unauthenticated > 0 && p.b.stats().unauthenticated > 0);
 }

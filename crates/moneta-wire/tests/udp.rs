@@ -82,7 +82,7 @@ fn an_8k_payload_needs_an_mtu_that_carries_it() {
     let b = UdpTransport::bind(any, 1, &[], 1500).unwrap();
     a.set_peer(1, b.local_addr().unwrap());
     let mut ep = Endpoint::new(a, config(0, 1), 0).unwrap();
-    assert_eq!(ep.max_payload_bytes(), 1500 - 68);
+    assert_eq!(ep.max_payload_bytes(), 1500 - 84);
     let h = common::header(
         moneta_model::device::packet::PacketKind::WriteRequest,
         0,
@@ -91,7 +91,7 @@ fn an_8k_payload_needs_an_mtu_that_carries_it() {
     );
     match ep.send(0, 1, h, &[0u8; 8192]) {
         Err(WireError::FrameTooLarge {
-            frame_bytes: 8260,
+            frame_bytes: 8276,
             mtu_bytes: 1500,
         }) => {}
         other => panic!("{other:?}"),

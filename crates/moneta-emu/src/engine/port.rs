@@ -168,6 +168,17 @@ pub struct PortStats {
     pub crc_errors: u64,
     pub pauses_sent: u64,
     pub pauses_received: u64,
+    /// Frames authenticated under the SAN's secret (`moneta_wire::auth`).
+    #[serde(default)]
+    pub authenticated: bool,
+    /// Frames dropped: no valid tag; authentic but replayed; a peer's newer
+    /// epoch past the rate limit.
+    #[serde(default)]
+    pub unauthenticated: u64,
+    #[serde(default)]
+    pub replayed: u64,
+    #[serde(default)]
+    pub epoch_changes_limited: u64,
 }
 
 /// The state of this node's copy of one mirrored slice (`moneta san status`).
@@ -352,6 +363,10 @@ impl PortState {
         s.crc_errors = w.crc_errors;
         s.pauses_sent = w.pauses_sent;
         s.pauses_received = w.pauses_received;
+        s.authenticated = e.config().secret.is_some();
+        s.unauthenticated = w.unauthenticated;
+        s.replayed = w.replayed;
+        s.epoch_changes_limited = w.epoch_changes_limited;
         s
     }
 
