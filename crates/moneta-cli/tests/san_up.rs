@@ -912,15 +912,21 @@ fn forged_frames_from_a_nodes_namespace_are_dropped_and_writes_go_on() {
     let n0 = client(&san, 0);
     assert!(port_stats(&n0).authenticated);
     let before = remote_write_rate(&n0, 1.5);
-    let (stop, forged) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (stop, forged) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let forger = {
         let (stop, forged, ns) = (stop.clone(), forged.clone(), san.netns(1));
         std::thread::spawn(move || {
             moneta_wire::netns::enter_netns(&ns).expect("into n1's namespace");
             let ethertype = moneta_emu::san_file::DEFAULT_ETHERTYPE;
-            let mut link =
-                moneta_wire::packet_socket::PacketSocket::open("eth0", ethertype, &[(0, Mac::of_node(0))])
-                    .expect("a packet socket in n1's namespace");
+            let mut link = moneta_wire::packet_socket::PacketSocket::open(
+                "eth0",
+                ethertype,
+                &[(0, Mac::of_node(0))],
+            )
+            .expect("a packet socket in n1's namespace");
             let wrong = moneta_wire::auth::Secret::from_bytes([0x42; 32]);
             let (n0_mac, n1_mac) = (Mac::of_node(0), Mac::of_node(1));
             let mut buf = vec![0u8; 256];
@@ -932,7 +938,7 @@ fn forged_frames_from_a_nodes_namespace_are_dropped_and_writes_go_on() {
                 .wrapping_add(1 << 30);
             while !stop.load(Ordering::Relaxed) {
                 epoch = epoch.wrapping_add(1);
-                let key = (epoch % 2 == 0).then_some(&wrong);
+                let key = epoch.is_multiple_of(2).then_some(&wrong);
                 let h = SessionHeader {
                     flags: FLAG_HELLO,
                     src_epoch: epoch,

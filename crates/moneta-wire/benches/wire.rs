@@ -6,6 +6,11 @@
 //! trip is compared with the target of ≤ 15 µs for a remote 4 KB read (the
 //! paper's QuickSAN block transport took 17 µs, Table 5.1, with media).
 //!
+//! Each link is measured without and with a SAN secret (every frame tagged
+//! and checked, `auth`; issue 22 item 3), one after the other in the same
+//! run, with an 8 KB-payload stream for bandwidth; and the tag alone is
+//! timed on frames of 84 B, 4 KB and 8 KB.
+//!
 //! `cargo bench -p moneta-wire --bench wire` (full) or `-- --smoke` (a few
 //! hundred round trips, for CI). Numbers depend on the machine's load: two
 //! busy-polling threads need two free cores.
@@ -15,7 +20,8 @@ mod common;
 
 use common::{header, now_ns, serve};
 use moneta_model::device::packet::{Mac, PacketKind};
-use moneta_wire::frame::QUICKSAN_ETHERTYPE;
+use moneta_wire::auth::Secret;
+use moneta_wire::frame::{self, QUICKSAN_ETHERTYPE};
 use moneta_wire::netns::{is_root, VethPair};
 use moneta_wire::packet_socket::PacketSocket;
 use moneta_wire::udp::UdpTransport;
@@ -31,11 +37,49 @@ struct Sizes {
     stream: Duration,
 }
 
-fn config(node: u16, peer: u16) -> WireConfig {
+fn config(node: u16, peer: u16, secret: &Option<Secret>) -> WireConfig {
     let mut c = WireConfig::new(node, &[peer]);
     c.peer_silence_ns = 10_000_000_000;
     c.max_retransmits = 40;
+    c.secret = secret.clone();
     c
+}
+
+/// This thread's CPU time in ns (preemption on a busy machine does not
+/// count).
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The tag alone: CPU ns per frame of each size, best of 5 batches.
+fn tag_cost(smoke: bool) {
+    let secret = Secret::from_bytes([0x17; 32]);
+    let n = if smoke { 2_000 } else { 50_000 };
+    for payload in [0usize, 4096, 8192] {
+        let bytes = vec![0xA5u8; frame::OVERHEAD_BYTES - frame::TAG_BYTES + payload];
+        let best = (0..5)
+            .map(|_| {
+                let t = thread_cpu_ns();
+                let mut x = 0u8;
+                for _ in 0..n {
+                    x ^= secret.tag(std::hint::black_box(&bytes))[0];
+                }
+                std::hint::black_box(x);
+                (thread_cpu_ns() - t) as f64 / n as f64
+            })
+            .fold(f64::INFINITY, f64::min);
+        println!(
+            "MAC (BLAKE3 keyed, 128-bit tag) over a frame of {:>5} B: {best:7.0} ns ({:.2} GB/s)",
+            bytes.len(),
+            bytes.len() as f64 / best
+        );
+    }
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -83,19 +127,27 @@ fn round_trips<T: Transport>(
 
 /// A one-way stream of 64-byte writes for `d`: frames per second delivered
 /// (the server answers each with a write completion).
+/// Write requests of `bytes` one way for `d`: (packets/s, payload MB/s),
+/// each acknowledged by its completion.
 fn stream<T: Transport>(
     ep: &mut Endpoint<T>,
     start: Instant,
     d: Duration,
-) -> Result<f64, WireError> {
+    bytes: u16,
+) -> Result<(f64, f64), WireError> {
     let t0 = Instant::now();
     let mut done = 0u64;
-    let payload = [0x5a; 64];
+    let payload = vec![0x5a; usize::from(bytes)];
     while t0.elapsed() < d {
         let now = now_ns(start);
         ep.poll(now)?;
         loop {
-            match ep.send(now, 1, header(PacketKind::WriteRequest, 0, 0, 64), &payload) {
+            match ep.send(
+                now,
+                1,
+                header(PacketKind::WriteRequest, 0, 0, bytes),
+                &payload,
+            ) {
                 Ok(()) => {}
                 Err(WireError::WindowFull { .. }) => break,
                 Err(e) => return Err(e),
@@ -105,7 +157,8 @@ fn stream<T: Transport>(
             done += 1;
         }
     }
-    Ok(done as f64 / t0.elapsed().as_secs_f64())
+    let pps = done as f64 / t0.elapsed().as_secs_f64();
+    Ok((pps, pps * f64::from(bytes) / 1e6))
 }
 
 /// Run the measurements with `client`, while `server` serves on a thread.
@@ -146,10 +199,14 @@ fn measure<T: Transport + Send + 'static>(
             }
         }
     }
-    if result.is_ok() {
-        match stream(&mut client, start, sizes.stream) {
-            Ok(pps) => println!(
-                "{link:<22} 64 B writes, window {}: {pps:.0} packets/s (each with its completion)",
+    for bytes in [64u16, 8192] {
+        if result.is_err() {
+            break;
+        }
+        match stream(&mut client, start, sizes.stream, bytes) {
+            Ok((pps, mbs)) => println!(
+                "{link:<22} {bytes:>4} B writes, window {}: {pps:.0} packets/s, {mbs:.1} MB/s of \
+                 payload (each with its completion)",
                 client.config().window_frames
             ),
             Err(e) => result = Err(e),
@@ -161,19 +218,33 @@ fn measure<T: Transport + Send + 'static>(
     result
 }
 
-fn udp(sizes: &Sizes) -> Result<(), WireError> {
+/// A link's name, with " +MAC" when frames are tagged.
+fn label(link: &str, secret: &Option<Secret>) -> String {
+    match secret {
+        Some(_) => format!("{link} +MAC"),
+        None => link.to_string(),
+    }
+}
+
+fn udp(sizes: &Sizes, secret: &Option<Secret>) -> Result<(), WireError> {
     let any = "127.0.0.1:0".parse().unwrap();
     let mut a = UdpTransport::bind(any, 0, &[], 9000)?;
     let mut b = UdpTransport::bind(any, 1, &[], 9000)?;
     a.set_peer(1, b.local_addr()?);
     b.set_peer(0, a.local_addr()?);
     let start = Instant::now();
-    let client = Endpoint::new(a, config(0, 1), 0)?;
-    let server = Endpoint::new(b, config(1, 0), 0)?;
-    measure("udp 127.0.0.1", client, server, start, sizes)
+    let client = Endpoint::new(a, config(0, 1, secret), 0)?;
+    let server = Endpoint::new(b, config(1, 0, secret), 0)?;
+    measure(
+        &label("udp 127.0.0.1", secret),
+        client,
+        server,
+        start,
+        sizes,
+    )
 }
 
-fn packet_socket(sizes: &Sizes, rx_ring: bool) -> Result<(), WireError> {
+fn packet_socket(sizes: &Sizes, rx_ring: bool, secret: &Option<Secret>) -> Result<(), WireError> {
     let pair = VethPair::create(9000, [Mac::of_node(0), Mac::of_node(1)])?;
     let open = |side: usize| {
         let dev = pair.interfaces[side].clone();
@@ -189,14 +260,14 @@ fn packet_socket(sizes: &Sizes, rx_ring: bool) -> Result<(), WireError> {
     };
     let (a, b) = (open(0)?, open(1)?);
     let start = Instant::now();
-    let client = Endpoint::new(a, config(0, 1), 0)?;
-    let server = Endpoint::new(b, config(1, 0), 0)?;
+    let client = Endpoint::new(a, config(0, 1, secret), 0)?;
+    let server = Endpoint::new(b, config(1, 0, secret), 0)?;
     let link = if rx_ring {
         "af_packet veth rx ring"
     } else {
         "af_packet veth recv(2)"
     };
-    measure(link, client, server, start, sizes)
+    measure(&label(link, secret), client, server, start, sizes)
 }
 
 fn main() {
@@ -217,20 +288,24 @@ fn main() {
         "moneta-wire bench ({}; {cores} cores; both endpoints busy-poll)",
         if smoke { "smoke" } else { "full" }
     );
+    tag_cost(smoke);
     let mut failed = false;
-    if let Err(e) = udp(&sizes) {
-        eprintln!("udp: {e}");
-        failed = true;
-    }
-    if is_root() {
-        for rx_ring in [false, true] {
-            if let Err(e) = packet_socket(&sizes, rx_ring) {
-                eprintln!("af_packet (rx ring {rx_ring}): {e}");
-                failed = true;
-            }
+    let secret = Secret::generate().expect("a random secret");
+    for secret in [None, Some(secret)] {
+        if let Err(e) = udp(&sizes, &secret) {
+            eprintln!("udp: {e}");
+            failed = true;
         }
-    } else {
-        println!("af_packet: skipped (needs root for namespaces and raw sockets)");
+        if is_root() {
+            for rx_ring in [false, true] {
+                if let Err(e) = packet_socket(&sizes, rx_ring, &secret) {
+                    eprintln!("af_packet (rx ring {rx_ring}): {e}");
+                    failed = true;
+                }
+            }
+        } else {
+            println!("af_packet: skipped (needs root for namespaces and raw sockets)");
+        }
     }
     if failed {
         std::process::exit(1);

@@ -152,11 +152,7 @@ impl ReplayWindow {
         }
         if n > self.highest {
             let shift = n - self.highest;
-            self.seen = if shift >= 128 {
-                0
-            } else {
-                self.seen << shift
-            } | 1;
+            self.seen = if shift >= 128 { 0 } else { self.seen << shift } | 1;
             self.highest = n;
             return true;
         }
@@ -186,7 +182,10 @@ mod tests {
     #[test]
     fn a_secret_round_trips_through_hex_and_tags_depend_on_every_byte() {
         let s = Secret::generate().unwrap();
-        assert_eq!(Secret::parse_hex(&format!("  {}\n", s.to_hex())).unwrap(), s);
+        assert_eq!(
+            Secret::parse_hex(&format!("  {}\n", s.to_hex())).unwrap(),
+            s
+        );
         assert!(Secret::parse_hex("abc").is_err());
         assert!(Secret::parse_hex(&"g".repeat(64)).is_err());
         assert_eq!(format!("{s:?}"), "Secret(…)");

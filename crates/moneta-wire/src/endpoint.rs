@@ -684,8 +684,7 @@ impl<T: Transport> Endpoint<T> {
                 return false;
             }
             Some(_) => {
-                if s
-                    .epoch_changed_ns
+                if s.epoch_changed_ns
                     .is_some_and(|t| now_ns < t.saturating_add(min_ns))
                 {
                     self.stats.epoch_changes_limited += 1;

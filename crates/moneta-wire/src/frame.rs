@@ -438,7 +438,11 @@ mod tests {
             seal(&mut buf, len, &s, key);
             assert_eq!(&buf[12..14], &[0x88, 0xB5]);
             let parsed = parse(&mut buf[..len + 10], 0x88B5, Mac::of_node(1), key).unwrap();
-            let flags = if key.is_some() { FLAG_DATA | FLAG_AUTH } else { FLAG_DATA };
+            let flags = if key.is_some() {
+                FLAG_DATA | FLAG_AUTH
+            } else {
+                FLAG_DATA
+            };
             assert_eq!(
                 parsed,
                 Parsed::Session {
@@ -480,18 +484,21 @@ mod tests {
         // Sealed without the secret, with another one, and with the right
         // one then altered with its CRC fixed up (what a forger can do).
         let dest = Mac::of_node(1);
-        let len = encode_control(&mut buf, dest, Mac::of_node(0), 0, QUICKSAN_ETHERTYPE, &s, None);
-        assert_eq!(
-            parse(&mut buf[..len], QUICKSAN_ETHERTYPE, dest, Some(&secret)),
-            Err(FrameError::Unauthenticated)
-        );
-        encode_control(&mut buf, dest, Mac::of_node(0), 0, QUICKSAN_ETHERTYPE, &s, Some(&other));
-        assert_eq!(
-            parse(&mut buf[..len], QUICKSAN_ETHERTYPE, dest, Some(&secret)),
-            Err(FrameError::Unauthenticated)
-        );
-        encode_control(&mut buf, dest, Mac::of_node(0), 0, QUICKSAN_ETHERTYPE, &s, Some(&secret));
-        assert!(parse(&mut buf[..len], QUICKSAN_ETHERTYPE, dest, Some(&secret)).is_ok());
+        let mut probe = |key: Option<&Secret>| {
+            let len = encode_control(
+                &mut buf,
+                dest,
+                Mac::of_node(0),
+                0,
+                QUICKSAN_ETHERTYPE,
+                &s,
+                key,
+            );
+            parse(&mut buf[..len], QUICKSAN_ETHERTYPE, dest, Some(&secret)).map(|_| len)
+        };
+        assert_eq!(probe(None), Err(FrameError::Unauthenticated));
+        assert_eq!(probe(Some(&other)), Err(FrameError::Unauthenticated));
+        let len = probe(Some(&secret)).expect("the right secret");
         // A node without the secret refuses tagged frames: a SAN whose nodes
         // disagree about the secret does not half work.
         assert_eq!(

@@ -11,8 +11,8 @@ use moneta_model::kernel::Rng;
 use moneta_wire::auth::Secret;
 use moneta_wire::frame::{self, SessionHeader, FLAG_HELLO};
 use moneta_wire::mem::{MemPort, MemWire};
-use moneta_wire::Transport;
 use moneta_wire::reliable::PeerState;
+use moneta_wire::Transport;
 use moneta_wire::{
     Endpoint, FaultHandle, Faulty, LinkFaults, PeerId, WireConfig, WireError, WireEvent,
 };
@@ -708,7 +708,7 @@ fn forge_while_streaming(secret: Option<Secret>, n: u64) -> (u64, u64, Stream, P
         }
         receive_all(&mut p.b, 0, 5, 0, &mut ab);
         // Every 200 µs: a "restart" of node 0 and a pause from it.
-        if now % 200_000 == 0 {
+        if now.is_multiple_of(200_000) {
             epoch += 1;
             let h = SessionHeader {
                 flags: FLAG_HELLO,
@@ -717,7 +717,7 @@ fn forge_while_streaming(secret: Option<Secret>, n: u64) -> (u64, u64, Stream, P
                 counter: u64::from(epoch),
                 ..Default::default()
             };
-            let key = (epoch % 2 == 0).then_some(&wrong);
+            let key = epoch.is_multiple_of(2).then_some(&wrong);
             let (a, b) = (Mac::of_node(1), Mac::of_node(0));
             let len = frame::encode_control(&mut buf, a, b, 0, forger.ethertype(), &h, key);
             forger.send(now, 1, &buf[..len]).unwrap();
@@ -739,8 +739,7 @@ fn forge_while_streaming(secret: Option<Secret>, n: u64) -> (u64, u64, Stream, P
 
 #[test]
 fn forged_frames_are_dropped_under_a_secret_and_reset_nothing() {
-    let (forged, restarts, ab, p) =
-        forge_while_streaming(Some(Secret::from_bytes([9; 32])), 3000);
+    let (forged, restarts, ab, p) = forge_while_streaming(Some(Secret::from_bytes([9; 32])), 3000);
     let s = p.b.stats();
     eprintln!("forged {forged}, restarts {restarts}, {s:?}");
     assert_eq!((ab.received, ab.errors), (3000, 0));
@@ -831,7 +830,10 @@ fn recorded_authentic_frames_replayed_are_dropped() {
     let _ = len2;
     to_a.send(p.now, 0, &buf[len..len + len2]).unwrap();
     p.step(10_000);
-    assert!(p.a.stats().pauses_received == 0, "node 1's epoch is not node 0's");
+    assert!(
+        p.a.stats().pauses_received == 0,
+        "node 1's epoch is not node 0's"
+    );
     let pause_from_b = frame::Pause {
         epoch: p.b.config().initial_epoch.unwrap(),
         ..fresh
