@@ -23,6 +23,7 @@ mod plot;
 mod report;
 mod san;
 mod san_bench;
+mod san_chaos;
 mod san_sort;
 mod san_up;
 mod sort_worker;

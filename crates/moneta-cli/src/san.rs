@@ -59,6 +59,10 @@ pub enum SanCommand {
     /// SAN (or N workers on one daemon), validated, timed, and next to the
     /// simulator's prediction.
     Sort(Box<crate::san_sort::SortRunArgs>),
+    /// A randomized fault schedule (kill -9, restart, partitions, lossy
+    /// links, resolve) against a mirrored SAN of its own, with a register
+    /// checker on every read; the seed reproduces the schedule (root).
+    Chaos(Box<crate::san_chaos::SanChaosArgs>),
     /// One host's sort worker (started by `moneta san sort`).
     #[command(hide = true)]
     SortWorker(crate::sort_worker::SortWorkerArgs),
@@ -301,6 +305,7 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Resolve(a) => crate::san_up::resolve(a),
         SanCommand::Bench(a) => crate::san_bench::run(a),
         SanCommand::Sort(a) => crate::san_sort::run(*a),
+        SanCommand::Chaos(a) => crate::san_chaos::run(*a),
         SanCommand::SortWorker(a) => crate::sort_worker::run(a),
     }
 }

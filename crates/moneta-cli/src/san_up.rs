@@ -231,7 +231,7 @@ pub(crate) fn load_state(name: &str) -> Result<SanState, String> {
     })
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty()
         || name.len() > MAX_NAME
         || !name

@@ -569,12 +569,12 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
         checked
     };
     assert!(check(0, &[0, 1, 2]) > 0);
-    // Only n1's own copies left: slice 1 (its primary) and slice 0 (its
-    // replica of n0's) must hold every acknowledged write.
-    for node in [0, 2] {
-        // SAFETY: kill(2) of daemons this test's SAN started.
-        unsafe { libc::kill(pid(node), libc::SIGKILL) };
-    }
+    // n1's own copies: slice 1 (its primary, read here: a local copy is
+    // read first) and slice 0 (its replica of n0's; n0 killed) must hold
+    // every acknowledged write. n2 stays: n1 alone would have no quorum
+    // and refuse (issue 22 item 6).
+    // SAFETY: kill(2) of a daemon this test's SAN started.
+    unsafe { libc::kill(pid(0), libc::SIGKILL) };
     let n = check(1, &[0, 1]);
     eprintln!("{n} blocks checked on n1's resynced copies alone");
     assert!(n > 0);
@@ -591,7 +591,20 @@ fn a_partition_with_writers_on_both_sides_is_detected_as_split_brain() {
     let (c0, c1) = (client(&san, 0), client(&san, 1));
     // Slice 0: primary on n0, replica on n1.
     c0.write(0, &[1u8; 4096]).unwrap();
-    fault(&san, "n1", "partition");
+    // Only the n0–n1 link: each side still reaches n2, a majority, and
+    // writes on alone (a node cut off from every peer has no quorum:
+    // its copies would be outdated and refuse writes alone).
+    ok(&moneta(&[
+        "san",
+        "fault",
+        "--name",
+        &san.0,
+        "--node",
+        "n1",
+        "--peer",
+        "n0",
+        "partition",
+    ]));
     c0.write(4096, &[2u8; 4096]).expect("n0 writes on alone");
     c1.write(8192, &[3u8; 4096]).expect("n1 writes on alone");
     assert!(port_stats(&c0).dirty_bytes > 0 && port_stats(&c1).dirty_bytes > 0);
@@ -792,7 +805,20 @@ fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
     for b in 0..40 {
         c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
     }
-    fault(&san, "n1", "partition");
+    // Only the n0–n1 link: each side still reaches n2, a majority, and
+    // writes on alone (a node cut off from every peer has no quorum:
+    // its copies would be outdated and refuse writes alone).
+    ok(&moneta(&[
+        "san",
+        "fault",
+        "--name",
+        &san.0,
+        "--node",
+        "n1",
+        "--peer",
+        "n0",
+        "partition",
+    ]));
     // n0 writes blocks 0..20 (version 2), n1 writes 10..30 (version 3):
     // 10..20 both, 20..30 n1 only.
     for b in 0..20 {

@@ -337,11 +337,47 @@ impl RouteTable {
     }
 
     /// Mark `node` failed (`true`) or back (`false`).
+    ///
+    /// Quorum (found by `moneta san chaos`, issue 22 item 6): a node that
+    /// reaches no more than half of the SAN's storage nodes, itself
+    /// included, may be the cut-off side of a partition whose other side
+    /// writes alone; so its up-to-date copies whose partner it cannot reach
+    /// become `Outdated` (never read, no write alone) until that partner
+    /// tells it what it missed. Without this a node healed from a partition
+    /// served its old copy (to itself and to every peer that asked it)
+    /// before it heard what its partner wrote meanwhile. A SAN of two has
+    /// no majority to keep: the survivor goes on alone, as before.
     pub fn set_down(&mut self, node: u16, down: bool) {
         self.down.retain(|&n| n != node);
         if down {
             self.down.push(node);
         }
+        if self.has_quorum() {
+            return;
+        }
+        for slice in 0..self.slices.len() {
+            let partner_down = self.partner_of(slice).is_some_and(|p| self.is_down(p));
+            if partner_down && self.states[slice] == ReplicaState::UpToDate {
+                self.states[slice] = ReplicaState::Outdated;
+            }
+        }
+    }
+
+    /// Whether this node reaches a strict majority of the storage nodes
+    /// (those holding a copy of some slice), itself included; always in a
+    /// SAN of fewer than three.
+    pub fn has_quorum(&self) -> bool {
+        let mut storage: Vec<u16> = self
+            .slices
+            .iter()
+            .flat_map(|s| [Some(s.primary.0), s.replica.map(|r| r.0)])
+            .flatten()
+            .collect();
+        storage.sort_unstable();
+        storage.dedup();
+        let n = storage.len();
+        let down = storage.iter().filter(|&&x| self.is_down(x)).count();
+        n < 3 || 2 * (n - down) > n
     }
 
     pub fn is_down(&self, node: u16) -> bool {
@@ -887,6 +923,50 @@ mod tests {
             nic.route_write(2 << 20, 0),
             Target::Remote { node: 2, addr: 0 }
         );
+    }
+
+    /// Quorum: a node cut off from the majority stops trusting the copies
+    /// whose partner it cannot reach; one failure among three does not.
+    #[test]
+    fn a_node_without_a_majority_outdates_the_copies_of_unreachable_partners() {
+        let slices: Vec<SliceOwners> = (0..3u16)
+            .map(|i| SliceOwners {
+                primary: (i, 0),
+                replica: Some(((i + 1) % 3, 1 << 20)),
+            })
+            .collect();
+        // Node 1: primary of slice 1 (partner 2), replica of slice 0 (partner 0).
+        let mut t = RouteTable::new(1, 20, slices.clone(), true);
+        t.set_down(2, true);
+        assert!(t.has_quorum());
+        assert_eq!(t.state(1), ReplicaState::UpToDate, "one failure: degraded");
+        t.set_down(0, true);
+        assert!(!t.has_quorum());
+        assert_eq!(t.state(1), ReplicaState::Outdated);
+        assert_eq!(t.state(0), ReplicaState::Outdated);
+        assert_eq!(
+            t.state(2),
+            ReplicaState::UpToDate,
+            "no copy of slice 2 here"
+        );
+        // Partners back: still outdated until they say what was missed.
+        t.set_down(0, false);
+        t.set_down(2, false);
+        assert_eq!(t.state(1), ReplicaState::Outdated);
+        assert!(t.refusal(1 << 20, 4096).is_none(), "read from the partner");
+        t.set_down(2, true);
+        assert!(t.refusal(1 << 20, 4096).is_some(), "partner down: refused");
+        // Two nodes: the survivor goes on.
+        let two: Vec<SliceOwners> = (0..2u16)
+            .map(|i| SliceOwners {
+                primary: (i, 0),
+                replica: Some(((i + 1) % 2, 1 << 20)),
+            })
+            .collect();
+        let mut t = RouteTable::new(0, 20, two, true);
+        t.set_down(1, true);
+        assert!(t.has_quorum());
+        assert_eq!(t.state(0), ReplicaState::UpToDate);
     }
 
     #[test]
