@@ -580,7 +580,7 @@ pub(crate) fn cmdline(pid: i32) -> Option<Vec<OsString>> {
 
 /// Whether `pid` is a live `moneta serve … --socket SOCKET`: a pid from a
 /// state file may have been reused by anything since.
-fn is_our_daemon(pid: i32, socket: &Path) -> bool {
+pub(crate) fn is_our_daemon(pid: i32, socket: &Path) -> bool {
     let Some(args) = cmdline(pid) else {
         return false;
     };

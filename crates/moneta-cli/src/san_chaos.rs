@@ -829,9 +829,12 @@ impl Nemesis<'_> {
             Step::Kill(i) => {
                 let st = self.status().unwrap_or_default();
                 let pid = st["nodes"][i]["pid"].as_u64().unwrap_or(0) as i32;
-                if pid > 0 {
-                    // SAFETY: kill(2) of the daemon this run's SAN started
-                    // (alive, by its command line, a moment ago).
+                let socket = st["nodes"][i]["socket"].as_str().unwrap_or_default();
+                // Checked again right before the kill: a daemon that died
+                // meanwhile leaves a pid another process may take (pids
+                // wrap at 32,768 on a busy machine).
+                if pid > 0 && crate::mount::is_our_daemon(pid, std::path::Path::new(socket)) {
+                    // SAFETY: kill(2) of this run's daemon, just checked.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
                 self.faulted[i] = false;

@@ -166,8 +166,13 @@ impl Drop for Server {
                 .next()
                 .and_then(|l| l.trim().parse::<i32>().ok())
             {
-                // SAFETY: kill(2) of the cluster's own postmaster.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // Only if that pid is still a postgres (a stale pid file
+                // names a pid another process may have taken).
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if comm.trim() == "postgres" {
+                    // SAFETY: kill(2) of the cluster's own postmaster, just checked.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
                 std::thread::sleep(Duration::from_millis(200));
             }
         }

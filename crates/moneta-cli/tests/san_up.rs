@@ -205,9 +205,7 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     assert!(again.contains("nothing to do"), "{again}");
 
     // A node's daemon dies: status says so.
-    let pid = s["nodes"][2]["pid"].as_u64().unwrap() as i32;
-    // SAFETY: kill(2) of the daemon this test's SAN started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    kill_node(&san, 2);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let s = san.status();
     assert_eq!(s["state"], "degraded", "{s:#}");
@@ -492,7 +490,6 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
         Rng::new((block << 32 | version) ^ seed).fill(&mut b);
         b
     };
-    let pid = |node: usize| san.status()["nodes"][node]["pid"].as_u64().unwrap() as i32;
     /// Stops the writer however the scope ends (a failed assertion too).
     struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
     impl Drop for Stop<'_> {
@@ -516,8 +513,7 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
             version
         });
         std::thread::sleep(std::time::Duration::from_millis(700));
-        // SAFETY: kill(2) of a daemon this test's SAN started.
-        unsafe { libc::kill(pid(1), libc::SIGKILL) };
+        kill_node(&san, 1);
         std::thread::sleep(std::time::Duration::from_millis(2500));
         // Degraded: n0 and n2 hold what n1 missed.
         let missed: u64 = [0, 2]
@@ -573,8 +569,7 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
     // read first) and slice 0 (its replica of n0's; n0 killed) must hold
     // every acknowledged write. n2 stays: n1 alone would have no quorum
     // and refuse (issue 22 item 6).
-    // SAFETY: kill(2) of a daemon this test's SAN started.
-    unsafe { libc::kill(pid(0), libc::SIGKILL) };
+    kill_node(&san, 0);
     let n = check(1, &[0, 1]);
     eprintln!("{n} blocks checked on n1's resynced copies alone");
     assert!(n > 0);
@@ -644,9 +639,20 @@ fn block_content(seed: u64, block: u64, version: u64) -> Vec<u8> {
 }
 
 /// `kill -9` of node `node`'s daemon.
+/// kill -9 of node `node`'s daemon, after checking that the pid the state
+/// names is still that daemon (`moneta serve` with its socket): a pid of
+/// a daemon that died is soon another process's on a machine that forks
+/// a lot (pids wrap at 32,768 here).
 fn kill_node(san: &San, node: usize) {
     let pid = san.status()["nodes"][node]["pid"].as_u64().unwrap() as i32;
-    // SAFETY: kill(2) of a daemon this test's SAN started.
+    let socket = san.socket(node as u16);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+    assert!(
+        args.contains(&&b"serve"[..]) && args.contains(&socket.as_bytes()),
+        "pid {pid} is not n{node}'s daemon any more"
+    );
+    // SAFETY: kill(2) of this test's daemon, just checked.
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
