@@ -670,7 +670,7 @@ impl<T: Transport> Endpoint<T> {
         let authenticated = self.config.secret.is_some();
         let min_ns = self.config.epoch_change_min_ns;
         let s = &mut self.sessions[i];
-        match s.newest_peer_epoch {
+        match s.last_peer_epoch {
             Some(e) if e == h.src_epoch => {
                 if authenticated && !s.replay.accept(h.counter) {
                     self.stats.replayed += 1;
@@ -679,7 +679,12 @@ impl<T: Transport> Endpoint<T> {
                 // Back after this side failed it: the same session.
                 s.peer_epoch = Some(e);
             }
-            Some(e) if !epoch_newer(h.src_epoch, e) => {
+            // Stale while the session is live. Once this side has failed
+            // the peer, any epoch starts a new session (rate-limited): a
+            // node restarted after its clock epoch wrapped past the
+            // newest seen (2^31 ms, ~24.8 days) must still rejoin; a
+            // replayed old epoch then costs one reset at most.
+            Some(e) if !epoch_newer(h.src_epoch, e) && s.peer_epoch.is_some() => {
                 self.stats.stale += 1;
                 return false;
             }
@@ -691,7 +696,7 @@ impl<T: Transport> Endpoint<T> {
                     return false;
                 }
                 s.epoch_changed_ns = Some(now_ns);
-                s.newest_peer_epoch = Some(h.src_epoch);
+                s.last_peer_epoch = Some(h.src_epoch);
                 s.replay.restart(h.counter);
                 if s.peer_epoch.is_some() {
                     // A new session from the peer: ours with its old self is over.
@@ -704,7 +709,7 @@ impl<T: Transport> Endpoint<T> {
                 self.sessions[i].peer_epoch = Some(h.src_epoch);
             }
             None => {
-                s.newest_peer_epoch = Some(h.src_epoch);
+                s.last_peer_epoch = Some(h.src_epoch);
                 s.replay.restart(h.counter);
                 s.peer_epoch = Some(h.src_epoch);
             }

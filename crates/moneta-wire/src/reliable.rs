@@ -29,8 +29,9 @@
 //!   one, and both ends restart at sequence 0 together.
 //! - Newer epochs are accepted at most once per `epoch_change_min_ns` per
 //!   peer (a flood of them, forged or replayed, cannot keep resetting the
-//!   session), and an epoch older than the newest ever accepted is stale
-//!   even after this side failed the peer.
+//!   session). An epoch older than the peer's current one is stale; once
+//!   this side has failed the peer, any epoch starts a new session (so a
+//!   node restarted after its clock epoch wrapped still rejoins).
 //! - Corrupt frames never get here: the CRC32C check drops them (`frame`);
 //!   with a secret, so do forged and replayed ones (`auth`).
 //!
@@ -129,9 +130,9 @@ pub struct Session {
     /// frames acknowledged without a retransmission (Karn's rule).
     pub srtt_ns: u64,
     pub rttvar_ns: u64,
-    /// The newest epoch ever accepted from the peer (kept when this side
-    /// fails it and forgets `peer_epoch`): older ones are stale.
-    pub newest_peer_epoch: Option<u32>,
+    /// The last epoch accepted from the peer (kept when this side fails it
+    /// and forgets `peer_epoch`): the replay window belongs to it.
+    pub last_peer_epoch: Option<u32>,
     /// When a newer peer epoch was last accepted (the rate limit).
     pub epoch_changed_ns: Option<u64>,
     /// Frame numbers seen in the peer's newest epoch (with a secret).
@@ -177,7 +178,7 @@ impl Session {
             paused_until_ns: 0,
             srtt_ns: 0,
             rttvar_ns: 0,
-            newest_peer_epoch: None,
+            last_peer_epoch: None,
             epoch_changed_ns: None,
             replay: Default::default(),
         }

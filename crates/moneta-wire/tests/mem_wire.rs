@@ -865,3 +865,52 @@ fn nodes_with_different_secrets_never_come_up() {
     assert_ne!(p.a.peer_state(1), Some(PeerState::Up));
     assert!(p.a.stats().unauthenticated > 0 && p.b.stats().unauthenticated > 0);
 }
+
+/// A node restarted with an epoch the wrapping comparison takes as older
+/// than its last one (its 32-bit millisecond clock moved 2^31 ms on, ~24.8
+/// days): once the other side has failed it, it rejoins; while the session
+/// is live, such an epoch is stale.
+#[test]
+fn a_peer_restarted_past_the_epoch_wrap_rejoins_once_failed() {
+    let secret = Secret::from_bytes([5; 32]);
+    let (mut ca, mut cb) = (config(0, 1), config(1, 0));
+    (ca.secret, cb.secret) = (Some(secret.clone()), Some(secret.clone()));
+    let mut p = pair(8, ca, cb);
+    for _ in 0..10 {
+        p.step(10_000);
+    }
+    assert_eq!(p.a.peer_state(1), Some(PeerState::Up));
+    // B restarts at once with an "older" epoch: stale to A's live session.
+    let old = p.b.config().initial_epoch.unwrap();
+    let mut cb = config(1, 0);
+    cb.secret = Some(secret);
+    cb.initial_epoch = Some(old.wrapping_add(1 << 31).wrapping_add(7));
+    p.b = Endpoint::new(
+        Faulty::new(p.wire.port(1, 9000), FaultHandle::new(), 4),
+        cb,
+        p.now,
+    )
+    .unwrap();
+    for _ in 0..50 {
+        p.step(100_000);
+    }
+    assert!(p.a.stats().stale > 0);
+    // A fails it (silent past the bound to A), then takes its session.
+    let mut up_again = false;
+    for _ in 0..400 {
+        p.step(100_000);
+        while let Some(e) = p.a.next_event() {
+            up_again |= matches!(e, WireEvent::PeerUp { peer: 1 }) && p.a.stats().peer_failures > 0;
+        }
+        if up_again {
+            break;
+        }
+    }
+    assert!(up_again, "{:?}", p.a.stats());
+    let (h, payload) = packet(8, 0, 1, 0);
+    p.a.send(p.now, 1, h, &payload).unwrap();
+    for _ in 0..10 {
+        p.step(10_000);
+    }
+    assert_eq!(p.b.recv(|peer, h, _| (peer, h.addr)), Some((0, 1 << 56)));
+}
