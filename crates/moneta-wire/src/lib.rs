@@ -14,7 +14,10 @@
 //!   link, applied to any transport, set at run time through a handle.
 //! - [`frame`]: what goes on the wire: the Table A.3 header (encoded by the
 //!   model's codec, `moneta_model::device::packet`), a session header, the
-//!   payload, and a CRC32C ([`crc32c`]) of all of them; 802.3x pause frames.
+//!   payload, a CRC32C ([`crc32c`]) of all of them and a tag; 802.3x pause
+//!   frames.
+//! - [`auth`]: the SAN's secret, the keyed MAC (BLAKE3) that tags every
+//!   frame, and the per-peer replay window (issue 22 item 3).
 //! - [`reliable`]: the per-peer session that makes the lossy link lossless
 //!   in software: sequence numbers, acknowledgements, bounded retransmission,
 //!   duplicate suppression, in-order delivery, incarnations (epochs).
