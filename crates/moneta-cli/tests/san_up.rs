@@ -326,6 +326,21 @@ fn fault(san: &San, node: &str, faults: &str) {
     ]));
 }
 
+/// `moneta san fault` partitioning only `node`'s link to `peer`.
+fn cut_link(san: &San, node: &str, peer: &str) {
+    ok(&moneta(&[
+        "san",
+        "fault",
+        "--name",
+        &san.0,
+        "--node",
+        node,
+        "--peer",
+        peer,
+        "partition",
+    ]));
+}
+
 /// Three 16 MiB nodes up (with `extra` arguments), or None without root.
 fn up_three(tag: &str, extra: &[&str]) -> Option<San> {
     if !root() {
@@ -589,17 +604,7 @@ fn a_partition_with_writers_on_both_sides_is_detected_as_split_brain() {
     // Only the n0–n1 link: each side still reaches n2, a majority, and
     // writes on alone (a node cut off from every peer has no quorum:
     // its copies would be outdated and refuse writes alone).
-    ok(&moneta(&[
-        "san",
-        "fault",
-        "--name",
-        &san.0,
-        "--node",
-        "n1",
-        "--peer",
-        "n0",
-        "partition",
-    ]));
+    cut_link(&san, "n1", "n0");
     c0.write(4096, &[2u8; 4096]).expect("n0 writes on alone");
     c1.write(8192, &[3u8; 4096]).expect("n1 writes on alone");
     assert!(port_stats(&c0).dirty_bytes > 0 && port_stats(&c1).dirty_bytes > 0);
@@ -814,17 +819,7 @@ fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
     // Only the n0–n1 link: each side still reaches n2, a majority, and
     // writes on alone (a node cut off from every peer has no quorum:
     // its copies would be outdated and refuse writes alone).
-    ok(&moneta(&[
-        "san",
-        "fault",
-        "--name",
-        &san.0,
-        "--node",
-        "n1",
-        "--peer",
-        "n0",
-        "partition",
-    ]));
+    cut_link(&san, "n1", "n0");
     // n0 writes blocks 0..20 (version 2), n1 writes 10..30 (version 3):
     // 10..20 both, 20..30 n1 only.
     for b in 0..20 {
