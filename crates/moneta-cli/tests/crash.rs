@@ -97,6 +97,25 @@ fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
         }
         committed.push(last);
     }
+    // A program stuck in the kernel would block the reads below forever
+    // (CI once hung here 20 minutes): a watchdog kills the programs (our
+    // own unreaped children) if they are not all done within a minute.
+    let pids: Vec<i32> = committers
+        .iter()
+        .map(|c| c.2.id() as i32)
+        .chain([fio.id() as i32])
+        .collect();
+    let (done, watched) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let hung = watched.recv_timeout(Duration::from_secs(60)).is_err();
+        if hung {
+            for pid in pids {
+                // SAFETY: kill(2) of a child of this test, not yet reaped.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        hung
+    });
     m.kill_daemon();
     for (i, (mode, _, child, lines)) in committers.iter_mut().enumerate() {
         // Whatever it printed before failing was committed too.
@@ -109,6 +128,12 @@ fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
         ends_within(child, Duration::from_secs(30), &format!("sqlite ({mode})"));
     }
     ends_within(&mut fio, Duration::from_secs(30), "fio");
+    let _ = done.send(());
+    assert!(
+        !watchdog.join().unwrap(),
+        "a program through the shim was still running 60 s after monetad died \
+         (killed by the watchdog)"
+    );
     assert!(
         !fio.wait().unwrap().success(),
         "fio did not notice the device die"
@@ -214,6 +239,141 @@ while True:
                 || (chunk[0] == b'W' && chunk[1..].iter().all(u8::is_ascii_digit)),
             "the writer's file holds foreign bytes at {}: {chunk:?}",
             i * 8
+        );
+    }
+}
+
+/// Whether every thread of `pid` has exited (a killed process's leader
+/// is a zombie while its last thread still runs its exit).
+fn exited(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).map_or(true, |s| {
+            s.rsplit_once(')')
+                .is_none_or(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X')))
+        })
+    })
+}
+
+/// Where the threads of `pid` wait in the kernel (for a failure message).
+fn kernel_waits(pid: i32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return String::from("gone");
+    };
+    tasks
+        .flatten()
+        .map(|t| std::fs::read_to_string(t.path().join("wchan")).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A process outside the shim, stopped by the kernel until monetad answers
+/// its permission event, goes on when monetad is killed (SIGKILL), and
+/// monetad's exit ends. Found in CI: monetad's exit hung in
+/// `fsnotify_destroy_group` on its coverage group (which waits for every
+/// reader of the kernel's mark SRCU) while the writer held that SRCU,
+/// waiting for an answer from monetad's watcher group, not yet released —
+/// both stayed in D state until the writer was killed by hand.
+#[test]
+fn a_writer_waiting_on_monetad_goes_on_when_monetad_is_killed() {
+    if !root() {
+        panic!("needs root (fanotify pre-content events and loop devices)");
+    }
+    let m = Mounted::up("perm-kill", "xfs", "320M");
+    let file = m.path("held");
+    // Written before the shim opens it: the shim serves overwrites.
+    std::fs::write(&file, vec![b'h'; 1 << 20]).unwrap();
+    // A shim process holds a granted file (so the watcher marks it).
+    let holder = r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+os.pwrite(fd, b"H" * 4096, 8192)
+os.fsync(fd)
+print("go", flush=True)
+sys.stdin.read()
+"#;
+    let start_holder = || {
+        let mut h = m
+            .run("python3", &["-c", holder, file.to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(h.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "go");
+        h
+    };
+    let mut rounds = Vec::new();
+    // The hang depended on the order the kernel released the daemon's
+    // groups in: stop and kill it with a writer waiting, a few times.
+    for round in 0..6 {
+        if round > 0 {
+            // A new daemon (`moneta up` repairs after the crash).
+            m.up_again();
+        }
+        let mut holder = start_holder();
+        let daemon = m.daemon_pid();
+        // SAFETY: kill(2) of this mount's daemon, found by its socket.
+        unsafe { libc::kill(daemon, libc::SIGSTOP) };
+        let mut writer = Command::new("dd")
+            .args(["if=/dev/zero", "bs=4096", "count=1", "conv=notrunc"])
+            .arg(format!("of={}", file.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let waiting = writer.try_wait().unwrap().is_none();
+        // SAFETY: as above.
+        unsafe { libc::kill(daemon, libc::SIGKILL) };
+        let t0 = Instant::now();
+        let mut writer_done = None;
+        let mut daemon_gone = None;
+        while t0.elapsed() < Duration::from_secs(10)
+            && (writer_done.is_none() || daemon_gone.is_none())
+        {
+            if writer_done.is_none() && writer.try_wait().unwrap().is_some() {
+                writer_done = Some(t0.elapsed());
+            }
+            if daemon_gone.is_none() && exited(daemon) {
+                daemon_gone = Some(t0.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let daemon_state = kernel_waits(daemon);
+        let writer_state = kernel_waits(writer.id() as i32);
+        if writer_done.is_none() {
+            // Killing the writer ends its wait (and so the daemon's exit).
+            let _ = writer.kill();
+            let _ = writer.wait();
+        }
+        let _ = holder.kill();
+        let _ = holder.wait();
+        rounds.push((
+            round,
+            waiting,
+            writer_done,
+            daemon_gone,
+            daemon_state,
+            writer_state,
+        ));
+    }
+    eprintln!("(round, writer waited, writer done after, monetad gone after, …): {rounds:?}");
+    for (round, waiting, writer_done, daemon_gone, daemon_state, writer_state) in &rounds {
+        assert!(
+            waiting,
+            "round {round}: the writer was not stopped by the stopped daemon's watcher \
+             (the test did not test anything)"
+        );
+        assert!(
+            writer_done.is_some() && daemon_gone.is_some(),
+            "round {round}: 10 s after SIGKILL of monetad: writer done {writer_done:?}, \
+             monetad gone {daemon_gone:?} (its threads wait in {daemon_state}, writer in {writer_state}); all rounds: {rounds:?}"
         );
     }
 }

@@ -26,6 +26,7 @@
 //! denies, and answers even if the handler panics — and closing the group
 //! allows whatever is still pending, so no process can hang on the daemon.
 
+use crate::cover_keeper::CoverKeeper;
 use crate::error::EmuError;
 use crate::files::InodeId;
 use crate::sys;
@@ -114,8 +115,53 @@ pub struct LayoutWatch {
     thread: Option<JoinHandle<()>>,
     counters: Arc<Counters>,
     /// Groups whose file-system mark makes later opens report (see
-    /// [`LayoutWatch::cover_file_system`]).
-    coverage: std::sync::Mutex<Vec<OwnedFd>>,
+    /// [`LayoutWatch::cover_file_system`]), and their keeper.
+    coverage: Arc<std::sync::Mutex<Coverage>>,
+}
+
+/// The coverage groups, and the child process holding a second reference
+/// to each (crate::cover_keeper: monetad killed must release its watcher
+/// group before them).
+#[derive(Default)]
+struct Coverage {
+    groups: Vec<OwnedFd>,
+    keeper: Option<CoverKeeper>,
+    /// When a keeper was last started (one start a second at most).
+    started: Option<std::time::Instant>,
+}
+
+impl Coverage {
+    /// Start a new keeper if the last one died (someone killed it).
+    fn tend(&mut self) {
+        let Some(keeper) = &self.keeper else {
+            return;
+        };
+        if keeper.alive()
+            || self
+                .started
+                .is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1))
+        {
+            return;
+        }
+        eprintln!(
+            "monetad: the coverage keeper (pid {}) died; starting another",
+            keeper.pid()
+        );
+        self.keeper = None;
+        self.start_keeper();
+    }
+
+    fn start_keeper(&mut self) {
+        self.started = Some(std::time::Instant::now());
+        let fds: Vec<RawFd> = self.groups.iter().map(|g| g.as_raw_fd()).collect();
+        match CoverKeeper::spawn(&fds) {
+            Ok(k) => self.keeper = Some(k),
+            Err(e) => eprintln!(
+                "monetad: {e}; killed (SIGKILL) with a writer waiting on it, monetad's \
+                 exit may hang until that writer is killed"
+            ),
+        }
+    }
 }
 
 impl LayoutWatch {
@@ -148,11 +194,13 @@ impl LayoutWatch {
         let group = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
         let stop = Arc::new(AtomicBool::new(false));
         let counters = Arc::new(Counters::default());
+        let coverage = Arc::new(std::sync::Mutex::new(Coverage::default()));
         let thread = {
             let (group, stop, counters) = (group.clone(), stop.clone(), counters.clone());
+            let coverage = coverage.clone();
             std::thread::Builder::new()
                 .name("moneta-layout-watch".into())
-                .spawn(move || serve(&group, &stop, &counters, &handler))
+                .spawn(move || serve(&group, &stop, &counters, &coverage, &handler))
                 .map_err(|e| EmuError::io("starting the layout watcher thread", e))?
         };
         Ok(LayoutWatch {
@@ -160,7 +208,7 @@ impl LayoutWatch {
             stop,
             thread: Some(thread),
             counters,
-            coverage: std::sync::Mutex::new(Vec::new()),
+            coverage,
         })
     }
 
@@ -205,7 +253,16 @@ impl LayoutWatch {
                 std::io::Error::last_os_error(),
             ));
         }
-        self.coverage.lock().expect("coverage").push(group);
+        let fd = group.as_raw_fd();
+        let mut coverage = self.coverage.lock().expect("coverage");
+        coverage.groups.push(group);
+        let given = coverage.keeper.as_ref().map(|k| k.give(fd));
+        if !matches!(given, Some(Ok(()))) {
+            // The first group, or a keeper that cannot take it: a new
+            // keeper holds them all.
+            coverage.keeper = None;
+            coverage.start_keeper();
+        }
         Ok(())
     }
 
@@ -256,10 +313,21 @@ impl Drop for LayoutWatch {
 
 /// The watcher thread: read events, classify, hand over, answer. Stops
 /// within 100 ms of `stop`.
-fn serve(group: &OwnedFd, stop: &AtomicBool, counters: &Counters, handler: &Handler) {
+fn serve(
+    group: &OwnedFd,
+    stop: &AtomicBool,
+    counters: &Counters,
+    coverage: &std::sync::Mutex<Coverage>,
+    handler: &Handler,
+) {
     let me = std::process::id() as i32;
     let mut buf = vec![0u8; 64 << 10];
+    let mut tended = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
+        if tended.elapsed() >= std::time::Duration::from_millis(100) {
+            tended = std::time::Instant::now();
+            coverage.lock().expect("coverage").tend();
+        }
         let mut pfd = libc::pollfd {
             fd: group.as_raw_fd(),
             events: libc::POLLIN,

@@ -17,6 +17,7 @@
 
 pub mod channel;
 pub mod control;
+mod cover_keeper;
 pub mod daemon;
 pub mod dirty;
 pub mod engine;
