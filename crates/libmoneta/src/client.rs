@@ -482,6 +482,35 @@ impl Moneta {
         }
     }
 
+    /// A SAN node's daemon: why a request on `[addr, addr + len)` may have
+    /// found no copy, as that node sees it (the slice, its holders, who is
+    /// unreachable, the node's own copy).
+    pub fn san_explain(&self, addr: u64, len: u64) -> Result<String, EmuError> {
+        match self.call(Request::SanExplain { addr, len })? {
+            Response::Said { text } => Ok(text),
+            other => Err(EmuError::new(
+                ErrorKind::Protocol,
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
+    /// A failed request's error; when it found no reachable or up-to-date
+    /// copy on a SAN, with the node's view of why (which slice, whose
+    /// copy, who is unreachable), if the daemon can say.
+    fn request_error(&self, io: &Io, code: ResultCode) -> EmuError {
+        let mut e = request_error(io, code);
+        if matches!(
+            code,
+            ResultCode::PeerUnreachable | ResultCode::NoUpToDateCopy
+        ) {
+            if let Ok(why) = self.san_explain(io.addr, io.len) {
+                e.message = format!("{}; {why}", e.message);
+            }
+        }
+        e
+    }
+
     /// A SAN node's daemon: discard this node's writes in its split-brain
     /// slices (all, or `slice`), so that each partner's copy wins and
     /// resyncs this one (the daemon's owner only). Returns what it did.
@@ -783,11 +812,11 @@ impl Moneta {
                     // No grant of this channel allows it: the device's
                     // refusal stands.
                     if self.resolve(io.addr, io.len, io.op == Op::Write).is_err() {
-                        return Err(request_error(io, code));
+                        return Err(self.request_error(io, code));
                     }
                     self.issue(io)?;
                 }
-                code => return Err(request_error(io, code)),
+                code => return Err(self.request_error(io, code)),
             }
         }
     }
@@ -807,7 +836,7 @@ impl Moneta {
                         Ok(()) => None,
                         Err(e) => Some(Err(e)),
                     },
-                    Err(_) => Some(Err(request_error(io, code))),
+                    Err(_) => Some(Err(self.request_error(io, code))),
                 }
             }
             ResultCode::MissingRecord => {
@@ -820,7 +849,7 @@ impl Moneta {
                     Err(e) => Some(Err(e)),
                 }
             }
-            code => Some(Err(request_error(io, code))),
+            code => Some(Err(self.request_error(io, code))),
         }
     }
 

@@ -466,6 +466,12 @@ fn remote_reads_and_writes_move_real_bytes_between_hosts() {
         "{err} after {:?}",
         started.elapsed()
     );
+    // The error names the slice and the host that holds it (issue 22).
+    assert!(
+        err.to_string()
+            .contains("seen from node 0: slice 1 (global bytes 16777216..33554432) is held by node 1 (unreachable)"),
+        "{err}"
+    );
     fault(&san, "n1", "none");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -757,6 +763,14 @@ fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
         "no up-to-date copy is reachable: every read must fail"
     );
     assert!(message.contains("up-to-date"), "{message}");
+    // n1's error names the slice, its own copy and the missing peer.
+    assert!(
+        message.contains(
+            "seen from node 1: slice 1 (global bytes 8388608..16777216) is held by node 1 \
+             (this node; its copy is outdated) and node 2 (unreachable)"
+        ),
+        "{message}"
+    );
     let last = port_stats(&client(&san, 1))
         .last_refusal
         .unwrap_or_default();

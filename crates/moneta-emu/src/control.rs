@@ -102,6 +102,14 @@ pub enum Request {
         #[serde(default)]
         slice: Option<u64>,
     },
+    /// A SAN node: why a request on `[addr, addr + len)` may have found no
+    /// copy, as this node sees it (the slice, its holders, who is
+    /// unreachable, this node's copy). libmoneta asks after a request
+    /// failed for want of a reachable or up-to-date copy.
+    SanExplain {
+        addr: u64,
+        len: u64,
+    },
 }
 
 /// What a client learns about its channel.
@@ -513,6 +521,13 @@ impl ControlPlane {
                 }
                 Ok((Response::Done {}, None))
             }
+            Request::SanExplain { addr, len } => match self.engine.san_explain(addr, len)? {
+                Some(text) => Ok((Response::Said { text }, None)),
+                None => Err(EmuError::new(
+                    ErrorKind::Protocol,
+                    "this daemon is not a SAN node",
+                )),
+            },
             Request::SanDiscard { slice } => {
                 self.owner_only(session, "SAN split-brain resolution")?;
                 let text = self.engine.san_discard(slice.map(|s| s as usize))?;

@@ -246,6 +246,12 @@ enum ControlOp {
     Stats {
         done: mpsc::SyncSender<EngineStats>,
     },
+    /// A SAN node's view of why a request on a range found no copy.
+    SanExplain {
+        addr: u64,
+        len: u64,
+        done: mpsc::SyncSender<Option<String>>,
+    },
     /// A SAN node discards its writes in split-brain slices (all, or one).
     SanDiscard {
         slice: Option<usize>,
@@ -550,6 +556,14 @@ impl Engine {
         Self::wait(rx, "report statistics")
     }
 
+    /// A SAN node: why a request on `[addr, addr + len)` may have found
+    /// no copy, as this node sees it (None: not a SAN node).
+    pub fn san_explain(&self, addr: u64, len: u64) -> Result<Option<String>, EmuError> {
+        let (done, rx) = mpsc::sync_channel(1);
+        self.send(ControlOp::SanExplain { addr, len, done })?;
+        Self::wait(rx, "explain a SAN request")
+    }
+
     /// A SAN node: discard this node's writes in its split-brain slices
     /// (all, or `slice`): the partner's copy wins and resyncs this one
     /// (`moneta san resolve --discard`). Returns what was done.
@@ -831,6 +845,10 @@ impl<C: StampClock> DeviceThread<C> {
                 }
                 ControlOp::SanDiscard { slice, done } => {
                     let _ = done.send(self.discard(slice));
+                }
+                ControlOp::SanExplain { addr, len, done } => {
+                    let port = self.driver.device().port();
+                    let _ = done.send(port.map(|p| p.routes.explain(addr, len)));
                 }
             }
         }

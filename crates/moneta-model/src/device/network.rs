@@ -288,6 +288,52 @@ impl RouteTable {
         v
     }
 
+    /// Why a request on `[addr, addr + len)` may have found no copy, as
+    /// this node sees it (a failed request's error names it, issue 22):
+    /// each slice it touches, who holds the slice's copies, which of them
+    /// this node counts as unreachable, and the state of its own copy.
+    pub fn explain(&self, addr: u64, len: u64) -> String {
+        let global = self.global_bytes();
+        if addr >= global {
+            return format!("byte {addr} is past the SAN's {global} bytes");
+        }
+        let last = addr.saturating_add(len.max(1) - 1).min(global - 1);
+        let slice_bytes = self.slice_bytes();
+        let mut parts = Vec::new();
+        for slice in self.slice_of(addr)..=self.slice_of(last) {
+            let Some(s) = self.slices.get(slice) else {
+                continue;
+            };
+            let copies: Vec<String> = [Some(s.primary.0), s.replica.map(|r| r.0)]
+                .into_iter()
+                .flatten()
+                .map(|n| match n {
+                    n if n == self.node && s.replica.is_some() => {
+                        format!(
+                            "node {n} (this node; its copy is {})",
+                            self.state(slice).as_str()
+                        )
+                    }
+                    n if n == self.node => format!("node {n} (this node)"),
+                    n if self.is_down(n) => format!("node {n} (unreachable)"),
+                    n => format!("node {n} (up)"),
+                })
+                .collect();
+            parts.push(format!(
+                "slice {slice} (global bytes {}..{}) is held by {}",
+                slice as u64 * slice_bytes,
+                (slice as u64 + 1) * slice_bytes,
+                copies.join(" and ")
+            ));
+        }
+        let mut text = format!("seen from node {}: {}", self.node, parts.join("; "));
+        if !self.has_quorum() {
+            text += "; this node reaches no majority of the storage nodes (its copies \
+                     whose partner it cannot reach are outdated)";
+        }
+        text
+    }
+
     /// Whether a request on `[addr, addr + len)` must be refused because
     /// of this node's copies (issue 22): a copy in split brain is neither
     /// read nor written; a copy that is not up to date is not read, and
@@ -923,6 +969,37 @@ mod tests {
             nic.route_write(2 << 20, 0),
             Target::Remote { node: 2, addr: 0 }
         );
+    }
+
+    /// A failed request's explanation names the slice, its holders, the
+    /// unreachable one and this node's copy.
+    #[test]
+    fn explain_names_the_slice_its_holders_and_who_is_unreachable() {
+        let slices: Vec<SliceOwners> = (0..3u16)
+            .map(|i| SliceOwners {
+                primary: (i, 0),
+                replica: Some(((i + 1) % 3, 1 << 20)),
+            })
+            .collect();
+        let mut t = RouteTable::new(1, 20, slices, true);
+        t.set_down(2, true);
+        t.set_down(0, true);
+        let text = t.explain((1 << 20) + 4096, 4096);
+        assert_eq!(
+            text,
+            "seen from node 1: slice 1 (global bytes 1048576..2097152) is held by node 1 \
+             (this node; its copy is outdated) and node 2 (unreachable); this node reaches \
+             no majority of the storage nodes (its copies whose partner it cannot reach are \
+             outdated)"
+        );
+        // Across two slices; past the end.
+        let text = t.explain((2 << 20) - 1, 2);
+        assert!(text.contains("slice 1 ") && text.contains("slice 2 (global bytes 2097152..3145728) is held by node 2 (unreachable) and node 0 (unreachable)"), "{text}");
+        assert_eq!(
+            t.explain(3 << 20, 1),
+            "byte 3145728 is past the SAN's 3145728 bytes"
+        );
+        assert!(t.explain(0, u64::MAX).contains("slice 2"));
     }
 
     /// Quorum: a node cut off from the majority stops trusting the copies
