@@ -532,12 +532,17 @@ fn hostile_clients_are_disconnected_and_change_nothing() {
     run("nbdcopy", &[src.to_str().unwrap(), &s.uri("moneta")]);
     for round in 0..300 {
         let mut sock = UnixStream::connect(&s.socket).unwrap();
+        // The greeting may wait for a core on a loaded machine (a fresh
+        // CI run once timed out here at 200 ms); a hang still fails.
+        sock.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut hello = [0u8; 18];
+        sock.read_exact(&mut hello)
+            .unwrap_or_else(|e| panic!("round {round}: no greeting within 10 s: {e}"));
         sock.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
         sock.set_write_timeout(Some(Duration::from_millis(200)))
             .unwrap();
-        let mut hello = [0u8; 18];
-        sock.read_exact(&mut hello).unwrap();
         // Half the rounds speak a valid prefix first, then garbage.
         let mut stream = Vec::new();
         if round % 2 == 0 {
