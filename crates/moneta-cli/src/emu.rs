@@ -11,6 +11,7 @@ use moneta_emu::daemon::Daemon;
 use moneta_emu::dirty::DirtyMap;
 use moneta_emu::engine::{Engine, EngineOptions};
 use moneta_emu::medium::Medium;
+use moneta_emu::reactor::Reactor;
 use moneta_emu::san_file::SanFile;
 use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
@@ -109,6 +110,127 @@ pub struct ServeArgs {
     /// This daemon's node in the SAN file: its name or index.
     #[arg(long, requires = "san")]
     node: Option<String>,
+    /// Open the node's link and NBD listeners inside this network
+    /// namespace (`ip netns`), wherever the daemon itself runs: how
+    /// `moneta serve-group` (`moneta san up`) hosts every node of a
+    /// machine in one process.
+    #[arg(long)]
+    netns: Option<String>,
+}
+
+/// `moneta serve-group`: several devices in one daemon, turned by shared
+/// reactors (issue 21; README "Reactors").
+#[derive(Args)]
+pub struct ServeGroupArgs {
+    /// Reactor threads (each turns its share of the devices, round robin).
+    /// Default: the cores less one for the clients, at least 1, at most
+    /// one per device.
+    #[arg(long)]
+    reactors: Option<usize>,
+    /// Run the reactors under SCHED_FIFO (as `serve --realtime`).
+    #[arg(long)]
+    realtime: bool,
+    /// Files of `moneta serve` arguments, one argument per line, one file
+    /// per device (`moneta san up` writes `n<i>/serve.args`).
+    #[arg(required = true, value_name = "ARGS_FILE")]
+    devices: Vec<PathBuf>,
+}
+
+/// One device's `serve` arguments, as read from a file.
+#[derive(clap::Parser)]
+#[command(name = "serve", no_binary_name = true)]
+struct ServeLine {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// The `--socket` of each device a `serve-group` command line hosts
+/// (empty when an argument file is unreadable).
+pub(crate) fn group_sockets(args: &[std::ffi::OsString]) -> Vec<PathBuf> {
+    let Some(at) = args.iter().position(|a| a == "serve-group") else {
+        return Vec::new();
+    };
+    args[at + 1..]
+        .iter()
+        .filter_map(|a| a.to_str())
+        .filter(|a| !a.starts_with("--") && a.parse::<usize>().is_err())
+        .filter_map(|file| std::fs::read_to_string(file).ok())
+        .filter_map(|text| {
+            let lines: Vec<&str> = text.lines().collect();
+            lines
+                .windows(2)
+                .find(|w| w[0] == "--socket")
+                .map(|w| PathBuf::from(w[1]))
+        })
+        .collect()
+}
+
+fn read_serve_args(path: &Path) -> Result<ServeArgs, String> {
+    use clap::Parser;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let args: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    ServeLine::try_parse_from(args)
+        .map(|l| l.serve)
+        .map_err(|e| format!("{}: {}", path.display(), e.render().to_string().trim()))
+}
+
+/// Serve every device of `a` in this process; the first to fail stops all.
+pub fn serve_group(a: ServeGroupArgs) -> Result<(), String> {
+    let devices = a
+        .devices
+        .iter()
+        .map(|p| read_serve_args(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let count = match a.reactors {
+        Some(0) => return Err("--reactors 0: at least one".into()),
+        Some(n) => n.min(devices.len()),
+        None => moneta_emu::reactor::default_count(devices.len()),
+    };
+    let reactors = (0..count)
+        .map(|i| Reactor::start(&format!("moneta-reactor{i}"), a.realtime).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    eprintln!(
+        "monetad: {} devices on {count} reactor(s) (cores: {})",
+        devices.len(),
+        moneta_emu::fidelity::cores()
+    );
+    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = devices
+            .into_iter()
+            .enumerate()
+            .map(|(i, args)| {
+                let reactor = reactors[i % count].clone();
+                let file = a.devices[i].display().to_string();
+                std::thread::Builder::new()
+                    .name(format!("moneta-serve{i}"))
+                    .spawn_scoped(scope, move || {
+                        let r = serve_on(args, Some(reactor)).map_err(|e| format!("{file}: {e}"));
+                        // One device down (or failing to start) stops the group.
+                        STOP.store(true, Ordering::Release);
+                        r
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err("a serving thread panicked".into())),
+                Err(e) => {
+                    STOP.store(true, Ordering::Release);
+                    Err(format!("starting a serving thread: {e}"))
+                }
+            })
+            .collect()
+    });
+    let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
 }
 
 #[derive(Args)]
@@ -198,6 +320,15 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 pub fn serve(a: ServeArgs) -> Result<(), String> {
+    serve_on(a, None)
+}
+
+/// Serve one device, on `reactor` or (None) its own.
+fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
+    if let Some(ns) = &a.netns {
+        // This thread and those it starts open their sockets there.
+        moneta_wire::netns::enter_netns(ns).map_err(|e| format!("--netns {ns}: {e}"))?;
+    }
     let config = a.model.device.config()?;
     let san = match (&a.san, &a.node) {
         (Some(path), Some(node)) => Some(san_node(path, node, &config)?),
@@ -216,7 +347,10 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
     let name = config.name.clone();
     let faults = FaultHandle::new();
     let engine = match &san {
-        None => Engine::start(config, medium, options),
+        None => match &reactor {
+            Some(r) => Engine::start_on(r, config, medium, options),
+            None => Engine::start(config, medium, options),
+        },
         Some((_, file, index)) => {
             // What failed mirrors missed is kept beside the image.
             let dirty = match &a.image {
@@ -236,7 +370,7 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
             let port = file
                 .open_port(*index, faults.clone(), dirty, secret, 0)
                 .map_err(|e| e.to_string())?;
-            Engine::start_san(config, medium, options, port)
+            Engine::start_san(config, medium, options, port, reactor.as_ref())
         }
     };
     let engine = Arc::new(engine.map_err(|e| e.to_string())?);

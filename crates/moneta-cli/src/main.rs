@@ -63,6 +63,9 @@ enum Command {
     Sim(Box<Sim>),
     /// Run monetad: the emulated device behind a Unix socket.
     Serve(Box<emu::ServeArgs>),
+    /// Several devices in one monetad, turned by shared reactor threads
+    /// (`moneta san up` runs a SAN's nodes so).
+    ServeGroup(emu::ServeGroupArgs),
     /// XDD on the emulator (real time, real bytes) through libmoneta.
     Bench(Box<emu::BenchArgs>),
     /// Bring up the Moneta file system: a device image, XFS or ext4 on a
@@ -416,6 +419,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
             Sim::Speed(a) => sim_speed(a),
         },
         Command::Serve(a) => emu::serve(*a),
+        Command::ServeGroup(a) => emu::serve_group(a),
         Command::Bench(a) => emu::run_bench(*a),
         Command::Stats { daemon } => emu::stats(&daemon),
         Command::Up(a) => mount::up(*a),

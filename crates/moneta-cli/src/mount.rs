@@ -581,13 +581,26 @@ pub(crate) fn cmdline(pid: i32) -> Option<Vec<OsString>> {
 /// Whether `pid` is a live `moneta serve … --socket SOCKET`: a pid from a
 /// state file may have been reused by anything since.
 pub(crate) fn is_our_daemon(pid: i32, socket: &Path) -> bool {
+    daemon_sockets(pid).iter().any(|s| s == socket)
+}
+
+/// The sockets a live monetad serves: a `moneta serve`'s `--socket`, or
+/// those of every device of a `moneta serve-group` (from its argument files).
+pub(crate) fn daemon_sockets(pid: i32) -> Vec<PathBuf> {
     let Some(args) = cmdline(pid) else {
-        return false;
+        return Vec::new();
     };
-    args.iter().any(|a| a == "serve")
-        && args
-            .windows(2)
-            .any(|w| w[0] == "--socket" && Path::new(&w[1]) == socket)
+    if args.iter().any(|a| a == "serve-group") {
+        return crate::emu::group_sockets(&args);
+    }
+    if !args.iter().any(|a| a == "serve") {
+        return Vec::new();
+    }
+    args.windows(2)
+        .find(|w| w[0] == "--socket")
+        .map(|w| PathBuf::from(&w[1]))
+        .into_iter()
+        .collect()
 }
 
 /// Processes (other than this one and `except`) using the file system

@@ -1024,6 +1024,8 @@ pub fn run(a: SanChaosArgs) -> Result<(), String> {
         .args([
             "san", "up", "--mirror", "--name", &a.name, "--size", &a.size,
         ])
+        // A node killed alone: each in its own daemon.
+        .args(["--daemons", "per-node"])
         .arg("--nodes")
         .arg(a.nodes.to_string())
         .output()

@@ -20,8 +20,8 @@
 //! `--purge`.
 
 use crate::mount::{
-    catch_signals, human, interrupted, log_tail, need_root, parse_size, reap, run, spawn_detached,
-    stop_daemon, Rollback, RUN_DIR, SOCKET_WAIT,
+    catch_signals, daemon_sockets, human, interrupted, log_tail, need_root, parse_size, reap, run,
+    spawn_detached, stop_daemon, Rollback, RUN_DIR, SOCKET_WAIT,
 };
 use clap::{Args, ValueEnum};
 use moneta_emu::san_file::{
@@ -54,6 +54,18 @@ pub enum TopologyArg {
 pub enum TransportArg {
     Ethernet,
     Udp,
+}
+
+/// How the nodes' devices are hosted.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DaemonsArg {
+    /// One monetad for every node, its devices turned by shared reactors
+    /// (issue 21): a remote request crosses the wire without waiting for
+    /// the scheduler. A node cannot be killed alone.
+    One,
+    /// A monetad per node, each in its namespace: `kill -9` of one node
+    /// is real (the chaos checker and the failure tests use it).
+    PerNode,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -105,6 +117,15 @@ pub struct SanUpArgs {
     /// named by the SAN file, and every frame tagged with it.
     #[arg(long)]
     insecure: bool,
+    /// one: every node's device in one monetad, turned by shared reactors
+    /// (README "Reactors"); per-node: a monetad per node, so that one can
+    /// be killed alone.
+    #[arg(long, value_enum, default_value_t = DaemonsArg::One)]
+    daemons: DaemonsArg,
+    /// With --daemons one: the reactor threads (default: the cores less
+    /// one for the clients, at least 1).
+    #[arg(long)]
+    reactors: Option<usize>,
 }
 
 impl SanUpArgs {
@@ -126,8 +147,7 @@ impl SanUpArgs {
 /// Whether node `n`'s daemon is the one up started (its pid still runs
 /// with its socket).
 fn daemon_alive(n: &NodeState) -> bool {
-    crate::mount::cmdline(n.pid as i32).is_some()
-        && socket_of(n.pid as i32).as_deref() == Some(&n.socket)
+    daemon_sockets(n.pid as i32).contains(&n.socket)
 }
 
 #[derive(Args)]
@@ -200,6 +220,9 @@ pub(crate) struct SanState {
     size: u64,
     #[serde(default = "default_idle_spin_us")]
     idle_spin_us: u64,
+    /// Every node's device in one monetad (`--daemons one`).
+    #[serde(default)]
+    one_daemon: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -421,20 +444,37 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             .filter(|_| file.has_memory(i))
             .map(|port| format!("{}:{port}", node_ip(i)));
         let nbd_listen = nbd.as_ref().map(|addr| nbd_listen(addr, i, slice_bytes));
-        let pid = start_node(
-            &exe,
-            &ns,
+        let args = node_args(
             &preset,
             &daemon_args(&a.sets, a.idle_spin_us),
             size,
             &socket,
             &image,
-            &log,
             &san_file,
             i,
             nbd_listen.as_ref(),
-            &mut rb,
-        )?;
+        );
+        let (pid, log) = if a.daemons == DaemonsArg::One {
+            // Started below, once every node's namespace is there.
+            let mut lines = args;
+            lines.extend(["--netns".to_string(), ns.clone()]);
+            let file = node_dir.join("serve.args");
+            fs::write(&file, lines.join("\n") + "\n")
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+            (0, dir.join("monetad.log"))
+        } else {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &ns]).arg(&exe).arg("serve");
+            cmd.args(&args);
+            let pid = start_daemon(
+                cmd,
+                &log,
+                std::slice::from_ref(&socket),
+                &format!("monetad in {ns}"),
+                &mut rb,
+            )?;
+            (pid, log)
+        };
         nodes.push(NodeState {
             name: format!("n{i}"),
             netns: ns,
@@ -449,6 +489,25 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             nbd,
         });
     }
+    if a.daemons == DaemonsArg::One {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("serve-group");
+        if let Some(r) = a.reactors {
+            cmd.arg("--reactors").arg(r.to_string());
+        }
+        cmd.args((0..a.nodes).map(|i| dir.join(format!("n{i}/serve.args"))));
+        let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
+        let pid = start_daemon(
+            cmd,
+            &dir.join("monetad.log"),
+            &sockets,
+            "the SAN's monetad",
+            &mut rb,
+        )?;
+        for n in &mut nodes {
+            n.pid = pid;
+        }
+    }
     let state = SanState {
         name: a.name.clone(),
         bridge,
@@ -457,6 +516,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         sets: a.sets.clone(),
         size,
         idle_spin_us: a.idle_spin_us,
+        one_daemon: a.daemons == DaemonsArg::One,
     };
     let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
     let path = dir.join("state.json");
@@ -520,19 +580,50 @@ fn daemon_args(sets: &[String], idle_spin_us: u64) -> Vec<String> {
     args
 }
 
+/// A node's `moneta serve` arguments (after `serve`).
 #[allow(clippy::too_many_arguments)]
-fn start_node(
-    exe: &Path,
-    ns: &str,
+fn node_args(
     preset: &str,
     daemon_args: &[String],
     size: u64,
     socket: &Path,
     image: &Path,
-    log_path: &Path,
     san_file: &Path,
     node: u16,
     nbd: Option<&NbdListen>,
+) -> Vec<String> {
+    let mut args = vec!["--preset".to_string(), preset.to_string()];
+    args.extend(daemon_args.iter().cloned());
+    args.extend([
+        "--set".to_string(),
+        format!("device.capacity_bytes={size}"),
+        "--image".to_string(),
+        image.display().to_string(),
+        "--socket".to_string(),
+        socket.display().to_string(),
+        "--san".to_string(),
+        san_file.display().to_string(),
+        "--node".to_string(),
+        node.to_string(),
+    ]);
+    if let Some(n) = nbd {
+        args.extend([
+            "--nbd".to_string(),
+            format!("tcp://{}", n.addr),
+            "--nbd-export".to_string(),
+            n.export.clone(),
+        ]);
+    }
+    args
+}
+
+/// Start a daemon (`cmd`, logging to `log_path`) and wait until it listens
+/// on every one of `sockets`. Registers its stop with `rb`.
+fn start_daemon(
+    mut cmd: Command,
+    log_path: &Path,
+    sockets: &[PathBuf],
+    what: &str,
     rb: &mut Rollback,
 ) -> Result<u32, String> {
     let mut log = OpenOptions::new()
@@ -541,65 +632,49 @@ fn start_node(
         .open(log_path)
         .map_err(|e| format!("{}: {e}", log_path.display()))?;
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns]).arg(exe).arg("serve");
-    cmd.args(["--preset", preset]);
-    cmd.args(daemon_args);
-    cmd.arg("--set")
-        .arg(format!("device.capacity_bytes={size}"))
-        .arg("--image")
-        .arg(image)
-        .arg("--socket")
-        .arg(socket)
-        .arg("--san")
-        .arg(san_file)
-        .arg("--node")
-        .arg(node.to_string());
-    if let Some(n) = nbd {
-        cmd.arg("--nbd")
-            .arg(format!("tcp://{}", n.addr))
-            .arg("--nbd-export")
-            .arg(&n.export);
-    }
     let _ = writeln!(
         log,
-        "---- moneta san up: ip {}",
+        "---- moneta san up: {} {}",
+        cmd.get_program().to_string_lossy(),
         cmd.get_args()
             .map(|a| a.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ")
     );
     // `ip netns exec` execs the command: the pid is monetad's.
-    let pid = spawn_detached(&mut cmd, log, log_path)
-        .map_err(|e| format!("starting monetad in {ns}: {e}"))?;
+    let pid =
+        spawn_detached(&mut cmd, log, log_path).map_err(|e| format!("starting {what}: {e}"))?;
     {
-        let socket = socket.to_path_buf();
-        rb.push(format!("stopped monetad of {ns} (pid {pid})"), move || {
+        let socket = sockets[0].clone();
+        rb.push(format!("stopped {what} (pid {pid})"), move || {
             stop_daemon(pid as i32, &socket).map(drop)
         });
     }
     let started = Instant::now();
-    loop {
-        if let Some(status) = reap(pid as i32) {
-            return Err(format!(
-                "monetad in {ns} exited (status {status:#x}) before listening; {}",
-                log_tail(log_path, log_start)
-            ));
+    for socket in sockets {
+        loop {
+            if let Some(status) = reap(pid as i32) {
+                return Err(format!(
+                    "{what} exited (status {status:#x}) before listening; {}",
+                    log_tail(log_path, log_start)
+                ));
+            }
+            if UnixStream::connect(socket).is_ok() {
+                break;
+            }
+            if started.elapsed() > SOCKET_WAIT {
+                return Err(format!(
+                    "{what} (pid {pid}) did not listen on {} within {} s; {}",
+                    socket.display(),
+                    SOCKET_WAIT.as_secs(),
+                    log_tail(log_path, log_start)
+                ));
+            }
+            interrupted()?;
+            std::thread::sleep(Duration::from_millis(10));
         }
-        if UnixStream::connect(socket).is_ok() {
-            return Ok(pid);
-        }
-        if started.elapsed() > SOCKET_WAIT {
-            return Err(format!(
-                "monetad in {ns} (pid {pid}) did not listen on {} within {} s; {}",
-                socket.display(),
-                SOCKET_WAIT.as_secs(),
-                log_tail(log_path, log_start)
-            ));
-        }
-        interrupted()?;
-        std::thread::sleep(Duration::from_millis(10));
     }
+    Ok(pid)
 }
 
 /// Stop every daemon, namespace and link of SAN `name`, from its state and
@@ -620,7 +695,7 @@ fn teardown(name: &str, state: Option<&SanState>) -> Result<Vec<String>, String>
     // found by their socket under the SAN's directory.
     let dir = san_dir(name);
     for pid in daemons_under(&dir) {
-        let socket = socket_of(pid).unwrap_or_default();
+        let socket = daemon_sockets(pid).into_iter().next().unwrap_or_default();
         match stop_daemon(pid, &socket) {
             Ok(true) => done.push(format!("stopped monetad (pid {pid})")),
             Ok(false) => {}
@@ -679,19 +754,8 @@ fn daemons_under(dir: &Path) -> Vec<i32> {
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| socket_of(pid).is_some_and(|s| s.starts_with(dir)))
+        .filter(|&pid| daemon_sockets(pid).iter().any(|s| s.starts_with(dir)))
         .collect()
-}
-
-/// The `--socket` of a live `moneta serve`.
-fn socket_of(pid: i32) -> Option<PathBuf> {
-    let args = crate::mount::cmdline(pid)?;
-    if !args.iter().any(|a| a == "serve") {
-        return None;
-    }
-    args.windows(2)
-        .find(|w| w[0] == "--socket")
-        .map(|w| PathBuf::from(&w[1]))
 }
 
 pub fn down(a: SanDownArgs) -> Result<(), String> {
@@ -764,7 +828,7 @@ pub fn restart(a: SanRestartArgs) -> Result<(), String> {
     need_root("san restart")?;
     let (mut state, i) = find_node(&a.name, &a.node)?;
     let n = state.nodes[i].clone();
-    if socket_of(n.pid as i32).as_deref() == Some(n.socket.as_path()) {
+    if daemon_alive(&n) {
         return Err(format!(
             "node {} of SAN '{}' is running (pid {})",
             n.name, a.name, n.pid
@@ -781,21 +845,30 @@ pub fn restart(a: SanRestartArgs) -> Result<(), String> {
         .as_ref()
         .map(|addr| nbd_listen(addr, i as u16, slice_bytes));
     let mut rb = Rollback::default();
-    let pid = start_node(
-        &exe,
-        &n.netns,
+    // A node started again runs in a daemon of its own, also on a SAN
+    // brought up with one daemon (whose process is gone with every node).
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &n.netns]).arg(&exe).arg("serve");
+    cmd.args(node_args(
         &n.preset,
         &daemon_args(&state.sets, state.idle_spin_us),
         state.size,
         &n.socket,
         &n.image,
-        &n.log,
         &state.san_file,
         i as u16,
         nbd.as_ref(),
+    ));
+    let log = n.socket.with_file_name("monetad.log");
+    let pid = start_daemon(
+        cmd,
+        &log,
+        std::slice::from_ref(&n.socket),
+        &format!("monetad in {}", n.netns),
         &mut rb,
     )?;
     state.nodes[i].pid = pid;
+    state.nodes[i].log = log;
     let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
     let path = san_dir(&a.name).join("state.json");
     fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -855,6 +928,10 @@ fn up_again(a: &SanUpArgs, size: u64, state: &SanState) -> Result<(), String> {
         ("--size", state.size != size),
         ("--set", state.sets != a.sets),
         ("--idle-spin-us", state.idle_spin_us != a.idle_spin_us),
+        (
+            "--daemons",
+            state.one_daemon != (a.daemons == DaemonsArg::One),
+        ),
         ("--insecure", file.secret_file.is_some() == a.insecure),
         (
             "--preset",

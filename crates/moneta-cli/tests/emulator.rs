@@ -1,6 +1,9 @@
 //! End-to-end tests of `moneta serve` and `moneta bench`: the real binary,
 //! a real daemon process, clients as the owner and as another user.
 
+mod common;
+
+use common::threads_named;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -376,4 +379,121 @@ fn stats_into_a_closed_pipe_end_quietly() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert!(o.status.success(), "status {}: {err}", o.status);
+}
+
+/// `moneta serve-group` (issue 21): several devices in one daemon, turned
+/// by shared reactors. Each device keeps its own bytes, channels and
+/// socket; the daemon has the reactor threads it was given and no device
+/// thread of its own per device; bad argument files are errors naming the file.
+#[test]
+fn several_devices_on_one_reactor_keep_their_own_bytes() {
+    let dir = std::env::temp_dir().join(format!("moneta-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sockets: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("d{i}.sock"))).collect();
+    let files: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("d{i}.args"))).collect();
+    for (i, file) in files.iter().enumerate() {
+        let preset = ["null", "moneta", "onyx-late"][i];
+        let args = format!(
+            "--preset\n{preset}\n--set\ndevice.capacity_bytes={}\n--socket\n{}\n",
+            (16u64 << 20) << i,
+            sockets[i].display()
+        );
+        std::fs::write(file, args).unwrap();
+    }
+    let child = moneta()
+        .args(["serve-group", "--reactors", "1"])
+        .args(&files)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("moneta serve-group starts");
+    // Stopped like a `serve` when the test ends, pass or fail.
+    let group = Serve {
+        child,
+        socket: sockets[0].clone(),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !sockets.iter().all(|s| s.exists()) {
+        assert!(Instant::now() < deadline, "serve-group did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = group.child.id();
+    assert_eq!(threads_named(pid, "moneta-reactor"), 1);
+    assert_eq!(threads_named(pid, "moneta-device"), 0);
+
+    let clients: Vec<moneta::Moneta> = sockets
+        .iter()
+        .map(|s| {
+            let m = moneta::Moneta::connect(s).expect("a device of the group");
+            m.grant_raw(0, m.capacity_bytes(), true)
+                .expect("a raw grant");
+            m
+        })
+        .collect();
+    for (i, m) in clients.iter().enumerate() {
+        assert_eq!(
+            m.capacity_bytes(),
+            (16u64 << 20) << i,
+            "device {i}'s capacity"
+        );
+    }
+    // The same addresses on each device, different bytes; interleaved.
+    for round in 0..64u64 {
+        for (i, m) in clients.iter().enumerate() {
+            let block = vec![(i as u8) * 64 + round as u8; 4096];
+            m.write(round * 8192, &block).unwrap();
+        }
+    }
+    for round in 0..64u64 {
+        for (i, m) in clients.iter().enumerate() {
+            let mut got = vec![0u8; 4096];
+            m.read(round * 8192, &mut got).unwrap();
+            assert!(
+                got.iter().all(|&b| b == (i as u8) * 64 + round as u8),
+                "device {i}, block {round}: another device's bytes or none"
+            );
+        }
+    }
+    // Each device times its own preset: onyx-late is far slower than null.
+    let bench = |s: &Path| {
+        json(&run(moneta().args(["bench", "--daemon"]).arg(s).args([
+            "--size",
+            "4096",
+            "--op",
+            "read",
+            "--duration-ms",
+            "300",
+            "--format",
+            "json",
+        ])))
+    };
+    let (null, late) = (bench(&sockets[0]), bench(&sockets[2]));
+    let mean = |v: &serde_json::Value| v["latency_us_mean"].as_f64().unwrap();
+    assert!(
+        mean(&late) > 2.0 * mean(&null),
+        "onyx-late {} µs against null {} µs",
+        mean(&late),
+        mean(&null)
+    );
+    drop(clients);
+    drop(group);
+
+    // Bad input: a bad flag in a file, no file, --reactors 0.
+    std::fs::write(&files[1], "--preset\nnull\n--no-such-flag\n").unwrap();
+    let o = run(moneta().arg("serve-group").args(&files));
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("d1.args") && err.contains("no-such-flag"),
+        "{err}"
+    );
+    let o = run(moneta()
+        .args(["serve-group", "--reactors", "0"])
+        .arg(&files[0]));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--reactors 0"));
+    assert!(
+        !run(moneta().arg("serve-group").arg(dir.join("nosuch.args")))
+            .status
+            .success()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -76,7 +76,8 @@ impl San {
             if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
                 let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
                 assert!(
-                    !(cmd.contains(" serve ") && cmd.contains(&dir)),
+                    !((cmd.contains(" serve ") || cmd.contains(" serve-group "))
+                        && cmd.contains(&dir)),
                     "a daemon of the SAN is still running: {cmd}"
                 );
             }
@@ -133,9 +134,17 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
         return;
     }
     let san = San::new("a");
-    let out = ok(&moneta(&[
-        "san", "up", "--nodes", "3", "--mirror", "--size", "64M", "--name", &san.0,
-    ]));
+    const PER_NODE: [&str; 7] = [
+        "--nodes",
+        "3",
+        "--mirror",
+        "--size",
+        "64M",
+        "--daemons",
+        "per-node",
+    ];
+    let up = |args: &[&str]| moneta(&[&["san", "up", "--name", &san.0][..], args].concat());
+    let out = ok(&up(&PER_NODE));
     assert!(out.contains("3 nodes"), "{out}");
     let s = san.status();
     assert_eq!(s["state"], "up", "{s:#}");
@@ -199,9 +208,7 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     }
 
     // Up again with the same options: nothing to do, as `moneta up` twice.
-    let again = ok(&moneta(&[
-        "san", "up", "--nodes", "3", "--mirror", "--size", "64M", "--name", &san.0,
-    ]));
+    let again = ok(&up(&PER_NODE));
     assert!(again.contains("nothing to do"), "{again}");
 
     // A node's daemon dies: status says so.
@@ -218,14 +225,15 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
         &moneta(&[
             "san", "up", "--nodes", "2", "--size", "64M", "--name", &san.0,
         ]),
-        "--nodes, --mirror differ",
+        "--nodes, --mirror, --daemons differ",
     );
     refused(
         &moneta(&[
             "san", "up", "--nodes", "3", "--mirror", "--size", "64M", "--name", &san.0,
         ]),
-        "n2 are not healthy",
+        "--daemons differ",
     );
+    refused(&up(&PER_NODE), "n2 are not healthy");
 
     let out = ok(&moneta(&["san", "down", "--name", &san.0]));
     assert!(out.contains("images kept"), "{out}");
@@ -243,6 +251,69 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     assert!(!san.dir().exists());
     let out = ok(&moneta(&["san", "down", "--name", &san.0]));
     assert!(out.contains("nothing was running"), "{out}");
+}
+
+/// Issue 21: by default a SAN's nodes are devices of one monetad, turned
+/// by shared reactors; the bytes still cross the wire between namespaces.
+/// Killing that daemon takes every node down; `san restart` starts a node
+/// in a daemon of its own, and `down` cleans up either kind.
+#[test]
+fn a_san_in_one_daemon_serves_every_node_from_shared_reactors() {
+    let Some(san) = up_three("o", &["--mirror", "--reactors", "2"]) else {
+        return;
+    };
+    let s = san.status();
+    let pids: Vec<u64> = (0..3)
+        .map(|i| s["nodes"][i]["pid"].as_u64().unwrap())
+        .collect();
+    assert!(pids.iter().all(|&p| p == pids[0]), "one daemon: {pids:?}");
+    assert_eq!(common::threads_named(pids[0] as u32, "moneta-reactor"), 2);
+    assert_eq!(common::threads_named(pids[0] as u32, "moneta-device"), 0);
+    let log = std::fs::read_to_string(san.dir().join("monetad.log")).unwrap();
+    assert!(log.contains("3 devices on 2 reactor(s)"), "{log}");
+    for i in 0..3 {
+        assert!(log.contains(&format!("SAN node {i} (n{i}) of 3")), "{log}");
+    }
+    // n0 writes n1's slice (and n2's mirror of it) over the wire; every node reads it.
+    let clients: Vec<_> = (0..3).map(|i| client(&san, i)).collect();
+    let mut rng = Rng::new(seed());
+    let mut data = vec![0u8; 65536];
+    rng.fill(&mut data);
+    let addr = (16 << 20) + 4096;
+    clients[0].write(addr, &data).unwrap();
+    for (i, c) in clients.iter().enumerate() {
+        let mut got = vec![0u8; data.len()];
+        c.read(addr, &mut got).unwrap();
+        assert!(got == data, "n{i} read other bytes");
+    }
+    let port = port_stats(&clients[0]);
+    assert!(
+        port.packets_sent > 0 && port.packets_received > 0,
+        "{port:?}"
+    );
+    drop(clients);
+
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", pids[0])).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(
+        cmdline.contains(" serve-group ") && cmdline.contains(&san.dir().display().to_string()),
+        "pid {} is not the SAN's daemon any more: {cmdline}",
+        pids[0]
+    );
+    // SAFETY: kill(2) of this test's daemon, just checked.
+    unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) };
+    wait_until(10, "every node gone with the daemon", || {
+        let s = san.status();
+        (0..3).all(|i| s["nodes"][i]["daemon_alive"] == false)
+    });
+    ok(&moneta(&[
+        "san", "restart", "--name", &san.0, "--node", "n0",
+    ]));
+    let s = san.status();
+    assert_eq!(s["nodes"][0]["daemon_alive"], true, "{s:#}");
+    assert_ne!(s["nodes"][0]["pid"].as_u64().unwrap(), pids[0]);
+    ok(&moneta(&["san", "down", "--name", &san.0, "--purge"]));
+    san.assert_gone();
 }
 
 #[test]
@@ -498,7 +569,7 @@ fn remote_reads_and_writes_move_real_bytes_between_hosts() {
 /// dirty maps, and no acknowledged write is lost on any copy.
 #[test]
 fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write() {
-    let Some(san) = up_three("m", &["--mirror"]) else {
+    let Some(san) = up_three("m", &["--mirror", "--daemons", "per-node"]) else {
         return;
     };
     let global = client(&san, 0).capacity_bytes();
@@ -704,7 +775,7 @@ fn wait_until(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
 /// Once n2 is back, n1 is resynced and every node reads the new version.
 #[test]
 fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
-    let Some(san) = up_three("d", &["--mirror"]) else {
+    let Some(san) = up_three("d", &["--mirror", "--daemons", "per-node"]) else {
         return;
     };
     let seed = seed();
@@ -823,7 +894,7 @@ fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
 /// before the partition, and n1's own copy holds exactly that.
 #[test]
 fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
-    let Some(san) = up_three("sb", &["--mirror"]) else {
+    let Some(san) = up_three("sb", &["--mirror", "--daemons", "per-node"]) else {
         return;
     };
     let seed = seed();

@@ -2,7 +2,10 @@
 //! the simulator's `Device` driven by the wall clock, holding real bytes,
 //! reached through channels in shared memory.
 //!
-//! One **device thread** polls. Each turn it
+//! A **reactor** (reactor.rs) turns the device: its own thread
+//! (`moneta-device`), or one it shares with other devices (a SAN's nodes in
+//! one daemon). Below, "the device thread" is whichever reactor turns it.
+//! Each turn it
 //!
 //! 1. applies control-plane operations (new and closed channels, permission
 //!    updates: the OS edits, the device applies them between commands, so
@@ -63,11 +66,11 @@
 //! while it naps.
 
 use crate::channel::{
-    self, ChannelMemory, Doorbell, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES,
-    SLICE_BYTES,
+    self, ChannelMemory, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES,
 };
 use crate::error::{EmuError, ErrorKind};
 use crate::medium::Medium;
+use crate::reactor::{Pass, Poller, Reactor, Wake};
 use crate::sys;
 use crate::wall_clock::{StampClock, WallClock};
 use moneta_model::breakdown::Breakdown;
@@ -77,6 +80,7 @@ use moneta_model::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver,
 use moneta_model::device::network::{NetworkPort, RouteTable};
 use moneta_model::device::protection::{self, Update};
 use moneta_model::device::retag::RoundRobin;
+use moneta_model::kernel::Clock;
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::units::{DeviceAddr, Ns, Op};
 use std::collections::{BTreeMap, VecDeque};
@@ -287,12 +291,13 @@ struct Shared {
     /// Interrupt line: bumped by the device, the kernel role sleeps on it.
     interrupt_word: AtomicU32,
     kernel_sleeping: AtomicBool,
-    /// The device thread naps on it; clients and the control plane ring it.
-    doorbell: Doorbell,
-    /// The device thread is napping; `nap_word` changes when it starts or
-    /// ends a nap (the wire watcher sleeps on it meanwhile).
-    napping: AtomicBool,
-    nap_word: AtomicU32,
+    /// The doorbell of the reactor that turns this device (shared with the
+    /// other devices it hosts): clients and the control plane ring it; the
+    /// wire watcher sleeps on its nap word.
+    wake: Arc<Wake>,
+    /// Set by the device's poller when it has left its reactor.
+    left: Mutex<bool>,
+    left_cv: std::sync::Condvar,
     /// Block frees the file systems reported and the control plane has not
     /// applied yet: no command is taken meanwhile (issue 20, free_watch.rs).
     free_fence: std::sync::OnceLock<Arc<crate::free_watch::FreeFence>>,
@@ -304,10 +309,10 @@ impl Shared {
         config: Config,
         medium: Medium,
         address_space_bytes: u64,
+        wake: Arc<Wake>,
     ) -> Result<Arc<Shared>, EmuError> {
         let mut allocated = vec![false; CHANNELS];
         allocated[0] = true;
-        let doorbell = Doorbell::create().map_err(|e| EmuError::io("creating the doorbell", e))?;
         Ok(Arc::new(Shared {
             config,
             medium,
@@ -324,9 +329,9 @@ impl Shared {
             errors_queued: (0..CHANNELS).map(|_| AtomicU32::new(0)).collect(),
             interrupt_word: AtomicU32::new(0),
             kernel_sleeping: AtomicBool::new(false),
-            doorbell,
-            napping: AtomicBool::new(false),
-            nap_word: AtomicU32::new(0),
+            wake,
+            left: Mutex::new(false),
+            left_cv: std::sync::Condvar::new(),
             free_fence: std::sync::OnceLock::new(),
         }))
     }
@@ -336,30 +341,51 @@ impl Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The reactor that turns this device (its own, or one it shares).
+    reactor: Option<Arc<Reactor>>,
 }
 
 impl Engine {
     /// Start the device on `medium` (whose size must be the configured capacity).
+    /// It gets its own reactor thread, `moneta-device`.
     pub fn start(
         config: Config,
         medium: Medium,
         options: EngineOptions,
     ) -> Result<Engine, EmuError> {
-        Self::start_with(config, medium, options, None)
+        let reactor = Arc::new(Reactor::start("moneta-device", options.realtime)?);
+        Self::start_with(config, medium, options, None, reactor)
+    }
+
+    /// Start the device on `reactor`, beside the devices it already turns
+    /// (`options.realtime` is the reactor's, not the device's).
+    pub fn start_on(
+        reactor: &Arc<Reactor>,
+        config: Config,
+        medium: Medium,
+        options: EngineOptions,
+    ) -> Result<Engine, EmuError> {
+        Self::start_with(config, medium, options, None, reactor.clone())
     }
 
     /// Start a SAN node: the device with its network port on `port`'s
     /// wire; channels address the global space of `port.routes`.
+    /// On its own reactor, or on `reactor` beside other nodes' devices.
     pub fn start_san(
         config: Config,
         medium: Medium,
         options: EngineOptions,
         port: SanPort,
+        reactor: Option<&Arc<Reactor>>,
     ) -> Result<Engine, EmuError> {
         if !config.network.has_memory && port.routes.global_bytes() == 0 {
             return Err(EmuError::new(ErrorKind::Config, "an empty global space"));
         }
-        Self::start_with(config, medium, options, Some(port))
+        let reactor = match reactor {
+            Some(r) => r.clone(),
+            None => Arc::new(Reactor::start("moneta-device", options.realtime)?),
+        };
+        Self::start_with(config, medium, options, Some(port), reactor)
     }
 
     fn start_with(
@@ -367,6 +393,7 @@ impl Engine {
         medium: Medium,
         options: EngineOptions,
         port: Option<SanPort>,
+        reactor: Arc<Reactor>,
     ) -> Result<Engine, EmuError> {
         config
             .validate()
@@ -387,7 +414,7 @@ impl Engine {
         let address_space_bytes = port
             .as_ref()
             .map_or(config.device.capacity_bytes, |p| p.routes.global_bytes());
-        let shared = Shared::new(config, medium, address_space_bytes)?;
+        let shared = Shared::new(config, medium, address_space_bytes, reactor.wake())?;
         // The watcher polls its own descriptor of the link.
         let wire_fd = match port.as_ref().and_then(|p| p.endpoint.transport().wait_fd()) {
             // SAFETY: dup(2) of a descriptor the endpoint holds open.
@@ -412,33 +439,25 @@ impl Engine {
                 .spawn(f)
                 .map_err(|e| EmuError::io("starting a device thread", e))
         };
-        let realtime = options.realtime;
-        let mut threads = vec![spawn(
-            "moneta-device",
-            Box::new(move || {
-                if realtime {
-                    if let Err(e) = crate::sys::set_realtime(REALTIME_PRIORITY) {
-                        eprintln!(
-                            "moneta: the device thread stays an ordinary thread: SCHED_FIFO: {e}"
-                        );
-                    }
-                }
-                device.run()
-            }),
-        )?];
+        reactor.add(Box::new(device));
+        let mut engine = Engine {
+            shared: shared.clone(),
+            threads: Vec::new(),
+            reactor: Some(reactor),
+        };
         let kernel_shared = shared.clone();
-        threads.push(spawn(
+        engine.threads.push(spawn(
             "moneta-interrupt",
             Box::new(move || kernel_role(&kernel_shared)),
         )?);
         if let Some(fd) = wire_fd {
             let watcher_shared = shared.clone();
-            threads.push(spawn(
+            engine.threads.push(spawn(
                 "moneta-wire-watch",
                 Box::new(move || wire_watcher(&watcher_shared, &fd)),
             )?);
         }
-        Ok(Engine { shared, threads })
+        Ok(engine)
     }
 
     pub fn config(&self) -> &Config {
@@ -461,7 +480,7 @@ impl Engine {
         }
         self.shared.mailbox.lock().expect("mailbox").push(op);
         self.shared.mailbox_pending.store(true, Ordering::SeqCst);
-        self.shared.doorbell.ring();
+        self.shared.wake.ring();
         Ok(())
     }
 
@@ -487,7 +506,7 @@ impl Engine {
             allocated[id] = true;
             id as u16
         };
-        let memory = match ChannelMemory::create(id, &self.shared.doorbell) {
+        let memory = match ChannelMemory::create(id, &self.shared.wake.doorbell) {
             Ok(m) => Arc::new(m),
             Err(e) => {
                 self.shared.allocated.lock().expect("allocated")[id as usize] = false;
@@ -578,14 +597,32 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.doorbell.ring();
-        self.shared.nap_word.fetch_add(1, Ordering::SeqCst);
-        sys::futex_wake_all(&self.shared.nap_word);
+        self.shared.wake.ring();
+        self.shared.wake.nudge_watchers();
         self.shared.interrupt_word.fetch_add(1, Ordering::Release);
         sys::futex_wake_all(&self.shared.interrupt_word);
+        // The device leaves its reactor at the reactor's next pass.
+        let mut left = self.shared.left.lock().expect("left");
+        while !*left {
+            let (l, timeout) = self
+                .shared
+                .left_cv
+                .wait_timeout(left, CONTROL_TIMEOUT)
+                .expect("left");
+            left = l;
+            if timeout.timed_out() {
+                eprintln!(
+                    "moneta: the device did not leave its reactor within {CONTROL_TIMEOUT:?}"
+                );
+                break;
+            }
+        }
+        drop(left);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // The last engine on a reactor stops its thread.
+        self.reactor = None;
         let _ = self.shared.medium.flush();
     }
 }
@@ -715,41 +752,36 @@ impl<C: StampClock> DeviceThread<C> {
             shared,
         })
     }
+}
 
-    /// The wall-clock polling loop around [`Self::turn`].
-    fn run(mut self) {
-        let mut last_work_ns = self.clock.now();
-        while !self.shared.stop.load(Ordering::Relaxed) {
-            if self.shared.mailbox_pending.load(Ordering::Acquire) {
-                self.apply_control();
-            }
-            let now = self.clock.now();
-            let worked = self.turn(now);
-            // A SAN node waits for its peers' answers spinning.
-            let port_busy = self
-                .port
-                .as_ref()
-                .is_some_and(|p| !p.is_quiet() || self.in_flight_total > 0);
-            if worked || port_busy || !self.driver.is_idle() {
-                // Busy: go round again at once (no pause: it would add its
-                // ~50 ns to every completion's lateness).
-                last_work_ns = now;
-            } else if now - last_work_ns > self.idle_spin_ns {
-                if self.nap() {
-                    last_work_ns = self.clock.now();
-                }
-            } else {
-                std::hint::spin_loop();
-            }
+/// The device as a reactor's poller (reactor.rs): the wall-clock side
+/// around [`DeviceThread::turn`].
+impl Poller for DeviceThread<WallClock> {
+    fn poll(&mut self) -> Pass {
+        if self.shared.stop.load(Ordering::Relaxed) {
+            return Pass::Finished;
+        }
+        if self.shared.mailbox_pending.load(Ordering::Acquire) {
+            self.apply_control();
+        }
+        let now = self.clock.now();
+        if self.turn(now) {
+            return Pass::Worked;
+        }
+        // A SAN node waits for its peers' answers spinning.
+        let port_busy = self
+            .port
+            .as_ref()
+            .is_some_and(|p| !p.is_quiet() || self.in_flight_total > 0);
+        if port_busy || !self.driver.is_idle() {
+            Pass::Busy
+        } else {
+            Pass::Idle
         }
     }
 
-    /// Idle: sleep on the doorbell until a client or the control plane rings
-    /// it (at most `max_nap_ns`). Returns whether work came while settling in.
-    fn nap(&mut self) -> bool {
-        let shared = self.shared.clone();
-        let doorbell = &shared.doorbell;
-        let rung = doorbell.word().load(Ordering::SeqCst);
+    /// Arm NEED WAKEUP on every channel, then look once more.
+    fn prepare_nap(&mut self) -> bool {
         for &id in &self.active {
             let ch = self.channels[id as usize].as_ref().expect("active");
             ch.memory.need_wakeup().store(1, Ordering::SeqCst);
@@ -762,22 +794,37 @@ impl<C: StampClock> DeviceThread<C> {
             || self.shared.stop.load(Ordering::SeqCst);
         let worked = pending || self.poll_channels(now);
         self.post_finished();
-        if !worked {
+        worked
+    }
+
+    fn end_nap(&mut self, napped: bool) {
+        if napped {
             self.stats.naps += 1;
-            shared.napping.store(true, Ordering::SeqCst);
-            shared.nap_word.fetch_add(1, Ordering::SeqCst);
-            sys::futex_wake_all(&shared.nap_word);
-            sys::futex_wait(doorbell.word(), rung, Some(self.max_nap_ns));
-            shared.napping.store(false, Ordering::SeqCst);
-            shared.nap_word.fetch_add(1, Ordering::SeqCst);
         }
         for &id in &self.active {
             let ch = self.channels[id as usize].as_ref().expect("active");
             ch.memory.need_wakeup().store(0, Ordering::Relaxed);
         }
-        worked
     }
 
+    fn idle_spin_ns(&self) -> Ns {
+        self.idle_spin_ns
+    }
+
+    fn max_nap_ns(&self) -> u64 {
+        self.max_nap_ns
+    }
+}
+
+impl<C: StampClock> Drop for DeviceThread<C> {
+    /// Tell the engine its device has left the reactor.
+    fn drop(&mut self) {
+        *self.shared.left.lock().expect("left") = true;
+        self.shared.left_cv.notify_all();
+    }
+}
+
+impl<C: StampClock> DeviceThread<C> {
     /// One turn of the device at `now`: take new commands, then deliver
     /// the model events due. Returns whether it did anything.
     fn turn(&mut self, now: Ns) -> bool {
@@ -1295,9 +1342,10 @@ impl<C: StampClock> DeviceThread<C> {
 fn wire_watcher(shared: &Shared, fd: &std::os::fd::OwnedFd) {
     use std::os::fd::AsRawFd;
     while !shared.stop.load(Ordering::Acquire) {
-        let seen = shared.nap_word.load(Ordering::SeqCst);
-        if !shared.napping.load(Ordering::SeqCst) {
-            sys::futex_wait(&shared.nap_word, seen, Some(100_000_000));
+        let wake = &shared.wake;
+        let seen = wake.nap_word.load(Ordering::SeqCst);
+        if !wake.napping.load(Ordering::SeqCst) {
+            sys::futex_wait(&wake.nap_word, seen, Some(100_000_000));
             continue;
         }
         let mut pfd = libc::pollfd {
@@ -1307,10 +1355,10 @@ fn wire_watcher(shared: &Shared, fd: &std::os::fd::OwnedFd) {
         };
         // SAFETY: one valid pollfd; a bounded wait.
         let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
-        if ready > 0 && shared.napping.load(Ordering::SeqCst) {
-            shared.doorbell.ring();
+        if ready > 0 && wake.napping.load(Ordering::SeqCst) {
+            wake.ring();
             // Until the nap it ends is over (or the next begins).
-            sys::futex_wait(&shared.nap_word, seen, Some(10_000_000));
+            sys::futex_wait(&wake.nap_word, seen, Some(10_000_000));
         }
     }
 }

@@ -5,8 +5,10 @@
 //! Along the data path:
 //!
 //! - [`channel`]: a channel's shared pages (command slots, tag status, DMA buffer).
-//! - [`engine`]: the device thread (retag → protection → the model's
-//!   pipeline → medium) and the kernel role that forwards interrupts.
+//! - [`engine`]: the device (retag → protection → the model's pipeline →
+//!   medium) and the kernel role that forwards interrupts.
+//! - [`reactor`]: the event loops that turn devices, several per thread
+//!   (issue 21).
 //! - [`protection`]: the model's permission table, re-exported for the control plane.
 //! - [`medium`]: anonymous memory or a memory-mapped image file.
 //! - [`control`], [`daemon`]: the trusted control plane and `monetad`.
@@ -28,6 +30,7 @@ pub mod files;
 pub mod free_watch;
 pub mod layout_watch;
 pub mod medium;
+pub mod reactor;
 pub mod san_file;
 pub mod sys;
 pub mod wall_clock;

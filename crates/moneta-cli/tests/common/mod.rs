@@ -191,3 +191,17 @@ pub fn root() -> bool {
 pub fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Threads of process `pid` whose name (comm) starts with `prefix`.
+pub fn threads_named(pid: u32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.starts_with(prefix))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}

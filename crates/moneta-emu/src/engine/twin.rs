@@ -196,7 +196,13 @@ impl Emulated {
     fn new(config: Config) -> Self {
         let medium = Medium::anonymous(config.device.capacity_bytes).unwrap();
         let capacity = config.device.capacity_bytes;
-        let shared = Shared::new(config, medium, capacity).unwrap();
+        let shared = Shared::new(
+            config,
+            medium,
+            capacity,
+            crate::reactor::Wake::new().unwrap(),
+        )
+        .unwrap();
         // Completions at their model time (the simulator has no cores to cross).
         let options = EngineOptions {
             post_ahead_ns: 0,
@@ -206,7 +212,7 @@ impl Emulated {
             .expect("a device thread without a port");
         let mut memories = vec![None; CHANNELS];
         for &id in &CHANNEL_IDS {
-            let memory = Arc::new(ChannelMemory::create(id, &shared.doorbell).unwrap());
+            let memory = Arc::new(ChannelMemory::create(id, &shared.wake.doorbell).unwrap());
             let (done, _rx) = mpsc::sync_channel(1);
             let (perms, _prx) = mpsc::sync_channel(1);
             shared.mailbox.lock().unwrap().extend([

@@ -1,0 +1,254 @@
+//! Reactors (issue 21; DESIGN "Processes in emulation"): one thread that
+//! turns every poller registered with it, the software form of a core
+//! owning several devices, after SPDK's reactor/poller model and Seastar's
+//! shard per core.
+//!
+//! A poller is a device (`engine::DeviceThread`: its channels, its model
+//! events, a SAN node's port). Each pass the reactor asks every poller for
+//! one turn at the current wall time. While any of them worked or still has
+//! work in flight (a request in its model, a frame on its wire), the reactor
+//! goes round again at once; idle for the longest `idle_spin_ns` of its
+//! pollers, it naps on its [`Wake`] doorbell for at most the shortest
+//! `max_nap_ns`. Every device a reactor hosts shares that doorbell: clients
+//! of any of them, the control planes and the SAN wire watchers ring it.
+//!
+//! Before it naps, every poller arms its channels' NEED WAKEUP words and
+//! takes a last look (`prepare_nap`): a client that submitted before the
+//! look is seen, one that submits after it sees NEED WAKEUP and rings (the
+//! same fence pairing as with one device, channel.rs).
+//!
+//! Why it matters here: with N devices each on its own spinning thread, a
+//! SAN request needs the client's thread and two device threads to run in
+//! turn on a machine with fewer cores than threads, and every hop waits for
+//! the scheduler (issue 21 measured 17–23× the model). A reactor that turns
+//! all of one machine's nodes moves a remote request through the real wire
+//! and both devices without a context switch.
+//!
+//! A poller leaves its reactor when it says it is finished (its engine is
+//! stopping); it is dropped on the reactor's thread, which is how the
+//! engine learns it is gone.
+
+use crate::channel::Doorbell;
+use crate::error::EmuError;
+use crate::sys;
+use moneta_model::units::Ns;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// What one turn of a poller found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pass {
+    /// It did something (took a command, delivered an event, moved a frame).
+    Worked,
+    /// Nothing this turn, but work is in flight: keep spinning.
+    Busy,
+    /// Nothing to do.
+    Idle,
+    /// Its engine is stopping: drop it.
+    Finished,
+}
+
+/// Something a reactor turns (a device, today).
+pub(crate) trait Poller: Send {
+    /// One turn at the wall clock's now.
+    fn poll(&mut self) -> Pass;
+    /// About to nap: arm the wake-ups, then take a last look. Returns
+    /// whether that look found work (then the reactor does not nap).
+    fn prepare_nap(&mut self) -> bool;
+    /// The nap (if any) is over; `napped` says whether it slept.
+    fn end_nap(&mut self, napped: bool);
+    /// How long this poller wants the reactor to spin idle before napping.
+    fn idle_spin_ns(&self) -> Ns;
+    /// The longest nap it tolerates (a lost ring costs at most this).
+    fn max_nap_ns(&self) -> u64;
+}
+
+/// The doorbell a reactor naps on, shared by every device it hosts, and
+/// whether it naps (a SAN wire watcher sleeps on `nap_word` while the
+/// reactor works and polls the wire while it naps).
+pub struct Wake {
+    pub(crate) doorbell: Doorbell,
+    pub(crate) napping: AtomicBool,
+    pub(crate) nap_word: AtomicU32,
+}
+
+impl Wake {
+    pub(crate) fn new() -> Result<Arc<Wake>, EmuError> {
+        Ok(Arc::new(Wake {
+            doorbell: Doorbell::create().map_err(|e| EmuError::io("creating the doorbell", e))?,
+            napping: AtomicBool::new(false),
+            nap_word: AtomicU32::new(0),
+        }))
+    }
+
+    /// Ring the doorbell: a napping reactor wakes and turns its pollers.
+    pub(crate) fn ring(&self) {
+        self.doorbell.ring();
+    }
+
+    /// Tell sleepers on `nap_word` (wire watchers) to look again.
+    pub(crate) fn nudge_watchers(&self) {
+        self.nap_word.fetch_add(1, Ordering::SeqCst);
+        sys::futex_wake_all(&self.nap_word);
+    }
+}
+
+struct Inner {
+    wake: Arc<Wake>,
+    incoming: Mutex<Vec<Box<dyn Poller>>>,
+    incoming_pending: AtomicBool,
+    stop: AtomicBool,
+    /// Pollers it turns (for `devices`).
+    hosted: AtomicUsize,
+}
+
+/// One event loop on its own thread. Dropping it stops the thread (after
+/// the pollers it hosts have left; an engine leaves its reactor when it
+/// is dropped).
+pub struct Reactor {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Reactor {
+    /// Start a reactor thread named `name`; under SCHED_FIFO if `realtime`
+    /// (it stays an ordinary thread, with a warning, where that is refused).
+    pub fn start(name: &str, realtime: bool) -> Result<Reactor, EmuError> {
+        let inner = Arc::new(Inner {
+            wake: Wake::new()?,
+            incoming: Mutex::new(Vec::new()),
+            incoming_pending: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            hosted: AtomicUsize::new(0),
+        });
+        let run = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if realtime {
+                    if let Err(e) = sys::set_realtime(crate::engine::REALTIME_PRIORITY) {
+                        eprintln!(
+                            "moneta: the device thread stays an ordinary thread: SCHED_FIFO: {e}"
+                        );
+                    }
+                }
+                run_loop(&run)
+            })
+            .map_err(|e| EmuError::io("starting a reactor thread", e))?;
+        Ok(Reactor {
+            inner,
+            thread: Some(thread),
+        })
+    }
+
+    /// The doorbell every device on this reactor shares.
+    pub fn wake(&self) -> Arc<Wake> {
+        self.inner.wake.clone()
+    }
+
+    /// How many devices it turns now.
+    pub fn devices(&self) -> usize {
+        self.inner.hosted.load(Ordering::Acquire)
+    }
+
+    /// Hand it a poller; it starts turning it at its next pass.
+    pub(crate) fn add(&self, poller: Box<dyn Poller>) {
+        self.inner.hosted.fetch_add(1, Ordering::AcqRel);
+        self.inner.incoming.lock().expect("incoming").push(poller);
+        self.inner.incoming_pending.store(true, Ordering::SeqCst);
+        self.inner.wake.ring();
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::SeqCst);
+        self.inner.wake.ring();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The default number of reactors for `devices` devices on this host:
+/// the cores less one for the clients, at least one, at most one per device.
+pub fn default_count(devices: usize) -> usize {
+    let cores = crate::fidelity::cores().max(1);
+    cores.saturating_sub(1).clamp(1, devices.max(1))
+}
+
+fn run_loop(inner: &Inner) {
+    let clock = crate::wall_clock::WallClock::new();
+    use moneta_model::kernel::Clock;
+    let mut pollers: Vec<Box<dyn Poller>> = Vec::new();
+    let mut last_work_ns = clock.now();
+    loop {
+        if inner.incoming_pending.load(Ordering::Acquire) {
+            inner.incoming_pending.store(false, Ordering::SeqCst);
+            pollers.append(&mut inner.incoming.lock().expect("incoming"));
+        }
+        if pollers.is_empty() && inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let mut active = false;
+        let mut i = 0;
+        while i < pollers.len() {
+            match pollers[i].poll() {
+                Pass::Worked | Pass::Busy => active = true,
+                Pass::Idle => {}
+                Pass::Finished => {
+                    // Dropped here, on this thread: the engine waits for that.
+                    drop(pollers.remove(i));
+                    inner.hosted.fetch_sub(1, Ordering::AcqRel);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        let now = clock.now();
+        if active {
+            // Busy: go round again at once (no pause: it would add its
+            // ~50 ns to every completion's lateness).
+            last_work_ns = now;
+            continue;
+        }
+        let spin = pollers.iter().map(|p| p.idle_spin_ns()).max().unwrap_or(0);
+        if now - last_work_ns <= spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        if nap(inner, &mut pollers) {
+            last_work_ns = clock.now();
+        }
+    }
+}
+
+/// Idle: sleep on the doorbell until something rings it (at most the
+/// shortest of the pollers' `max_nap_ns`). Returns whether work came while
+/// settling in.
+fn nap(inner: &Inner, pollers: &mut [Box<dyn Poller>]) -> bool {
+    let wake = &inner.wake;
+    let rung = wake.doorbell.word().load(Ordering::SeqCst);
+    let mut worked = false;
+    for p in pollers.iter_mut() {
+        worked |= p.prepare_nap();
+    }
+    worked |= inner.incoming_pending.load(Ordering::SeqCst) || inner.stop.load(Ordering::SeqCst);
+    if !worked {
+        let max_nap = pollers
+            .iter()
+            .map(|p| p.max_nap_ns())
+            .min()
+            .unwrap_or(100_000_000);
+        wake.napping.store(true, Ordering::SeqCst);
+        wake.nudge_watchers();
+        sys::futex_wait(wake.doorbell.word(), rung, Some(max_nap));
+        wake.napping.store(false, Ordering::SeqCst);
+        wake.nap_word.fetch_add(1, Ordering::SeqCst);
+    }
+    for p in pollers.iter_mut() {
+        p.end_nap(!worked);
+    }
+    worked
+}
