@@ -486,13 +486,7 @@ impl Moneta {
     /// found no copy, as that node sees it (the slice, its holders, who is
     /// unreachable, the node's own copy).
     pub fn san_explain(&self, addr: u64, len: u64) -> Result<String, EmuError> {
-        match self.call(Request::SanExplain { addr, len })? {
-            Response::Said { text } => Ok(text),
-            other => Err(EmuError::new(
-                ErrorKind::Protocol,
-                format!("unexpected reply {other:?}"),
-            )),
-        }
+        self.said(Request::SanExplain { addr, len })
     }
 
     /// A failed request's error; when it found no reachable or up-to-date
@@ -515,7 +509,19 @@ impl Moneta {
     /// slices (all, or `slice`), so that each partner's copy wins and
     /// resyncs this one (the daemon's owner only). Returns what it did.
     pub fn san_discard(&self, slice: Option<u64>) -> Result<String, EmuError> {
-        match self.call(Request::SanDiscard { slice })? {
+        self.said(Request::SanDiscard { slice })
+    }
+
+    /// A SAN node's daemon: force its outdated copies whose partner is
+    /// unreachable (all, or `slice`) up to date, accepting that they may
+    /// lack writes the partner acknowledged (the daemon's owner only).
+    pub fn san_force(&self, slice: Option<u64>) -> Result<String, EmuError> {
+        self.said(Request::SanForce { slice })
+    }
+
+    /// A request answered with text.
+    fn said(&self, request: Request) -> Result<String, EmuError> {
+        match self.call(request)? {
             Response::Said { text } => Ok(text),
             other => Err(EmuError::new(
                 ErrorKind::Protocol,

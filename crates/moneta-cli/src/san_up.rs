@@ -199,9 +199,17 @@ pub struct SanResolveArgs {
     name: String,
     /// The node whose writes are discarded (name or index): the other
     /// holder of each slice wins, and resyncs this node's copy from its own.
+    #[arg(long, required_unless_present = "force", conflicts_with = "force")]
+    discard: Option<String>,
+    /// The node whose outdated copies are forced up to date while their
+    /// partner stays down (DRBD's forced promotion): they are read again,
+    /// though they may lack writes the partner acknowledged before it went
+    /// down. When the partner returns with such writes and this node wrote
+    /// too, the slice is in split brain (resolve it with --discard).
     #[arg(long)]
-    discard: String,
-    /// Only this slice (default: every slice the node holds in split brain).
+    force: Option<String>,
+    /// Only this slice (default: every slice the node holds in split
+    /// brain, or outdated with --force).
     #[arg(long)]
     slice: Option<u64>,
 }
@@ -901,9 +909,15 @@ pub fn fault(a: SanFaultArgs) -> Result<(), String> {
 }
 
 pub fn resolve(a: SanResolveArgs) -> Result<(), String> {
-    let (state, i) = find_node(&a.name, &a.discard)?;
+    let node = a.discard.as_deref().or(a.force.as_deref()).expect("clap");
+    let (state, i) = find_node(&a.name, node)?;
     let m = moneta::Moneta::connect(&state.nodes[i].socket).map_err(|e| e.to_string())?;
-    let text = m.san_discard(a.slice).map_err(|e| e.to_string())?;
+    let text = if a.force.is_some() {
+        m.san_force(a.slice)
+    } else {
+        m.san_discard(a.slice)
+    }
+    .map_err(|e| e.to_string())?;
     println!("node {}: {text}", state.nodes[i].name);
     Ok(())
 }

@@ -782,24 +782,7 @@ fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
     const BLOCK: u64 = 4096;
     // Slice 1 is global [8 MiB, 16 MiB).
     let blocks: Vec<u64> = (0..512).map(|i| (8 << 20) / BLOCK + i * 3).collect();
-    let c0 = client(&san, 0);
-    for &b in &blocks {
-        c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
-    }
-    kill_node(&san, 1);
-    // Writes wait for the failure to be declared (1 s), then go on degraded.
-    for &b in &blocks {
-        c0.write(b * BLOCK, &block_content(seed, b, 2))
-            .unwrap_or_else(|e| panic!("degraded write of block {b}: {e}"));
-    }
-    let n2 = port_stats(&client(&san, 2));
-    assert_eq!(n2.dirty_bytes, 512 * BLOCK, "n2 records what n1 missed");
-    kill_node(&san, 2);
-    ok(&moneta(&[
-        "san", "restart", "--name", &san.0, "--node", "n1",
-    ]));
-    // n1 is up again, n2 is down; n0 must have noticed n2's failure.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    double_failure(&san, seed, &blocks);
     let st = slice_state(&san, 1, 1);
     assert_eq!(
         st, "outdated",
@@ -886,6 +869,129 @@ fn a_copy_that_missed_writes_never_serves_a_read_after_a_double_failure() {
     }
 }
 
+/// Two failures in a row on slice 1 (primary n1, replica n2): version 1
+/// of `blocks` written through n0, n1 killed, version 2 written degraded
+/// (onto n2 alone, which records what n1 missed), n2 killed, n1 restarted
+/// (its copy of slice 1 outdated, its partner down).
+fn double_failure(san: &San, seed: u64, blocks: &[u64]) {
+    const BLOCK: u64 = 4096;
+    let c0 = client(san, 0);
+    for &b in blocks {
+        c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
+    }
+    kill_node(san, 1);
+    // Writes wait for the failure to be declared (1 s), then go on degraded.
+    for &b in blocks {
+        c0.write(b * BLOCK, &block_content(seed, b, 2))
+            .unwrap_or_else(|e| panic!("degraded write of block {b}: {e}"));
+    }
+    let n2 = port_stats(&client(san, 2));
+    assert_eq!(
+        n2.dirty_bytes,
+        blocks.len() as u64 * BLOCK,
+        "n2 records what n1 missed"
+    );
+    kill_node(san, 2);
+    ok(&moneta(&[
+        "san", "restart", "--name", &san.0, "--node", "n1",
+    ]));
+    // n1 is up again, n2 is down; n0 must have noticed n2's failure.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+}
+
+/// Issue 22: a node restarted while its partner stays down keeps its
+/// copies outdated; `san resolve --force NODE` (DRBD's forced promotion)
+/// serves them again, old as they are, and takes writes alone. The partner
+/// returning with writes the forced copy lacks, while the forced side
+/// wrote too, is a split brain (never a silent mix), and `--discard`
+/// resolves it for the partner's side.
+#[test]
+fn a_forced_copy_serves_again_and_a_returning_partner_with_newer_writes_is_split_brain() {
+    let Some(san) = up_three("fo", &["--mirror", "--daemons", "per-node"]) else {
+        return;
+    };
+    let seed = seed();
+    const BLOCK: u64 = 4096;
+    // Slice 1 is global [8 MiB, 16 MiB): primary n1, replica n2.
+    let blocks: Vec<u64> = (0..64).map(|i| (8 << 20) / BLOCK + i * 5).collect();
+    double_failure(&san, seed, &blocks);
+    assert_eq!(slice_state(&san, 1, 1), "outdated");
+    let resolve = |args: &[&str]| {
+        let mut all = vec!["san", "resolve", "--name", &san.0];
+        all.extend_from_slice(args);
+        moneta(&all)
+    };
+    // Refusals: a copy that is up to date, a slice n1 does not hold, a
+    // copy whose partner is reachable, no node named.
+    refused(
+        &resolve(&["--force", "n0", "--slice", "1"]),
+        "no mirrored copy of slice 1",
+    );
+    refused(
+        &resolve(&["--force", "n1", "--slice", "7"]),
+        "does not exist",
+    );
+    refused(&resolve(&[]), "--discard");
+    refused(
+        &resolve(&["--force", "n1", "--discard", "n1"]),
+        "cannot be used with",
+    );
+    // n1's replica of slice 0: its partner n0 is up, so it is resynced
+    // (not outdated) or about to be (its partner is reachable).
+    let o = resolve(&["--force", "n1", "--slice", "0"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("is reachable") || err.contains("not outdated"),
+        "{err}"
+    );
+    let out = ok(&resolve(&["--force", "n1", "--slice", "1"]));
+    assert!(out.contains("slice 1: forced up to date"), "{out}");
+    // Up to date, its partner missing.
+    assert_eq!(slice_state(&san, 1, 1), "degraded");
+    // Served again: the version n1 had, older than what n2 acknowledged
+    // (what forcing accepts, and says).
+    let c1 = client(&san, 1);
+    for &b in &blocks {
+        let mut got = vec![0u8; BLOCK as usize];
+        c1.read(b * BLOCK, &mut got)
+            .unwrap_or_else(|e| panic!("block {b} after --force: {e}"));
+        assert!(
+            got == block_content(seed, b, 1),
+            "block {b}: not n1's own version"
+        );
+    }
+    // And takes writes alone.
+    for &b in &blocks[..8] {
+        c1.write(b * BLOCK, &block_content(seed, b, 3)).unwrap();
+    }
+    // n2 returns with the v2 writes n1 lacks; n1 wrote v3 alone: split brain.
+    ok(&moneta(&[
+        "san", "restart", "--name", &san.0, "--node", "n2",
+    ]));
+    wait_until(30, "slice 1 in split brain on n1", || {
+        slice_state(&san, 1, 1) == "split-brain"
+    });
+    let mut got = vec![0u8; BLOCK as usize];
+    let err = client(&san, 0)
+        .read(blocks[20] * BLOCK, &mut got)
+        .expect_err("a read of a split-brain slice");
+    assert!(err.to_string().contains("up-to-date"), "{err}");
+    // n1's side discarded: n2's v2 everywhere, n1's v3 writes gone too.
+    ok(&resolve(&["--discard", "n1"]));
+    wait_until(30, "n1's copy of slice 1 resynced", || {
+        slice_state(&san, 1, 1) == "up-to-date"
+    });
+    for reader in [0u16, 1, 2] {
+        let c = client(&san, reader);
+        for &b in &blocks {
+            c.read(b * BLOCK, &mut got)
+                .unwrap_or_else(|e| panic!("n{reader} block {b} after the resolve: {e}"));
+            assert!(got == block_content(seed, b, 2), "n{reader}: block {b}");
+        }
+    }
+}
+
 /// Issue 22 item 2: split brain end to end. n1 is cut off; n0 and n1 both
 /// write slice 0 (primary n0, replica n1) alone; after healing, reads of
 /// slice 0 are refused on every node, n2 (which holds no copy) included;
@@ -954,7 +1060,7 @@ fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
             "--slice",
             "1",
         ]),
-        "not in split brain",
+        "not split-brain",
     );
     let out = ok(&moneta(&[
         "san",

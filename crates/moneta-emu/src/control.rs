@@ -102,6 +102,13 @@ pub enum Request {
         #[serde(default)]
         slice: Option<u64>,
     },
+    /// A SAN node forces its outdated copies whose partner is unreachable
+    /// (all, or `slice`) up to date (`moneta san resolve --force`; daemon
+    /// owner only).
+    SanForce {
+        #[serde(default)]
+        slice: Option<u64>,
+    },
     /// A SAN node: why a request on `[addr, addr + len)` may have found no
     /// copy, as this node sees it (the slice, its holders, who is
     /// unreachable, this node's copy). libmoneta asks after a request
@@ -531,6 +538,11 @@ impl ControlPlane {
             Request::SanDiscard { slice } => {
                 self.owner_only(session, "SAN split-brain resolution")?;
                 let text = self.engine.san_discard(slice.map(|s| s as usize))?;
+                Ok((Response::Said { text }, None))
+            }
+            Request::SanForce { slice } => {
+                self.owner_only(session, "forcing a SAN copy up to date")?;
+                let text = self.engine.san_force(slice.map(|s| s as usize))?;
                 Ok((Response::Said { text }, None))
             }
             Request::GrantRaw { start, len, write } => {

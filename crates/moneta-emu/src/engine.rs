@@ -261,6 +261,11 @@ enum ControlOp {
         slice: Option<usize>,
         done: mpsc::SyncSender<Result<String, String>>,
     },
+    /// A SAN node forces its outdated copies up to date (all, or one).
+    SanForce {
+        slice: Option<usize>,
+        done: mpsc::SyncSender<Result<String, String>>,
+    },
 }
 
 /// One entry of the hardware error queue (SPEC §3.5).
@@ -592,6 +597,16 @@ impl Engine {
         Self::wait(rx, "discard a split brain side")?
             .map_err(|e| EmuError::new(ErrorKind::Protocol, e))
     }
+
+    /// A SAN node: force this node's outdated copies whose partner is
+    /// unreachable (all, or `slice`) up to date (`moneta san resolve
+    /// --force`; engine/port.rs). Returns what was done.
+    pub fn san_force(&self, slice: Option<usize>) -> Result<String, EmuError> {
+        let (done, rx) = mpsc::sync_channel(1);
+        self.send(ControlOp::SanForce { slice, done })?;
+        Self::wait(rx, "force a copy up to date")?
+            .map_err(|e| EmuError::new(ErrorKind::Protocol, e))
+    }
 }
 
 impl Drop for Engine {
@@ -892,6 +907,9 @@ impl<C: StampClock> DeviceThread<C> {
                 }
                 ControlOp::SanDiscard { slice, done } => {
                     let _ = done.send(self.discard(slice));
+                }
+                ControlOp::SanForce { slice, done } => {
+                    let _ = done.send(self.force(slice));
                 }
                 ControlOp::SanExplain { addr, len, done } => {
                     let port = self.driver.device().port();

@@ -464,30 +464,7 @@ impl<C: StampClock> DeviceThread<C> {
         slice: Option<usize>,
     ) -> Result<String, String> {
         let routes = self.driver.device().port().expect("a port").routes.clone();
-        let candidates: Vec<usize> = match slice {
-            Some(s) if s >= routes.slice_count() => {
-                return Err(format!(
-                    "slice {s} does not exist (the SAN has {})",
-                    routes.slice_count()
-                ))
-            }
-            Some(s) if routes.partner_of(s).is_none() => {
-                return Err(format!("this node holds no mirrored copy of slice {s}"))
-            }
-            Some(s) if routes.state(s) != ReplicaState::SplitBrain => {
-                return Err(format!(
-                    "slice {s} is not in split brain here (its copy is {})",
-                    routes.state(s).as_str()
-                ))
-            }
-            Some(s) => vec![s],
-            None => (0..routes.slice_count())
-                .filter(|&s| routes.state(s) == ReplicaState::SplitBrain)
-                .collect(),
-        };
-        if candidates.is_empty() {
-            return Err("no slice this node holds is in split brain".into());
-        }
+        let candidates = copies_in(&routes, slice, ReplicaState::SplitBrain)?;
         let mut done = Vec::new();
         for s in candidates {
             let partner = routes.partner_of(s).expect("checked");
@@ -518,6 +495,48 @@ impl<C: StampClock> DeviceThread<C> {
         }
         // The discarded granules leave the file now.
         state.port.dirty.save().map_err(|e| e.to_string())?;
+        Ok(done.join("; "))
+    }
+
+    /// `moneta san resolve --force` on this node (DRBD's forced promotion):
+    /// its outdated copies whose partner is unreachable (all, or `slice`)
+    /// are declared up to date, so they are read and take writes alone
+    /// again, though they may lack writes the partner acknowledged before
+    /// it went down (that is what forcing accepts). Inconsistent copies (a
+    /// resync cut short: a mix of old and new granules) and split-brain
+    /// ones are refused. When the partner returns, the ordinary exchange
+    /// decides: if only one side wrote meanwhile it is the source; if both
+    /// did, the slice is in split brain until `resolve --discard`.
+    pub(super) fn force(&mut self, slice: Option<usize>) -> Result<String, String> {
+        let Some(state) = self.port.as_ref() else {
+            return Err("this daemon is not a SAN node".into());
+        };
+        let routes = self.driver.device().port().expect("a port").routes.clone();
+        let candidates = copies_in(&routes, slice, ReplicaState::Outdated)?;
+        for &s in &candidates {
+            let partner = routes.partner_of(s).expect("checked");
+            if state.port.endpoint.peer_state(partner) == Some(PeerState::Up) {
+                return Err(format!(
+                    "slice {s}: its partner node {partner} is reachable: it tells this copy what \
+                     it missed (wait for the resync; `moneta san status` shows it)"
+                ));
+            }
+        }
+        let mut done = Vec::new();
+        for s in candidates {
+            let partner = routes.partner_of(s).expect("checked");
+            if let Some(r) = self.driver.routes_mut() {
+                r.set_state(s, ReplicaState::UpToDate);
+            }
+            eprintln!(
+                "monetad: slice {s}: this outdated copy forced up to date (node {partner} \
+                 unreachable); it may lack writes node {partner} acknowledged"
+            );
+            done.push(format!(
+                "slice {s}: forced up to date (it may lack writes node {partner} acknowledged \
+                 before it went down)"
+            ));
+        }
         Ok(done.join("; "))
     }
 
@@ -980,4 +999,43 @@ impl<C: StampClock> DeviceThread<C> {
         }
         worked
     }
+}
+
+/// The mirrored slices whose copy here is in state `want`: `slice`
+/// (checked: it exists, this node holds a mirrored copy, in that state),
+/// or all of them; an error if none (`moneta san resolve`).
+fn copies_in(
+    routes: &RouteTable,
+    slice: Option<usize>,
+    want: ReplicaState,
+) -> Result<Vec<usize>, String> {
+    let candidates: Vec<usize> = match slice {
+        Some(s) if s >= routes.slice_count() => {
+            return Err(format!(
+                "slice {s} does not exist (the SAN has {})",
+                routes.slice_count()
+            ))
+        }
+        Some(s) if routes.partner_of(s).is_none() => {
+            return Err(format!("this node holds no mirrored copy of slice {s}"))
+        }
+        Some(s) if routes.state(s) != want => {
+            return Err(format!(
+                "slice {s}: this node's copy is {}, not {}",
+                routes.state(s).as_str(),
+                want.as_str()
+            ))
+        }
+        Some(s) => vec![s],
+        None => (0..routes.slice_count())
+            .filter(|&s| routes.partner_of(s).is_some() && routes.state(s) == want)
+            .collect(),
+    };
+    if candidates.is_empty() {
+        return Err(format!(
+            "no mirrored copy this node holds is {}",
+            want.as_str()
+        ));
+    }
+    Ok(candidates)
 }
