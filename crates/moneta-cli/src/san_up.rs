@@ -332,6 +332,15 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             a.nodes
         ));
     }
+    match (a.reactors, a.daemons) {
+        (Some(0), _) => return Err("--reactors 0: at least one".into()),
+        (Some(_), DaemonsArg::PerNode) => {
+            return Err(
+                "--reactors needs --daemons one (a daemon per node turns its one device)".into(),
+            )
+        }
+        _ => {}
+    }
     let size = parse_size(&a.size)?;
     if !size.is_power_of_two() {
         return Err(format!(

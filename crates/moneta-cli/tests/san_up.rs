@@ -359,7 +359,7 @@ fn bad_requests_are_refused_and_leave_nothing() {
         return;
     }
     let san = San::new("c");
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--size", "100M"], "power of two"),
         (&["--size", "32M", "--nodes", "0"], "--nodes 0"),
         (
@@ -370,6 +370,11 @@ fn bad_requests_are_refused_and_leave_nothing() {
         (
             &["--size", "32M", "--set", "memory.technology=nosuch"],
             "nosuch",
+        ),
+        (&["--size", "32M", "--reactors", "0"], "--reactors 0"),
+        (
+            &["--size", "32M", "--daemons", "per-node", "--reactors", "2"],
+            "--reactors needs --daemons one",
         ),
     ];
     for (extra, needle) in cases {
