@@ -4,16 +4,21 @@
 //! Each host is a network namespace with one interface, `eth0`, whose MAC
 //! is the node's entry in the SAN's MAC table (Table A.3) and whose MTU
 //! (9000) carries an 8 KB payload in one frame. A veth pair joins it to a
-//! Linux bridge in the root namespace: the bridge is the SAN's switch. In
-//! every namespace runs a monetad with its own image, started with the
-//! SAN file (`moneta_emu::san_file`) that lists every node, so every device
-//! installs the same global address map.
+//! Linux bridge in the root namespace: the bridge is the SAN's switch.
+//! Every node's device has its own image and is started with the SAN file
+//! (`moneta_emu::san_file`) that lists every node, so every device installs
+//! the same global address map. By default (`--daemons one`, issue 21) one
+//! monetad (`moneta serve-group`) serves every node's device on shared
+//! reactors, each node's link and NBD listener opened inside its namespace
+//! (`serve --netns`); with `--daemons per-node` a monetad runs in every
+//! namespace, so that one node can be killed alone.
 //!
 //! Everything of SAN `<name>` lives in `/run/moneta/san-<name>/`:
 //! `san.toml` (the SAN file), `state.json` (what `up` made: written last,
-//! removed by `down`), and `n<i>/{device.img, monetad.sock, monetad.log}`
-//! per node. Names: namespaces `moneta-<name>-n<i>`, host links
-//! `ms-<name>-<i>`, the bridge `msb-<name>`. `up` registers the undo of
+//! removed by `down`), `n<i>/{device.img, monetad.sock, monetad.log,
+//! serve.args}` per node, and the one daemon's `monetad.log`. Names:
+//! namespaces `moneta-<name>-n<i>`, host links `ms-<name>-<i>`, the bridge
+//! `msb-<name>`. `up` registers the undo of
 //! every step (rollback on error, panic or Ctrl-C); `down` finds the pieces
 //! by name, not only from `state.json`, so it also cleans up after a crash.
 //! `down` keeps the images (a node brought back finds its data), unless
