@@ -453,26 +453,26 @@ fn several_devices_on_one_reactor_keep_their_own_bytes() {
             );
         }
     }
-    // Each device times its own preset: onyx-late is far slower than null.
-    let bench = |s: &Path| {
-        json(&run(moneta().args(["bench", "--daemon"]).arg(s).args([
+    // Each device times its own preset: the modeled time (not the wall
+    // clock, which a loaded host stretches) of onyx-late's 4 KB read is
+    // its array read, null's is nothing.
+    let modeled = |s: &Path| {
+        let v = json(&run(moneta().args(["bench", "--daemon"]).arg(s).args([
             "--size",
             "4096",
             "--op",
             "read",
             "--duration-ms",
-            "300",
+            "200",
             "--format",
             "json",
-        ])))
+        ])));
+        v["fidelity"]["modeled_us_mean"].as_f64().unwrap()
     };
-    let (null, late) = (bench(&sockets[0]), bench(&sockets[2]));
-    let mean = |v: &serde_json::Value| v["latency_us_mean"].as_f64().unwrap();
+    let (null, late) = (modeled(&sockets[0]), modeled(&sockets[2]));
     assert!(
-        mean(&late) > 2.0 * mean(&null),
-        "onyx-late {} µs against null {} µs",
-        mean(&late),
-        mean(&null)
+        late > 20.0 && null < 5.0,
+        "modeled µs: onyx-late {late}, null {null}"
     );
     drop(clients);
     drop(group);
