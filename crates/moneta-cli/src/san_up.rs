@@ -1086,6 +1086,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                                     "inconsistent" if x.partner_up => "resyncing",
                                     "inconsistent" => "outdated",
                                     "split-brain" => "split-brain",
+                                    "suspended" => "suspended",
                                     _ => "outdated",
                                 };
                                 let detail = match word {
@@ -1113,6 +1114,11 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                                     "split-brain" => format!(
                                         "both {partner} and this copy took writes alone; not \
                                          read or written until `moneta san resolve`"
+                                    ),
+                                    "suspended" => format!(
+                                        "{partner} was just lost; not read or written alone \
+                                         until this node knows whether {partner} is alive \
+                                         behind a cut link (the tie-breaker)"
                                     ),
                                     _ => format!("in sync with {partner}"),
                                 };

@@ -675,50 +675,101 @@ fn a_mirrored_node_killed_under_load_and_restarted_loses_no_acknowledged_write()
     assert!(n > 0);
 }
 
-/// Split brain: a partition with writers on both sides of a mirrored
-/// slice. On healing each side learns that the other also wrote alone, and
-/// neither overwrites the other (no silent last-writer-wins).
+/// Issue 22: one cut link between the two holders of a mirrored slice,
+/// each still reaching the third node. The third node is the witness: it
+/// still hears both, so only the link is cut, and only the primary's side
+/// goes on alone (the tie-breaker, `engine/liveness.rs`): the replica's
+/// copy is outdated and its node's reads and writes of the slice fail
+/// (before, both sides wrote alone and healed into a split brain); a write
+/// through the witness lands on the primary, recorded as missed by the
+/// replica; after the heal the replica is resynced, no split brain, and
+/// every node reads the primary's versions.
 #[test]
-fn a_partition_with_writers_on_both_sides_is_detected_as_split_brain() {
+fn a_cut_link_lets_only_the_primary_write_alone_and_heals_without_split_brain() {
     let Some(san) = up_three("s", &["--mirror"]) else {
         return;
     };
-    let (c0, c1) = (client(&san, 0), client(&san, 1));
-    // Slice 0: primary on n0, replica on n1.
-    c0.write(0, &[1u8; 4096]).unwrap();
-    // Only the n0–n1 link: each side still reaches n2, a majority, and
-    // writes on alone (a node cut off from every peer has no quorum:
-    // its copies would be outdated and refuse writes alone).
+    let seed = seed();
+    const BLOCK: u64 = 4096;
+    let (c0, c1, c2) = (client(&san, 0), client(&san, 1), client(&san, 2));
+    // Slice 0 (global [0, 8 MiB)): primary n0, replica n1.
+    for b in 0..8 {
+        c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
+    }
     cut_link(&san, "n1", "n0");
-    c0.write(4096, &[2u8; 4096]).expect("n0 writes on alone");
-    c1.write(8192, &[3u8; 4096]).expect("n1 writes on alone");
-    assert!(port_stats(&c0).dirty_bytes > 0 && port_stats(&c1).dirty_bytes > 0);
-    // Status says the SAN is cut (every local piece is alive), and who
-    // cannot reach whom (issue 22 item 5: it said "up").
+    // n0 goes on alone once it knows n1 is alive behind the cut (the
+    // lease and the grace: under a second); writes fail until then.
+    let tries = write_eventually(&c0, 0, &block_content(seed, 0, 2), 10);
+    eprintln!("n0's first write alone after {tries} tries");
+    wait_until(10, "n1's copy of slice 0 outdated", || {
+        slice_state(&san, 1, 0) == "outdated"
+    });
+    assert_eq!(slice_state(&san, 0, 0), "partitioned");
     let st = san.status();
     assert_eq!(st["state"], "partitioned", "{st:#}");
     let unreachable = st["nodes"][0]["peers_unreachable"].to_string();
     assert!(unreachable.contains("n1"), "{st:#}");
-    fault(&san, "n1", "none");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    loop {
-        let (s0, s1) = (port_stats(&c0), port_stats(&c1));
-        if s0.split_brain_peers == [1] && s1.split_brain_peers == [0] {
-            // Nothing was resynced over the other side's writes.
-            assert!(s0.dirty_bytes > 0 && s1.dirty_bytes > 0, "{s0:?} {s1:?}");
-            let st = san.status();
-            assert_eq!(st["state"], "split-brain", "{st:#}");
-            assert!(st["nodes"][0]["split_brain_with"]
-                .to_string()
-                .contains("n1"));
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "split brain not seen in 15 s: {s0:?} {s1:?}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
+    // n1 yields: neither reads nor writes of slice 0 (its primary n0 is
+    // unreachable from it, its own copy outdated).
+    let mut got = vec![0u8; BLOCK as usize];
+    let err = c1.read(0, &mut got).expect_err("n1 read its outdated copy");
+    assert!(err.to_string().contains("up-to-date"), "{err}");
+    let err = c1
+        .write(BLOCK, &block_content(seed, 1, 3))
+        .expect_err("n1 wrote slice 0 alone");
+    assert!(err.to_string().contains("up-to-date"), "{err}");
+    // Through the witness: n1 refuses its copy, which goes to n0 degraded.
+    c2.write(2 * BLOCK, &block_content(seed, 2, 4))
+        .expect("a write through the witness");
+    assert!(
+        port_stats(&c0).dirty_bytes >= 2 * BLOCK,
+        "n0 records what n1 missed"
+    );
+    for _ in 0..4 {
+        c2.read(0, &mut got).unwrap();
+        assert!(got == block_content(seed, 0, 2), "n2 read an old block 0");
+        c2.read(2 * BLOCK, &mut got).unwrap();
+        assert!(got == block_content(seed, 2, 4), "n2 read an old block 2");
     }
+    fault(&san, "n1", "none");
+    wait_until(20, "n1's copy of slice 0 resynced from n0", || {
+        slice_state(&san, 1, 0) == "up-to-date" && slice_state(&san, 0, 0) == "up-to-date"
+    });
+    assert!(port_stats(&c0).split_brain_peers.is_empty());
+    assert!(port_stats(&c1).split_brain_peers.is_empty());
+    assert_eq!(san.status()["state"], "up");
+    let expect = |b: u64| match b {
+        0 => block_content(seed, b, 2),
+        2 => block_content(seed, b, 4),
+        _ => block_content(seed, b, 1),
+    };
+    for reader in [0u16, 1, 2] {
+        let c = client(&san, reader);
+        for b in 0..8 {
+            for _ in 0..2 {
+                c.read(b * BLOCK, &mut got)
+                    .unwrap_or_else(|e| panic!("n{reader} reading block {b} after the heal: {e}"));
+                assert!(got == expect(b), "n{reader}: block {b} after the heal");
+            }
+        }
+    }
+}
+
+/// Write `data` at `addr` through `m`, again while it fails (a failover in
+/// progress), for at most `secs`: the tries it took.
+#[track_caller]
+fn write_eventually(m: &moneta::Moneta, addr: u64, data: &[u8], secs: u64) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    for tries in 1.. {
+        match m.write(addr, data) {
+            Ok(()) => return tries,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("a write at {addr} still fails after {secs} s: {e}")
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    }
+    unreachable!()
 }
 
 /// The content of `block` at `version` (seeded).
@@ -885,7 +936,14 @@ fn double_failure(san: &San, seed: u64, blocks: &[u64]) {
         c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
     }
     kill_node(san, 1);
-    // Writes wait for the failure to be declared (1 s), then go on degraded.
+    // Writes fail until n1 is lost and n2 knows it is gone (no peer hears
+    // it: under a second), then go on degraded.
+    write_eventually(
+        &c0,
+        blocks[0] * BLOCK,
+        &block_content(seed, blocks[0], 2),
+        10,
+    );
     for &b in blocks {
         c0.write(b * BLOCK, &block_content(seed, b, 2))
             .unwrap_or_else(|e| panic!("degraded write of block {b}: {e}"));
@@ -997,8 +1055,10 @@ fn a_forced_copy_serves_again_and_a_returning_partner_with_newer_writes_is_split
     }
 }
 
-/// Issue 22 item 2: split brain end to end. n1 is cut off; n0 and n1 both
-/// write slice 0 (primary n0, replica n1) alone; after healing, reads of
+/// Issue 22 item 2: split brain end to end. The n0–n1 link is cut: n0
+/// writes slice 0 (primary n0, replica n1) alone and n1's copy yields
+/// (outdated); an operator forces it (`san resolve --force n1`, DRBD's
+/// forced promotion) and n1 writes alone too. After healing, reads of
 /// slice 0 are refused on every node, n2 (which holds no copy) included;
 /// `moneta san resolve --discard n1` makes n0's copy win: every node then
 /// reads n0's writes, the blocks only n1 wrote come back as they were
@@ -1015,16 +1075,25 @@ fn a_split_brain_is_refused_everywhere_until_resolved_and_the_winner_is_read() {
     for b in 0..40 {
         c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
     }
-    // Only the n0–n1 link: each side still reaches n2, a majority, and
-    // writes on alone (a node cut off from every peer has no quorum:
-    // its copies would be outdated and refuse writes alone).
+    // Only the n0–n1 link: n2 hears both, so n0 (the primary) goes on
+    // alone and n1's copy is outdated.
     cut_link(&san, "n1", "n0");
     // n0 writes blocks 0..20 (version 2), n1 writes 10..30 (version 3):
     // 10..20 both, 20..30 n1 only.
-    for b in 0..20 {
+    write_eventually(&c0, 0, &block_content(seed, 0, 2), 10);
+    for b in 1..20 {
         c0.write(b * BLOCK, &block_content(seed, b, 2))
             .unwrap_or_else(|e| panic!("n0 writing block {b} alone: {e}"));
     }
+    wait_until(10, "n1's copy of slice 0 outdated", || {
+        slice_state(&san, 1, 0) == "outdated"
+    });
+    c1.write(10 * BLOCK, &block_content(seed, 10, 3))
+        .expect_err("n1 wrote its outdated copy alone");
+    let out = ok(&moneta(&[
+        "san", "resolve", "--name", &san.0, "--force", "n1", "--slice", "0",
+    ]));
+    assert!(out.contains("slice 0: forced up to date"), "{out}");
     for b in 10..30 {
         c1.write(b * BLOCK, &block_content(seed, b, 3))
             .unwrap_or_else(|e| panic!("n1 writing block {b} alone: {e}"));

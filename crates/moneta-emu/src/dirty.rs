@@ -27,6 +27,18 @@ use std::path::{Path, PathBuf};
 /// Granule of the map: a missed write marks every granule it touches.
 pub const GRANULE_BYTES: u64 = 4096;
 
+/// The map's key for the granules of a failed mirrored write that this
+/// node's copy may hold while its partner's does not (`unsure(partner)`):
+/// neither acknowledged nor known missed, they are settled when the
+/// partner's fate is (engine/port.rs): the copy that goes on marks them
+/// missed by the partner, the one that yields hands them to it.
+pub const UNSURE: u16 = 0x8000;
+
+/// The key of the granules unsure with respect to `partner`.
+pub fn unsure(partner: u16) -> u16 {
+    UNSURE | partner
+}
+
 /// Missed granules by peer.
 #[derive(Debug, Default)]
 pub struct DirtyMap {
@@ -206,9 +218,13 @@ impl DirtyMap {
         !self.missed.contains_key(&node)
     }
 
-    /// Bytes missed, all peers.
+    /// Bytes missed, all peers (unsure granules not counted).
     pub fn bytes(&self) -> u64 {
-        self.missed.values().map(|s| s.len() as u64).sum::<u64>() * GRANULE_BYTES
+        self.missed
+            .range(..UNSURE)
+            .map(|(_, s)| s.len() as u64)
+            .sum::<u64>()
+            * GRANULE_BYTES
     }
 
     pub fn is_changed(&self) -> bool {

@@ -176,6 +176,10 @@ pub struct EngineStats {
     /// Polls that skipped a channel whose errors the kernel role has not yet
     /// forwarded (a client flooding the device with bad commands).
     pub error_queue_stalls: u64,
+    /// Times a SAN node held a command (instead of failing it) while a
+    /// failover was decided (`engine/liveness.rs`).
+    #[serde(default)]
+    pub held: u64,
     pub interrupts: u64,
     pub permission_records_in_use: u32,
     pub permission_installs: u64,
@@ -642,12 +646,34 @@ impl Drop for Engine {
     }
 }
 
-/// A request the device accepted, by virtual tag.
+/// A request the device accepted, by virtual tag (with its command's words
+/// and stamp: a SAN failover may take it again, `Held`).
 #[derive(Debug, Clone, Copy)]
 struct InFlight {
     sequence: u16,
     dma_completion: bool,
+    words: [u64; 2],
+    stamp: u64,
 }
+
+/// A command a SAN node holds instead of failing it while a failover is
+/// decided (a copy suspended, `engine/liveness.rs`; `PortState::holds`):
+/// its tag stays in flight, and it is taken again from `next` on, until it
+/// is served or the hold has passed (then it fails as it would have).
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    channel: u16,
+    tag: u8,
+    words: [u64; 2],
+    stamp: u64,
+    since: Ns,
+    next: Ns,
+}
+
+/// A held command is taken again this often.
+const HOLD_RETRY_NS: Ns = 20_000_000;
+/// ... and held at most this long in all.
+const HOLD_MAX_NS: Ns = 3_000_000_000;
 
 struct OpenChannel {
     memory: Arc<ChannelMemory>,
@@ -687,6 +713,8 @@ struct DeviceThread<C: StampClock = WallClock> {
     post_ahead_ns: Ns,
     /// Requests in the model (accepted, not yet finished), all channels.
     in_flight_total: u32,
+    /// Commands a SAN failover holds (`Held`).
+    held: Vec<Held>,
     stats: EngineStats,
     lateness: LatencyHistogram,
     accept_delay: LatencyHistogram,
@@ -758,6 +786,7 @@ impl<C: StampClock> DeviceThread<C> {
             max_nap_ns,
             post_ahead_ns: options.post_ahead_ns,
             in_flight_total: 0,
+            held: Vec::new(),
             stats: EngineStats::default(),
             lateness: LatencyHistogram::new(),
             accept_delay: LatencyHistogram::new(),
@@ -787,7 +816,7 @@ impl Poller for DeviceThread<WallClock> {
         let port_busy = self
             .port
             .as_ref()
-            .is_some_and(|p| !p.is_quiet() || self.in_flight_total > 0);
+            .is_some_and(|p| !p.is_quiet() || self.in_flight_total > 0 || !self.held.is_empty());
         if port_busy || !self.driver.is_idle() {
             Pass::Busy
         } else {
@@ -846,7 +875,7 @@ impl<C: StampClock> DeviceThread<C> {
         self.stats.polls += 1;
         // Take commands first, so that work the model finishes at once
         // (the null device) completes in the same turn.
-        let worked = self.poll_channels(now);
+        let worked = self.retry_held(now) | self.poll_channels(now);
         // Ahead only when one request is in flight in the whole device: then
         // no other request's events move ahead with it, and a command that
         // arrives meanwhile (from another client) is the only one that can
@@ -1020,6 +1049,9 @@ impl<C: StampClock> DeviceThread<C> {
                 ch.free_at[tag as usize] = posted.max(due);
             }
             self.device_time.record_device(&f.completion.parts);
+            if f.completion.refused && self.hold_again(posted, channel, tag) {
+                continue;
+            }
             let code = if f.completion.refused {
                 ResultCode::NoUpToDateCopy
             } else if f.completion.failed {
@@ -1115,6 +1147,88 @@ impl<C: StampClock> DeviceThread<C> {
         }
     }
 
+    /// Hold `h` (its copy refused at admission) while a failover is
+    /// decided; false when there is none, or it was held long enough.
+    fn hold(&mut self, now: Ns, h: Held, sequence: u16, dma_completion: bool) -> bool {
+        let holds = self.port.as_ref().is_some_and(|p| p.holds(now));
+        if !holds || now.saturating_sub(h.since) >= HOLD_MAX_NS {
+            return false;
+        }
+        let Some(ch) = self.channels[h.channel as usize].as_mut() else {
+            return false;
+        };
+        ch.in_flight[h.tag as usize] = Some(InFlight {
+            sequence,
+            dma_completion,
+            words: h.words,
+            stamp: h.stamp,
+        });
+        ch.in_flight_count += 1;
+        self.held.push(h);
+        self.stats.held += 1;
+        true
+    }
+
+    /// A request of (channel, tag) the model refused (no up-to-date copy
+    /// reachable) while a failover is decided: held, to be taken again,
+    /// instead of failed. Returns whether it was.
+    fn hold_again(&mut self, now: Ns, channel: u16, tag: u8) -> bool {
+        if !self.port.as_ref().is_some_and(|p| p.holds(now)) {
+            return false;
+        }
+        let Some(f) = self.channels[channel as usize]
+            .as_ref()
+            .and_then(|ch| ch.in_flight[tag as usize])
+        else {
+            return false;
+        };
+        self.held.push(Held {
+            channel,
+            tag,
+            words: f.words,
+            stamp: f.stamp,
+            since: now,
+            next: now + HOLD_RETRY_NS,
+        });
+        self.stats.held += 1;
+        true
+    }
+
+    /// Take the held commands whose time has come again.
+    fn retry_held(&mut self, now: Ns) -> bool {
+        if self.held.iter().all(|h| h.next > now) {
+            return false;
+        }
+        let (due, wait): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.next <= now);
+        self.held = wait;
+        for h in due {
+            let Some(ch) = self.channels[h.channel as usize].as_mut() else {
+                continue;
+            };
+            if ch.in_flight[h.tag as usize].take().is_none() {
+                continue;
+            }
+            ch.in_flight_count -= 1;
+            if ch.closing.is_some() {
+                self.free_channel_if_idle(h.channel);
+                continue;
+            }
+            let memory = ch.memory.clone();
+            self.accept(
+                now,
+                h.channel,
+                &memory,
+                h.tag,
+                h.words,
+                h.stamp,
+                Some(h.since),
+            );
+        }
+        true
+    }
+
     /// Take new commands from the channels' slots, round robin over channels.
     fn poll_channels(&mut self, now: Ns) -> bool {
         if self.shared.free_fence.get().is_some_and(|f| f.pending()) {
@@ -1186,7 +1300,7 @@ impl<C: StampClock> DeviceThread<C> {
                 }
                 let addr = memory.slot_addr(tag).load(Ordering::Relaxed);
                 let stamp = memory.slot_stamp(tag).load(Ordering::Relaxed);
-                self.accept(now, id, &memory, tag as u8, [addr, control], stamp);
+                self.accept(now, id, &memory, tag as u8, [addr, control], stamp, None);
                 worked = true;
             }
             // What a stall left for a later poll.
@@ -1218,6 +1332,7 @@ impl<C: StampClock> DeviceThread<C> {
     }
 
     /// Validate one command from `tag`'s slot and start it, or report why not.
+    #[allow(clippy::too_many_arguments)]
     fn accept(
         &mut self,
         now: Ns,
@@ -1226,6 +1341,7 @@ impl<C: StampClock> DeviceThread<C> {
         tag: u8,
         words: [u64; 2],
         stamp: u64,
+        held_since: Option<Ns>,
     ) {
         // Until the words decode, report with what the control word claims.
         let (sequence, claimed_dma) = command::channel_reply_fields(words[1]);
@@ -1271,6 +1387,17 @@ impl<C: StampClock> DeviceThread<C> {
             .port()
             .and_then(|p| Some((p.routes.refusal(cmd.addr.0, cmd.len_bytes)?, p.routes.node)));
         if let Some((r, node)) = refused {
+            let held = Held {
+                channel,
+                tag,
+                words,
+                stamp,
+                since: held_since.unwrap_or(now),
+                next: now + HOLD_RETRY_NS,
+            };
+            if self.hold(now, held, sequence, cmd.dma_completion) {
+                return;
+            }
             let why = format!(
                 "a {} of {} B at global {} on node {node}: slice {}'s copy here is {}{}",
                 cmd.op.as_str(),
@@ -1348,6 +1475,8 @@ impl<C: StampClock> DeviceThread<C> {
         ch.in_flight[tag as usize] = Some(InFlight {
             sequence,
             dma_completion: cmd.dma_completion,
+            words,
+            stamp,
         });
         ch.in_flight_count += 1;
         self.in_flight_total += 1;
@@ -1447,6 +1576,7 @@ pub fn raw_record(channel: u16, start: u64, len: u64, perms: u8) -> Update {
     })
 }
 
+mod liveness;
 mod port;
 pub use port::{PortStats, SanPort};
 

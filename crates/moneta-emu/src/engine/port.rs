@@ -69,8 +69,9 @@
 //!   (`dirty.rs`: the granules a turn marked are appended and fdatasynced
 //!   before any completion of that turn leaves).
 
+use super::liveness::{self, Change, Liveness, VIEW_TAG};
 use super::{DeviceThread, SLICE_BYTES};
-use crate::dirty::{DirtyMap, GRANULE_BYTES};
+use crate::dirty::{unsure, DirtyMap, GRANULE_BYTES};
 use crate::wall_clock::StampClock;
 use moneta_model::device::network::HeaderFields;
 use moneta_model::device::network::{Packet, PortOutput};
@@ -225,6 +226,14 @@ pub(super) struct PortState {
     /// Refusals to send (the window was full).
     refusals_out: VecDeque<(u16, PacketHeader)>,
     last_save_ns: Ns,
+    /// Who is up as this node sees it (views, leases: `liveness.rs`).
+    liveness: Liveness,
+    /// Partners lost, and when: their shared copies suspended here wait
+    /// for the tie-breaker (`liveness::decide`).
+    deciding: BTreeMap<u16, Ns>,
+    /// Until when refused commands are held rather than failed (a failover
+    /// is being decided here or at the other holders: `holds`).
+    hold_until: Ns,
 }
 
 fn state_code(s: ReplicaState) -> u64 {
@@ -233,6 +242,7 @@ fn state_code(s: ReplicaState) -> u64 {
         ReplicaState::Outdated => 1,
         ReplicaState::Inconsistent => 2,
         ReplicaState::SplitBrain => 3,
+        ReplicaState::Suspended => 4,
     }
 }
 
@@ -241,6 +251,7 @@ fn state_of_code(c: u64) -> ReplicaState {
         0 => ReplicaState::UpToDate,
         2 => ReplicaState::Inconsistent,
         3 => ReplicaState::SplitBrain,
+        4 => ReplicaState::Suspended,
         _ => ReplicaState::Outdated,
     }
 }
@@ -253,8 +264,18 @@ fn slice_range(routes: &RouteTable, slice: usize) -> (u64, u64) {
 
 impl PortState {
     pub(super) fn new(port: SanPort, nic_tx_ns: Ns) -> PortState {
-        let node = port.endpoint.config().node;
+        let config = port.endpoint.config();
+        let node = config.node;
+        let liveness = Liveness::new(
+            node,
+            &config.peers,
+            config.peer_silence_ns,
+            config.heartbeat_ns,
+        );
         PortState {
+            liveness,
+            deciding: BTreeMap::new(),
+            hold_until: 0,
             scratch: vec![0; port.endpoint.max_payload_bytes().max(1 << 16)],
             port,
             outgoing: VecDeque::new(),
@@ -311,7 +332,6 @@ impl PortState {
 
     pub(super) fn stats_with(&self, routes: &RouteTable) -> PortStats {
         let mut s = self.stats();
-        let e = &self.port.endpoint;
         s.slices = (0..routes.slice_count())
             .filter_map(|slice| {
                 let partner = routes.partner_of(slice)?;
@@ -321,7 +341,7 @@ impl PortState {
                     slice: slice as u32,
                     partner,
                     state: routes.state(slice).as_str().to_string(),
-                    partner_up: e.peer_state(partner) == Some(PeerState::Up),
+                    partner_up: self.liveness.is_up(partner),
                     to_send: self.port.dirty.granules_in(partner, lo, hi),
                     to_receive,
                     received: received.min(to_receive),
@@ -350,7 +370,10 @@ impl PortState {
             .iter()
             .map(|&p| {
                 let state = match e.peer_state(p) {
-                    Some(PeerState::Up) => "up",
+                    _ if self.liveness.is_up(p) => "up",
+                    // Its session is up but it does not say it hears us
+                    // (a link cut one way, or silent past the lease).
+                    Some(PeerState::Up) => "unheard",
                     Some(PeerState::Failed) => "failed",
                     _ => "connecting",
                 };
@@ -370,6 +393,19 @@ impl PortState {
         s
     }
 
+    /// Whether a command refused for want of an up-to-date copy is held
+    /// at `now` rather than failed: a peer was lost here within five graces
+    /// (the tie-breaker decides within four, here and at the other holders,
+    /// which lose it within a view of this node), a decision is pending,
+    /// or a peer's view dropped a node within five graces (two other nodes
+    /// lost each other: their copies are suspended while they decide).
+    pub(super) fn holds(&self, now: Ns) -> bool {
+        let window = 5 * self.liveness.grace_ns();
+        now < self.hold_until
+            || !self.deciding.is_empty()
+            || self.liveness.peer_lost_one(now, window)
+    }
+
     /// Nothing waits to leave and nothing has arrived.
     pub(super) fn is_quiet(&self) -> bool {
         self.outgoing.is_empty() && self.port.endpoint.pending_deliveries() == 0
@@ -386,35 +422,36 @@ impl<C: StampClock> DeviceThread<C> {
         let mut worked = state.port.endpoint.poll(now).unwrap_or(0) > 0;
         while let Some(event) = state.port.endpoint.next_event() {
             worked = true;
-            let peer = match event {
+            match event {
                 WireEvent::PeerFailed { peer, .. } => {
                     state.stats.peer_failures += 1;
-                    self.driver.peer_failed(now, peer);
-                    peer
+                    state.liveness.set_wire(peer, false);
                 }
                 WireEvent::PeerRestarted { peer, .. } => {
                     // What was in flight to its old self is lost: the
-                    // segments waiting on it go degraded, as on a failure.
+                    // segments waiting on it go degraded, as on a failure
+                    // (its new self starts with its copies outdated), and
+                    // the exchange starts over.
+                    state.liveness.set_wire(peer, true);
                     self.driver.peer_failed(now, peer);
-                    self.driver.peer_up(peer);
-                    peer
+                    if state.liveness.is_up(peer) {
+                        self.driver.peer_up(peer);
+                    }
+                    self.forget_exchange(&mut state, peer);
                 }
-                WireEvent::PeerUp { peer } => {
-                    self.driver.peer_up(peer);
-                    peer
-                }
-            };
-            state.announced.retain(|&(p, _)| p != peer);
-            state.told.retain(|&(p, _)| p != peer);
-            state.heard.retain(|&(p, _), _| p != peer);
-            state.retell.retain(|&(p, _)| p != peer);
-            state.resyncing.retain(|&(p, _), _| p != peer);
-            let routes = &self.driver.device().port().expect("a port").routes;
-            for slice in routes.shared_slices(peer) {
-                state.incoming.remove(&slice);
+                WireEvent::PeerUp { peer } => state.liveness.set_wire(peer, true),
             }
         }
+        for change in state.liveness.tick(now) {
+            worked = true;
+            match change {
+                Change::Lost(peer) => self.lose(&mut state, now, peer),
+                Change::Back(peer) => self.regain(&mut state, peer),
+            }
+        }
+        worked |= self.send_views(&mut state, now);
         worked |= self.take_arrivals(&mut state, now);
+        worked |= self.decide(&mut state, now);
         self.collect_port_output(&mut state);
         // Granules marked this turn are durable before anything leaves.
         state.flush_dirty();
@@ -428,6 +465,184 @@ impl<C: StampClock> DeviceThread<C> {
             state.stats.dirty_save_error = state.port.dirty.save().err().map(|e| e.to_string());
         }
         self.port = Some(state);
+        worked
+    }
+
+    /// What was said with `peer` in the exchange starts over (it was lost,
+    /// came back, or restarted).
+    fn forget_exchange(&mut self, state: &mut PortState, peer: u16) {
+        state.announced.retain(|&(p, _)| p != peer);
+        state.told.retain(|&(p, _)| p != peer);
+        state.heard.retain(|&(p, _), _| p != peer);
+        state.retell.retain(|&(p, _)| p != peer);
+        state.resyncing.retain(|&(p, _), _| p != peer);
+        let routes = &self.driver.device().port().expect("a port").routes;
+        for slice in routes.shared_slices(peer) {
+            state.incoming.remove(&slice);
+        }
+    }
+
+    /// The unsure granules of `slice` with respect to `partner` (a failed
+    /// write this copy may hold and the partner's may not): if this copy
+    /// `wins` they are marked missed by the partner (the resync sends them
+    /// there), else handed to the partner like discarded ones (it marks
+    /// them missed here and resyncs its own version over them).
+    fn settle_unsure(&mut self, state: &mut PortState, partner: u16, slice: usize, wins: bool) {
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let (lo, hi) = slice_range(routes, slice);
+        let granules = state.port.dirty.take_in(unsure(partner), lo, hi);
+        if granules.is_empty() {
+            return;
+        }
+        if wins {
+            for g in granules {
+                state.port.dirty.mark(partner, g, GRANULE_BYTES);
+            }
+        } else {
+            state.discards.entry(partner).or_default().extend(granules);
+        }
+    }
+
+    /// Whether this node's copy of `slice` wins against `partner`'s when
+    /// both may have diverged (a cut link, a brief loss): its partner is
+    /// behind it, or it is the primary, and it is up to date (or suspended
+    /// from up to date).
+    fn copy_wins(&self, state: &PortState, partner: u16, slice: usize) -> bool {
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let (lo, hi) = slice_range(routes, slice);
+        let fit = matches!(
+            routes.state(slice),
+            ReplicaState::UpToDate | ReplicaState::Suspended
+        );
+        let behind = state.port.dirty.granules_in(partner, lo, hi) > 0;
+        let primary = routes.holders(slice).is_some_and(|(p, _)| p == routes.node);
+        fit && (behind || primary)
+    }
+
+    /// `peer` is lost (`liveness.rs`): the copies shared with it that are
+    /// up to date are suspended (before the segments waiting on it are
+    /// re-routed, so none is acknowledged alone), and wait for the
+    /// tie-breaker.
+    fn lose(&mut self, state: &mut PortState, now: Ns, peer: u16) {
+        if let Some(routes) = self.driver.routes_mut() {
+            for slice in routes.shared_slices(peer) {
+                if routes.state(slice) == ReplicaState::UpToDate {
+                    routes.set_state(slice, ReplicaState::Suspended);
+                }
+            }
+        }
+        state.deciding.insert(peer, now);
+        state.hold_until = now + 5 * state.liveness.grace_ns();
+        self.driver.peer_failed(now, peer);
+        self.forget_exchange(state, peer);
+    }
+
+    /// `peer` is back: used again; each copy shared with it learns its
+    /// state from the exchange, which both sides tell again.
+    fn regain(&mut self, state: &mut PortState, peer: u16) {
+        state.deciding.remove(&peer);
+        self.driver.peer_up(peer);
+        self.forget_exchange(state, peer);
+        let slices = self
+            .driver
+            .device()
+            .port()
+            .expect("a port")
+            .routes
+            .shared_slices(peer);
+        for slice in slices {
+            let wins = self.copy_wins(state, peer, slice);
+            self.settle_unsure(state, peer, slice, wins);
+            state.retell.insert((peer, slice));
+        }
+    }
+
+    /// Send each peer whose view is due the peers this node hears.
+    fn send_views(&mut self, state: &mut PortState, now: Ns) -> bool {
+        let view = state.liveness.my_view(now);
+        let mut worked = false;
+        for peer in state.liveness.views_due(now) {
+            let header = self.header_to(peer, PacketKind::WriteCompletion, view, VIEW_TAG, 0);
+            if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
+                worked = true;
+            } else {
+                state.liveness.unsent(peer);
+            }
+        }
+        worked
+    }
+
+    /// The tie-breaker (`liveness::decide`) for the copies suspended since
+    /// a partner was lost.
+    fn decide(&mut self, state: &mut PortState, now: Ns) -> bool {
+        if state.deciding.is_empty() {
+            return false;
+        }
+        let grace = state.liveness.grace_ns();
+        let mut worked = false;
+        let deciding: Vec<(u16, Ns)> = state.deciding.iter().map(|(&p, &t)| (p, t)).collect();
+        for (partner, lost) in deciding {
+            let witness = state.liveness.witness_hears(partner, lost + grace / 2);
+            let routes = &self.driver.device().port().expect("a port").routes;
+            let quorum = routes.has_quorum();
+            let mut left = 0;
+            for slice in routes.shared_slices(partner) {
+                let routes = &self.driver.device().port().expect("a port").routes;
+                if routes.state(slice) != ReplicaState::Suspended {
+                    continue;
+                }
+                let (lo, hi) = slice_range(routes, slice);
+                let behind = state.port.dirty.granules_in(partner, lo, hi) > 0;
+                let wins = self.copy_wins(state, partner, slice);
+                let verdict = liveness::decide(
+                    quorum,
+                    witness,
+                    wins,
+                    now >= lost + grace,
+                    now >= lost + 4 * grace,
+                );
+                let Some(alone) = verdict else {
+                    left += 1;
+                    continue;
+                };
+                worked = true;
+                // The failed writes' granules go with the verdict.
+                self.settle_unsure(state, partner, slice, alone);
+                let Some(routes) = self.driver.routes_mut() else {
+                    return worked;
+                };
+                routes.set_state(
+                    slice,
+                    if alone {
+                        ReplicaState::UpToDate
+                    } else {
+                        ReplicaState::Outdated
+                    },
+                );
+                eprintln!(
+                    "monetad: slice {slice}: node {partner} lost; {}",
+                    match (alone, quorum, witness) {
+                        (true, _, Some(false)) => "no peer hears it either: this copy goes on \
+                                                   alone (degraded)"
+                            .to_string(),
+                        (true, _, _) => format!(
+                            "it is alive behind a cut link, and this copy wins (it is {}): it \
+                             goes on alone",
+                            if behind { "ahead of it" } else { "the primary" }
+                        ),
+                        (false, false, _) => "this node reaches no majority: this copy is \
+                                              outdated"
+                            .to_string(),
+                        (false, _, _) => "it is alive behind a cut link and its copy wins: this \
+                                          copy is outdated until it resyncs"
+                            .to_string(),
+                    }
+                );
+            }
+            if left == 0 {
+                state.deciding.remove(&partner);
+            }
+        }
         worked
     }
 
@@ -468,7 +683,7 @@ impl<C: StampClock> DeviceThread<C> {
         let mut done = Vec::new();
         for s in candidates {
             let partner = routes.partner_of(s).expect("checked");
-            if state.port.endpoint.peer_state(partner) != Some(PeerState::Up) {
+            if !state.liveness.is_up(partner) {
                 return Err(format!(
                     "slice {s}: its partner node {partner} is not reachable; resolve once it is \
                      (it must take the discarded granules)"
@@ -478,6 +693,8 @@ impl<C: StampClock> DeviceThread<C> {
             let granules = state.port.dirty.take_in(partner, lo, hi);
             let n = granules.len();
             state.discards.entry(partner).or_default().extend(granules);
+            // Failed writes this copy may hold go the same way.
+            self.settle_unsure(state, partner, s, false);
             if let Some(r) = self.driver.routes_mut() {
                 r.set_state(s, ReplicaState::Outdated);
             }
@@ -515,7 +732,7 @@ impl<C: StampClock> DeviceThread<C> {
         let candidates = copies_in(&routes, slice, ReplicaState::Outdated)?;
         for &s in &candidates {
             let partner = routes.partner_of(s).expect("checked");
-            if state.port.endpoint.peer_state(partner) == Some(PeerState::Up) {
+            if state.liveness.is_up(partner) {
                 return Err(format!(
                     "slice {s}: its partner node {partner} is reachable: it tells this copy what \
                      it missed (wait for the resync; `moneta san status` shows it)"
@@ -548,7 +765,7 @@ impl<C: StampClock> DeviceThread<C> {
         let peers = state.port.endpoint.config().peers.clone();
         let routes = self.driver.device().port().expect("a port").routes.clone();
         for peer in peers {
-            if state.port.endpoint.peer_state(peer) != Some(PeerState::Up) {
+            if !state.liveness.is_up(peer) || !state.liveness.wire_up(peer) {
                 continue;
             }
             // Discarded granules first: the partner must hold them as
@@ -747,7 +964,8 @@ impl<C: StampClock> DeviceThread<C> {
             }
         }
         for m in self.driver.missed().drain(..) {
-            state.port.dirty.mark(m.node, m.addr, m.bytes);
+            let key = if m.alone { m.node } else { unsure(m.node) };
+            state.port.dirty.mark(key, m.addr, m.bytes);
         }
     }
 
@@ -795,8 +1013,16 @@ impl<C: StampClock> DeviceThread<C> {
                 }
                 continue;
             }
+            if h.kind == PacketKind::WriteCompletion && h.tag == VIEW_TAG {
+                state.liveness.view(now, from, h.addr);
+                continue;
+            }
             if h.kind == PacketKind::WriteCompletion && h.tag == MISSED_TAG {
-                self.heard_missed(state, from, h.addr);
+                // Said while it counted us up; if it is lost here since,
+                // it says it again once back (`regain` asks for that).
+                if state.liveness.is_up(from) {
+                    self.heard_missed(state, from, h.addr);
+                }
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == DISCARD_TAG {

@@ -128,6 +128,11 @@ pub enum ReplicaState {
     /// on both sides). Neither is read or written until `moneta san
     /// resolve` discards one side.
     SplitBrain,
+    /// Up to date when its partner was lost a moment ago: not read, no
+    /// write alone, until this node knows whether the partner is alive
+    /// behind a cut link or gone (the emulator's leases and tie-breaker,
+    /// `moneta-emu`'s `engine::liveness`); then up to date or outdated.
+    Suspended,
 }
 
 impl ReplicaState {
@@ -137,6 +142,7 @@ impl ReplicaState {
             ReplicaState::Outdated => "outdated",
             ReplicaState::Inconsistent => "inconsistent",
             ReplicaState::SplitBrain => "split-brain",
+            ReplicaState::Suspended => "suspended",
         }
     }
 }

@@ -116,6 +116,10 @@ pub struct Missed {
     /// The global address and length of the copy.
     pub addr: u64,
     pub bytes: u64,
+    /// This node's copy took it alone and the write was acknowledged;
+    /// `false`: the write failed, and this node's copy may hold it while
+    /// `node`'s does not (the driver settles which copy wins).
+    pub alone: bool,
 }
 
 /// Where the payload of a packet leaving the port comes from (the
@@ -849,16 +853,30 @@ impl Device {
         let mirrored_write = op == Op::Write && req.copies == 2;
         match other {
             Some((n, _)) if mirrored_write && n == me && own_ok => {
-                self.missed.push(Missed { node, addr, bytes });
+                self.missed.push(Missed {
+                    node,
+                    addr,
+                    bytes,
+                    alone: true,
+                });
             }
             Some((n, at)) if mirrored_write && n != me && !other_down => {
                 return Detour::Elsewhere { node: n, addr: at };
             }
-            _ => {
+            other => {
                 req.failed = true;
                 // Mirrored: the copy that is left is down, or here and not
                 // up to date.
                 req.refused |= mirrored;
+                if mirrored_write && other.is_some_and(|(n, _)| n == me) {
+                    // This node's own segment may have written its copy.
+                    self.missed.push(Missed {
+                        node,
+                        addr,
+                        bytes,
+                        alone: false,
+                    });
+                }
             }
         }
         self.outbox
@@ -906,17 +924,23 @@ impl Device {
                 _ => match self.detour(now_ns, s.request, Op::Write, addr, s.segment.bytes, node) {
                     Detour::Done => self.free_remote_slots.push(slot),
                     Detour::Elsewhere { node, addr } => {
-                        // The data left its buffer: the packet goes again
-                        // from the host's copy, to the other holder.
-                        let state = &mut self.segments[slot as usize];
-                        state.target = Target::Remote { node, addr };
-                        state.degraded = true;
-                        state.awaiting = Some(PacketKind::WriteCompletion);
-                        self.send_write_request(now_ns, slot, None);
+                        self.write_degraded(now_ns, slot, node, addr)
                     }
                 },
             }
         }
+    }
+
+    /// A mirrored write's segment `slot` goes to the slice's other holder
+    /// `node` (its copy at `addr`) instead, flagged degraded, so that
+    /// holder records what the first one missed. The data left its buffer:
+    /// the packet goes again from the host's copy.
+    fn write_degraded(&mut self, now_ns: Ns, slot: u16, node: u16, addr: u64) {
+        let state = &mut self.segments[slot as usize];
+        state.target = Target::Remote { node, addr };
+        state.degraded = true;
+        state.awaiting = Some(PacketKind::WriteCompletion);
+        self.send_write_request(now_ns, slot, None);
     }
 
     /// A remote read's segment `slot` is served from this node's copy at
@@ -973,6 +997,18 @@ impl Device {
             }
             self.remote_reads_holding -= 1;
             self.outbox.push((now_ns, DeviceEvent::BufferFree(slot)));
+        } else if !s.retried && self.request(s.request).copies == 2 {
+            // A mirrored write's copy refused (that holder's copy is not up
+            // to date, e.g. it yielded a cut link to its partner): once, the
+            // copy goes degraded to the other holder, which records that the
+            // refusing one missed it (or, when that is this node, is
+            // recorded here); else the request fails.
+            self.segments[slot as usize].retried = true;
+            match self.detour(now_ns, s.request, Op::Write, addr, s.segment.bytes, from) {
+                Detour::Done => self.free_remote_slots.push(slot),
+                Detour::Elsewhere { node, addr } => self.write_degraded(now_ns, slot, node, addr),
+            }
+            return true;
         } else {
             self.free_remote_slots.push(slot);
         }
