@@ -226,6 +226,7 @@ fn measure(case: &Case, duration_ns: u64) -> Outcome {
         mode: CompletionMode::Dma,
         seed: 7,
         realtime: false,
+        cancelled: None,
     };
     // Warm up (caches, the device thread's first polls), then measure.
     let warm_up = BenchSpec {

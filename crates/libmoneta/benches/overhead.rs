@@ -155,6 +155,7 @@ fn queue_depth_32_iops(m: &Moneta, region: u64, ops: u64, round: u64) -> f64 {
         mode: CompletionMode::Dma,
         seed: round,
         realtime: false,
+        cancelled: None,
     };
     bench::run(m, &spec).expect("queue depth 32 run").iops()
 }

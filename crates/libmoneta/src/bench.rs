@@ -36,6 +36,9 @@ pub struct BenchSpec {
     /// Run the client threads under SCHED_FIFO (`moneta bench --realtime`,
     /// issue 21): the host's other threads cannot make them wait for a core.
     pub realtime: bool,
+    /// Asked now and then: true stops the run early, and what it measured
+    /// so far is the result (`moneta bench` on Ctrl-C).
+    pub cancelled: Option<fn() -> bool>,
 }
 
 /// What one run measured.
@@ -332,11 +335,11 @@ fn thread(
         if turns.is_multiple_of(1 << 16) {
             m.check_device()?;
         }
-        if spec.ops.is_none()
-            && turns.is_multiple_of(64)
-            && start.elapsed().as_nanos() as u64 >= spec.duration_ns
-        {
-            stop.store(true, Ordering::Relaxed);
+        if turns.is_multiple_of(64) {
+            let over = spec.ops.is_none() && start.elapsed().as_nanos() as u64 >= spec.duration_ns;
+            if over || spec.cancelled.is_some_and(|f| f()) {
+                stop.store(true, Ordering::Relaxed);
+            }
         }
     }
 }

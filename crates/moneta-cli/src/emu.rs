@@ -608,7 +608,10 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         mode,
         seed: a.model.seed,
         realtime: a.realtime,
+        // Ctrl-C ends the run early; what it measured is printed.
+        cancelled: Some(crate::mount::signal_received),
     };
+    crate::mount::catch_signals();
     m.grant_raw(a.region_offset, region, mix != OpMix::Read)
         .map_err(|e| format!("{e} (raw grants need the daemon's owner)"))?;
     let before = m.stats().map_err(|e| e.to_string())?;
@@ -632,7 +635,15 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
              the host's other threads cannot make them wait for a core"
         );
     }
-    print_bench(&summary, a.model.format)
+    print_bench(&summary, a.model.format)?;
+    if crate::mount::signal_received() {
+        return Err(format!(
+            "{}: stopped after {} requests; the results above are theirs",
+            crate::INTERRUPTED,
+            result.ops
+        ));
+    }
+    Ok(())
 }
 
 /// Warn (stderr) when the client threads and the device thread (embedded,

@@ -124,10 +124,16 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
         Vec::new()
     };
     let mut rows = Vec::new();
-    for &(locality, offset) in &places {
+    // Ctrl-C ends the point running (its partial measurement is kept) and
+    // skips the rest; what was measured is printed.
+    crate::mount::catch_signals();
+    'points: for &(locality, offset) in &places {
         for op in [Op::Read, Op::Write] {
             let op_key = if op == Op::Read { "read" } else { "write" };
             for (size, qd, ops) in [(a.size, 1, a.ops), (a.bw_size, a.qd, a.ops / 2)] {
+                if crate::mount::signal_received() {
+                    break 'points;
+                }
                 let mix = if op == Op::Read {
                     OpMix::Read
                 } else {
@@ -143,6 +149,7 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                     mode: CompletionMode::Dma,
                     seed: a.seed,
                     realtime: false,
+                    cancelled: Some(crate::mount::signal_received),
                 };
                 eprintln!("moneta: {locality} {op_key} {size} B at QD {qd} …");
                 let r = bench::run(&m, &spec).map_err(|e| e.to_string())?;
@@ -266,6 +273,13 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
             print_aligned(&header, &table);
             println!("verdict: {verdict}");
         }
+    }
+    if crate::mount::signal_received() {
+        return Err(format!(
+            "{}: {} points measured, printed above",
+            crate::INTERRUPTED,
+            rows.len()
+        ));
     }
     Ok(())
 }
