@@ -738,6 +738,28 @@ fn a_cut_link_lets_only_the_primary_write_alone_and_heals_without_split_brain() 
     assert!(port_stats(&c0).split_brain_peers.is_empty());
     assert!(port_stats(&c1).split_brain_peers.is_empty());
     assert_eq!(san.status()["state"], "up");
+    // Another cut, between the witness and the primary: n2 loses n0, and a
+    // write through n2 would go degraded to n1 alone, which still hears n0
+    // (and n0 serves its own copy): n1 refuses it, and the write fails
+    // rather than leave n0 behind (it was acknowledged before, and n0 read
+    // the old version: found by `san chaos --clients-on any`).
+    cut_link(&san, "n2", "n0");
+    wait_until(10, "n2 counts n0 unreachable", || {
+        port_stats(&c2)
+            .peers
+            .iter()
+            .any(|(p, st)| *p == 0 && st != "up")
+    });
+    let err = c2
+        .write(5 * BLOCK, &block_content(seed, 5, 6))
+        .expect_err("a write through n2 acknowledged with only n1's copy");
+    assert!(err.to_string().contains("up-to-date"), "{err}");
+    c0.read(5 * BLOCK, &mut got).unwrap();
+    assert!(got == block_content(seed, 5, 1), "n0's block 5 changed");
+    fault(&san, "n2", "none");
+    wait_until(20, "every link heard again", || {
+        san.status()["state"] == "up"
+    });
     let expect = |b: u64| match b {
         0 => block_content(seed, b, 2),
         2 => block_content(seed, b, 4),

@@ -95,6 +95,17 @@ impl Drop for Daemon {
     }
 }
 
+/// A control request slower than this is logged.
+const SLOW_REQUEST: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The name of a request's kind (its JSON `op`), for the log.
+fn request_kind(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("op")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "malformed".into())
+}
+
 fn reply(stream: &UnixStream, response: &Response, fds: &[i32]) -> io::Result<()> {
     sys::send_with_fds(stream.as_raw_fd(), &control::encode(response), fds)
 }
@@ -124,10 +135,22 @@ fn serve_connection(plane: &ControlPlane, stream: UnixStream) {
         // Only open-file carries a descriptor (the first); any others are
         // closed when they drop.
         let fd = fds.into_iter().next();
+        let started = std::time::Instant::now();
         let (response, memory) = match control::decode::<Request>(&body) {
             Ok(request) => plane.handle_with_fd(&mut session, request, fd),
             Err(e) => (Response::error(e), None),
         };
+        let took = started.elapsed();
+        if took >= SLOW_REQUEST {
+            // A client gives up after MONETA_CONTROL_TIMEOUT_MS (30 s): the
+            // log says which request kept it waiting.
+            eprintln!(
+                "monetad: a {} request from pid {} took {:.1} s",
+                request_kind(&body),
+                peer.pid,
+                took.as_secs_f64()
+            );
+        }
         let attach: Vec<i32> = memory
             .iter()
             .flat_map(|m| m.fds().map(|fd| fd.as_raw_fd()))

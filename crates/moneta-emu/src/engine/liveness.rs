@@ -40,9 +40,16 @@
 use moneta_model::units::Ns;
 use std::collections::BTreeMap;
 
-/// The TAG of a completion carrying a view (ADDR: bit `i` set when this
-/// node hears node `i`; nodes ≥ 64 are never witnesses).
+/// The TAG of a completion carrying a view. ADDR: bit 63 set when the
+/// sender hears the receiver; bit `i` (< 63) set when it hears node `i`.
+/// What a witness says of a node ≥ 63 is not carried: such a partner,
+/// lost, counts as alive behind a cut link (safe: only the winner goes on).
 pub const VIEW_TAG: u16 = u16::MAX - 4;
+
+/// In a view: the sender hears the receiver.
+pub const HEARS_YOU: u64 = 1 << 63;
+/// Nodes a view names (witness information).
+const NAMED: u16 = 63;
 
 /// What a node knows of one peer.
 #[derive(Debug, Clone, Copy, Default)]
@@ -72,7 +79,6 @@ pub enum Change {
 /// This node's view of its peers (module header).
 #[derive(Debug, Clone)]
 pub struct Liveness {
-    node: u16,
     lease_ns: Ns,
     grace_ns: Ns,
     view_every_ns: Ns,
@@ -88,9 +94,8 @@ impl Liveness {
     /// sends a heartbeat every `heartbeat_ns`: the lease is half the
     /// silence bound, the grace a quarter, a view goes out every two
     /// heartbeats.
-    pub fn new(node: u16, peers: &[u16], peer_silence_ns: Ns, heartbeat_ns: Ns) -> Liveness {
+    pub fn new(peers: &[u16], peer_silence_ns: Ns, heartbeat_ns: Ns) -> Liveness {
         Liveness {
-            node,
             lease_ns: peer_silence_ns / 2,
             grace_ns: peer_silence_ns / 4,
             view_every_ns: (2 * heartbeat_ns).min(peer_silence_ns / 16).max(1),
@@ -134,14 +139,13 @@ impl Liveness {
 
     /// A view from `peer` arrived at `now`.
     pub fn view(&mut self, now: Ns, peer: u16, hears: u64) {
-        let me = self.node;
         if let Some(p) = self.peers.get_mut(&peer) {
-            if p.view_ns.is_some() && p.hears & !hears != 0 {
+            if p.view_ns.is_some() && p.hears & !hears & !HEARS_YOU != 0 {
                 self.view_loss_ns = Some(now);
             }
             p.view_ns = Some(now);
             p.hears = hears;
-            if me < 64 && hears & (1 << me) != 0 {
+            if hears & HEARS_YOU != 0 {
                 p.seen_me_ns = Some(now);
             }
         }
@@ -153,12 +157,16 @@ impl Liveness {
             .is_some_and(|t| now.saturating_sub(t) < within)
     }
 
-    /// The view this node sends at `now`: the peers it hears.
-    pub fn my_view(&self, now: Ns) -> u64 {
+    /// The view this node sends `to` at `now`: the peers it hears.
+    pub fn view_for(&self, to: u16, now: Ns) -> u64 {
         self.peers
             .iter()
-            .filter(|(&n, p)| n < 64 && self.fresh(p.view_ns, now))
-            .fold(0, |v, (&n, _)| v | 1 << n)
+            .filter(|(_, p)| self.fresh(p.view_ns, now))
+            .fold(0, |v, (&n, _)| match n {
+                n if n == to => v | HEARS_YOU,
+                n if n < NAMED => v | 1 << n,
+                _ => v,
+            })
     }
 
     /// Peers a view is due to at `now` (their session is up); marks them sent.
@@ -227,6 +235,9 @@ impl Liveness {
     /// `Some(false)` if every witness that is up has said it does not,
     /// `None` while one that is up has not spoken since `since`.
     pub fn witness_hears(&self, partner: u16, since: Ns) -> Option<bool> {
+        if partner >= NAMED {
+            return None;
+        }
         let mut undecided = false;
         for (&n, p) in &self.peers {
             if n == partner || !p.up {
@@ -234,7 +245,7 @@ impl Liveness {
             }
             match p.view_ns {
                 Some(t) if t >= since => {
-                    if partner < 64 && p.hears & (1 << partner) != 0 {
+                    if p.hears & (1 << partner) != 0 {
                         return Some(true);
                     }
                 }
@@ -287,7 +298,7 @@ mod tests {
 
     fn three(node: u16) -> Liveness {
         let peers: Vec<u16> = (0..3).filter(|&p| p != node).collect();
-        Liveness::new(node, &peers, 1000 * MS, 10 * MS)
+        Liveness::new(&peers, 1000 * MS, 10 * MS)
     }
 
     #[test]
@@ -302,13 +313,13 @@ mod tests {
         assert!(l.is_up(1) && l.is_up(2));
         // Node 1 hears us; node 2 never says so.
         for t in (0..=600).step_by(20) {
-            l.view(t * MS, 1, 0b001);
+            l.view(t * MS, 1, HEARS_YOU);
             l.view(t * MS, 2, 0b010);
         }
         assert_eq!(l.tick(600 * MS), vec![Change::Lost(2)]);
         assert!(l.is_up(1) && !l.is_up(2));
         // Node 2 hears us again: back on the next view.
-        l.view(620 * MS, 2, 0b011);
+        l.view(620 * MS, 2, HEARS_YOU | 0b010);
         assert_eq!(l.tick(620 * MS), vec![Change::Back(2)]);
         // Node 1 falls silent: lost once the lease (500 ms) has passed.
         assert!(l.tick(1100 * MS).iter().all(|c| *c != Change::Lost(1)));
@@ -322,7 +333,7 @@ mod tests {
         let mut l = three(0);
         l.set_wire(1, true);
         l.tick(0);
-        l.view(10 * MS, 1, 0b001);
+        l.view(10 * MS, 1, HEARS_YOU);
         l.set_wire(1, false);
         assert_eq!(l.tick(11 * MS), vec![Change::Lost(1)]);
     }
@@ -332,8 +343,9 @@ mod tests {
         let mut l = three(1);
         l.view(0, 0, 0);
         l.view(300 * MS, 2, 0);
-        assert_eq!(l.my_view(400 * MS), 0b101);
-        assert_eq!(l.my_view(600 * MS), 0b100);
+        assert_eq!(l.view_for(0, 400 * MS), HEARS_YOU | 0b100);
+        assert_eq!(l.view_for(2, 400 * MS), HEARS_YOU | 0b001);
+        assert_eq!(l.view_for(0, 600 * MS), 0b100);
         l.set_wire(0, true);
         assert_eq!(l.views_due(600 * MS), vec![0]);
         assert!(l.views_due(610 * MS).is_empty());
@@ -348,14 +360,16 @@ mod tests {
         l.tick(0);
         // Node 1 lost at 500 ms; node 2 has not spoken since: undecided.
         assert_eq!(l.witness_hears(1, 500 * MS), None);
-        l.view(520 * MS, 2, 0b011);
+        l.view(520 * MS, 2, HEARS_YOU | 0b010);
         assert_eq!(l.witness_hears(1, 500 * MS), Some(true));
         assert!(!l.peer_lost_one(540 * MS, 1000 * MS));
-        l.view(540 * MS, 2, 0b001);
+        l.view(540 * MS, 2, HEARS_YOU);
         assert_eq!(l.witness_hears(1, 500 * MS), Some(false));
         // Node 2 stopped hearing node 1: a failover may be under way.
         assert!(l.peer_lost_one(600 * MS, 1000 * MS));
         assert!(!l.peer_lost_one(1540 * MS, 1000 * MS));
+        // Nodes past the view's bits: no witness can speak for them.
+        assert_eq!(l.witness_hears(70, 500 * MS), None);
     }
 
     #[test]

@@ -266,12 +266,7 @@ impl PortState {
     pub(super) fn new(port: SanPort, nic_tx_ns: Ns) -> PortState {
         let config = port.endpoint.config();
         let node = config.node;
-        let liveness = Liveness::new(
-            node,
-            &config.peers,
-            config.peer_silence_ns,
-            config.heartbeat_ns,
-        );
+        let liveness = Liveness::new(&config.peers, config.peer_silence_ns, config.heartbeat_ns);
         PortState {
             liveness,
             deciding: BTreeMap::new(),
@@ -559,9 +554,9 @@ impl<C: StampClock> DeviceThread<C> {
 
     /// Send each peer whose view is due the peers this node hears.
     fn send_views(&mut self, state: &mut PortState, now: Ns) -> bool {
-        let view = state.liveness.my_view(now);
         let mut worked = false;
         for peer in state.liveness.views_due(now) {
+            let view = state.liveness.view_for(peer, now);
             let header = self.header_to(peer, PacketKind::WriteCompletion, view, VIEW_TAG, 0);
             if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
                 worked = true;
@@ -1076,11 +1071,17 @@ impl<C: StampClock> DeviceThread<C> {
             }
             return false;
         }
+        // A degraded copy is the only live one only if this node cannot
+        // reach its partner either: the sender lost the partner, but while
+        // this node still counts it up the partner serves its own copy,
+        // which would miss the write (a cut link between the sender and
+        // the partner; found by `moneta san chaos --clients-on any`).
+        let partner_up = routes.partner_of(slice).is_some_and(|p| !routes.is_down(p));
         let refuse = match h.kind {
             PacketKind::ReadRequest => st != ReplicaState::UpToDate,
             _ => {
                 st == ReplicaState::SplitBrain
-                    || (h.ctrl & CTRL_DEGRADED != 0 && st != ReplicaState::UpToDate)
+                    || (h.ctrl & CTRL_DEGRADED != 0 && (st != ReplicaState::UpToDate || partner_up))
                     || routes.refusal(global, u64::from(h.size)).is_some()
             }
         };
@@ -1088,6 +1089,19 @@ impl<C: StampClock> DeviceThread<C> {
             return false;
         }
         let partner = routes.partner_of(slice).expect("checked");
+        if h.kind == PacketKind::WriteRequest
+            && h.ctrl & CTRL_DEGRADED != 0
+            && partner_up
+            && st == ReplicaState::UpToDate
+        {
+            // The same write's ordinary copy may have landed here: the
+            // partner's version of those granules wins (handed over like
+            // discarded ones), so the two copies do not stay different.
+            let end = global + u64::from(h.size).max(1);
+            let granules = (global / GRANULE_BYTES..end.div_ceil(GRANULE_BYTES))
+                .map(|g| g * GRANULE_BYTES);
+            state.discards.entry(partner).or_default().extend(granules);
+        }
         let mut header = self.header_to(from, PacketKind::WriteCompletion, h.addr, h.tag, 0);
         header.offsets = h.offsets;
         header.ctrl |= CTRL_REFUSED;
@@ -1103,6 +1117,8 @@ impl<C: StampClock> DeviceThread<C> {
             st.as_str(),
             if routes.is_down(partner) {
                 ", unreachable"
+            } else if h.ctrl & CTRL_DEGRADED != 0 {
+                ", reachable from here: a degraded copy would leave it behind"
             } else {
                 ""
             }
