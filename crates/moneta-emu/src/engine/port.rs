@@ -500,18 +500,15 @@ impl<C: StampClock> DeviceThread<C> {
 
     /// Whether this node's copy of `slice` wins against `partner`'s when
     /// both may have diverged (a cut link, a brief loss): its partner is
-    /// behind it, or it is the primary, and it is up to date (or suspended
-    /// from up to date).
+    /// behind it (this node holds granules the partner missed: whatever
+    /// its own state, e.g. outdated by a lost majority, it is the source
+    /// the exchange will choose, and handing granules over would make a
+    /// split brain), or it is the primary and up to date (or suspended from
+    /// up to date).
     fn copy_wins(&self, state: &PortState, partner: u16, slice: usize) -> bool {
         let routes = &self.driver.device().port().expect("a port").routes;
         let (lo, hi) = slice_range(routes, slice);
-        let fit = matches!(
-            routes.state(slice),
-            ReplicaState::UpToDate | ReplicaState::Suspended
-        );
-        let behind = state.port.dirty.granules_in(partner, lo, hi) > 0;
-        let primary = routes.holders(slice).is_some_and(|(p, _)| p == routes.node);
-        fit && (behind || primary)
+        copy_wins_in(routes, &state.port.dirty, partner, slice, lo, hi)
     }
 
     /// `peer` is lost (`liveness.rs`): the copies shared with it that are
@@ -1094,13 +1091,19 @@ impl<C: StampClock> DeviceThread<C> {
             && partner_up
             && st == ReplicaState::UpToDate
         {
-            // The same write's ordinary copy may have landed here: the
-            // partner's version of those granules wins (handed over like
-            // discarded ones), so the two copies do not stay different.
-            let end = global + u64::from(h.size).max(1);
-            let granules = (global / GRANULE_BYTES..end.div_ceil(GRANULE_BYTES))
-                .map(|g| g * GRANULE_BYTES);
-            state.discards.entry(partner).or_default().extend(granules);
+            // The same write's ordinary copy may have landed here: one
+            // side's version of those granules wins, so the two copies do
+            // not stay different (this one's if it wins, resynced to the
+            // partner; else handed over like discarded granules).
+            let (lo, hi) = slice_range(routes, slice);
+            let size = u64::from(h.size).max(1);
+            if copy_wins_in(routes, &state.port.dirty, partner, slice, lo, hi) {
+                state.port.dirty.mark(partner, global, size);
+            } else {
+                let granules = (global / GRANULE_BYTES..(global + size).div_ceil(GRANULE_BYTES))
+                    .map(|g| g * GRANULE_BYTES);
+                state.discards.entry(partner).or_default().extend(granules);
+            }
         }
         let mut header = self.header_to(from, PacketKind::WriteCompletion, h.addr, h.tag, 0);
         header.offsets = h.offsets;
@@ -1241,6 +1244,24 @@ impl<C: StampClock> DeviceThread<C> {
         }
         worked
     }
+}
+
+/// `DeviceThread::copy_wins` on a route table and dirty map.
+fn copy_wins_in(
+    routes: &RouteTable,
+    dirty: &DirtyMap,
+    partner: u16,
+    slice: usize,
+    lo: u64,
+    hi: u64,
+) -> bool {
+    let fit = matches!(
+        routes.state(slice),
+        ReplicaState::UpToDate | ReplicaState::Suspended
+    );
+    let behind = dirty.granules_in(partner, lo, hi) > 0;
+    let primary = routes.holders(slice).is_some_and(|(p, _)| p == routes.node);
+    behind || (fit && primary)
 }
 
 /// The mirrored slices whose copy here is in state `want`: `slice`
