@@ -1093,11 +1093,15 @@ impl<C: StampClock> DeviceThread<C> {
         {
             // The same write's ordinary copy may have landed here: one
             // side's version of those granules wins, so the two copies do
-            // not stay different (this one's if it wins, resynced to the
-            // partner; else handed over like discarded granules).
+            // not stay different. This one's only if it is already ahead
+            // of the partner (resynced to it); being the primary is not
+            // enough here: outside the tie-breaker the partner may be
+            // ahead, and marking this side ahead too would split the
+            // brain. Else the granules are handed over like discarded
+            // ones (the partner's version wins).
             let (lo, hi) = slice_range(routes, slice);
             let size = u64::from(h.size).max(1);
-            if copy_wins_in(routes, &state.port.dirty, partner, slice, lo, hi) {
+            if state.port.dirty.granules_in(partner, lo, hi) > 0 {
                 state.port.dirty.mark(partner, global, size);
             } else {
                 let granules = (global / GRANULE_BYTES..(global + size).div_ceil(GRANULE_BYTES))
