@@ -654,6 +654,9 @@ struct InFlight {
     dma_completion: bool,
     words: [u64; 2],
     stamp: u64,
+    /// Since when a SAN failover has held it, if it has (the hold's bound
+    /// counts from the first time).
+    held_since: Option<Ns>,
 }
 
 /// A command a SAN node holds instead of failing it while a failover is
@@ -1162,6 +1165,7 @@ impl<C: StampClock> DeviceThread<C> {
             dma_completion,
             words: h.words,
             stamp: h.stamp,
+            held_since: Some(h.since),
         });
         ch.in_flight_count += 1;
         self.held.push(h);
@@ -1182,12 +1186,16 @@ impl<C: StampClock> DeviceThread<C> {
         else {
             return false;
         };
+        let since = f.held_since.unwrap_or(now);
+        if now.saturating_sub(since) >= HOLD_MAX_NS {
+            return false;
+        }
         self.held.push(Held {
             channel,
             tag,
             words: f.words,
             stamp: f.stamp,
-            since: now,
+            since,
             next: now + HOLD_RETRY_NS,
         });
         self.stats.held += 1;
@@ -1477,6 +1485,7 @@ impl<C: StampClock> DeviceThread<C> {
             dma_completion: cmd.dma_completion,
             words,
             stamp,
+            held_since,
         });
         ch.in_flight_count += 1;
         self.in_flight_total += 1;
