@@ -735,16 +735,23 @@ fn unmount(dir: &Path) -> Result<(), String> {
 /// only marks it to detach when released, so success means little until
 /// the backing file disappears from sysfs.
 fn detach(dev: &Path) -> Result<(), String> {
+    let name = dev.file_name().unwrap_or_default();
+    let backing = Path::new("/sys/block").join(name).join("loop/backing_file");
+    // A device set to clear itself on its last close may already be going
+    // when `losetup -d` runs (it then fails with "No such device or
+    // address"): gone is what was asked, so only a device still attached
+    // when every attempt failed is an error.
     let mut attempt = 0;
     while let Err(e) = run(Command::new("losetup").arg("-d").arg(dev)) {
+        if !backing.exists() {
+            return Ok(());
+        }
         if attempt == 5 {
             return Err(e);
         }
         attempt += 1;
         std::thread::sleep(Duration::from_millis(100));
     }
-    let name = dev.file_name().unwrap_or_default();
-    let backing = Path::new("/sys/block").join(name).join("loop/backing_file");
     let deadline = Instant::now() + STOP_GRACE;
     while backing.exists() {
         if Instant::now() >= deadline {

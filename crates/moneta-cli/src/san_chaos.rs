@@ -31,13 +31,17 @@
 //! that rule (the issue's), not by linearizability: it is counted and
 //! shown, and a failure only with `--strict`.
 //!
-//! The SAN has no quorum (README, "Replica states and split brain"): during
-//! a partition the cut-off side serves its own copies. `--clients-on
-//! majority` models fencing: no client uses a node while it is cut off
-//! (from the moment the nemesis decides to cut it until it is healed), nor
-//! either end of a cut link. `--max-cuts` bounds the partitions in force at
-//! once (default 1): with two, a node healed while its partner is still cut
-//! off serves a copy that missed the partner's writes.
+//! The SAN fences itself (README, "Replica states and split brain" and
+//! "Leases and the tie-breaker for a cut link"): a node that reaches no
+//! majority outdates its shared copies, and the two ends of a cut link
+//! lose each other within a lease and let one copy go on. `--clients-on
+//! any` (the default) tests that: clients use every node, the cut-off
+//! ones and both ends of a cut link included. `--clients-on majority`
+//! models fencing outside the SAN: no client uses a node while it is cut
+//! off (from the moment the nemesis decides to cut it until it is healed),
+//! nor either end of a cut link. `--max-cuts` bounds the partitions in
+//! force at once (default 1); more than one at once is not what the
+//! README's chaos results cover.
 
 use crate::mount::{catch_signals, need_root, signal_received};
 use clap::{Args, ValueEnum};
@@ -112,8 +116,8 @@ pub struct SanChaosArgs {
     #[arg(long, value_enum, default_value_t = ClientsOn::Any)]
     clients_on: ClientsOn,
     /// At most this many partitions (of a node, or of one link) in force
-    /// at once; a partition step beyond it is skipped. With two or more
-    /// the SAN, which has no quorum, serves stale copies (README).
+    /// at once; a partition step beyond it is skipped (README's chaos
+    /// results are for one).
     #[arg(long, default_value_t = 1)]
     max_cuts: usize,
     /// Also fail on reads that went back: an older version than another

@@ -262,6 +262,23 @@ fn slice_range(routes: &RouteTable, slice: usize) -> (u64, u64) {
     (slice as u64 * b, (slice as u64 + 1) * b)
 }
 
+/// A line of this node's log: which node says it (one daemon may serve
+/// several: `moneta san up`) and when (UTC, to the millisecond, to line it
+/// up with a chaos run's schedule).
+fn port_log(node: u16, what: &str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let ms = now.as_millis() % 86_400_000;
+    eprintln!(
+        "monetad node {node} {:02}:{:02}:{:02}.{:03}: {what}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    );
+}
+
 impl PortState {
     pub(super) fn new(port: SanPort, nic_tx_ns: Ns) -> PortState {
         let config = port.endpoint.config();
@@ -311,7 +328,10 @@ impl PortState {
     pub(super) fn refusal(&mut self, why: String) {
         self.stats.refusals += 1;
         if self.stats.refusals <= 20 || self.stats.refusals.is_power_of_two() {
-            eprintln!("monetad: refused ({} so far): {why}", self.stats.refusals);
+            port_log(
+                self.stats.node,
+                &format!("refused ({} so far): {why}", self.stats.refusals),
+            );
         }
         self.stats.last_refusal = Some(why);
     }
@@ -427,6 +447,10 @@ impl<C: StampClock> DeviceThread<C> {
                     // segments waiting on it go degraded, as on a failure
                     // (its new self starts with its copies outdated), and
                     // the exchange starts over.
+                    port_log(
+                        state.stats.node,
+                        &format!("node {peer} restarted: what was in flight to it goes degraded"),
+                    );
                     state.liveness.set_wire(peer, true);
                     self.driver.peer_failed(now, peer);
                     if state.liveness.is_up(peer) {
@@ -516,6 +540,10 @@ impl<C: StampClock> DeviceThread<C> {
     /// re-routed, so none is acknowledged alone), and wait for the
     /// tie-breaker.
     fn lose(&mut self, state: &mut PortState, now: Ns, peer: u16) {
+        port_log(
+            state.stats.node,
+            &format!("node {peer} lost (no view of it saying it hears this node within the lease)"),
+        );
         if let Some(routes) = self.driver.routes_mut() {
             for slice in routes.shared_slices(peer) {
                 if routes.state(slice) == ReplicaState::UpToDate {
@@ -532,6 +560,7 @@ impl<C: StampClock> DeviceThread<C> {
     /// `peer` is back: used again; each copy shared with it learns its
     /// state from the exchange, which both sides tell again.
     fn regain(&mut self, state: &mut PortState, peer: u16) {
+        port_log(state.stats.node, &format!("node {peer} back"));
         state.deciding.remove(&peer);
         self.driver.peer_up(peer);
         self.forget_exchange(state, peer);
@@ -611,24 +640,28 @@ impl<C: StampClock> DeviceThread<C> {
                         ReplicaState::Outdated
                     },
                 );
-                eprintln!(
-                    "monetad: slice {slice}: node {partner} lost; {}",
-                    match (alone, quorum, witness) {
-                        (true, _, Some(false)) => "no peer hears it either: this copy goes on \
+                port_log(
+                    state.stats.node,
+                    &format!(
+                        "slice {slice}: node {partner} lost; {}",
+                        match (alone, quorum, witness) {
+                            (true, _, Some(false)) => "no peer hears it either: this copy goes on \
                                                    alone (degraded)"
-                            .to_string(),
-                        (true, _, _) => format!(
-                            "it is alive behind a cut link, and this copy wins (it is {}): it \
+                                .to_string(),
+                            (true, _, _) => format!(
+                                "it is alive behind a cut link, and this copy wins (it is {}): it \
                              goes on alone",
-                            if behind { "ahead of it" } else { "the primary" }
-                        ),
-                        (false, false, _) => "this node reaches no majority: this copy is \
+                                if behind { "ahead of it" } else { "the primary" }
+                            ),
+                            (false, false, _) => "this node reaches no majority: this copy is \
                                               outdated"
-                            .to_string(),
-                        (false, _, _) => "it is alive behind a cut link and its copy wins: this \
+                                .to_string(),
+                            (false, _, _) =>
+                                "it is alive behind a cut link and its copy wins: this \
                                           copy is outdated until it resyncs"
-                            .to_string(),
-                    }
+                                    .to_string(),
+                        }
+                    ),
                 );
             }
             if left == 0 {
@@ -694,9 +727,12 @@ impl<C: StampClock> DeviceThread<C> {
             state.heard.remove(&(partner, s));
             state.announced.remove(&(partner, s));
             state.retell.insert((partner, s));
-            eprintln!(
-                "monetad: slice {s}: discarded this node's {n} granules written alone; node \
+            port_log(
+                state.stats.node,
+                &format!(
+                    "slice {s}: discarded this node's {n} granules written alone; node \
                  {partner}'s copy wins and resyncs them here"
+                ),
             );
             done.push(format!(
                 "slice {s}: {n} granules written here discarded, node {partner}'s copy wins"
@@ -737,9 +773,12 @@ impl<C: StampClock> DeviceThread<C> {
             if let Some(r) = self.driver.routes_mut() {
                 r.set_state(s, ReplicaState::UpToDate);
             }
-            eprintln!(
-                "monetad: slice {s}: this outdated copy forced up to date (node {partner} \
+            port_log(
+                state.stats.node,
+                &format!(
+                    "slice {s}: this outdated copy forced up to date (node {partner} \
                  unreachable); it may lack writes node {partner} acknowledged"
+                ),
             );
             done.push(format!(
                 "slice {s}: forced up to date (it may lack writes node {partner} acknowledged \
@@ -917,10 +956,13 @@ impl<C: StampClock> DeviceThread<C> {
             }
         }
         if after == ReplicaState::SplitBrain && before != after {
-            eprintln!(
-                "monetad: split brain with node {from} on slice {slice}: it missed {mine} \
+            port_log(
+                state.stats.node,
+                &format!(
+                    "split brain with node {from} on slice {slice}: it missed {mine} \
                  granules here and this node missed {theirs} there; neither copy is read or \
                  written until `moneta san resolve --discard NODE --slice {slice}`"
+                ),
             );
         }
     }
