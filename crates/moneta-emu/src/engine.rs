@@ -878,7 +878,8 @@ impl<C: StampClock> DeviceThread<C> {
         self.stats.polls += 1;
         // Take commands first, so that work the model finishes at once
         // (the null device) completes in the same turn.
-        let worked = self.retry_held(now) | self.poll_channels(now);
+        let leased = self.port_leases(now);
+        let worked = self.retry_held(now) | self.poll_channels(now) | leased;
         // Ahead only when one request is in flight in the whole device: then
         // no other request's events move ahead with it, and a command that
         // arrives meanwhile (from another client) is the only one that can

@@ -13,17 +13,28 @@
 //!
 //! - **Views.** Every `view_every_ns` each node tells every peer whose wire
 //!   session is up which peers it hears (a bitmap of those whose view
-//!   reached it within the lease; `VIEW_TAG` completions). A peer is *up*
-//!   here only while its session is up and a view of it that says it hears
-//!   this node arrived within `lease_ns`. So a peer that stopped hearing
-//!   this node (a link cut one way) is lost at both ends within a view, and
-//!   a silent one within the lease.
-//! - **Lease.** A copy shared with a partner is read and written only while
-//!   the partner is up; once lost the copy is *suspended* (no reads, no
-//!   write alone) for `grace_ns`. A node that loses a partner stops serving
-//!   their copies at the same moment (± a view interval) as the partner
-//!   loses it, and neither writes alone before the grace has passed: by
-//!   then the other end has stopped too.
+//!   reached it within the lease; `VIEW_TAG` completions), numbers the view
+//!   (a sequence number per peer, kept with its send time), echoes the
+//!   number of the newest view it has from that peer, and says whether it
+//!   counts that peer up (its *promise*).
+//! - **Lease.** A peer is *up* here while its session is up and its
+//!   promise covers now: the promise in a view is anchored at *this*
+//!   node's send time of the view it echoes, and lasts `lease_ns` from
+//!   there. Anchoring at the send time, not at the arrival, keeps the lease
+//!   honest when this node's thread was starved and reads its views late
+//!   (a loaded host: the views queued meanwhile would otherwise renew it
+//!   with the time they were read). A view that withdraws the promise
+//!   loses the peer at once (a link cut one way: the end that stopped
+//!   hearing tells the other within a view). A peer lost comes back on a
+//!   view saying it hears this node, with one lease to make its promise.
+//! - **Suspended, then alone.** A copy shared with a partner is read and
+//!   written only while the partner is up; once lost the copy is
+//!   *suspended* (no reads, no write alone). It may go on alone only
+//!   [`Liveness::settle_ns`] after the loss: this node withdrew its promise
+//!   when it lost the partner, so the partner's last promise from it,
+//!   anchored at a view the partner sent before this node last echoed
+//!   one, has expired by then, however late the partner's thread runs (a
+//!   grace more for a turn of it that had already checked its leases).
 //! - **Tie-breaker.** When the grace has passed, the copy decides
 //!   ([`decide`]): a node without a majority outdates it (as before); else,
 //!   if a third node (a witness) still hears the partner, the partner is
@@ -38,7 +49,7 @@
 //! link go on alone, and heal into a split brain (documented).
 
 use moneta_model::units::Ns;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// The TAG of a completion carrying a view. ADDR: bit 63 set when the
 /// sender hears the receiver; bit `i` (< 63) set when it hears node `i`.
@@ -52,22 +63,51 @@ pub const HEARS_YOU: u64 = 1 << 63;
 const NAMED: u16 = 63;
 
 /// What a node knows of one peer.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Peer {
     /// Its wire session is up.
     wire_up: bool,
     /// When its last view arrived, and what it said.
     view_ns: Option<Ns>,
     hears: u64,
-    /// When a view of it last said it hears this node.
-    seen_me_ns: Option<Ns>,
+    /// Whether its last view promised (it counts this node up).
+    promised: bool,
+    /// When a view of it last said it hears this node (it may come back).
+    heard_me_ns: Option<Ns>,
+    /// Where its promise is anchored: this node's send time of the newest
+    /// view it echoed with a promise. Up while within the lease.
+    lease_from_ns: Option<Ns>,
     /// Up as far as routing and copies go.
     up: bool,
     /// When this node last sent it a view.
     sent_ns: Option<Ns>,
+    /// The views sent to it lately: sequence number and send time.
+    sent: VecDeque<(u16, Ns)>,
+    /// The next view's sequence number.
+    next_seq: u16,
+    /// The sequence number of its newest view, to echo.
+    last_seq: Option<u16>,
     /// When it was last lost: it comes back only on a view since.
     lost_ns: Option<Ns>,
 }
+
+/// A view as it goes on the wire ([`Liveness::view_for`]): ADDR, the
+/// sequence number (OFFSETS), the echo (SIZE: below `MAX_PAYLOAD_BYTES`,
+/// which a completion carries no payload of) and the promise (CMD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    pub hears: u64,
+    pub seq: u16,
+    pub echo: u16,
+    pub promise: bool,
+}
+
+/// Sequence numbers run modulo this (the echo travels in SIZE, at most
+/// 8,192); [`NO_ECHO`] is none.
+const SEQ_MOD: u16 = 8192;
+pub const NO_ECHO: u16 = SEQ_MOD;
+/// Views sent to a peer remembered for its echo: more than a lease holds.
+const SENT_KEPT: usize = 128;
 
 /// A change of a peer's liveness ([`Liveness::tick`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +160,13 @@ impl Liveness {
         self.grace_ns
     }
 
+    /// How long after losing a partner a copy shared with it may go on
+    /// alone (module header): the partner's lease on this node has run
+    /// out by then, with a grace for a turn of its thread in progress.
+    pub fn settle_ns(&self) -> Ns {
+        self.lease_ns + self.grace_ns
+    }
+
     /// Whether `peer` is up (see the module header).
     pub fn is_up(&self, peer: u16) -> bool {
         self.peers.get(&peer).is_some_and(|p| p.up)
@@ -137,18 +184,48 @@ impl Liveness {
         }
     }
 
-    /// A view from `peer` arrived at `now`.
-    pub fn view(&mut self, now: Ns, peer: u16, hears: u64) {
+    /// `peer` restarted: what its old self said and was sent is forgotten
+    /// (its new self numbers its views afresh and promised nothing yet).
+    pub fn restarted(&mut self, peer: u16) {
         if let Some(p) = self.peers.get_mut(&peer) {
-            if p.view_ns.is_some() && p.hears & !hears & !HEARS_YOU != 0 {
-                self.view_loss_ns = Some(now);
-            }
-            p.view_ns = Some(now);
-            p.hears = hears;
-            if hears & HEARS_YOU != 0 {
-                p.seen_me_ns = Some(now);
-            }
+            p.promised = false;
+            p.last_seq = None;
+            p.hears = 0;
+            p.view_ns = None;
         }
+    }
+
+    /// A view from `peer` arrived at `now`.
+    pub fn view(&mut self, now: Ns, peer: u16, view: View) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if p.view_ns.is_some() && p.hears & !view.hears & !HEARS_YOU != 0 {
+            self.view_loss_ns = Some(now);
+        }
+        p.view_ns = Some(now);
+        p.hears = view.hears;
+        p.last_seq = (view.seq < SEQ_MOD).then_some(view.seq);
+        if view.hears & HEARS_YOU != 0 {
+            p.heard_me_ns = Some(now);
+        }
+        if view.promise {
+            // Anchored at the send time of the view it echoes (if still
+            // known: an echo too old to be here renews nothing).
+            let anchor = p
+                .sent
+                .iter()
+                .rev()
+                .find(|&&(seq, _)| seq == view.echo)
+                .map(|&(_, at)| at);
+            if let Some(at) = anchor {
+                p.lease_from_ns = p.lease_from_ns.max(Some(at));
+            }
+        } else if p.promised {
+            // It stopped counting this node up: lost at the next tick.
+            p.lease_from_ns = None;
+        }
+        p.promised = view.promise;
     }
 
     /// Whether some peer's view dropped a node within `within` of `now`.
@@ -157,16 +234,39 @@ impl Liveness {
             .is_some_and(|t| now.saturating_sub(t) < within)
     }
 
-    /// The view this node sends `to` at `now`: the peers it hears.
-    pub fn view_for(&self, to: u16, now: Ns) -> u64 {
-        self.peers
+    /// The view this node sends `to` at `now` (module header): the peers
+    /// it hears, a new sequence number (kept with `now`), the echo of
+    /// `to`'s newest view and the promise (`to` is up here).
+    pub fn view_for(&mut self, to: u16, now: Ns) -> View {
+        let hears = self
+            .peers
             .iter()
             .filter(|(_, p)| self.fresh(p.view_ns, now))
             .fold(0, |v, (&n, _)| match n {
                 n if n == to => v | HEARS_YOU,
                 n if n < NAMED => v | 1 << n,
                 _ => v,
-            })
+            });
+        let Some(p) = self.peers.get_mut(&to) else {
+            return View {
+                hears,
+                seq: 0,
+                echo: NO_ECHO,
+                promise: false,
+            };
+        };
+        let seq = p.next_seq;
+        p.next_seq = (seq + 1) % SEQ_MOD;
+        if p.sent.len() == SENT_KEPT {
+            p.sent.pop_front();
+        }
+        p.sent.push_back((seq, now));
+        View {
+            hears,
+            seq,
+            echo: p.last_seq.unwrap_or(NO_ECHO),
+            promise: p.up,
+        }
     }
 
     /// Peers a view is due to at `now` (their session is up); marks them sent.
@@ -200,24 +300,28 @@ impl Liveness {
         if !self.started {
             self.started = true;
             for p in self.peers.values_mut() {
-                p.seen_me_ns = Some(now);
+                p.lease_from_ns = Some(now);
+                p.heard_me_ns = Some(now);
             }
         }
         let lease = self.lease_ns;
+        let within = |t: Option<Ns>| t.is_some_and(|t| now.saturating_sub(t) <= lease);
         let mut changes = Vec::new();
         for (&n, p) in self.peers.iter_mut() {
-            let seen = p.seen_me_ns.is_some_and(|t| now.saturating_sub(t) <= lease);
-            // Up: while seen within the lease, its session up (the first
-            // lease of a start counts as seen). Back: only on a view that
-            // says so, since it was lost, its session up.
+            // Up: while its promise covers now, its session up (the first
+            // lease of a start counts as promised). Back: only on a view
+            // that says it hears this node, since it was lost, its session
+            // up; it then has a lease to promise.
             let should = if p.up {
-                seen && (p.wire_up || p.view_ns.is_none())
+                within(p.lease_from_ns) && (p.wire_up || p.view_ns.is_none())
             } else {
-                seen && p.wire_up && p.seen_me_ns > p.lost_ns
+                within(p.heard_me_ns) && p.wire_up && p.heard_me_ns > p.lost_ns
             };
             if should != p.up {
                 p.up = should;
-                if !should {
+                if should {
+                    p.lease_from_ns = Some(now);
+                } else {
                     p.lost_ns = Some(now);
                 }
                 changes.push(if should {
@@ -301,31 +405,111 @@ mod tests {
         Liveness::new(&peers, 1000 * MS, 10 * MS)
     }
 
+    /// A view from a peer: what it hears, its number, the echo of ours
+    /// and its promise.
+    fn v(hears: u64, seq: u16, echo: u16, promise: bool) -> View {
+        View {
+            hears,
+            seq,
+            echo,
+            promise,
+        }
+    }
+
     #[test]
-    fn a_peer_is_up_while_it_says_it_hears_us_and_lost_a_lease_after() {
+    fn a_peer_is_up_while_its_promise_covers_now_and_lost_a_lease_after() {
         let mut l = three(0);
         l.set_wire(1, true);
         l.set_wire(2, true);
         assert!(
             l.tick(0).is_empty(),
-            "a start's first lease counts as heard"
+            "a start's first lease counts as promised"
         );
         assert!(l.is_up(1) && l.is_up(2));
-        // Node 1 hears us; node 2 never says so.
-        for t in (0..=600).step_by(20) {
-            l.view(t * MS, 1, HEARS_YOU);
-            l.view(t * MS, 2, 0b010);
+        // Node 1 promises, echoing each view of ours; node 2 never does.
+        for (k, t) in (0..=600).step_by(20).enumerate() {
+            let mine1 = l.view_for(1, t * MS);
+            let mine2 = l.view_for(2, t * MS);
+            l.view(t * MS, 1, v(HEARS_YOU, k as u16, mine1.seq, true));
+            l.view(t * MS, 2, v(0b010, k as u16, mine2.seq, false));
         }
         assert_eq!(l.tick(600 * MS), vec![Change::Lost(2)]);
         assert!(l.is_up(1) && !l.is_up(2));
+        assert!(
+            !l.view_for(2, 610 * MS).promise,
+            "no promise to a lost peer"
+        );
         // Node 2 hears us again: back on the next view.
-        l.view(620 * MS, 2, HEARS_YOU | 0b010);
+        l.view(620 * MS, 2, v(HEARS_YOU | 0b010, 40, NO_ECHO, false));
         assert_eq!(l.tick(620 * MS), vec![Change::Back(2)]);
-        // Node 1 falls silent: lost once the lease (500 ms) has passed.
+        // Node 1 falls silent: lost once the lease (500 ms) from our send
+        // time of the last view it echoed (600 ms) has passed.
         assert!(l.tick(1100 * MS).iter().all(|c| *c != Change::Lost(1)));
         assert!(l.tick(1101 * MS).contains(&Change::Lost(1)));
-        // Its session up again is not enough: a view must say so.
+        // Its session up again is not enough: a view must say it hears us.
         assert!(l.tick(1200 * MS).iter().all(|c| *c != Change::Back(1)));
+    }
+
+    #[test]
+    fn a_promise_counts_from_our_send_time_not_from_when_it_is_read() {
+        let mut l = three(0);
+        l.set_wire(1, true);
+        l.tick(0);
+        let sent = l.view_for(1, 10 * MS);
+        // This node's thread was starved: the answer to the view it sent at
+        // 10 ms is read at 600 ms. Counted from its arrival it would renew
+        // the lease to 1,100 ms; the partner may go on alone from 760 ms.
+        l.view(600 * MS, 1, v(HEARS_YOU, 7, sent.seq, true));
+        assert!(l.tick(600 * MS).contains(&Change::Lost(1)));
+        // An echo of a view this node never sent renews nothing.
+        let mut l = three(0);
+        l.set_wire(1, true);
+        l.tick(0);
+        l.view(400 * MS, 1, v(HEARS_YOU, 7, 4000, true));
+        assert!(l.tick(501 * MS).contains(&Change::Lost(1)));
+    }
+
+    #[test]
+    fn a_withdrawn_promise_loses_the_peer_at_once() {
+        let mut l = three(0);
+        l.set_wire(1, true);
+        l.tick(0);
+        let sent = l.view_for(1, 0);
+        l.view(10 * MS, 1, v(HEARS_YOU, 1, sent.seq, true));
+        assert!(l.tick(10 * MS).is_empty());
+        // It still hears us, but no longer counts us up (a link cut one
+        // way: our views reach it, its promises stopped reaching us).
+        l.view(30 * MS, 1, v(HEARS_YOU, 2, sent.seq, false));
+        assert_eq!(l.tick(30 * MS), vec![Change::Lost(1)]);
+        // A restarted peer's first views promise nothing yet: not a loss.
+        let mut l = three(0);
+        l.set_wire(1, true);
+        l.tick(0);
+        let sent = l.view_for(1, 0);
+        l.view(10 * MS, 1, v(HEARS_YOU, 1, sent.seq, true));
+        l.restarted(1);
+        l.view(20 * MS, 1, v(0, 0, NO_ECHO, false));
+        assert!(l.tick(20 * MS).is_empty());
+        assert!(l.is_up(1));
+    }
+
+    #[test]
+    fn views_are_numbered_and_echo_the_peers_newest() {
+        let mut l = three(0);
+        l.set_wire(1, true);
+        l.tick(0);
+        let first = l.view_for(1, 0);
+        assert_eq!((first.seq, first.echo), (0, NO_ECHO));
+        assert!(first.promise);
+        l.view(5 * MS, 1, v(HEARS_YOU, 41, first.seq, true));
+        let second = l.view_for(1, 20 * MS);
+        assert_eq!((second.seq, second.echo), (1, 41));
+        // The numbers wrap below the echo's field limit.
+        for t in 2..=SEQ_MOD as u64 {
+            let view = l.view_for(1, t * MS);
+            assert!(view.seq < SEQ_MOD);
+        }
+        assert_eq!(l.view_for(1, 9000 * MS).seq, 1);
     }
 
     #[test]
@@ -333,7 +517,8 @@ mod tests {
         let mut l = three(0);
         l.set_wire(1, true);
         l.tick(0);
-        l.view(10 * MS, 1, HEARS_YOU);
+        let sent = l.view_for(1, 0);
+        l.view(10 * MS, 1, v(HEARS_YOU, 0, sent.seq, true));
         l.set_wire(1, false);
         assert_eq!(l.tick(11 * MS), vec![Change::Lost(1)]);
     }
@@ -341,11 +526,11 @@ mod tests {
     #[test]
     fn the_view_lists_the_peers_heard_within_the_lease() {
         let mut l = three(1);
-        l.view(0, 0, 0);
-        l.view(300 * MS, 2, 0);
-        assert_eq!(l.view_for(0, 400 * MS), HEARS_YOU | 0b100);
-        assert_eq!(l.view_for(2, 400 * MS), HEARS_YOU | 0b001);
-        assert_eq!(l.view_for(0, 600 * MS), 0b100);
+        l.view(0, 0, v(0, 0, NO_ECHO, false));
+        l.view(300 * MS, 2, v(0, 0, NO_ECHO, false));
+        assert_eq!(l.view_for(0, 400 * MS).hears, HEARS_YOU | 0b100);
+        assert_eq!(l.view_for(2, 400 * MS).hears, HEARS_YOU | 0b001);
+        assert_eq!(l.view_for(0, 600 * MS).hears, 0b100);
         l.set_wire(0, true);
         assert_eq!(l.views_due(600 * MS), vec![0]);
         assert!(l.views_due(610 * MS).is_empty());
@@ -360,10 +545,10 @@ mod tests {
         l.tick(0);
         // Node 1 lost at 500 ms; node 2 has not spoken since: undecided.
         assert_eq!(l.witness_hears(1, 500 * MS), None);
-        l.view(520 * MS, 2, HEARS_YOU | 0b010);
+        l.view(520 * MS, 2, v(HEARS_YOU | 0b010, 0, NO_ECHO, false));
         assert_eq!(l.witness_hears(1, 500 * MS), Some(true));
         assert!(!l.peer_lost_one(540 * MS, 1000 * MS));
-        l.view(540 * MS, 2, HEARS_YOU);
+        l.view(540 * MS, 2, v(HEARS_YOU, 1, NO_ECHO, false));
         assert_eq!(l.witness_hears(1, 500 * MS), Some(false));
         // Node 2 stopped hearing node 1: a failover may be under way.
         assert!(l.peer_lost_one(600 * MS, 1000 * MS));

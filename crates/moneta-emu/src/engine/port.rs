@@ -452,6 +452,7 @@ impl<C: StampClock> DeviceThread<C> {
                         &format!("node {peer} restarted: what was in flight to it goes degraded"),
                     );
                     state.liveness.set_wire(peer, true);
+                    state.liveness.restarted(peer);
                     self.driver.peer_failed(now, peer);
                     if state.liveness.is_up(peer) {
                         self.driver.peer_up(peer);
@@ -461,13 +462,7 @@ impl<C: StampClock> DeviceThread<C> {
                 WireEvent::PeerUp { peer } => state.liveness.set_wire(peer, true),
             }
         }
-        for change in state.liveness.tick(now) {
-            worked = true;
-            match change {
-                Change::Lost(peer) => self.lose(&mut state, now, peer),
-                Change::Back(peer) => self.regain(&mut state, peer),
-            }
-        }
+        worked |= self.judge_peers(&mut state, now);
         worked |= self.send_views(&mut state, now);
         worked |= self.take_arrivals(&mut state, now);
         worked |= self.decide(&mut state, now);
@@ -484,6 +479,31 @@ impl<C: StampClock> DeviceThread<C> {
             state.stats.dirty_save_error = state.port.dirty.save().err().map(|e| e.to_string());
         }
         self.port = Some(state);
+        worked
+    }
+
+    /// The leases at `now`, before the turn takes commands (a thread that
+    /// was starved past a partner's lease must not serve its copy first).
+    /// Returns whether a peer was lost or came back.
+    pub(super) fn port_leases(&mut self, now: Ns) -> bool {
+        let Some(mut state) = self.port.take() else {
+            return false;
+        };
+        let worked = self.judge_peers(&mut state, now);
+        self.port = Some(state);
+        worked
+    }
+
+    /// Peers lost or back at `now` (`Liveness::tick`).
+    fn judge_peers(&mut self, state: &mut PortState, now: Ns) -> bool {
+        let mut worked = false;
+        for change in state.liveness.tick(now) {
+            worked = true;
+            match change {
+                Change::Lost(peer) => self.lose(state, now, peer),
+                Change::Back(peer) => self.regain(state, peer),
+            }
+        }
         worked
     }
 
@@ -583,7 +603,12 @@ impl<C: StampClock> DeviceThread<C> {
         let mut worked = false;
         for peer in state.liveness.views_due(now) {
             let view = state.liveness.view_for(peer, now);
-            let header = self.header_to(peer, PacketKind::WriteCompletion, view, VIEW_TAG, 0);
+            let mut header =
+                self.header_to(peer, PacketKind::WriteCompletion, view.hears, VIEW_TAG, 0);
+            // A completion carries no payload: OFFSETS, SIZE and CMD are free.
+            header.offsets = view.seq;
+            header.size = view.echo;
+            header.cmd = u8::from(view.promise);
             if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
                 worked = true;
             } else {
@@ -619,7 +644,7 @@ impl<C: StampClock> DeviceThread<C> {
                     quorum,
                     witness,
                     wins,
-                    now >= lost + grace,
+                    now >= lost + state.liveness.settle_ns(),
                     now >= lost + 4 * grace,
                 );
                 let Some(alone) = verdict else {
@@ -1048,7 +1073,13 @@ impl<C: StampClock> DeviceThread<C> {
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == VIEW_TAG {
-                state.liveness.view(now, from, h.addr);
+                let view = liveness::View {
+                    hears: h.addr,
+                    seq: h.offsets,
+                    echo: h.size,
+                    promise: h.cmd == 1,
+                };
+                state.liveness.view(now, from, view);
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == MISSED_TAG {
