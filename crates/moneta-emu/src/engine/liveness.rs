@@ -416,6 +416,17 @@ mod tests {
         }
     }
 
+    /// Node 0, whose peer 1 answered its first view (sent at 0) with a
+    /// promise read at 10 ms; and that view.
+    fn node_1_promised() -> (Liveness, View) {
+        let mut l = three(0);
+        l.set_wire(1, true);
+        l.tick(0);
+        let sent = l.view_for(1, 0);
+        l.view(10 * MS, 1, v(HEARS_YOU, 1, sent.seq, true));
+        (l, sent)
+    }
+
     #[test]
     fn a_peer_is_up_while_its_promise_covers_now_and_lost_a_lease_after() {
         let mut l = three(0);
@@ -471,22 +482,14 @@ mod tests {
 
     #[test]
     fn a_withdrawn_promise_loses_the_peer_at_once() {
-        let mut l = three(0);
-        l.set_wire(1, true);
-        l.tick(0);
-        let sent = l.view_for(1, 0);
-        l.view(10 * MS, 1, v(HEARS_YOU, 1, sent.seq, true));
+        let (mut l, sent) = node_1_promised();
         assert!(l.tick(10 * MS).is_empty());
         // It still hears us, but no longer counts us up (a link cut one
         // way: our views reach it, its promises stopped reaching us).
         l.view(30 * MS, 1, v(HEARS_YOU, 2, sent.seq, false));
         assert_eq!(l.tick(30 * MS), vec![Change::Lost(1)]);
         // A restarted peer's first views promise nothing yet: not a loss.
-        let mut l = three(0);
-        l.set_wire(1, true);
-        l.tick(0);
-        let sent = l.view_for(1, 0);
-        l.view(10 * MS, 1, v(HEARS_YOU, 1, sent.seq, true));
+        let (mut l, sent) = node_1_promised();
         l.restarted(1);
         l.view(20 * MS, 1, v(0, 0, NO_ECHO, false));
         assert!(l.tick(20 * MS).is_empty());
@@ -514,11 +517,7 @@ mod tests {
 
     #[test]
     fn a_failed_session_loses_the_peer_at_once() {
-        let mut l = three(0);
-        l.set_wire(1, true);
-        l.tick(0);
-        let sent = l.view_for(1, 0);
-        l.view(10 * MS, 1, v(HEARS_YOU, 0, sent.seq, true));
+        let (mut l, _) = node_1_promised();
         l.set_wire(1, false);
         assert_eq!(l.tick(11 * MS), vec![Change::Lost(1)]);
     }
