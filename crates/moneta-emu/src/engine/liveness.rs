@@ -489,7 +489,7 @@ mod tests {
         l.view(30 * MS, 1, v(HEARS_YOU, 2, sent.seq, false));
         assert_eq!(l.tick(30 * MS), vec![Change::Lost(1)]);
         // A restarted peer's first views promise nothing yet: not a loss.
-        let (mut l, sent) = node_1_promised();
+        let (mut l, _) = node_1_promised();
         l.restarted(1);
         l.view(20 * MS, 1, v(0, 0, NO_ECHO, false));
         assert!(l.tick(20 * MS).is_empty());
