@@ -217,6 +217,43 @@ const LAYOUTS: [(&str, &str, Fields); 2] = [
     ),
 ];
 
+/// Where tracefs is mounted when the system mounts it (systemd does; a
+/// bare boot may not, and then no tracepoint can be found or attached).
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// Make sure tracefs is mounted (its `events` directory names the
+/// tracepoints and their layouts): if neither its place nor debugfs's
+/// `tracing` has it, mount it at [`TRACEFS`] and say so. It stays mounted
+/// (as on a system that mounts it at boot).
+fn mount_tracefs() -> Result<(), String> {
+    let mounted = [TRACEFS, "/sys/kernel/debug/tracing"]
+        .iter()
+        .any(|root| Path::new(root).join("events").is_dir());
+    if mounted {
+        return Ok(());
+    }
+    let c = |s: &str| std::ffi::CString::new(s).expect("no NUL");
+    let (source, target, kind) = (c("nodev"), c(TRACEFS), c("tracefs"));
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            kind.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(format!(
+            "tracefs is not mounted and mounting it at {TRACEFS} failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    eprintln!("monetad: mounted tracefs at {TRACEFS} (the block-free tracepoints need it)");
+    Ok(())
+}
+
 /// Whether the running kernel's format file for `category/name` has the
 /// fields at the offsets and sizes the program reads.
 fn layout_matches(category: &str, name: &str, fields: &[(&str, u32, u32)]) -> Result<(), String> {
@@ -256,6 +293,7 @@ impl FreeWatch {
                 "monetad was built without clang, so without its block-free tracepoints".into(),
             ));
         }
+        mount_tracefs().map_err(unavailable)?;
         let mut bpf = aya::Ebpf::load(OBJECT)
             .map_err(|e| unavailable(format!("loading the block-free programs: {e}")))?;
         let mut attached = Vec::new();
