@@ -139,14 +139,17 @@ pub fn run(
     }
     let think = config.cpu.think_ns;
     let (mut finished, mut accesses, mut latency_sum) = (0, 0u64, 0u128);
-    while let Some((now, thread)) = queue.pop() {
+    while let Some((now, thread)) = queue.peek() {
         match streams[thread as usize].next_access() {
-            None => finished = finished.max(now),
+            None => {
+                finished = finished.max(now);
+                queue.pop();
+            }
             Some(a) => {
                 let done = machine.access(now, a)?;
                 accesses += 1;
                 latency_sum += u128::from(done - now);
-                queue.push(done + think, thread);
+                queue.replace_top(done + think, thread);
             }
         }
     }
