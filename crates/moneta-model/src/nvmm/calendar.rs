@@ -46,8 +46,18 @@ impl Calendar {
     /// Drop intervals that ended by `now_ns`.
     #[inline]
     pub fn prune(&mut self, now_ns: Ns) {
+        // Usually none has: the list is empty or its first interval is
+        // still busy (the list is empty or starts at `head`).
+        match self.busy.get(self.head) {
+            Some(&(_, end)) if end <= now_ns => self.drop_ended(now_ns),
+            _ => {}
+        }
+    }
+
+    #[inline]
+    fn drop_ended(&mut self, now_ns: Ns) {
         let len = self.busy.len();
-        let mut head = self.head;
+        let mut head = self.head + 1;
         while head < len && self.busy[head].1 <= now_ns {
             head += 1;
         }
@@ -130,7 +140,7 @@ impl Calendar {
 
     /// Book `duration_ns` where [`fit`](Self::fit) found room, with no
     /// booking or pruning since.
-    #[inline]
+    #[inline(always)]
     pub fn book_at(&mut self, fit: Fit, duration_ns: Ns) {
         if duration_ns == 0 {
             return;

@@ -21,6 +21,8 @@ pub struct DramTiming {
     bytes_per_s: f64,
     channels: u64,
     banks_per_channel: u64,
+    /// log2(channels) when both counts are powers of two.
+    channel_shift: Option<u32>,
     banks: Vec<Calendar>,
     buses: Vec<Calendar>,
     latest_now_ns: Ns,
@@ -43,6 +45,8 @@ impl DramTiming {
             bytes_per_s: d.channel_bytes_per_s,
             channels: d.channels.into(),
             banks_per_channel: d.banks_per_channel.into(),
+            channel_shift: (d.channels.is_power_of_two() && d.banks_per_channel.is_power_of_two())
+                .then(|| d.channels.trailing_zeros()),
             banks: vec![Calendar::default(); banks],
             buses: vec![Calendar::default(); d.channels as usize],
             latest_now_ns: 0,
@@ -65,20 +69,18 @@ impl DramTiming {
     /// the bus.
     #[inline]
     pub fn access(&mut self, now_ns: Ns, start_ns: Ns, block: u64, bytes: u64, write: bool) -> Ns {
-        let (channel, bank_in_channel) =
-            if self.channels.is_power_of_two() && self.banks_per_channel.is_power_of_two() {
-                // Shifts and masks: this runs several times per simulated access.
-                let shift = self.channels.trailing_zeros();
-                (
-                    block & (self.channels - 1),
-                    (block >> shift) & (self.banks_per_channel - 1),
-                )
-            } else {
-                (
-                    block % self.channels,
-                    (block / self.channels) % self.banks_per_channel,
-                )
-            };
+        let (channel, bank_in_channel) = if let Some(shift) = self.channel_shift {
+            // Shifts and masks: this runs several times per simulated access.
+            (
+                block & (self.channels - 1),
+                (block >> shift) & (self.banks_per_channel - 1),
+            )
+        } else {
+            (
+                block % self.channels,
+                (block / self.channels) % self.banks_per_channel,
+            )
+        };
         let channel = channel as usize;
         let bank = channel * self.banks_per_channel as usize + bank_in_channel as usize;
         let latency = if write {
