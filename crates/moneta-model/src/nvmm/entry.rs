@@ -18,7 +18,7 @@
 //! in the same (uncommitted) block — each flash page is still programmed
 //! once — instead of forcing a new version. The `segment_*` helpers of
 //! [`Entry`] are for libnvmm's 8 KB flash pages (d = 8); the `_in` forms
-//! take d.
+//! take d, the `_at` form d's [`positions_mask`] (the page table's walk).
 
 /// Segments (flash pages, cache blocks) per virtual page with 8 KB flash
 /// pages (libnvmm's, the report's example): 64 KB / 8 KB.
@@ -107,11 +107,29 @@ impl Pte {
     /// per page, if it holds it.
     #[inline]
     pub fn segment_flash_page_in(self, segment: u32, d: u32) -> Option<u64> {
-        let vector = self.vector();
-        (0..32 / d)
-            .find(|k| vector >> (k * d + segment) & 1 == 1)
-            .map(|k| self.mapping() + u64::from(segment + k * d))
+        self.segment_flash_page_at(segment, positions_mask(d))
     }
+    /// [`segment_flash_page_in`](Self::segment_flash_page_in) with
+    /// `positions_mask(d)` computed once by the caller: the vector's bits
+    /// for `segment` are every d-th from bit `segment`, and its first
+    /// position is the lowest of them that is set.
+    #[inline]
+    pub fn segment_flash_page_at(self, segment: u32, positions: u32) -> Option<u64> {
+        let held = (self.vector() >> segment) & positions;
+        (held != 0).then(|| self.mapping() + u64::from(segment + held.trailing_zeros()))
+    }
+}
+
+/// Bits 0, d, 2d, … of a 32-bit vector (d segments per page): segment
+/// 0's positions; segment s's are these shifted up by s.
+pub const fn positions_mask(d: u32) -> u32 {
+    let mut mask = 0;
+    let mut k = 0;
+    while k < 32 / d {
+        mask |= 1 << (k * d);
+        k += 1;
+    }
+    mask
 }
 
 impl From<Pte> for Entry {
@@ -212,5 +230,24 @@ mod tests {
         let q = Pte::new(64, 0, 1 << (4 * 5 + 3), 1, status::PRESENT | status::MAPPED);
         assert_eq!(q.segment_flash_page_in(3, 4), Some(64 + 3 + 20));
         assert_eq!(q.segment_flash_page_in(2, 4), None);
+        assert_eq!(positions_mask(8), 0x0101_0101);
+        assert_eq!(positions_mask(32), 1);
+        // Every segment, position and d against the definition: the first
+        // k with bit k·d + s set.
+        let mut x = 0x9E37_79B9u32;
+        for d in [1, 2, 4, 8, 16, 32] {
+            for _ in 0..200 {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let p = Pte::new(1000, 0, x & x >> 3, 1, status::PRESENT | status::MAPPED);
+                for s in 0..d {
+                    let want = (0..32 / d)
+                        .find(|k| p.vector() >> (k * d + s) & 1 == 1)
+                        .map(|k| 1000 + u64::from(s + k * d));
+                    assert_eq!(p.segment_flash_page_in(s, d), want, "d {d} s {s}");
+                }
+            }
+        }
     }
 }

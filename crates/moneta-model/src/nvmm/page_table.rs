@@ -19,7 +19,7 @@
 //! entries changed since the last commit (libnvmm's log records them; the
 //! simulator turns the tracking off). Flash pages are the caller's.
 
-use super::entry::{status, Entry, Pte, MAX_TABLE_ENTRIES};
+use super::entry::{positions_mask, status, Entry, Pte, MAX_TABLE_ENTRIES};
 
 /// Why a table could not be made or changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,6 +64,8 @@ pub struct PageTable {
     pages: u64,
     versions_per_page: u64,
     segments_per_page: u32,
+    /// `positions_mask(segments_per_page)`, for `locate`.
+    positions: u32,
     entries: Vec<Pte>,
     free_versions: Vec<u32>,
     changes: Option<Changes>,
@@ -103,6 +105,7 @@ impl PageTable {
             pages,
             versions_per_page,
             segments_per_page,
+            positions: positions_mask(segments_per_page),
             entries: try_filled(total, Pte::default(), "the page table")?,
             free_versions,
             changes,
@@ -245,7 +248,7 @@ impl PageTable {
         while e.present() {
             if at.is_none_or(|t| u64::from(e.time()) <= t) {
                 if e.mapped() {
-                    if let Some(fp) = e.segment_flash_page_in(segment, self.segments_per_page) {
+                    if let Some(fp) = e.segment_flash_page_at(segment, self.positions) {
                         return Some((fp, hops));
                     }
                 }
