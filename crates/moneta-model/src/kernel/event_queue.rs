@@ -46,6 +46,20 @@ impl<E: Copy> Default for EventQueue<E> {
     }
 }
 
+/// The smallest child of `hole`, if it has any: of a full set of four, a
+/// tournament without branches; of the last, partial set, a scan.
+#[inline]
+fn smallest_child<E: Copy>(heap: &[Entry<E>], hole: usize) -> Option<usize> {
+    let first = hole * ARITY + 1;
+    if let Some(children) = heap.get(first..first + ARITY) {
+        let k = |i: usize| children[i].key;
+        let a = usize::from(k(1) < k(0));
+        let b = 2 + usize::from(k(3) < k(2));
+        return Some(first + if k(b) < k(a) { b } else { a });
+    }
+    (first..heap.len()).min_by_key(|&c| heap[c].key)
+}
+
 impl<E: Copy> EventQueue<E> {
     pub fn new() -> Self {
         Self {
@@ -54,15 +68,21 @@ impl<E: Copy> EventQueue<E> {
         }
     }
 
+    /// The entry of `event` at `time_ns`, with the next sequence number.
+    #[inline]
+    fn entry(&mut self, time_ns: Ns, event: E) -> Entry<E> {
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        Entry {
+            key: u128::from(time_ns) << 64 | u128::from(sequence),
+            event,
+        }
+    }
+
     /// Schedule `event` at absolute time `time_ns`.
     #[inline]
     pub fn push(&mut self, time_ns: Ns, event: E) {
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        let entry = Entry {
-            key: u128::from(time_ns) << 64 | u128::from(sequence),
-            event,
-        };
+        let entry = self.entry(time_ns, event);
         let mut hole = self.heap.len();
         self.heap.push(entry);
         let heap = &mut self.heap[..];
@@ -85,32 +105,10 @@ impl<E: Copy> EventQueue<E> {
         let Some(&top) = heap.first() else {
             return Some(((last.key >> 64) as Ns, last.event));
         };
-        let len = heap.len();
         let mut hole = 0;
-        loop {
-            let first = hole * ARITY + 1;
-            if let Some(children) = heap.get(first..first + ARITY) {
-                // A full set of children: the smallest of four (a
-                // tournament, without branches).
-                let k = |i: usize| children[i].key;
-                let a = usize::from(k(1) < k(0));
-                let b = 2 + usize::from(k(3) < k(2));
-                let smallest = if k(b) < k(a) { b } else { a };
-                heap[hole] = children[smallest];
-                hole = first + smallest;
-            } else {
-                if first < len {
-                    let mut child = first;
-                    for c in first + 1..len {
-                        if heap[c].key < heap[child].key {
-                            child = c;
-                        }
-                    }
-                    heap[hole] = heap[child];
-                    hole = child;
-                }
-                break;
-            }
+        while let Some(child) = smallest_child(heap, hole) {
+            heap[hole] = heap[child];
+            hole = child;
         }
         while hole > 0 {
             let parent = (hole - 1) / ARITY;
@@ -137,34 +135,11 @@ impl<E: Copy> EventQueue<E> {
     /// queue must not be empty.
     #[inline]
     pub fn replace_top(&mut self, time_ns: Ns, event: E) {
-        let sequence = self.next_sequence;
-        self.next_sequence += 1;
-        let entry = Entry {
-            key: u128::from(time_ns) << 64 | u128::from(sequence),
-            event,
-        };
+        let entry = self.entry(time_ns, event);
         let heap = &mut self.heap[..];
         assert!(!heap.is_empty(), "replace_top on an empty queue");
-        let len = heap.len();
         let mut hole = 0;
-        loop {
-            let first = hole * ARITY + 1;
-            let child = if let Some(children) = heap.get(first..first + ARITY) {
-                let k = |i: usize| children[i].key;
-                let a = usize::from(k(1) < k(0));
-                let b = 2 + usize::from(k(3) < k(2));
-                first + if k(b) < k(a) { b } else { a }
-            } else if first < len {
-                let mut child = first;
-                for c in first + 1..len {
-                    if heap[c].key < heap[child].key {
-                        child = c;
-                    }
-                }
-                child
-            } else {
-                break;
-            };
+        while let Some(child) = smallest_child(heap, hole) {
             if heap[child].key >= entry.key {
                 break;
             }
