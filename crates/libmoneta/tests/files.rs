@@ -14,7 +14,7 @@ use moneta_model::config::Config;
 use moneta_model::kernel::Rng;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -821,7 +821,19 @@ fn malformed_file_requests_get_errors() {
     };
     assert_eq!(end, 1 << 20);
     assert_eq!(extents.len(), 1);
-    assert_eq!(extents[0].direct, DirectAccess::ReadWrite);
+    let st = std::fs::metadata(fs.path("f")).unwrap();
+    assert_eq!(
+        extents[0].direct,
+        DirectAccess::ReadWrite,
+        "{extents:?}: kernel path because {:?}; {:?}",
+        plane
+            .file_table()
+            .kernel_path_reasons(moneta_emu::files::InodeId {
+                dev: st.dev(),
+                ino: st.ino()
+            }),
+        plane.file_table().stats()
+    );
     assert!(fs.records() > 0);
     assert!(matches!(
         plane.handle(&mut session, Request::CloseFile { file_id }).0,

@@ -39,6 +39,12 @@ const TITLE: &[u8] = b"moneta-cover\0";
 /// The descriptor the keeper keeps its end of the socket on.
 const KEEPER_SOCKET: RawFd = 3;
 
+/// The keeper's first message: it closed every descriptor it inherited.
+const READY: u8 = b'r';
+
+/// How long monetad waits for that message.
+const READY_TIMEOUT_MS: i32 = 10_000;
+
 /// A running keeper: its pid and monetad's end of its socket.
 pub(crate) struct CoverKeeper {
     socket: Option<OwnedFd>,
@@ -69,6 +75,7 @@ impl CoverKeeper {
         // SAFETY: both descriptors are new and ours.
         let (ours, theirs) =
             unsafe { (OwnedFd::from_raw_fd(pair[0]), OwnedFd::from_raw_fd(pair[1])) };
+        let mut helpers = sys::own_helpers();
         // SAFETY: fork; the child runs only `keeper_main`, which makes raw
         // system calls and never returns.
         let pid = unsafe { libc::fork() };
@@ -82,11 +89,18 @@ impl CoverKeeper {
                 std::io::Error::last_os_error(),
             ));
         }
+        // Until it closes them the keeper holds every descriptor of this
+        // process (a file a client has open would look open elsewhere) and
+        // for its life this process's mappings: the passes over /proc
+        // count it as this process, and spawn returns once it is clean.
+        helpers.push(pid);
+        drop(helpers);
         drop(theirs);
         let keeper = CoverKeeper {
             socket: Some(ours),
             pid,
         };
+        keeper.await_ready()?;
         for &group in groups {
             keeper.give(group)?;
         }
@@ -100,6 +114,38 @@ impl CoverKeeper {
             .map_err(|e| EmuError::io("handing a coverage group to its keeper", e))
     }
 
+    /// Wait for the keeper's word that it closed what it inherited.
+    fn await_ready(&self) -> Result<(), EmuError> {
+        let socket = self.socket.as_ref().expect("socket").as_raw_fd();
+        let mut poll = libc::pollfd {
+            fd: socket,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one descriptor of ours.
+        let ready = unsafe { libc::poll(&mut poll, 1, READY_TIMEOUT_MS) };
+        if ready <= 0 {
+            // Slow to be scheduled (a loaded host): it is counted as this
+            // process meanwhile, so going on is safe.
+            eprintln!(
+                "monetad: the coverage keeper (pid {}) has not started within {READY_TIMEOUT_MS} ms",
+                self.pid
+            );
+            return Ok(());
+        }
+        let mut byte = [0u8; 1];
+        // SAFETY: reads at most one byte into `byte`.
+        let n = unsafe { libc::recv(socket, byte.as_mut_ptr().cast(), 1, 0) };
+        if n == 1 && byte[0] == READY {
+            Ok(())
+        } else {
+            Err(EmuError::io(
+                "starting the coverage keeper (it exited before it was ready)",
+                std::io::Error::last_os_error(),
+            ))
+        }
+    }
+
     pub(crate) fn pid(&self) -> libc::pid_t {
         self.pid
     }
@@ -108,7 +154,11 @@ impl CoverKeeper {
     pub(crate) fn alive(&self) -> bool {
         let mut status = 0;
         // SAFETY: waitpid on our own child, without blocking.
-        unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) == 0 }
+        let alive = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) == 0 };
+        if !alive {
+            sys::forget_own_helper(self.pid);
+        }
+        alive
     }
 }
 
@@ -122,6 +172,7 @@ impl Drop for CoverKeeper {
             let mut status = 0;
             // SAFETY: waitpid on our own child, without blocking.
             if unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) } != 0 {
+                sys::forget_own_helper(self.pid);
                 return;
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -168,6 +219,9 @@ unsafe fn keeper_main(socket: RawFd, title: Option<(usize, usize)>) -> ! {
             if null > KEEPER_SOCKET {
                 libc::close(null);
             }
+        }
+        if libc::write(KEEPER_SOCKET, [READY].as_ptr().cast(), 1) != 1 {
+            libc::_exit(1);
         }
         libc::prctl(libc::PR_SET_NAME, TITLE.as_ptr());
         if let Some((start, end)) = title {

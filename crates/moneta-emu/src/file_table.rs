@@ -269,6 +269,33 @@ impl FileTable {
         self.table.lock().expect("file table")
     }
 
+    /// Why nothing of `inode` would be granted now (empty: nothing keeps
+    /// it on the kernel path as a whole), for diagnostics.
+    pub fn kernel_path_reasons(&self, inode: InodeId) -> Vec<String> {
+        let t = self.lock();
+        let Some(st) = t.inodes.get(&inode) else {
+            return vec!["not open through the device".into()];
+        };
+        let mut why = Vec::new();
+        if st.mapped.is_some() {
+            why.push("mapped by some process".into());
+        }
+        if st.blind.is_some() {
+            why.push("open outside the shim since before it was watched".into());
+        }
+        if st.foreign_writer.is_some() {
+            why.push("open for writing outside the shim (or behind a loop device)".into());
+        }
+        for c in &st.changes {
+            why.push(format!(
+                "a layout change from byte {} pending for {:?}",
+                c.from,
+                c.since.elapsed()
+            ));
+        }
+        why
+    }
+
     pub fn stats(&self) -> FileTableStats {
         let t = self.lock();
         // Only if started: statistics must not start the watcher.
@@ -489,12 +516,30 @@ impl FileTable {
                         // it can move blocks unseen; a mapping made before
                         // the watch faults pages in unseen.
                         let uses = self.outside_uses(inode, true);
+                        let holder = || match &uses.holder {
+                            Some((pid, comm)) => format!("pid {pid} ({comm})"),
+                            None => "a loop device".into(),
+                        };
                         if early && uses.open {
                             st.blind = Some(Instant::now());
+                            eprintln!(
+                                "monetad: inode {}:{} is open in {} since before it was \
+                                 watched: served through the kernel until that open ends",
+                                inode.dev,
+                                inode.ino,
+                                holder()
+                            );
                         } else if uses.open_for_writing
                             || sys::inode_backs_loop_device(inode.dev, inode.ino)
                         {
                             st.foreign_writer = Some(Instant::now());
+                            eprintln!(
+                                "monetad: inode {}:{} is open for writing outside the shim \
+                                 ({}): served through the kernel while it is",
+                                inode.dev,
+                                inode.ino,
+                                holder()
+                            );
                         }
                         if st.mapped.is_none() && uses.mapped {
                             if let Ok(keep) = sys::dup(file.raw_fd()) {

@@ -620,9 +620,48 @@ pub fn write_back_range(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Children of this process that never use what they inherited (the
+/// coverage keeper, forked without exec: until it closes them it holds
+/// every descriptor this process had, and it keeps this process's
+/// mappings): the passes over /proc count them as this process. A pass
+/// holds the read side for its whole walk, and a fork of such a child the
+/// write side until its pid is noted, so no pass sees the child unnoted.
+static OWN_HELPERS: std::sync::RwLock<Vec<i32>> = std::sync::RwLock::new(Vec::new());
+
+/// The list of own helpers, to fork one and note its pid under (see
+/// [`OWN_HELPERS`]); [`forget_own_helper`] once it is reaped.
+pub fn own_helpers() -> std::sync::RwLockWriteGuard<'static, Vec<i32>> {
+    OWN_HELPERS.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `pid` is reaped: a new process may get its number.
+pub fn forget_own_helper(pid: i32) {
+    own_helpers().retain(|&p| p != pid);
+}
+
+/// This process and its own helpers, skipped by a pass over /proc (which
+/// holds this for its whole walk).
+struct ThisProcess {
+    helpers: std::sync::RwLockReadGuard<'static, Vec<i32>>,
+    me: i32,
+}
+
+impl ThisProcess {
+    fn contains(&self, pid: i32) -> bool {
+        pid == self.me || self.helpers.contains(&pid)
+    }
+}
+
+fn this_process() -> ThisProcess {
+    ThisProcess {
+        helpers: OWN_HELPERS.read().unwrap_or_else(|p| p.into_inner()),
+        me: std::process::id() as i32,
+    }
+}
+
 /// How processes other than this one use the file (dev, ino), from one
 /// pass over /proc.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct OutsideUses {
     /// A descriptor of it is open (in a process not in `except`).
     pub open: bool,
@@ -630,11 +669,14 @@ pub struct OutsideUses {
     pub open_for_writing: bool,
     /// Some process (any but this one) maps it.
     pub mapped: bool,
+    /// The first process found with a descriptor of it open, and its
+    /// command name (for the log: who keeps the file on the kernel path).
+    pub holder: Option<(i32, String)>,
 }
 
-/// One pass over /proc: the descriptors of every process but this one and
-/// `except` (only those whose path is `under`, if given) when `fds`, and
-/// every process's mappings when `maps`.
+/// One pass over /proc: the descriptors of every process but this one (and
+/// its own helpers) and `except` (only those whose path is `under`, if
+/// given) when `fds`, and their mappings when `maps`.
 pub fn outside_uses(
     dev: u64,
     ino: u64,
@@ -644,7 +686,7 @@ pub fn outside_uses(
     maps: bool,
 ) -> OutsideUses {
     use std::os::unix::fs::MetadataExt;
-    let me = std::process::id() as i32;
+    let me = this_process();
     let mut uses = OutsideUses::default();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return uses;
@@ -659,7 +701,7 @@ pub fn outside_uses(
         else {
             continue;
         };
-        if pid == me {
+        if me.contains(pid) {
             continue;
         }
         if fds && !uses.open_for_writing && !except.contains(&pid) {
@@ -671,6 +713,11 @@ pub fn outside_uses(
                         && std::fs::metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino);
                     if ours {
                         uses.open = true;
+                        if uses.holder.is_none() {
+                            let comm = std::fs::read_to_string(entry.path().join("comm"))
+                                .unwrap_or_default();
+                            uses.holder = Some((pid, comm.trim_end().to_string()));
+                        }
                         if fd_writable(&entry.path(), &f.file_name()) {
                             uses.open_for_writing = true;
                             break;
@@ -737,22 +784,22 @@ pub fn process_of_thread(tid: i32) -> Option<i32> {
 }
 
 /// The inodes (dev, ino) of every regular file some process (other than
-/// this one) has open under directory `root` (by the descriptor's path).
+/// this one and its own helpers) has open under directory `root` (by the descriptor's path).
 pub fn inodes_open_under(
     root: &std::path::Path,
 ) -> std::collections::HashSet<crate::files::InodeId> {
     use std::os::unix::fs::MetadataExt;
-    let me = std::process::id().to_string();
+    let me = this_process();
     let mut found = std::collections::HashSet::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return found;
     };
     for entry in dir.flatten() {
-        let name = entry.file_name();
-        if name
+        let pid = entry
+            .file_name()
             .to_str()
-            .is_none_or(|n| n == me || !n.bytes().all(|b| b.is_ascii_digit()))
-        {
+            .and_then(|n| n.parse::<i32>().ok());
+        if pid.is_none_or(|pid| me.contains(pid)) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
@@ -774,4 +821,53 @@ pub fn inodes_open_under(
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A child forked without exec holds every descriptor of this process
+    /// until it closes them (the coverage keeper): noted as an own helper,
+    /// the passes over /proc count it as this process; unnoted, as another.
+    #[test]
+    fn an_own_helper_holding_inherited_descriptors_is_not_outside() {
+        let dir = std::env::temp_dir().join(format!("moneta-helper-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        let file = std::fs::File::create(&path).unwrap();
+        let st = file.metadata().unwrap();
+        let mut helpers = own_helpers();
+        // SAFETY: the child only sleeps (a raw system call) until killed.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            loop {
+                // SAFETY: pause(2) has no preconditions.
+                unsafe { libc::pause() };
+            }
+        }
+        assert!(pid > 0);
+        drop(helpers);
+        let outside = outside_uses(st.dev(), st.ino(), &[], Some(&dir), true, true);
+        let under = inodes_open_under(&dir);
+        helpers = own_helpers();
+        helpers.push(pid);
+        drop(helpers);
+        let noted = outside_uses(st.dev(), st.ino(), &[], Some(&dir), true, true);
+        let noted_under = inodes_open_under(&dir);
+        // SAFETY: kill and reap our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        forget_own_helper(pid);
+        drop(file);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(outside.open && outside.open_for_writing, "{outside:?}");
+        assert_eq!(outside.holder.as_ref().map(|h| h.0), Some(pid));
+        assert_eq!(under.len(), 1);
+        assert!(!noted.open && noted.holder.is_none(), "{noted:?}");
+        assert!(noted_under.is_empty());
+    }
 }
