@@ -860,15 +860,23 @@ impl Moneta {
     }
 
     fn wait_once(&self, io: &Io) -> ResultCode {
+        // Every few milliseconds of waiting, make sure there is still a
+        // device to wait for (a daemon that died never completes): a spin
+        // turn takes nanoseconds, a sleeping one up to a millisecond (at
+        // 2^16 sleeping turns a program noticed monetad's death after
+        // about 65 s).
+        let check_every = if io.mode == CompletionMode::IssueSleep {
+            1 << 3
+        } else {
+            1 << 16
+        };
         let mut turns = 0u32;
         loop {
             if let Some(code) = self.poll(io) {
                 return code;
             }
-            // Every few milliseconds of waiting, make sure there is still a
-            // device to wait for (a daemon that died never completes).
             turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(1 << 16) && self.device_gone() {
+            if turns.is_multiple_of(check_every) && self.device_gone() {
                 return ResultCode::DeviceFailure;
             }
             if io.mode == CompletionMode::IssueSleep {

@@ -109,6 +109,24 @@ fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
     let watchdog = std::thread::spawn(move || {
         let hung = watched.recv_timeout(Duration::from_secs(60)).is_err();
         if hung {
+            // Where each still-running program waits, for the failure.
+            for &pid in &pids {
+                for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                {
+                    let read =
+                        |f: &str| std::fs::read_to_string(task.path().join(f)).unwrap_or_default();
+                    eprintln!(
+                        "still running: pid {pid} task {:?} ({}) in {}; stack:\n{}",
+                        task.file_name(),
+                        read("comm").trim(),
+                        read("wchan"),
+                        read("stack")
+                    );
+                }
+            }
             for pid in pids {
                 // SAFETY: kill(2) of a child of this test, not yet reaped.
                 unsafe { libc::kill(pid, libc::SIGKILL) };

@@ -497,3 +497,49 @@ fn several_devices_on_one_reactor_keep_their_own_bytes() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A request in flight when monetad dies fails within seconds, also for a
+/// waiter that sleeps between looks (it checked for the daemon every 2^16
+/// turns, which asleep is about 65 s: a program through the shim outlived
+/// the crash test's 60 s watchdog).
+#[test]
+fn a_sleeping_request_fails_soon_after_monetad_dies() {
+    // Each read takes 1 s of modeled time (the most a preset may say): in
+    // flight when the daemon dies 300 ms after it was issued.
+    let serve = Serve::start(
+        "dies",
+        &[
+            "--preset",
+            "null",
+            "--set",
+            "memory.latency_ns_read=1000000000",
+        ],
+    );
+    let m = moneta::Moneta::connect(serve.socket()).expect("connects");
+    m.grant_raw(0, 1 << 20, false).expect("a raw grant");
+    let (done, finished) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let r = m.read_with(0, &mut buf, moneta::CompletionMode::IssueSleep);
+        let _ = done.send(Instant::now());
+        r
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        finished.try_recv().is_err(),
+        "the read finished before its modeled 1 s"
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(serve.child.id() as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    let at = finished
+        .recv_timeout(Duration::from_secs(40))
+        .expect("the read still waited 40 s after monetad died");
+    let r = reader.join().expect("the reader thread");
+    assert!(r.is_err(), "a read from a dead daemon succeeded");
+    let after = at.duration_since(killed);
+    assert!(
+        after < Duration::from_secs(5),
+        "the read noticed monetad's death after {after:?}"
+    );
+}
