@@ -403,7 +403,11 @@ impl Poller for Transmission {
                 worked = true;
                 self.close(index);
             } else {
-                c_interest(self.epoll.as_raw_fd(), index, self.connections[index].as_mut());
+                c_interest(
+                    self.epoll.as_raw_fd(),
+                    index,
+                    self.connections[index].as_mut(),
+                );
             }
         }
         if worked {
@@ -890,7 +894,8 @@ impl Connection {
                         let reply = error_reply(structured, h.cookie, error, "device error");
                         self.output.extend_from_slice(&reply);
                     } else {
-                        self.output.extend_from_slice(&reply_bytes(structured, h.cookie, 0));
+                        self.output
+                            .extend_from_slice(&reply_bytes(structured, h.cookie, 0));
                     }
                 }
             }
