@@ -14,6 +14,7 @@ use moneta_nbd::proto;
 use moneta_nbd::{Export, Limits, Listen, NbdServer};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
