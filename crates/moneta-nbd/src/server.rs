@@ -27,7 +27,7 @@
 //! run (only those already on the device finish, at most a channel's tags).
 
 use crate::proto;
-use crate::transmission::{Handed, Inline};
+use crate::transmission::{Hand, Handed, Inline};
 use moneta::{CompletionMode, Moneta};
 use moneta_emu::channel::CHANNELS;
 use moneta_emu::control::ControlPlane;
@@ -365,8 +365,8 @@ struct Shared {
     counters: Arc<ServerCounters>,
     mode: CompletionMode,
     limits: Limits,
-    /// The transmission side on the device's reactor.
-    inline: Inline,
+    /// Where connections go after GO: the device's reactor.
+    hand: Hand,
 }
 
 impl NbdServer {
@@ -474,7 +474,7 @@ impl NbdServer {
             counters: self.counters.clone(),
             mode: self.completion,
             limits: self.limits,
-            inline,
+            hand: inline.hand(),
         });
         while !stop.load(Ordering::Acquire) {
             // SAFETY: `fds` is a valid array of pollfd for the call.
@@ -796,7 +796,7 @@ fn serve(mut stream: Stream, shared: &Shared, slot: Slot) -> Result<(), String> 
     let Some((moneta, export)) = attached else {
         return Err("negotiation ended without a channel".into());
     };
-    shared.inline.hand(Handed {
+    shared.hand.hand(Handed {
         moneta,
         export,
         negotiated,

@@ -54,6 +54,9 @@ const QUEUE_BOUND: usize = 1024;
 /// longer read.
 const OUTPUT_BOUND: usize = 4 << 20;
 
+/// How often the idle clocks of connections with nothing to do are read.
+const IDLE_SWEEP: Duration = Duration::from_millis(10);
+
 /// Socket events taken per pass at most.
 const EVENTS: usize = 64;
 
@@ -81,8 +84,7 @@ pub(crate) struct Handoff {
 /// One server's transmission side: the poller on the reactor and the two
 /// threads around it. Dropping it stops them (and closes every connection).
 pub(crate) struct Inline {
-    pub handoff: Arc<Handoff>,
-    wake: Arc<Wake>,
+    hand: Hand,
     stop: Arc<AtomicBool>,
     /// Set when the poller has left the reactor (its connections handed to
     /// the helper to close).
@@ -147,36 +149,64 @@ impl Inline {
             plane: plane.clone(),
             counters: counters.clone(),
             idle_timeout,
+            swept: Instant::now(),
             events: vec![libc::epoll_event { events: 0, u64: 0 }; EVENTS],
         }));
         Ok(Inline {
-            handoff,
-            wake,
+            hand: Hand {
+                handoff,
+                wake,
+                left: left.clone(),
+            },
             stop,
             left,
             threads,
         })
     }
 
-    /// Hand a negotiated connection to the reactor.
+    /// What the negotiation threads hand connections over with.
+    pub fn hand(&self) -> Hand {
+        self.hand.clone()
+    }
+}
+
+/// Where negotiated connections go (the negotiation threads keep one).
+#[derive(Clone)]
+pub(crate) struct Hand {
+    handoff: Arc<Handoff>,
+    wake: Arc<Wake>,
+    left: Arc<AtomicBool>,
+}
+
+impl Hand {
+    /// Hand a negotiated connection to the reactor. After the poller has
+    /// left (the server stopped), it is closed here, on this thread (a
+    /// channel's close waits for the reactor, so never on it).
     pub fn hand(&self, c: Handed) {
         self.handoff.waiting.lock().expect("handoff").push(c);
         self.handoff.pending.store(true, Ordering::SeqCst);
         self.wake.ring();
+        // The poller sets `left` after its last take: either it took this
+        // one, or this sees `left` and takes it back.
+        if self.left.load(Ordering::SeqCst) {
+            let late = std::mem::take(&mut *self.handoff.waiting.lock().expect("handoff"));
+            drop(late);
+        }
     }
 }
 
 impl Drop for Inline {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        self.wake.ring();
+        let wake = &self.hand.wake;
+        wake.ring();
         let began = Instant::now();
         // The poller hands its connections to the helper and leaves.
         while !self.left.load(Ordering::Acquire) && began.elapsed() < Duration::from_secs(30) {
-            self.wake.ring();
+            wake.ring();
             std::thread::sleep(Duration::from_millis(1));
         }
-        self.wake.nudge_watchers();
+        wake.nudge_watchers();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -263,6 +293,8 @@ struct Transmission {
     plane: Arc<ControlPlane>,
     counters: Arc<ServerCounters>,
     idle_timeout: Option<Duration>,
+    /// When quiet connections' idle clocks were last looked at.
+    swept: Instant,
     events: Vec<libc::epoll_event>,
 }
 
@@ -384,11 +416,20 @@ impl Poller for Transmission {
             }
         }
         let now = Instant::now();
+        // Quiet connections are looked at only for their idle clocks, and
+        // only this often.
+        let sweep = self.idle_timeout.is_some() && now.duration_since(self.swept) >= IDLE_SWEEP;
+        if sweep {
+            self.swept = now;
+        }
         let mut busy = false;
         for index in 0..self.connections.len() {
             let Some(c) = self.connections[index].as_mut() else {
                 continue;
             };
+            if !sweep && c.quiet() {
+                continue;
+            }
             let turn = if c.hung_up {
                 Turn {
                     done: true,
@@ -510,7 +551,7 @@ impl Transmission {
                 self.close(index);
             }
         }
-        self.left.store(true, Ordering::Release);
+        self.left.store(true, Ordering::SeqCst);
     }
 }
 
@@ -538,6 +579,15 @@ impl Connection {
             interest: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
             last_activity: Instant::now(),
         }
+    }
+
+    /// Nothing to read, answer or write: only its idle clock may end it.
+    fn quiet(&self) -> bool {
+        !self.readable
+            && !self.hung_up
+            && self.reading
+            && self.jobs.is_empty()
+            && self.output_at == self.output.len()
     }
 
     fn hang_up(&mut self, counters: &ServerCounters) {
