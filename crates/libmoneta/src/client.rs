@@ -827,12 +827,22 @@ impl Moneta {
         }
     }
 
+    /// Non-blocking completion without miss recovery: Some(code) once the
+    /// request finished (its DMA slice is the caller's again), None while
+    /// in flight. For a caller that must not wait on the control plane (an
+    /// NBD connection on the device's own reactor), which recovers a hard
+    /// miss elsewhere with [`Moneta::wait`].
+    pub fn try_finish(&self, io: &mut Io) -> Option<ResultCode> {
+        let code = self.poll(io)?;
+        io.in_flight = false;
+        Some(code)
+    }
+
     /// Non-blocking completion with miss recovery: Some(result) once the
     /// request finished; None while in flight (or just re-issued after a
     /// hard miss).
     pub fn try_complete(&self, io: &mut Io) -> Option<Result<(), EmuError>> {
-        let code = self.poll(io)?;
-        io.in_flight = false;
+        let code = self.try_finish(io)?;
         match code {
             ResultCode::Ok => Some(Ok(())),
             ResultCode::PermissionDenied => {

@@ -82,10 +82,11 @@ pub struct ServeArgs {
     /// first export.
     #[arg(long)]
     nbd_export: Vec<String>,
-    /// How NBD connections wait for the device: issue-sleep (sleep until
-    /// the completion interrupt; kind to a loaded machine) or dma (spin on
-    /// the status word; lowest latency on idle cores) (SPEC §3.5).
-    #[arg(long, default_value = "issue-sleep")]
+    /// How the device signals NBD requests' completions to the reactor
+    /// that serves the connections (SPEC §3.5): dma (the status word, read
+    /// in the reactor's loop), or forwarding / issue-sleep (the interrupt,
+    /// forwarded by the kernel-role thread: one more hop per completion).
+    #[arg(long, default_value = "dma")]
     nbd_completion: String,
     /// NBD connections at a time (each holds a device channel), at most
     /// 1007: 16 channels always stay with local clients. A client over the

@@ -473,6 +473,27 @@ impl Engine {
         &self.shared.config
     }
 
+    /// Hand `poller` to the reactor that turns this device, so it runs in
+    /// the same loop as the device (an NBD server's connections: requests
+    /// submitted and answered without a hop between threads). It must
+    /// finish when [`Engine::is_stopping`] says so: the reactor's thread
+    /// ends only when every poller it hosts has.
+    pub fn add_poller(&self, poller: Box<dyn Poller>) {
+        if let Some(r) = &self.reactor {
+            r.add(poller);
+        }
+    }
+
+    /// The doorbell of this device's reactor.
+    pub fn wake(&self) -> Arc<Wake> {
+        self.shared.wake.clone()
+    }
+
+    /// The device is stopping (its pollers and its helpers should end).
+    pub fn is_stopping(&self) -> bool {
+        self.shared.stop.load(Ordering::Acquire)
+    }
+
     pub fn medium(&self) -> &Medium {
         &self.shared.medium
     }
@@ -1493,31 +1514,11 @@ impl<C: StampClock> DeviceThread<C> {
     }
 }
 
-/// A SAN node's wire watcher: while the device thread naps, sleep in
-/// poll(2) on the link and ring the doorbell when a frame comes; while it
-/// works, sleep until its next nap.
+/// A SAN node's wire watcher: rings the doorbell when a frame comes
+/// while the device thread naps (reactor.rs).
 fn wire_watcher(shared: &Shared, fd: &std::os::fd::OwnedFd) {
     use std::os::fd::AsRawFd;
-    while !shared.stop.load(Ordering::Acquire) {
-        let wake = &shared.wake;
-        let seen = wake.nap_word.load(Ordering::SeqCst);
-        if !wake.napping.load(Ordering::SeqCst) {
-            sys::futex_wait(&wake.nap_word, seen, Some(100_000_000));
-            continue;
-        }
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; a bounded wait.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
-        if ready > 0 && wake.napping.load(Ordering::SeqCst) {
-            wake.ring();
-            // Until the nap it ends is over (or the next begins).
-            sys::futex_wait(&wake.nap_word, seen, Some(10_000_000));
-        }
-    }
+    crate::reactor::watch_while_napping(&shared.wake, &shared.stop, fd.as_raw_fd());
 }
 
 /// The kernel's interrupt handler (SPEC §3.5), on its own thread.

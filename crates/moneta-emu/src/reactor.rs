@@ -4,7 +4,9 @@
 //! shard per core.
 //!
 //! A poller is a device (`engine::DeviceThread`: its channels, its model
-//! events, a SAN node's port). Each pass the reactor asks every poller for
+//! events, a SAN node's port) or an NBD server's connections (moneta-nbd's
+//! `transmission.rs`: requests read from the sockets, submitted to the
+//! device and answered in the same loop, `Engine::add_poller`). Each pass the reactor asks every poller for
 //! one turn at the current wall time. While any of them worked or still has
 //! work in flight (a request in its model, a frame on its wire), the reactor
 //! goes round again at once; idle for the longest `idle_spin_ns` of its
@@ -38,7 +40,7 @@ use std::thread::JoinHandle;
 
 /// What one turn of a poller found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pass {
+pub enum Pass {
     /// It did something (took a command, delivered an event, moved a frame).
     Worked,
     /// Nothing this turn, but work is in flight: keep spinning.
@@ -49,8 +51,8 @@ pub(crate) enum Pass {
     Finished,
 }
 
-/// Something a reactor turns (a device, today).
-pub(crate) trait Poller: Send {
+/// Something a reactor turns (a device, an NBD server's connections).
+pub trait Poller: Send {
     /// One turn at the wall clock's now.
     fn poll(&mut self) -> Pass;
     /// About to nap: arm the wake-ups, then take a last look. Returns
@@ -83,12 +85,12 @@ impl Wake {
     }
 
     /// Ring the doorbell: a napping reactor wakes and turns its pollers.
-    pub(crate) fn ring(&self) {
+    pub fn ring(&self) {
         self.doorbell.ring();
     }
 
     /// Tell sleepers on `nap_word` (wire watchers) to look again.
-    pub(crate) fn nudge_watchers(&self) {
+    pub fn nudge_watchers(&self) {
         self.nap_word.fetch_add(1, Ordering::SeqCst);
         sys::futex_wake_all(&self.nap_word);
     }
@@ -153,7 +155,7 @@ impl Reactor {
     }
 
     /// Hand it a poller; it starts turning it at its next pass.
-    pub(crate) fn add(&self, poller: Box<dyn Poller>) {
+    pub fn add(&self, poller: Box<dyn Poller>) {
         self.inner.hosted.fetch_add(1, Ordering::AcqRel);
         self.inner.incoming.lock().expect("incoming").push(poller);
         self.inner.incoming_pending.store(true, Ordering::SeqCst);
@@ -167,6 +169,33 @@ impl Drop for Reactor {
         self.inner.wake.ring();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// For pollers whose work arrives on descriptors (a SAN node's wire, an
+/// NBD server's sockets behind one epoll descriptor): on a thread of its
+/// own, while the reactor naps, wait in poll(2) for `fd` to be readable and
+/// ring the doorbell; while it works, sleep until its next nap. Returns
+/// when `stop` is set (checked at least every 100 ms).
+pub fn watch_while_napping(wake: &Wake, stop: &AtomicBool, fd: std::os::fd::RawFd) {
+    while !stop.load(Ordering::Acquire) {
+        let seen = wake.nap_word.load(Ordering::SeqCst);
+        if !wake.napping.load(Ordering::SeqCst) {
+            sys::futex_wait(&wake.nap_word, seen, Some(100_000_000));
+            continue;
+        }
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a bounded wait.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if ready > 0 && wake.napping.load(Ordering::SeqCst) {
+            wake.ring();
+            // Until the nap it ends is over (or the next begins).
+            sys::futex_wait(&wake.nap_word, seen, Some(10_000_000));
         }
     }
 }

@@ -9,8 +9,8 @@
 //! IOPS at QD16 than nbdkit.
 //!
 //! `cargo bench -p moneta-nbd --bench nbd` (`-- --smoke` for the short CI
-//! run, `-- --json PATH` to write the results, `-- --completion dma` to
-//! have connections spin instead of sleep).
+//! run, `-- --json PATH` to write the results, `-- --completion M` for the
+//! device's completion signal: dma (the default), forwarding or issue-sleep).
 //!
 //! The device's verdict (`moneta_emu::fidelity`, issue 21) follows the
 //! table: were completions posted on their model time over the whole run,
@@ -89,7 +89,7 @@ fn main() -> Result<(), String> {
         .iter()
         .position(|a| a == "--completion")
         .and_then(|i| args.get(i + 1))
-        .map_or(Ok(CompletionMode::IssueSleep), |m| {
+        .map_or(Ok(CompletionMode::Dma), |m| {
             CompletionMode::parse(m)
                 .ok_or(format!("--completion {m}: dma, forwarding or issue-sleep"))
         })?;
@@ -166,7 +166,7 @@ fn main() -> Result<(), String> {
         }
         stop.store(true, Ordering::Release);
         println!(
-            "NBD 4 KiB random reads over a Unix socket, fio --ioengine=nbd, median of {rounds} round(s) of {seconds} s; connections wait by {}",
+            "NBD 4 KiB random reads over a Unix socket, fio --ioengine=nbd, median of {rounds} round(s) of {seconds} s; completions signalled by {}",
             completion.name()
         );
         println!(

@@ -8,14 +8,17 @@
 //!
 //! - [`proto`]: the wire protocol (NetworkBlockDevice/nbd `doc/proto.md`)
 //!   as checked parsing and encoding.
-//! - [`server`]: listeners, fixed newstyle negotiation, and the
-//!   transmission phase on a channel per connection.
+//! - [`server`]: listeners, fixed newstyle negotiation, limits.
+//! - `transmission`: the transmission phase, inline on the reactor that
+//!   turns the device (each connection's requests read, submitted on its
+//!   channel and answered in the reactor's loop; no thread per connection).
 //! - [`client`]: a minimal client (GO, read, write, flush), the initiator
 //!   of the distributed sort's iSCSI-like path.
 
 pub mod client;
 pub mod proto;
 pub mod server;
+mod transmission;
 
 pub use client::NbdClient;
 

@@ -2,18 +2,18 @@
 //! the emulated device.
 //!
 //! Each connection is a client of the device like any other process: it
-//! opens its own channel on the control plane (`Moneta::attach`), takes a
-//! raw grant for its export's range, and turns NBD commands into channel
-//! requests, so every read and write is timed by the device model on the
-//! wall clock and moves real bytes. A reader thread parses requests and
-//! submits them (a command is split into pieces of at most [`PIECE`] so
-//! many are in flight); a completer thread waits for the pieces in
-//! submission order and writes the replies, so replies of one connection
-//! have a single writer. `FLUSH` is queued behind everything submitted
-//! before it and makes the medium durable (msync of an image); `FUA`
-//! writes do the same before their reply. Exports are ranges of the one
-//! device, shared by all connections (`NBD_FLAG_CAN_MULTI_CONN`: the
-//! device has no cache, and a flush syncs the whole medium).
+//! opens its own channel on the control plane (`Moneta::attach`) and takes
+//! a raw grant for its export's range, so every read and write is timed by
+//! the device model on the wall clock and moves real bytes. A connection
+//! negotiates on a thread of its own; after `NBD_OPT_GO` its socket is
+//! handed to the reactor that turns the device, where its requests run to
+//! completion in the reactor's loop (transmission.rs: read from the
+//! socket, submitted on the channel, answered when the device completes
+//! them). `FLUSH` is answered after everything before it and makes the
+//! medium durable (msync of an image); `FUA` writes do the same before
+//! their reply. Exports are ranges of the one device, shared by all
+//! connections (`NBD_FLAG_CAN_MULTI_CONN`: the device has no cache, and a
+//! flush syncs the whole medium).
 //!
 //! Limits ([`Limits`]) keep hostile or forgetful clients from taking the
 //! device from everyone else: at most `max_connections` connections at a
@@ -26,26 +26,22 @@
 //! a client that hangs up has the requests it queued dropped instead of
 //! run (only those already on the device finish, at most a channel's tags).
 
-use crate::proto::{self, ProtoError, RequestHeader};
-use moneta::{CompletionMode, Io, Moneta};
+use crate::proto;
+use crate::transmission::{Hand, Handed, Inline};
+use moneta::{CompletionMode, Moneta};
 use moneta_emu::channel::CHANNELS;
 use moneta_emu::control::ControlPlane;
-use moneta_model::units::{parse_bytes, Op};
+use moneta_model::units::parse_bytes;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Largest channel request one NBD command is split into.
-pub const PIECE: u64 = 128 << 10;
-
-/// Bytes of requests read from a client per system call at most.
-const INPUT_BYTES: usize = 256 << 10;
+pub use crate::transmission::PIECE;
 
 /// Channels NBD connections never take: local clients of the daemon
 /// (`moneta stats`, `moneta bench --daemon`, the shim) always find one.
@@ -59,9 +55,6 @@ pub const MAX_CONNECTIONS_CAP: usize = CHANNELS - 1 - LOCAL_CHANNEL_RESERVE;
 /// Clients over the connection limit being told so at the same time, at
 /// most; beyond this a new client is closed without a word (a flood).
 const REFUSING_MAX: usize = 16;
-
-/// How often at most the reply writer probes a quiet socket for a hang-up.
-const HANG_UP_PROBE: Duration = Duration::from_millis(50);
 
 /// What a server lets one client hold, and for how long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,10 +97,6 @@ impl Limits {
         Ok(())
     }
 }
-
-/// Commands parsed but not yet answered, per connection, beyond which the
-/// reader waits (a client that sends without reading replies).
-const QUEUE_BOUND: usize = 1024;
 
 /// A named range of the device served over NBD.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,17 +190,17 @@ impl Listen {
 }
 
 /// A connected client, over TCP or a Unix socket.
-enum Stream {
+pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
 impl Stream {
-    fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
+    pub(crate) fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_nonblocking(true),
+            Stream::Unix(s) => s.set_nonblocking(true),
+        }
     }
     fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         match self {
@@ -225,13 +214,13 @@ impl Stream {
             Stream::Unix(s) => s.set_write_timeout(t),
         }
     }
-    fn fd(&self) -> std::os::fd::RawFd {
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         match self {
             Stream::Tcp(s) => s.as_raw_fd(),
             Stream::Unix(s) => s.as_raw_fd(),
         }
     }
-    fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
@@ -257,24 +246,6 @@ impl Write for Stream {
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-/// Wait up to `timeout` for any of `events` on `fd`; the events seen
-/// (empty on timeout; an interrupted wait counts as a timeout).
-fn poll_fd(fd: std::os::fd::RawFd, events: libc::c_short, timeout: Duration) -> libc::c_short {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: `p` is one valid pollfd for the call.
-    let ready = unsafe { libc::poll(&mut p, 1, ms) };
-    if ready > 0 {
-        p.revents
-    } else {
-        0
     }
 }
 
@@ -342,8 +313,8 @@ pub struct ServerCounters {
 }
 
 /// One place in a gauge of [`ServerCounters`] (`open` or `refusing`),
-/// given back when the connection's thread ends (after its channel closed).
-struct Slot {
+/// given back when the connection ends (after its channel closed).
+pub(crate) struct Slot {
     counters: Arc<ServerCounters>,
     refusing: bool,
 }
@@ -387,13 +358,15 @@ pub struct NbdServer {
     pub counters: Arc<ServerCounters>,
 }
 
-/// What every connection's threads share.
+/// What every connection's negotiation thread shares.
 struct Shared {
     plane: Arc<ControlPlane>,
     exports: Arc<Vec<Export>>,
     counters: Arc<ServerCounters>,
     mode: CompletionMode,
     limits: Limits,
+    /// Where connections go after GO: the device's reactor.
+    hand: Hand,
 }
 
 impl NbdServer {
@@ -438,7 +411,8 @@ impl NbdServer {
         }
         Ok(NbdServer {
             plane,
-            completion: CompletionMode::IssueSleep,
+            // The reactor looks at the status words itself: no interrupt.
+            completion: CompletionMode::Dma,
             exports: Arc::new(exports),
             listeners,
             limits: Limits::default(),
@@ -470,9 +444,18 @@ impl NbdServer {
     }
 
     /// Accept connections until `stop` is set (checked every 100 ms); each
-    /// connection runs on its own threads. A client over the connection
-    /// limit is negotiated with only to be refused at GO.
+    /// connection negotiates on a thread of its own, then transmits on the
+    /// device's reactor. A client over the connection limit is negotiated
+    /// with only to be refused at GO. When it returns, every connection
+    /// that reached transmission is closed.
     pub fn run(&self, stop: &AtomicBool) {
+        let inline = match Inline::start(&self.plane, &self.counters, self.limits.idle_timeout) {
+            Ok(inline) => inline,
+            Err(e) => {
+                eprintln!("monetad: NBD: {e}");
+                return;
+            }
+        };
         let mut fds: Vec<libc::pollfd> = self
             .listeners
             .iter()
@@ -491,6 +474,7 @@ impl NbdServer {
             counters: self.counters.clone(),
             mode: self.completion,
             limits: self.limits,
+            hand: inline.hand(),
         });
         while !stop.load(Ordering::Acquire) {
             // SAFETY: `fds` is a valid array of pollfd for the call.
@@ -525,17 +509,15 @@ impl NbdServer {
                     }
                 };
                 let s = shared.clone();
-                let spawned =
-                    std::thread::Builder::new()
-                        .name("moneta-nbd".into())
-                        .spawn(move || {
-                            if let Err(e) = serve(stream, &s, &slot) {
-                                if std::env::var_os("MONETA_NBD_DEBUG").is_some() {
-                                    eprintln!("monetad: NBD connection: {e}");
-                                }
+                let spawned = std::thread::Builder::new()
+                    .name("moneta-nbd-hello".into())
+                    .spawn(move || {
+                        if let Err(e) = serve(stream, &s, slot) {
+                            if std::env::var_os("MONETA_NBD_DEBUG").is_some() {
+                                eprintln!("monetad: NBD connection: {e}");
                             }
-                            drop(slot);
-                        });
+                        }
+                    });
                 if spawned.is_err() {
                     self.counters.refused.fetch_add(1, Ordering::Relaxed);
                 }
@@ -764,98 +746,8 @@ pub fn negotiate_with<S: Read + Write>(
     }
 }
 
-/// One command as the completer finishes it.
-struct Command {
-    header: RequestHeader,
-    /// Pieces not yet complete.
-    remaining: AtomicUsize,
-    /// First error of any piece (0: none).
-    error: AtomicU32,
-    /// A read's data, filled piece by piece.
-    data: Mutex<Vec<u8>>,
-}
-
-enum Job {
-    /// A piece in flight: `at` is its offset in the command.
-    Piece {
-        command: Arc<Command>,
-        io: Io,
-        at: usize,
-    },
-    /// A command whose pieces could not all be issued: answered once the
-    /// ones before it are done.
-    Failed(Arc<Command>),
-    /// Make everything before durable, then answer.
-    Flush(RequestHeader),
-    /// Bytes to send as they are (error and no-op replies).
-    Reply(Vec<u8>),
-}
-
-struct Connection {
-    moneta: Moneta,
-    plane: Arc<ControlPlane>,
-    export: Export,
-    negotiated: Negotiated,
-    mode: CompletionMode,
-    /// The client's socket (for polls; the streams own it).
-    fd: std::os::fd::RawFd,
-    /// The client is gone: nothing more is issued, nothing answered.
-    hung_up: AtomicBool,
-    /// Commands read and not yet answered.
-    outstanding: AtomicUsize,
-    /// The connection's clock: `idle_since_ns` counts from here.
-    born: Instant,
-    /// When the last unanswered command was answered.
-    idle_since_ns: AtomicU64,
-}
-
-impl Connection {
-    fn clock_ns(&self) -> u64 {
-        self.born.elapsed().as_nanos() as u64
-    }
-
-    /// One command answered (or dropped).
-    fn answered(&self) {
-        if self.outstanding.load(Ordering::Acquire) == 1 {
-            // Before the count reaches 0, so whoever sees 0 sees this too.
-            self.idle_since_ns.store(self.clock_ns(), Ordering::Release);
-        }
-        self.outstanding.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// Whether the peer closed the socket (a zero-time poll: POLLHUP on a
-    /// Unix socket the peer closed, or POLLERR once a TCP peer reset it).
-    fn probe_hang_up(&self) -> bool {
-        let seen = poll_fd(self.fd, 0, Duration::ZERO);
-        if seen & (libc::POLLHUP | libc::POLLERR) != 0 {
-            self.hung_up.store(true, Ordering::Release);
-        }
-        self.hung_up.load(Ordering::Acquire)
-    }
-
-    /// Wait for the next request's first byte; false when the connection
-    /// has been idle (nothing unanswered, nothing sent) for `idle`.
-    fn wait_for_request(&self, idle: Duration) -> bool {
-        let began = self.clock_ns();
-        let idle_ns = idle.as_nanos() as u64;
-        // While commands are unanswered the clock has not started; look
-        // again at this pace.
-        let step = (idle / 4).max(Duration::from_millis(10));
-        loop {
-            let since = began.max(self.idle_since_ns.load(Ordering::Acquire));
-            let left = Duration::from_nanos((since + idle_ns).saturating_sub(self.clock_ns()));
-            if left.is_zero() && self.outstanding.load(Ordering::Acquire) == 0 {
-                return false;
-            }
-            let wait = if left.is_zero() { step } else { left.min(step) };
-            if poll_fd(self.fd, libc::POLLIN, wait) != 0 {
-                return true;
-            }
-        }
-    }
-}
-
-fn serve(mut stream: Stream, shared: &Shared, slot: &Slot) -> Result<(), String> {
+/// Negotiate; after GO, hand the connection to the device's reactor.
+fn serve(mut stream: Stream, shared: &Shared, slot: Slot) -> Result<(), String> {
     let counters = &*shared.counters;
     let limits = shared.limits;
     let deadline = Instant::now() + limits.negotiation_deadline;
@@ -904,372 +796,15 @@ fn serve(mut stream: Stream, shared: &Shared, slot: &Slot) -> Result<(), String>
     let Some((moneta, export)) = attached else {
         return Err("negotiation ended without a channel".into());
     };
-    stream.set_write_timeout(None).map_err(|e| e.to_string())?;
-    // Mid-request, a client that stops sending for the idle time is idle too.
-    stream
-        .set_read_timeout(limits.idle_timeout)
-        .map_err(|e| e.to_string())?;
-    let connection = Arc::new(Connection {
+    shared.hand.hand(Handed {
         moneta,
-        plane: plane.clone(),
         export,
         negotiated,
         mode: shared.mode,
-        fd: stream.fd(),
-        hung_up: AtomicBool::new(false),
-        outstanding: AtomicUsize::new(0),
-        born: Instant::now(),
-        idle_since_ns: AtomicU64::new(0),
+        stream,
+        slot,
     });
-    let writer = stream.try_clone().map_err(|e| e.to_string())?;
-    let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE_BOUND);
-    let completer = {
-        let c = connection.clone();
-        std::thread::Builder::new()
-            .name("moneta-nbd-done".into())
-            .spawn(move || complete(&c, queue, writer))
-            .map_err(|e| e.to_string())?
-    };
-    let mut reader =
-        io::BufReader::with_capacity(INPUT_BYTES, stream.try_clone().map_err(|e| e.to_string())?);
-    let result = transmit(
-        &connection,
-        &mut reader,
-        &jobs,
-        counters,
-        limits.idle_timeout,
-    );
-    drop(jobs);
-    let _ = completer.join();
-    if connection.hung_up.load(Ordering::Acquire)
-        && connection.outstanding.load(Ordering::Acquire) > 0
-    {
-        counters.hung_up.fetch_add(1, Ordering::Relaxed);
-    }
-    stream.shutdown();
-    result
-}
-
-/// The reader side of the transmission phase.
-fn transmit(
-    c: &Connection,
-    stream: &mut io::BufReader<Stream>,
-    jobs: &SyncSender<Job>,
-    counters: &ServerCounters,
-    idle_timeout: Option<Duration>,
-) -> Result<(), String> {
-    let structured = c.negotiated.structured;
-    let queue = |job: Job| {
-        jobs.send(job)
-            .map_err(|_| "the reply writer stopped".to_string())
-    };
-    loop {
-        if c.hung_up.load(Ordering::Acquire) {
-            return Err("the client hung up".into());
-        }
-        if let Some(idle) = idle_timeout {
-            if stream.buffer().is_empty() && !c.wait_for_request(idle) {
-                counters.idle_closed.fetch_add(1, Ordering::Relaxed);
-                return Err(format!("idle for {idle:?}: closed"));
-            }
-        }
-        let mut raw = [0u8; proto::REQUEST_BYTES];
-        match stream.read_exact(&mut raw) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                // No DISC: a client that closed its socket is not waiting
-                // for the rest; one that only stopped writing still is.
-                c.probe_hang_up();
-                return Ok(());
-            }
-            Err(e) => return Err(format!("reading a request: {e}")),
-        }
-        let h = proto::parse_request(&raw).map_err(|ProtoError(m)| m)?;
-        counters.commands.fetch_add(1, Ordering::Relaxed);
-        if h.kind == proto::CMD_WRITE && h.length > proto::MAX_PAYLOAD {
-            // Its payload cannot be skipped safely: close.
-            return Err(format!("write of {} bytes", h.length));
-        }
-        let mut payload = Vec::new();
-        if h.kind == proto::CMD_WRITE {
-            payload = vec![0u8; h.length as usize];
-            stream
-                .read_exact(&mut payload)
-                .map_err(|e| format!("reading a write's data: {e}"))?;
-        }
-        let checked = proto::check_request(
-            &h,
-            c.export.size,
-            c.export.read_only,
-            structured,
-            c.negotiated.meta,
-        );
-        if checked.is_err() || h.kind != proto::CMD_DISC {
-            // Every command but DISC gets one answer.
-            c.outstanding.fetch_add(1, Ordering::AcqRel);
-        }
-        if let Err(error) = checked {
-            queue(Job::Reply(error_reply(
-                structured, h.cookie, error, "refused",
-            )))?;
-            continue;
-        }
-        match h.kind {
-            proto::CMD_DISC => return Ok(()),
-            proto::CMD_READ => issue(c, h, Op::Read, None, &queue)?,
-            proto::CMD_WRITE => issue(c, h, Op::Write, Some(&payload), &queue)?,
-            proto::CMD_WRITE_ZEROES => {
-                if h.flags & proto::CMD_FLAG_FAST_ZERO != 0 {
-                    // Zeroes cost the device as much as any write.
-                    let m = "zeroing is not faster than writing";
-                    queue(Job::Reply(error_reply(
-                        structured,
-                        h.cookie,
-                        proto::ENOTSUP,
-                        m,
-                    )))?;
-                } else {
-                    issue(c, h, Op::Write, None, &queue)?;
-                }
-            }
-            proto::CMD_FLUSH => queue(Job::Flush(h))?,
-            // Trim is advisory and the device keeps every byte; cache has
-            // nothing to warm.
-            proto::CMD_TRIM | proto::CMD_CACHE => {
-                if h.flags & proto::CMD_FLAG_FUA != 0 {
-                    queue(Job::Flush(h))?;
-                } else {
-                    queue(Job::Reply(proto::simple_reply(0, h.cookie).to_vec()))?;
-                }
-            }
-            proto::CMD_BLOCK_STATUS => {
-                queue(Job::Reply(proto::block_status_chunk(h.cookie, h.length)))?;
-            }
-            _ => unreachable!("check_request lets known commands through only"),
-        }
-    }
-}
-
-fn error_reply(structured: bool, cookie: u64, error: u32, message: &str) -> Vec<u8> {
-    if structured {
-        proto::error_chunk(cookie, error, message)
-    } else {
-        proto::simple_reply(error, cookie).to_vec()
-    }
-}
-
-/// Split a read, write or write-zeroes into pieces and issue them. With
-/// `data` None a write writes zeroes.
-fn issue(
-    c: &Connection,
-    h: RequestHeader,
-    op: Op,
-    data: Option<&[u8]>,
-    queue: &dyn Fn(Job) -> Result<(), String>,
-) -> Result<(), String> {
-    let len = h.length as u64;
-    let pieces = len.div_ceil(PIECE) as usize;
-    let command = Arc::new(Command {
-        header: h,
-        remaining: AtomicUsize::new(pieces),
-        error: AtomicU32::new(0),
-        data: Mutex::new(if op == Op::Read {
-            vec![0u8; len as usize]
-        } else {
-            Vec::new()
-        }),
-    });
-    let mut at = 0u64;
-    while at < len {
-        if c.hung_up.load(Ordering::Acquire) {
-            // Nobody to answer: the rest is never issued.
-            return Err("the client hung up".into());
-        }
-        let n = PIECE.min(len - at);
-        let addr = c.export.start + h.offset + at;
-        let mut io = match c.moneta.prepare(op, addr, n, c.mode) {
-            Ok(io) => io,
-            Err(_) => {
-                command.error.store(proto::EIO, Ordering::Relaxed);
-                break;
-            }
-        };
-        if op == Op::Write {
-            let buf = c.moneta.buffer_mut(&mut io);
-            match data {
-                Some(d) => buf.copy_from_slice(&d[at as usize..(at + n) as usize]),
-                None => buf.fill(0),
-            }
-        }
-        if c.moneta.submit(&mut io).is_err() {
-            c.moneta.release(io);
-            command.error.store(proto::EIO, Ordering::Relaxed);
-            break;
-        }
-        queue(Job::Piece {
-            command: command.clone(),
-            io,
-            at: at as usize,
-        })?;
-        at += n;
-    }
-    if at < len {
-        // The pieces never issued count as done (failed).
-        let missing = (len - at).div_ceil(PIECE) as usize;
-        if command.remaining.fetch_sub(missing, Ordering::AcqRel) == missing {
-            queue(Job::Failed(command))?;
-        }
-    }
     Ok(())
-}
-
-/// The completer: waits for pieces in order, answers commands.
-fn complete(c: &Connection, queue: Receiver<Job>, writer: Stream) {
-    let structured = c.negotiated.structured;
-    // Replies gather here while more work is ready, and go out in one
-    // write before the completer would wait for anything.
-    let mut out = Output {
-        writer,
-        buffer: Vec::with_capacity(OUTPUT_BYTES),
-        broken: false,
-    };
-    let mut probed = Instant::now();
-    loop {
-        let job = match queue.try_recv() {
-            Ok(job) => job,
-            Err(TryRecvError::Empty) => {
-                out.flush();
-                match queue.recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
-                }
-            }
-            Err(TryRecvError::Disconnected) => break,
-        };
-        if out.broken {
-            c.hung_up.store(true, Ordering::Release);
-        }
-        // With the client gone, pieces already on the device are waited
-        // for (their tags come back) and nothing is answered.
-        let gone = c.hung_up.load(Ordering::Acquire);
-        let finished = match job {
-            Job::Reply(bytes) => {
-                if !gone {
-                    out.send(&bytes);
-                }
-                c.answered();
-                continue;
-            }
-            Job::Flush(h) => {
-                if !gone {
-                    out.flush();
-                    let error = match c.plane.engine().medium().flush() {
-                        Ok(()) => 0,
-                        Err(_) => proto::EIO,
-                    };
-                    out.send(&reply_bytes(structured, h.cookie, error));
-                }
-                c.answered();
-                continue;
-            }
-            Job::Failed(command) => command,
-            Job::Piece {
-                command,
-                mut io,
-                at,
-            } => {
-                if c.moneta.poll(&io).is_none() {
-                    out.flush();
-                    // The reader may be stuck issuing: whether the client
-                    // is still there is found out here.
-                    if !gone && probed.elapsed() >= HANG_UP_PROBE {
-                        probed = Instant::now();
-                        c.probe_hang_up();
-                    }
-                }
-                let ok = c.moneta.wait(&mut io).is_ok();
-                if !ok {
-                    command.error.store(proto::EIO, Ordering::Relaxed);
-                } else if io.op() == Op::Read && !gone {
-                    let mut data = command.data.lock().expect("data");
-                    data[at..at + io.len() as usize].copy_from_slice(c.moneta.buffer(&io));
-                }
-                c.moneta.release(io);
-                if command.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
-                    continue;
-                }
-                command
-            }
-        };
-        c.answered();
-        if c.hung_up.load(Ordering::Acquire) {
-            continue;
-        }
-        let h = finished.header;
-        let mut error = finished.error.load(Ordering::Relaxed);
-        if error == 0 && h.flags & proto::CMD_FLAG_FUA != 0 {
-            out.flush();
-            if c.plane.engine().medium().flush().is_err() {
-                error = proto::EIO;
-            }
-        }
-        if h.kind == proto::CMD_READ && error == 0 {
-            let data = finished.data.lock().expect("data");
-            if structured {
-                let header = proto::chunk_header(
-                    proto::REPLY_FLAG_DONE,
-                    proto::REPLY_TYPE_OFFSET_DATA,
-                    h.cookie,
-                    8 + h.length,
-                );
-                out.send(&header);
-                out.send(&h.offset.to_be_bytes());
-            } else {
-                out.send(&proto::simple_reply(0, h.cookie));
-            }
-            out.send(&data);
-        } else if error != 0 {
-            out.send(&error_reply(structured, h.cookie, error, "device error"));
-        } else {
-            out.send(&reply_bytes(structured, h.cookie, 0));
-        }
-    }
-    out.flush();
-}
-
-/// Bytes gathered before one write to the client.
-const OUTPUT_BYTES: usize = 256 << 10;
-
-struct Output {
-    writer: Stream,
-    buffer: Vec<u8>,
-    /// The client stopped reading: later replies are dropped.
-    broken: bool,
-}
-
-impl Output {
-    fn send(&mut self, bytes: &[u8]) {
-        self.buffer.extend_from_slice(bytes);
-        if self.buffer.len() >= OUTPUT_BYTES {
-            self.flush();
-        }
-    }
-
-    fn flush(&mut self) {
-        if !self.broken && !self.buffer.is_empty() && self.writer.write_all(&self.buffer).is_err() {
-            self.broken = true;
-            self.writer.shutdown();
-        }
-        self.buffer.clear();
-    }
-}
-
-fn reply_bytes(structured: bool, cookie: u64, error: u32) -> Vec<u8> {
-    if error == 0 {
-        proto::simple_reply(0, cookie).to_vec()
-    } else {
-        error_reply(structured, cookie, error, "flush failed")
-    }
 }
 
 #[cfg(test)]
