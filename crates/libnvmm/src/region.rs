@@ -1190,6 +1190,14 @@ impl Face {
         Ok(self.shared.lock()?.table.present())
     }
 
+    /// The resident blocks (8 KB, numbered from the region's start), in
+    /// order: the DRAM cache's contents.
+    pub fn resident_blocks(&self) -> Result<Vec<u64>> {
+        let mut v = self.shared.lock()?.cache.resident_blocks();
+        v.sort_unstable();
+        Ok(v)
+    }
+
     /// Now on the region's clock (virtual with [`Options::clock`]).
     pub fn clock_ns(&self) -> u64 {
         self.shared.clock.now_ns()

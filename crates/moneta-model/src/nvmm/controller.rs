@@ -111,6 +111,17 @@ impl HybridController {
     pub fn journal_stats(&self) -> JournalStats {
         self.journal.stats()
     }
+    /// The blocks the DRAM cache holds, in order (for comparing the
+    /// controller's decisions with libnvmm's, `libnvmm/tests/twin.rs`).
+    pub fn resident_blocks(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.cache.resident().filter_map(|w| w.block()).collect();
+        v.sort_unstable();
+        v
+    }
+    /// The journal's versions of virtual page `vpn` (its chain's length).
+    pub fn chain_length(&self, vpn: u64) -> u32 {
+        self.journal.chain_length(vpn)
+    }
 
     /// One CPU access at `now_ns`; returns when the thread may go on (the
     /// line's data for a read, the write accepted for a posted write).
