@@ -2,18 +2,22 @@
 //! than its DRAM budget whose resident pages are the DRAM cache and whose
 //! backing file is the journaled flash.
 //!
-//! Miss path (SPEC §7): a missing-page fault reaches the handler thread; it
-//! translates the faulting block through the page table, `pread`s it from
-//! the file into a staging buffer (O_DIRECT where allowed), waits until the flash
-//! timing's completion time on the wall clock, and installs the whole block
-//! with UFFDIO_COPY into a free way of its set — write-protected, so the
-//! first store raises a write-protect fault that marks the block dirty.
-//! A set keeps one way free for the next miss: the set's oldest block is
-//! written to the log if dirty (write-protect, program a new flash page)
-//! and dropped (MADV_DONTNEED) while the handler waits for the flash, if
-//! the wait is longer than evictions have been taking, else right after the
-//! fill has woken the application. Optionally the
-//! next N blocks are prefetched (installed when their reads complete).
+//! Miss path (SPEC §7 "Miss path"), the simulator's own
+//! (`moneta_model::nvmm::miss_path`, issue 24: the controller of
+//! `moneta nvmm sim` runs the same function; this region is its other
+//! face, [`Filling`]): a missing-page fault reaches the handler thread; if
+//! the block's set is full, its least recently used block (by fill and
+//! first store: user space sees no hits) is written to the log if dirty
+//! (write-protect, program a new flash page) and dropped (MADV_DONTNEED);
+//! the faulting block is translated through the page table, `pread` from
+//! the file into a staging buffer (O_DIRECT where allowed), and installed
+//! whole with UFFDIO_COPY once the flash timing's completion time has come
+//! on the region's clock — write-protected, so the first store raises a
+//! write-protect fault that marks the block dirty. The victim's program
+//! and the read are booked on the flash timing at the fault's time, in the
+//! simulator's order. Optionally the next N blocks are prefetched (read
+//! into buffers, installed through the same miss path when their reads
+//! complete).
 //! sync writes every dirty block as a new page version and commits; rollback
 //! drops the cache and truncates every chain to the token's time.
 //!
