@@ -399,10 +399,11 @@ impl State {
         }
     }
 
-    /// Write the dirty `block` back (sync).
+    /// Write the dirty `block` back (sync); it is clean once written.
     fn write_back(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        self.write_segment_back(sh, sh.clock.now_ns(), block)?;
         self.cache.set_dirty(block, false);
-        self.write_segment_back(sh, sh.clock.now_ns(), block)
+        Ok(())
     }
 
     /// Program `block`'s bytes as its segment's next flash page, booked on
