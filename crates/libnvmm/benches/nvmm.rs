@@ -86,8 +86,7 @@ fn ns_per(total: std::time::Duration, n: u64) -> f64 {
 fn hit(s: &Scale) {
     let file = TempPath::new(fast_dir(), "bench-hit");
     let region = 16 * MB;
-    // A budget above the region: all of it stays resident (a set keeps one
-    // way free, so a budget equal to the region would hold 15/16 of it).
+    // A budget above the region (clamped to it): all of it stays resident.
     let n = Nvmm::open_with(file.path(), region, Options::new(2 * region)).expect("open");
     let words = (region / 8) as usize;
     let p = n.as_ptr().cast::<u64>();

@@ -1,20 +1,18 @@
 //! libnvmm's DRAM cache bookkeeping (SPEC §7: set-associative, LRU, blocks
 //! the size of a flash page) on the NVMM model's own cache
-//! (`moneta_model::nvmm::cache::BlockCache`, issue 24: one cache policy).
-//! The blocks themselves are the region's resident pages; this holds which
-//! are resident and dirty and each set's recency order. User space sees
-//! only misses and first writes (hits are plain loads and stores, which is
-//! the point), so recency is by fill and first store: within a set,
-//! FIFO-with-dirtying rather than the hardware's true LRU. The region
-//! keeps one way per set free (it evicts during a fill's flash wait, or
-//! right after the fill), so a miss does not wait for an eviction.
+//! (`moneta_model::nvmm::cache::BlockCache`, issue 24: one cache policy),
+//! which the miss path both faces share (`moneta_model::nvmm::miss_path`)
+//! fills and evicts. The blocks themselves are the region's resident pages;
+//! this holds which are resident and dirty and each set's recency order.
+//! User space sees only misses and first writes (hits are plain loads and
+//! stores, which is the point), so recency is by fill and first store:
+//! within a set, FIFO-with-dirtying rather than the hardware's true LRU.
 
 use crate::error::{ErrorKind, NvmmError, Result};
 use moneta_model::nvmm::cache::BlockCache;
 
 pub struct Cache {
     blocks: BlockCache,
-    resident: u64,
 }
 
 impl Cache {
@@ -38,7 +36,6 @@ impl Cache {
         let sets = (capacity / u64::from(ways)).max(1);
         Ok(Cache {
             blocks: BlockCache::try_new(sets * u64::from(ways), ways)?,
-            resident: 0,
         })
     }
 
@@ -54,8 +51,14 @@ impl Cache {
     pub fn ways(&self) -> usize {
         self.blocks.ways()
     }
+    /// How many blocks are resident (a count over the ways: for stats).
     pub fn resident(&self) -> u64 {
-        self.resident
+        self.blocks.resident().count() as u64
+    }
+
+    /// The cache itself, for the miss path to choose victims and fill.
+    pub fn blocks_mut(&mut self) -> &mut BlockCache {
+        &mut self.blocks
     }
 
     pub fn is_resident(&self, block: u64) -> bool {
@@ -67,33 +70,8 @@ impl Cache {
             .is_some_and(|w| self.blocks.way(w).dirty)
     }
 
-    /// The block to evict before `block` can be filled, if its set is full.
-    pub fn victim_for(&self, block: u64) -> Option<u64> {
-        self.blocks.victim(block).1.block()
-    }
-
-    /// The block to evict now so that `block`'s set still has a free way
-    /// after `block` is filled (None with one way per set, which cannot
-    /// keep one free).
-    pub fn victim_after_fill(&self, block: u64) -> Option<u64> {
-        if self.ways() > 1 && self.blocks.occupied(block) + 1 >= self.ways() {
-            let lru = self.blocks.next_victim(block, usize::MAX)?;
-            return self.blocks.way(lru).block();
-        }
-        None
-    }
-
-    pub fn insert(&mut self, block: u64, dirty: bool) {
-        let (w, old) = self.blocks.victim(block);
-        assert!(old.block().is_none(), "set of block {block} overfilled");
-        self.blocks.install(w, block, 0, dirty);
-        self.resident += 1;
-    }
-
     pub fn remove(&mut self, block: u64) {
-        if self.blocks.remove(block) {
-            self.resident -= 1;
-        }
+        self.blocks.remove(block);
     }
 
     /// Make `block` the most recently used of its set.
@@ -130,19 +108,19 @@ mod tests {
     fn sets_evict_their_oldest_block() {
         let mut c = Cache::new(64, 4, 2).unwrap(); // 2 sets of 2 ways
         assert_eq!(c.capacity_blocks(), 4);
-        c.insert(0, false);
-        c.insert(2, true);
-        assert_eq!(c.victim_for(1), None, "block 1 maps to the other set");
-        assert_eq!(c.victim_for(4), Some(0));
-        assert_eq!(c.victim_after_fill(1), None, "the other set is empty");
-        assert_eq!(c.victim_after_fill(4), Some(0));
+        for (block, dirty) in [(0, false), (2, true)] {
+            let (w, old) = c.blocks_mut().victim(block);
+            assert_eq!(old.block(), None);
+            c.blocks_mut().install(w, block, 0, dirty);
+        }
+        assert_eq!(c.blocks_mut().victim(1).1.block(), None, "the other set");
+        assert_eq!(c.blocks_mut().victim(4).1.block(), Some(0));
         c.touch(0);
-        assert_eq!(c.victim_for(4), Some(2));
+        assert_eq!(c.blocks_mut().victim(4).1.block(), Some(2));
         assert_eq!(c.dirty_blocks(), vec![2]);
         c.remove(2);
-        c.insert(4, false);
-        assert_eq!(c.resident(), 2);
-        assert!(!c.is_resident(2) && c.is_resident(4));
+        assert_eq!(c.resident(), 1);
+        assert!(!c.is_resident(2) && c.is_resident(0));
         assert!(
             Cache::new(1 << 20, u64::MAX, 0).is_ok(),
             "clamped to the region"

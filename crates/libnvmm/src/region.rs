@@ -2,18 +2,22 @@
 //! than its DRAM budget whose resident pages are the DRAM cache and whose
 //! backing file is the journaled flash.
 //!
-//! Miss path (SPEC §7): a missing-page fault reaches the handler thread; it
-//! translates the faulting block through the page table, `pread`s it from
-//! the file into a staging buffer (O_DIRECT where allowed), waits until the flash
-//! timing's completion time on the wall clock, and installs the whole block
-//! with UFFDIO_COPY into a free way of its set — write-protected, so the
-//! first store raises a write-protect fault that marks the block dirty.
-//! A set keeps one way free for the next miss: the set's oldest block is
-//! written to the log if dirty (write-protect, program a new flash page)
-//! and dropped (MADV_DONTNEED) while the handler waits for the flash, if
-//! the wait is longer than evictions have been taking, else right after the
-//! fill has woken the application. Optionally the
-//! next N blocks are prefetched (installed when their reads complete).
+//! Miss path (SPEC §7 "Miss path"), the simulator's own
+//! (`moneta_model::nvmm::miss_path`, issue 24: the controller of
+//! `moneta nvmm sim` runs the same function; this region is its other
+//! face, [`Filling`]): a missing-page fault reaches the handler thread; if
+//! the block's set is full, its least recently used block (by fill and
+//! first store: user space sees no hits) is written to the log if dirty
+//! (write-protect, program a new flash page) and dropped (MADV_DONTNEED);
+//! the faulting block is translated through the page table, `pread` from
+//! the file into a staging buffer (O_DIRECT where allowed), and installed
+//! whole with UFFDIO_COPY once the flash timing's completion time has come
+//! on the region's clock — write-protected, so the first store raises a
+//! write-protect fault that marks the block dirty. The victim's program
+//! and the read are booked on the flash timing at the fault's time, in the
+//! simulator's order. Optionally the next N blocks are prefetched (read
+//! into buffers, installed through the same miss path when their reads
+//! complete).
 //! sync writes every dirty block as a new page version and commits; rollback
 //! drops the cache and truncates every chain to the token's time.
 //!
@@ -33,6 +37,8 @@ use crate::table::{self, Table};
 use crate::timing::{Clock, FixedLatency, FlashTiming, WallClock};
 use crate::tokens::Tokens;
 use crate::uffd::{Fault, Userfault};
+use moneta_model::nvmm::cache::BlockCache;
+use moneta_model::nvmm::miss_path::{self, Fetched, MissFace};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,8 +49,6 @@ use std::time::Duration;
 const BLOCK: u64 = FLASH_PAGE_BYTES as u64;
 const PAGE: u64 = PAGE_BYTES as u64;
 const SEGS: u64 = SEGMENTS_PER_PAGE as u64;
-/// What an eviction is assumed to take before any has been timed.
-const INITIAL_EVICT_ESTIMATE_NS: u64 = 20_000;
 /// Prefetch depth bound (the report's scheme fetches the next 16 pages).
 pub const MAX_PREFETCH_BLOCKS: usize = 64;
 
@@ -167,8 +171,6 @@ struct State {
     prefetching: Vec<Prefetched>,
     spare: Vec<AlignedBuf>,
     program_busy_until_ns: u64,
-    /// How long an eviction (write-back included) has been taking.
-    evict_ns_estimate: u64,
     alloc_cursor: u64,
     gc: GcOutcome,
     failed: Option<NvmmError>,
@@ -397,7 +399,16 @@ impl State {
         }
     }
 
+    /// Write the dirty `block` back (sync); it is clean once written.
     fn write_back(&mut self, sh: &Shared, block: u64) -> Result<()> {
+        self.write_segment_back(sh, sh.clock.now_ns(), block)?;
+        self.cache.set_dirty(block, false);
+        Ok(())
+    }
+
+    /// Program `block`'s bytes as its segment's next flash page, booked on
+    /// the flash timing at `now_ns` (the caller marks it clean).
+    fn write_segment_back(&mut self, sh: &Shared, now_ns: u64, block: u64) -> Result<()> {
         sh.protect_block(block, true)?;
         let fp = self.prepare_segment(block / SEGS, block % SEGS)?;
         if sh.uffd.is_some() {
@@ -412,31 +423,9 @@ impl State {
             self.log
                 .write_segment(fp, &self.zero.as_slice()[..FLASH_PAGE_BYTES])?;
         }
-        let done = self.timing.program_page(sh.clock.now_ns(), fp);
+        let done = self.timing.program_page(now_ns, fp);
         self.program_busy_until_ns = self.program_busy_until_ns.max(done);
-        self.cache.set_dirty(block, false);
         bump(&sh.counters.write_backs, 1);
-        Ok(())
-    }
-
-    fn evict(&mut self, sh: &Shared, block: u64) -> Result<()> {
-        let t0 = sh.clock.now_ns();
-        if self.cache.is_dirty(block) {
-            self.write_back(sh, block)?;
-        }
-        sh.discard_block(block)?;
-        self.cache.remove(block);
-        bump(&sh.counters.evictions, 1);
-        // A running average (1/8 weight), for `evict_while_waiting`.
-        let took = sh.clock.now_ns() - t0;
-        self.evict_ns_estimate = self.evict_ns_estimate - self.evict_ns_estimate / 8 + took / 8;
-        Ok(())
-    }
-
-    fn make_room(&mut self, sh: &Shared, block: u64) -> Result<()> {
-        while let Some(victim) = self.cache.victim_for(block) {
-            self.evict(sh, victim)?;
-        }
         Ok(())
     }
 
@@ -454,11 +443,10 @@ impl State {
     /// mapping up front cost more than it saved.
     fn read_block(
         &mut self,
-        sh: &Shared,
+        now: u64,
         block: u64,
         into_spare: Option<&mut AlignedBuf>,
     ) -> Result<(u64, u64, *const u8)> {
-        let now = sh.clock.now_ns();
         let loc = self.table.locate(block / SEGS, (block % SEGS) as u32, None);
         let Some((fp, _hops)) = loc else {
             return Ok(match into_spare {
@@ -485,17 +473,32 @@ impl State {
         Ok((done, done.saturating_sub(now), src))
     }
 
-    /// Install `buf` as `block`; writable and dirty if the fault was a write.
-    fn install(&mut self, sh: &Shared, block: u64, src: *const u8, write: bool) -> Result<()> {
-        self.make_room(sh, block)?;
-        // SAFETY: src is a live buffer of at least BLOCK bytes; the block
-        // lies in the registered range.
-        unsafe { sh.fill_block(block, src, !write)? };
-        self.cache.insert(block, write);
+    /// Fill `block` through the miss path the simulator's controller runs
+    /// too ([`miss_path::miss`]: the LRU victim written back if dirty and
+    /// dropped, then the block read and installed), from the flash or from
+    /// a prefetch buffer; writable and dirty if the fault was a write.
+    /// Returns the flash time the read was charged.
+    fn miss(
+        &mut self,
+        sh: &Shared,
+        now_ns: u64,
+        block: u64,
+        source: Source,
+        write: bool,
+    ) -> Result<u64> {
+        let mut face = Filling {
+            st: self,
+            sh,
+            source,
+            write,
+            modeled_ns: 0,
+        };
+        miss_path::miss(&mut face, now_ns, block, write, false)?;
+        let modeled_ns = face.modeled_ns;
         if write {
             self.note_written(block)?;
         }
-        Ok(())
+        Ok(modeled_ns)
     }
 
     /// A page written to becomes allocated (SPEC §7: writing a
@@ -522,7 +525,7 @@ impl State {
             let Some(mut buf) = self.spare.pop() else {
                 return Ok(());
             };
-            let (done_ns, _, _) = self.read_block(sh, next, Some(&mut buf))?;
+            let (done_ns, _, _) = self.read_block(sh.clock.now_ns(), next, Some(&mut buf))?;
             self.prefetching.push(Prefetched {
                 block: next,
                 done_ns,
@@ -541,8 +544,8 @@ impl State {
             if self.prefetching[i].done_ns <= now {
                 let p = self.prefetching.swap_remove(i);
                 if !self.cache.is_resident(p.block) {
-                    self.install(sh, p.block, p.buf.as_ptr(), false)?;
-                    self.evict_ahead(sh, p.block)?;
+                    let source = Source::Buffer(p.buf.as_ptr(), p.done_ns);
+                    self.miss(sh, now, p.block, source, false)?;
                 }
                 self.spare.push(p.buf);
             } else {
@@ -573,52 +576,16 @@ impl State {
         let t0 = sh.clock.now_ns();
         if let Some(i) = self.prefetching.iter().position(|p| p.block == block) {
             let p = self.prefetching.swap_remove(i);
-            sh.clock.wait_until(p.done_ns);
-            self.install(sh, block, p.buf.as_ptr(), f.write)?;
+            let source = Source::Buffer(p.buf.as_ptr(), p.done_ns);
+            self.miss(sh, t0, block, source, f.write)?;
             self.spare.push(p.buf);
             bump(&sh.counters.prefetch_used, 1);
         } else {
-            let (done, modeled, src) = self.read_block(sh, block, None)?;
-            self.issue_prefetch(sh, block)?;
-            self.evict_while_waiting(sh, block, done)?;
-            sh.clock.wait_until(done);
-            self.install(sh, block, src, f.write)?;
+            let modeled = self.miss(sh, t0, block, Source::Flash, f.write)?;
             bump(&sh.counters.miss_modeled_ns, modeled);
         }
         bump(&sh.counters.misses, 1);
         bump(&sh.counters.miss_handler_ns, sh.clock.now_ns() - t0);
-        // The faulting thread runs again; free a way for the next miss now.
-        self.evict_ahead(sh, block)
-    }
-
-    /// While the handler waits for the flash anyway (longer than evictions
-    /// have been taking), free the way `block`'s set needs after this fill
-    /// now, with the application asleep in its fault: the write-back and
-    /// the TLB flush of the eviction leave the miss's critical path
-    /// instead of delaying the next miss ([`Self::evict_ahead`] then finds
-    /// nothing to do).
-    fn evict_while_waiting(&mut self, sh: &Shared, block: u64, done_ns: u64) -> Result<()> {
-        if done_ns < sh.clock.now_ns() + self.evict_ns_estimate {
-            return Ok(());
-        }
-        match self.cache.victim_after_fill(block) {
-            Some(victim) => self.evict(sh, victim),
-            None => Ok(()),
-        }
-    }
-
-    /// Keep a free way in `block`'s set (when sets have more than one):
-    /// the victim is written back and dropped after a fill has woken the
-    /// application, off the next miss's critical path — the report's early
-    /// write-back of cold dirty pages. The set never holds more than its
-    /// ways, so the DRAM budget holds at every instant; in steady state one
-    /// way per set is free.
-    fn evict_ahead(&mut self, sh: &Shared, block: u64) -> Result<()> {
-        if self.cache.ways() > 1 {
-            if let Some(victim) = self.cache.victim_for(block) {
-                self.evict(sh, victim)?;
-            }
-        }
         Ok(())
     }
 
@@ -687,6 +654,75 @@ impl State {
             }
         }
         Ok(())
+    }
+}
+
+/// Where a filled block's bytes come from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// Read from the log now (a demand miss; its prefetches are issued).
+    Flash,
+    /// A prefetch buffer whose read completes at the given time.
+    Buffer(*const u8, u64),
+}
+
+/// libnvmm's face of the miss path (`moneta_model::nvmm::miss_path`): the
+/// region's memory (UFFDIO_COPY, MADV_DONTNEED; nothing in the model face
+/// [`Replay`]), the log file as the flash, and the region's clock, on
+/// which a fill waits until the flash timing's completion.
+struct Filling<'a> {
+    st: &'a mut State,
+    sh: &'a Shared,
+    source: Source,
+    write: bool,
+    /// Flash time the timing charged the read.
+    modeled_ns: u64,
+}
+
+impl MissFace for Filling<'_> {
+    type Error = NvmmError;
+
+    fn cache(&mut self) -> &mut BlockCache {
+        self.st.cache.blocks_mut()
+    }
+
+    fn write_back(&mut self, now_ns: u64, block: u64) -> Result<u64> {
+        self.st.write_segment_back(self.sh, now_ns, block)?;
+        Ok(self.sh.clock.now_ns())
+    }
+
+    fn evict(&mut self, block: u64) -> Result<()> {
+        self.sh.discard_block(block)?;
+        bump(&self.sh.counters.evictions, 1);
+        Ok(())
+    }
+
+    fn fetch(&mut self, now_ns: u64, block: u64) -> Result<Fetched> {
+        let done_ns = match self.source {
+            Source::Flash => {
+                let (done, modeled, src) = self.st.read_block(now_ns, block, None)?;
+                self.source = Source::Buffer(src, done);
+                self.modeled_ns = modeled;
+                self.st.issue_prefetch(self.sh, block)?;
+                done
+            }
+            Source::Buffer(_, done) => done,
+        };
+        Ok(Fetched {
+            critical_ns: done_ns,
+            done_ns,
+        })
+    }
+
+    fn fill(&mut self, _now_ns: u64, data_ns: u64, victim_out_ns: u64, block: u64) -> Result<u64> {
+        let Source::Buffer(src, _) = self.source else {
+            unreachable!("fetch names the bytes before a fill");
+        };
+        self.sh.clock.wait_until(data_ns.max(victim_out_ns));
+        // SAFETY: src is `buf`, the zero block or a prefetch buffer, each a
+        // live buffer of a whole block; the block lies in the registered range.
+        unsafe { self.sh.fill_block(block, src, !self.write)? };
+        Ok(self.sh.clock.now_ns())
     }
 }
 
@@ -907,7 +943,6 @@ fn prepare(path: &Path, size: u64, options: Options, real: bool) -> Result<Arc<S
             prefetching: Vec::new(),
             spare,
             program_busy_until_ns: 0,
-            evict_ns_estimate: INITIAL_EVICT_ESTIMATE_NS,
             alloc_cursor: 0,
             gc: GcOutcome::default(),
             failed: None,
@@ -1188,6 +1223,14 @@ impl Face {
     /// Every page-table entry in use (for comparing the two faces).
     pub fn table_entries(&self) -> Result<Vec<(u32, Entry)>> {
         Ok(self.shared.lock()?.table.present())
+    }
+
+    /// The resident blocks (8 KB, numbered from the region's start), in
+    /// order: the DRAM cache's contents.
+    pub fn resident_blocks(&self) -> Result<Vec<u64>> {
+        let mut v = self.shared.lock()?.cache.resident_blocks();
+        v.sort_unstable();
+        Ok(v)
     }
 
     /// Now on the region's clock (virtual with [`Options::clock`]).

@@ -5,10 +5,13 @@
 //! policy, page table, log and flash timing driven by the trace, no
 //! memory). Both run the NVMM model's flash (`ModelTiming`, preset
 //! nvmm-slc) on a virtual clock, so a miss waits exactly its modeled time.
-//! The page table (every entry: mapping, chain, valid bits, time, status),
-//! the counters (misses, write-protect faults, write-backs, evictions,
-//! syncs) and the charged time (flash time of misses, and the clock) must
-//! be equal to the nanosecond.
+//! Both faces run the miss path the simulator's controller runs too
+//! (`moneta_model::nvmm::miss_path`). The page table (every entry:
+//! mapping, chain, valid bits, time, status), the cache's contents (which
+//! blocks are resident), the counters (misses, write-protect faults,
+//! write-backs, evictions, syncs) and the charged time (flash time of
+//! misses, and the clock) must be equal to the nanosecond.
+//! `controller_vs_library.rs` compares libnvmm with the controller itself.
 
 use nvmm::testkit::{fast_dir, seed_from_env, Rng, TempPath};
 use nvmm::{ModelTiming, Nvmm, Options, Replay, Stats, VirtualClock};
@@ -85,9 +88,10 @@ fn one_trace_two_faces_same_state_and_time() {
                         std::hint::black_box(p.read_volatile());
                     }
                 }
-                // The handler finishes a fault (evicting ahead after it has
-                // woken this thread) under the region lock; taking the lock
-                // here orders that before the next access, as in the replay.
+                // The handler finishes a fault (its bookkeeping after
+                // UFFDIO_COPY has woken this thread) under the region lock;
+                // taking the lock here orders that before the next access,
+                // as in the replay.
                 let _ = real.stats();
                 model.access(offset, write).unwrap();
             }
@@ -98,11 +102,21 @@ fn one_trace_two_faces_same_state_and_time() {
                 comparable(model.stats()),
                 "seed {seed}: counters after step {i}"
             );
+            assert_eq!(
+                real.resident_blocks().unwrap(),
+                model.resident_blocks().unwrap(),
+                "seed {seed}: cache contents after step {i}"
+            );
         }
     }
     let (r, m) = (real.stats(), model.stats());
     println!("real:  {r:?}\nmodel: {m:?}");
     assert_eq!(comparable(r), comparable(m), "seed {seed}: counters");
+    assert_eq!(
+        real.resident_blocks().unwrap(),
+        model.resident_blocks().unwrap(),
+        "seed {seed}: cache contents"
+    );
     assert!(
         r.misses > 1000 && r.write_backs > 500 && r.write_protect_faults > 100,
         "{r:?}"

@@ -24,6 +24,7 @@ use super::config::NvmmConfig;
 use super::dram::DramTiming;
 use super::flash::{FlashStats, FlashTiming};
 use super::journal::{Journal, JournalStats, OutOfSpace, VIRTUAL_PAGE_BYTES};
+use super::miss_path::{self, Fetched, MissFace};
 use super::workload::{Access, AccessKind};
 use crate::units::Ns;
 
@@ -111,6 +112,17 @@ impl HybridController {
     pub fn journal_stats(&self) -> JournalStats {
         self.journal.stats()
     }
+    /// The blocks the DRAM cache holds, in order (for comparing the
+    /// controller's decisions with libnvmm's, `libnvmm/tests/twin.rs`).
+    pub fn resident_blocks(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.cache.resident().filter_map(|w| w.block()).collect();
+        v.sort_unstable();
+        v
+    }
+    /// The journal's versions of virtual page `vpn` (its chain's length).
+    pub fn chain_length(&self, vpn: u64) -> u32 {
+        self.journal.chain_length(vpn)
+    }
 
     /// One CPU access at `now_ns`; returns when the thread may go on (the
     /// line's data for a read, the write accepted for a posted write).
@@ -154,11 +166,11 @@ impl HybridController {
             });
         }
         self.stats.misses += 1;
-        let critical = self.fill(tags_read, block, a.kind != AccessKind::Read, false)?;
+        let critical = self.handle_miss(tags_read, block, a.kind != AccessKind::Read, false)?;
         let last = (block + self.prefetch_pages).min(self.footprint_blocks.saturating_sub(1));
         for next in block + 1..=last {
             if !self.cache.contains(next) {
-                self.fill(tags_read, next, false, true)?;
+                self.handle_miss(tags_read, next, false, true)?;
                 self.stats.prefetches += 1;
             }
         }
@@ -168,16 +180,62 @@ impl HybridController {
         })
     }
 
-    /// Handle the miss of `block` at `now`: victim, write-back, translation,
-    /// flash read, fill. Returns when the requested line has arrived.
-    fn fill(&mut self, now: Ns, block: u64, dirty: bool, prefetch: bool) -> Result<Ns, OutOfSpace> {
-        let (w, old) = self.cache.victim(block);
-        let mut victim_out = now;
-        if let Some(victim) = old.block() {
-            if old.dirty {
-                victim_out = self.write_back(now, victim)?;
-            }
+    /// Handle the miss of `block` at `now` through the miss path both
+    /// faces share ([`miss_path::miss`]); returns when the requested line
+    /// has arrived.
+    #[inline]
+    fn handle_miss(
+        &mut self,
+        now: Ns,
+        block: u64,
+        dirty: bool,
+        prefetch: bool,
+    ) -> Result<Ns, OutOfSpace> {
+        let m = miss_path::miss(self, now, block, dirty, self.early_writeback)?;
+        if prefetch {
+            self.cache.way_mut(m.way).prefetched = true;
         }
+        self.stats.early_write_backs += u64::from(m.written_early);
+        Ok(m.critical_ns)
+    }
+}
+
+/// The simulator's face of the miss path: DRAM and flash reservations in
+/// virtual time, the journal on physical flash as the storage, no bytes.
+impl MissFace for HybridController {
+    type Error = OutOfSpace;
+
+    #[inline]
+    fn cache(&mut self) -> &mut BlockCache {
+        &mut self.cache
+    }
+
+    /// Read the block out of DRAM, then program it as a new version of its
+    /// virtual page holding only this segment (the others stay in older
+    /// versions). Returns when it has left the DRAM.
+    fn write_back(&mut self, now: Ns, block: u64) -> Result<Ns, OutOfSpace> {
+        let vpn = block / self.segments_per_page;
+        let mask = 1u32 << (block % self.segments_per_page);
+        let read_out = self
+            .dram
+            .access(self.now_ns, now, block, self.page_bytes, false);
+        self.stats.write_backs += 1;
+        self.journal
+            .write_back(self.now_ns, read_out, vpn, mask, Some(&mut self.flash))?;
+        Ok(read_out)
+    }
+
+    /// A DRAM way holds no bytes here: nothing to drop.
+    #[inline]
+    fn evict(&mut self, _block: u64) -> Result<(), OutOfSpace> {
+        Ok(())
+    }
+
+    /// Translation through the page table's chain (a mapping-cache miss
+    /// reads each entry walked from the mapping DRAM), then the flash read;
+    /// a never-written block is created without one.
+    #[inline]
+    fn fetch(&mut self, now: Ns, block: u64) -> Result<Fetched, OutOfSpace> {
         let vpn = block / self.segments_per_page;
         let segment = (block % self.segments_per_page) as u32;
         let location = self.journal.locate(vpn, segment);
@@ -190,59 +248,37 @@ impl HybridController {
                 translated += u64::from(hops) * self.mapping_read_ns;
             }
         }
-        let (critical, data) = match location {
+        Ok(match location {
             Some((page, _)) => {
                 let r = self
                     .flash
                     .read_page_at(self.now_ns, translated, page, self.page_bytes);
-                (r.critical_ns, r.done_ns)
+                Fetched {
+                    critical_ns: r.critical_ns,
+                    done_ns: r.done_ns,
+                }
             }
             None => {
                 self.stats.creations += 1;
-                (translated, translated)
+                Fetched {
+                    critical_ns: translated,
+                    done_ns: translated,
+                }
             }
-        };
-        let ready = self.dram.access(
+        })
+    }
+
+    /// The block is written into DRAM once its data is in and the victim
+    /// has been read out.
+    #[inline]
+    fn fill(&mut self, _now: Ns, data: Ns, victim_out: Ns, block: u64) -> Result<Ns, OutOfSpace> {
+        Ok(self.dram.access(
             self.now_ns,
             data.max(victim_out),
             block,
             self.page_bytes,
             true,
-        );
-        self.cache.install(w, block, ready, dirty);
-        if prefetch {
-            self.cache.way_mut(w).prefetched = true;
-        }
-        if self.early_writeback {
-            if let Some(next) = self.cache.next_victim(block, w) {
-                let way = *self.cache.way(next);
-                if way.dirty {
-                    let b = way.block().expect("a victim holds a block");
-                    self.write_back(now, b)?;
-                    self.stats.early_write_backs += 1;
-                }
-            }
-        }
-        Ok(critical)
-    }
-
-    /// Write back the dirty block `block`: read it out of DRAM, then
-    /// program it as a new version of its virtual page holding only this
-    /// segment (the others stay in older versions). Returns when it has
-    /// left the DRAM.
-    fn write_back(&mut self, now: Ns, block: u64) -> Result<Ns, OutOfSpace> {
-        let vpn = block / self.segments_per_page;
-        let mask = 1u32 << (block % self.segments_per_page);
-        if let Some(w) = self.cache.find(block) {
-            self.cache.way_mut(w).dirty = false;
-        }
-        let read_out = self
-            .dram
-            .access(self.now_ns, now, block, self.page_bytes, false);
-        self.stats.write_backs += 1;
-        self.journal
-            .write_back(self.now_ns, read_out, vpn, mask, Some(&mut self.flash))?;
-        Ok(read_out)
+        ))
     }
 }
 

@@ -54,6 +54,7 @@ pub mod entry;
 pub mod experiments;
 pub mod flash;
 pub mod journal;
+pub mod miss_path;
 pub mod page_table;
 pub mod system;
 pub mod workload;
