@@ -18,6 +18,10 @@
 //! completes, so concurrent misses of several threads queue on banks,
 //! channels, dies and planes. A block is installed when its miss is
 //! handled, with the time its fill completes; a later access waits for it.
+//!
+//! The miss's decisions (victim, write-back, fill, early write-back) are
+//! `miss_path.rs`'s, shared with libnvmm; this controller is the
+//! simulator's face of it (`MissFace`): reservations in virtual time.
 
 use super::cache::BlockCache;
 use super::config::NvmmConfig;
