@@ -581,13 +581,24 @@ impl Connection {
         }
     }
 
-    /// Nothing to read, answer or write: only its idle clock may end it.
+    /// Nothing to read, parse, answer or write: only its idle clock may
+    /// end it. Requests already read but not parsed count: a turn parses
+    /// before it writes, so a turn whose write drained the replies that
+    /// held parsing back (`OUTPUT_BOUND`) leaves them for the next one,
+    /// and no socket event will come for bytes already read.
     fn quiet(&self) -> bool {
         !self.readable
             && !self.hung_up
             && self.reading
             && self.jobs.is_empty()
             && self.output_at == self.output.len()
+            && !self.holds_request()
+    }
+
+    /// A whole request (header and a write's payload) is in the input.
+    fn holds_request(&self) -> bool {
+        let held = self.input_end - self.input_at;
+        held >= proto::REQUEST_BYTES && held >= self.wanted_input()
     }
 
     fn hang_up(&mut self, counters: &ServerCounters) {
@@ -737,8 +748,7 @@ impl Connection {
     fn parse(&mut self, counters: &ServerCounters) -> bool {
         let mut any = false;
         while self.reading && !self.backlogged() {
-            let held = self.input_end - self.input_at;
-            if held < proto::REQUEST_BYTES || held < self.wanted_input() {
+            if !self.holds_request() {
                 break;
             }
             any = true;
