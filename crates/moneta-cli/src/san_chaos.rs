@@ -128,6 +128,12 @@ pub struct SanChaosArgs {
     /// Print the summary as JSON (progress still goes to stderr).
     #[arg(long)]
     json: bool,
+    /// Copy each node's daemon log (every life of it: restarts append) and
+    /// dirty map into this directory when the run ends [default: only when
+    /// it fails, into $TMPDIR/moneta-san-chaos-NAME-SEED]. It is created,
+    /// and must not exist already.
+    #[arg(long)]
+    keep_logs: Option<PathBuf>,
 }
 
 impl SanChaosArgs {
@@ -987,6 +993,8 @@ struct Summary {
     nemesis: BTreeMap<String, u64>,
     failures_reported: Vec<String>,
     final_error_examples: Vec<String>,
+    /// Where the daemons' logs were copied, if they were.
+    logs: Option<String>,
     verdict: String,
 }
 
@@ -1141,9 +1149,22 @@ pub fn run(a: SanChaosArgs) -> Result<(), String> {
         run.fenced[i].store(false, Ordering::SeqCst);
     }
     let (final_reads, final_errors, examples) = final_reads(&run, &mut nemesis)?;
-    drop(guard);
     let counts = run.counts.lock().unwrap().clone();
     let failed: u64 = counts.failures.values().sum();
+    // The daemons' logs go with `san down --purge`: what a post-mortem
+    // needs is copied first.
+    let logs = match &a.keep_logs {
+        Some(to) => Some(to.clone()),
+        None if failed > 0 || final_errors > 0 => {
+            Some(std::env::temp_dir().join(format!("moneta-san-chaos-{}-{seed}", a.name)))
+        }
+        None => None,
+    };
+    let logs = logs.map(|to| match keep_logs(&dir, nodes, &to) {
+        Ok(()) => to.display().to_string(),
+        Err(e) => format!("(not kept: {e})"),
+    });
+    drop(guard);
     let verdict = if failed > 0 {
         format!("FAIL: {failed} reads broke the register rule (seed {seed})")
     } else if final_errors > 0 {
@@ -1169,6 +1190,7 @@ pub fn run(a: SanChaosArgs) -> Result<(), String> {
         nemesis: nemesis.counts.clone(),
         failures_reported: run.reports.lock().unwrap().clone(),
         final_error_examples: examples,
+        logs,
         verdict: verdict.clone(),
     };
     if a.json {
@@ -1184,6 +1206,27 @@ pub fn run(a: SanChaosArgs) -> Result<(), String> {
     } else {
         Err(verdict)
     }
+}
+
+/// Copy what each node's directory holds besides its image and socket
+/// (its daemon's log, its dirty map, its arguments) into `to`/n<i>/.
+fn keep_logs(dir: &Path, nodes: usize, to: &Path) -> Result<(), String> {
+    std::fs::create_dir(to).map_err(|e| format!("{}: {e}", to.display()))?;
+    for i in 0..nodes {
+        let (from, into) = (dir.join(format!("n{i}")), to.join(format!("n{i}")));
+        std::fs::create_dir(&into).map_err(|e| format!("{}: {e}", into.display()))?;
+        let entries = std::fs::read_dir(&from).map_err(|e| format!("{}: {e}", from.display()))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            if !is_file || name == "device.img" {
+                continue;
+            }
+            std::fs::copy(entry.path(), into.join(&name))
+                .map_err(|e| format!("{}: {e}", entry.path().display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// After recovery: each block through each node, until every node serves
@@ -1279,6 +1322,9 @@ fn print_summary(s: &Summary) {
     }
     for r in &s.failures_reported {
         println!("{r}");
+    }
+    if let Some(logs) = &s.logs {
+        println!("  the daemons' logs and dirty maps: {logs}");
     }
     println!("  {}", s.verdict);
 }

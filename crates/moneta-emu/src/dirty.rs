@@ -12,9 +12,13 @@
 //! (issue 22: DRBD's activity log): the port appends the new granules to
 //! the file and fdatasyncs it (`flush`) once per turn of the device thread
 //! that marked any, before any completion of that turn leaves. Clears are
-//! not urgent (a granule left in the file is only resynced once more): the
-//! whole file is rewritten (`save`, atomically) at most every
-//! `SAVE_INTERVAL_NS` while clears happen, and at once when the map empties.
+//! batched: the whole file is rewritten (`save`, atomically) at most every
+//! `SAVE_INTERVAL_NS` while clears happen, at once when the map empties,
+//! and always before the port tells a partner how much it missed or that
+//! its resync is done (engine/port.rs): a granule left in the file after
+//! the partner was told it has it would come back with a restart of this
+//! node as a claim the partner contradicts once it has written alone, a
+//! split brain that is not one.
 //!
 //! The file also tells a daemon whether its image served before (`fresh`):
 //! a node starting on an image that did may have missed writes while it

@@ -345,6 +345,18 @@ impl PortState {
         }
     }
 
+    /// Rewrite the dirty map's file now if granules were cleared since it
+    /// was last written. Returns whether the file holds no more than the
+    /// map (false: the save failed, recorded in the stats).
+    fn save_dirty(&mut self, now: Ns) -> bool {
+        if !self.port.dirty.is_changed() {
+            return true;
+        }
+        self.last_save_ns = now;
+        self.stats.dirty_save_error = self.port.dirty.save().err().map(|e| e.to_string());
+        self.stats.dirty_save_error.is_none()
+    }
+
     pub(super) fn stats_with(&self, routes: &RouteTable) -> PortStats {
         let mut s = self.stats();
         s.slices = (0..routes.slice_count())
@@ -472,11 +484,8 @@ impl<C: StampClock> DeviceThread<C> {
         worked |= self.send_due(&mut state, now);
         worked |= self.send_refusals(&mut state, now);
         worked |= self.resync(&mut state, now);
-        if state.port.dirty.is_changed()
-            && (now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.bytes() == 0)
-        {
-            state.last_save_ns = now;
-            state.stats.dirty_save_error = state.port.dirty.save().err().map(|e| e.to_string());
+        if now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.bytes() == 0 {
+            state.save_dirty(now);
         }
         self.port = Some(state);
         worked
@@ -848,6 +857,14 @@ impl<C: StampClock> DeviceThread<C> {
                 // the other missed here; the side that wrote alone is the
                 // source.
                 if !state.told.contains(&key) {
+                    // What the partner is told it missed is what a restart
+                    // of this node would claim: the clears are in the file
+                    // first (else a node killed now comes back claiming
+                    // granules the partner already has, and the partner,
+                    // which then wrote alone, looks like a split brain).
+                    if !state.save_dirty(now) {
+                        continue;
+                    }
                     let missed = state.port.dirty.granules_in(peer, lo, hi).min(COUNT_MASK);
                     let mut word =
                         (slice as u64) << 48 | state_code(routes.state(slice)) << 40 | missed;
@@ -874,6 +891,12 @@ impl<C: StampClock> DeviceThread<C> {
                     .count();
                 if state.port.dirty.granules_in(peer, lo, hi) == 0 {
                     if in_flight > 0 || state.announced.contains(&key) {
+                        continue;
+                    }
+                    // The partner goes up to date (and may then write
+                    // alone) on this word: the file must no longer say it
+                    // missed anything here (as for `MISSED_TAG` above).
+                    if !state.save_dirty(now) {
                         continue;
                     }
                     let header = self.header_to(
@@ -979,6 +1002,20 @@ impl<C: StampClock> DeviceThread<C> {
             _ => {
                 state.incoming.remove(&slice);
             }
+        }
+        if (mine > 0 || theirs > 0 || before != after) && after != ReplicaState::SplitBrain {
+            // Rare (each time two partners meet), and what a post-mortem
+            // of a resync needs.
+            port_log(
+                state.stats.node,
+                &format!(
+                    "slice {slice} with node {from}: it missed {mine} granules here, this node \
+                     missed {theirs} there (its copy {}); this copy {} -> {}",
+                    theirs_state.as_str(),
+                    before.as_str(),
+                    after.as_str()
+                ),
+            );
         }
         if after == ReplicaState::SplitBrain && before != after {
             port_log(
