@@ -310,6 +310,9 @@ pub struct ServerCounters {
     pub idle_closed: AtomicUsize,
     /// Connections whose client hung up with requests unanswered.
     pub hung_up: AtomicUsize,
+    /// Requests run again after a hard miss (the device had evicted the
+    /// connection's permission record), off the reactor.
+    pub recovered: AtomicUsize,
 }
 
 /// One place in a gauge of [`ServerCounters`] (`open` or `refusing`),

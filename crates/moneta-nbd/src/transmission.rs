@@ -123,9 +123,10 @@ impl Inline {
         };
         {
             let (plane, wake, helped) = (plane.clone(), wake.clone(), helped.clone());
+            let counters = counters.clone();
             threads.push(spawn(
                 "moneta-nbd-help",
-                Box::new(move || help(&plane, &wake, &helped, queue)),
+                Box::new(move || help(&plane, &counters, &wake, &helped, queue)),
             )?);
         }
         {
@@ -231,7 +232,13 @@ enum Task {
 }
 
 /// The helper thread: runs tasks in order until the poller is gone.
-fn help(plane: &ControlPlane, wake: &Wake, helped: &AtomicBool, queue: mpsc::Receiver<Task>) {
+fn help(
+    plane: &ControlPlane,
+    counters: &ServerCounters,
+    wake: &Wake,
+    helped: &AtomicBool,
+    queue: mpsc::Receiver<Task>,
+) {
     while let Ok(task) = queue.recv() {
         match task {
             Task::Flush(slot) => {
@@ -247,6 +254,7 @@ fn help(plane: &ControlPlane, wake: &Wake, helped: &AtomicBool, queue: mpsc::Rec
                 back,
             } => {
                 let ok = moneta.wait(&mut io).is_ok();
+                counters.recovered.fetch_add(1, Ordering::Relaxed);
                 *back.lock().expect("recover") = Some((io, ok));
             }
             Task::Close(mut c) => {
