@@ -43,6 +43,28 @@ pub fn unsure(partner: u16) -> u16 {
     UNSURE | partner
 }
 
+/// The map's flag for a **weak** claim (`weak(partner)`): a granule this
+/// copy resyncs to `partner` so that the two copies converge, though it
+/// holds no write acknowledged here that the partner missed: the granule
+/// of a failed write (settled in this copy's favour, or handed over by the
+/// partner, `DISCARD_TAG`, or refused here as a degraded copy). Either
+/// version is allowed on both copies, so a weak claim never makes this
+/// side "ahead" in the exchange: told counts and the split-brain rule see
+/// only the **strong** claims (`strong_in`), i.e. acknowledged writes the
+/// partner missed; a partner that wrote alone meanwhile wins the weak
+/// granules (engine/port.rs). Without the difference, a node killed with a
+/// weak claim pending came back looking ahead of a partner that had gone
+/// on alone, and the nemesis's `resolve --discard` of a split brain that
+/// was not one threw away acknowledged writes (`moneta san chaos`, 4
+/// nodes, seed 20261130). Weak and strong claims of one granule never
+/// coexist: strong wins.
+pub const WEAK: u16 = 0x4000;
+
+/// The key of the weak claims on `partner`.
+pub fn weak(partner: u16) -> u16 {
+    WEAK | partner
+}
+
 /// Missed granules by peer.
 #[derive(Debug, Default)]
 pub struct DirtyMap {
@@ -110,20 +132,72 @@ impl DirtyMap {
             let granule: u64 = granule.parse().map_err(|_| bad())?;
             map.missed.entry(peer).or_default().insert(granule);
         }
+        // A granule appended weak and later strong (or the other way) is
+        // strong.
+        let strong: Vec<(u16, u64)> = map
+            .missed
+            .iter()
+            .filter(|(&k, _)| k & (WEAK | UNSURE) == 0)
+            .flat_map(|(&k, set)| set.iter().map(move |&g| (k, g)))
+            .collect();
+        for (k, g) in strong {
+            if let Some(set) = map.missed.get_mut(&weak(k)) {
+                set.remove(&g);
+                if set.is_empty() {
+                    map.missed.remove(&weak(k));
+                }
+            }
+        }
         Ok(map)
     }
 
-    /// Peer `node` missed the copy of global `[addr, addr + bytes)`.
+    /// The sets a node's claims live in: its strong key and its weak one
+    /// (an unsure key is alone).
+    fn keys_of(node: u16) -> [u16; 2] {
+        if node & (WEAK | UNSURE) == 0 {
+            [node, weak(node)]
+        } else {
+            [node, node]
+        }
+    }
+
+    /// Peer `node` missed the copy of global `[addr, addr + bytes)` (a
+    /// strong claim), or, with `weak(node)`, is to get this copy's version
+    /// of it (a weak one: nothing if the claim is strong already; a strong
+    /// mark replaces a weak one).
     pub fn mark(&mut self, node: u16, addr: u64, bytes: u64) {
         if bytes == 0 {
             return;
         }
-        let set = self.missed.entry(node).or_default();
-        for g in addr / GRANULE_BYTES..=(addr + bytes - 1) / GRANULE_BYTES {
-            if set.insert(g) {
+        let granules = addr / GRANULE_BYTES..=(addr + bytes - 1) / GRANULE_BYTES;
+        let is_weak = node & WEAK != 0 && node & UNSURE == 0;
+        let plain = node & !WEAK;
+        for g in granules {
+            if is_weak && self.missed.get(&plain).is_some_and(|s| s.contains(&g)) {
+                continue;
+            }
+            if !is_weak && node & UNSURE == 0 {
+                self.remove(weak(node), g);
+            }
+            if self.missed.entry(node).or_default().insert(g) {
                 self.unsaved.push((node, g));
             }
         }
+    }
+
+    /// Drop granule `g` from one set; returns whether it was there.
+    fn remove(&mut self, key: u16, g: u64) -> bool {
+        let Some(set) = self.missed.get_mut(&key) else {
+            return false;
+        };
+        let was = set.remove(&g);
+        if set.is_empty() {
+            self.missed.remove(&key);
+        }
+        if was {
+            self.changed = true;
+        }
+        was
     }
 
     /// Granules marked that are not yet durable.
@@ -159,26 +233,63 @@ impl DirtyMap {
         Ok(())
     }
 
-    /// Up to `max` granules `node` still misses in global `[lo, hi)`,
-    /// from the lowest, as global byte addresses.
+    /// Up to `max` granules `node` is still to get in global `[lo, hi)`
+    /// (strong and weak claims), from the lowest, as global byte addresses.
     pub fn pending_in(&self, node: u16, lo: u64, hi: u64, max: usize) -> Vec<u64> {
-        self.missed
-            .get(&node)
-            .map(|s| {
-                s.range(lo / GRANULE_BYTES..hi.div_ceil(GRANULE_BYTES))
-                    .take(max)
-                    .map(|g| g * GRANULE_BYTES)
-                    .collect()
-            })
-            .unwrap_or_default()
+        let range = lo / GRANULE_BYTES..hi.div_ceil(GRANULE_BYTES);
+        let mut all: Vec<u64> = Vec::new();
+        let [a, b] = Self::keys_of(node);
+        for key in if a == b { vec![a] } else { vec![a, b] } {
+            if let Some(s) = self.missed.get(&key) {
+                all.extend(s.range(range.clone()).take(max));
+            }
+        }
+        all.sort_unstable();
+        all.truncate(max);
+        all.into_iter().map(|g| g * GRANULE_BYTES).collect()
     }
 
-    /// Granules `node` misses in global `[lo, hi)`.
+    /// Granules `node` is still to get in global `[lo, hi)` (strong and
+    /// weak claims).
     pub fn granules_in(&self, node: u16, lo: u64, hi: u64) -> u64 {
-        self.missed.get(&node).map_or(0, |s| {
+        let [a, b] = Self::keys_of(node);
+        let count = |key: u16| self.count_in(key, lo, hi);
+        if a == b {
+            count(a)
+        } else {
+            count(a) + count(b)
+        }
+    }
+
+    /// Strong claims only: acknowledged writes `node` missed in global
+    /// `[lo, hi)` (what the exchange tells and the split-brain rule sees).
+    pub fn strong_in(&self, node: u16, lo: u64, hi: u64) -> u64 {
+        self.count_in(node, lo, hi)
+    }
+
+    fn count_in(&self, key: u16, lo: u64, hi: u64) -> u64 {
+        self.missed.get(&key).map_or(0, |s| {
             s.range(lo / GRANULE_BYTES..hi.div_ceil(GRANULE_BYTES))
                 .count() as u64
         })
+    }
+
+    /// Forget the weak claims on `node` in global `[lo, hi)` (the partner
+    /// wrote alone and its version wins them); their global addresses.
+    pub fn take_weak_in(&mut self, node: u16, lo: u64, hi: u64) -> Vec<u64> {
+        let taken: Vec<u64> = self
+            .missed
+            .get(&weak(node))
+            .map(|s| {
+                s.range(lo / GRANULE_BYTES..hi.div_ceil(GRANULE_BYTES))
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for &g in &taken {
+            self.remove(weak(node), g);
+        }
+        taken.into_iter().map(|g| g * GRANULE_BYTES).collect()
     }
 
     /// Forget what `node` misses in global `[lo, hi)` (this side's writes
@@ -192,34 +303,29 @@ impl DirtyMap {
         taken
     }
 
-    /// Up to `max` granules `node` still misses, from the lowest, as
+    /// Up to `max` granules `node` is still to get, from the lowest, as
     /// global byte addresses.
     pub fn pending(&self, node: u16, max: usize) -> Vec<u64> {
-        self.missed
-            .get(&node)
-            .map(|s| s.iter().take(max).map(|g| g * GRANULE_BYTES).collect())
-            .unwrap_or_default()
+        self.pending_in(node, 0, u64::MAX - GRANULE_BYTES, max)
     }
 
-    /// `node` has the granule at global `addr` now.
+    /// `node` has the granule at global `addr` now (either claim goes).
     pub fn clear(&mut self, node: u16, addr: u64) {
-        if let Some(set) = self.missed.get_mut(&node) {
-            if set.remove(&(addr / GRANULE_BYTES)) {
-                self.changed = true;
-            }
-            if set.is_empty() {
-                self.missed.remove(&node);
-            }
+        let g = addr / GRANULE_BYTES;
+        for key in Self::keys_of(node) {
+            self.remove(key, g);
         }
     }
 
-    /// Granules `node` misses.
+    /// Granules `node` is still to get (strong and weak claims).
     pub fn granules(&self, node: u16) -> u64 {
-        self.missed.get(&node).map_or(0, |s| s.len() as u64)
+        self.granules_in(node, 0, u64::MAX - GRANULE_BYTES)
     }
 
     pub fn is_clean(&self, node: u16) -> bool {
-        !self.missed.contains_key(&node)
+        Self::keys_of(node)
+            .iter()
+            .all(|k| !self.missed.contains_key(k))
     }
 
     /// Bytes missed, all peers (unsure granules not counted).
@@ -291,6 +397,48 @@ mod tests {
         assert!(!third.fresh());
         std::fs::write(&path, "1 x\n").unwrap();
         assert!(DirtyMap::load(&path).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn weak_claims_are_resynced_but_never_told_and_strong_ones_win() {
+        let dir = std::env::temp_dir().join(format!("moneta-dirty-weak-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dirty");
+        let mut m = DirtyMap::load(&path).unwrap();
+        let g = GRANULE_BYTES;
+        // Node 2: a strong claim at granule 0, weak ones at 1 and 2; a
+        // weak mark over the strong one changes nothing, a strong mark over
+        // a weak one makes it strong.
+        m.mark(2, 0, g);
+        m.mark(weak(2), g, 2 * g);
+        m.mark(weak(2), 0, g);
+        assert_eq!(
+            (m.strong_in(2, 0, 8 * g), m.granules_in(2, 0, 8 * g)),
+            (1, 3)
+        );
+        assert_eq!(m.pending_in(2, 0, 8 * g, 10), vec![0, g, 2 * g]);
+        m.mark(2, 2 * g, g);
+        assert_eq!(
+            (m.strong_in(2, 0, 8 * g), m.granules_in(2, 0, 8 * g)),
+            (2, 3)
+        );
+        m.flush().unwrap();
+        // The file holds granule 2 both weak and strong: strong on reload.
+        let mut again = DirtyMap::load(&path).unwrap();
+        assert_eq!(again.strong_in(2, 0, 8 * g), 2);
+        assert_eq!(again.granules_in(2, 0, 8 * g), 3);
+        // The partner wrote alone: the weak claims go, the strong stay.
+        assert_eq!(again.take_weak_in(2, 0, 8 * g), vec![g]);
+        assert_eq!(again.granules_in(2, 0, 8 * g), 2);
+        // A resync acknowledgement clears either kind.
+        again.mark(weak(2), 5 * g, g);
+        again.clear(2, 5 * g);
+        again.clear(2, 0);
+        again.clear(2, 2 * g);
+        assert!(again.is_clean(2));
+        again.save().unwrap();
+        assert!(DirtyMap::load(&path).unwrap().is_clean(2));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

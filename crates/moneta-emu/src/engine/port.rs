@@ -55,7 +55,10 @@
 //! - each time two partners meet, each first says, per slice they share,
 //!   the state of its copy and how many granules the other missed here
 //!   (`MISSED_TAG`, DRBD's generations reduced to what decides the
-//!   direction): the side that wrote alone is the source and the other
+//!   direction; only *strong* claims count, acknowledged writes the other
+//!   missed: the granules of failed writes that one side resyncs only so
+//!   the copies converge are *weak*, `dirty::WEAK`, resynced by a source
+//!   and handed to the partner by a target): the side that wrote alone is the source and the other
 //!   becomes inconsistent until the source says the slice is in sync
 //!   (`SYNC_DONE_TAG`); if neither missed anything both are up to date;
 //!   if both did (a partition with writers on both sides), the slice is in
@@ -71,7 +74,7 @@
 
 use super::liveness::{self, Change, Liveness, VIEW_TAG};
 use super::{DeviceThread, SLICE_BYTES};
-use crate::dirty::{unsure, DirtyMap, GRANULE_BYTES};
+use crate::dirty::{unsure, weak, DirtyMap, GRANULE_BYTES, UNSURE, WEAK};
 use crate::wall_clock::StampClock;
 use moneta_model::device::network::HeaderFields;
 use moneta_model::device::network::{Packet, PortOutput};
@@ -234,6 +237,9 @@ pub(super) struct PortState {
     /// Until when refused commands are held rather than failed (a failover
     /// is being decided here or at the other holders: `holds`).
     hold_until: Ns,
+    /// Granules marked missed by a partner this node counts up, by why,
+    /// since the last log line of that kind (`mark`).
+    marked_up: BTreeMap<&'static str, (u64, Option<std::time::Instant>)>,
 }
 
 fn state_code(s: ReplicaState) -> u64 {
@@ -305,6 +311,36 @@ impl PortState {
             incoming: BTreeMap::new(),
             refusals_out: VecDeque::new(),
             last_save_ns: 0,
+            marked_up: BTreeMap::new(),
+        }
+    }
+
+    /// Record that `partner` missed global `[addr, addr + bytes)` (a key of
+    /// the dirty map: a node, `weak(node)` or `unsure(node)`). A strong
+    /// claim on a partner this node counts up (it was told what it missed
+    /// and may be up to date) is what a restart of this node brings back,
+    /// so it is logged (at most once a second per kind, with a count).
+    fn mark(&mut self, key: u16, addr: u64, bytes: u64, why: &'static str) {
+        self.port.dirty.mark(key, addr, bytes);
+        if key & (UNSURE | WEAK) != 0 || !self.liveness.is_up(key) {
+            return;
+        }
+        let now = std::time::Instant::now();
+        let entry = self.marked_up.entry(why).or_insert((0, None));
+        entry.0 += 1;
+        if entry
+            .1
+            .is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1))
+        {
+            let n = entry.0;
+            *entry = (0, Some(now));
+            port_log(
+                self.stats.node,
+                &format!(
+                    "marked missed by node {key}, which is up: global {addr} ({bytes} B; {why}; \
+                     {n} such marks since the last line)"
+                ),
+            );
         }
     }
 
@@ -544,7 +580,12 @@ impl<C: StampClock> DeviceThread<C> {
         }
         if wins {
             for g in granules {
-                state.port.dirty.mark(partner, g, GRANULE_BYTES);
+                state.mark(
+                    weak(partner),
+                    g,
+                    GRANULE_BYTES,
+                    "unsure granules settled: this copy wins",
+                );
             }
         } else {
             state.discards.entry(partner).or_default().extend(granules);
@@ -865,7 +906,9 @@ impl<C: StampClock> DeviceThread<C> {
                     if !state.save_dirty(now) {
                         continue;
                     }
-                    let missed = state.port.dirty.granules_in(peer, lo, hi).min(COUNT_MASK);
+                    // Strong claims only: weak ones are resynced, but do
+                    // not make this side the source (`dirty::WEAK`).
+                    let missed = state.port.dirty.strong_in(peer, lo, hi).min(COUNT_MASK);
                     let mut word =
                         (slice as u64) << 48 | state_code(routes.state(slice)) << 40 | missed;
                     if state.retell.contains(&key) {
@@ -985,7 +1028,7 @@ impl<C: StampClock> DeviceThread<C> {
             return;
         }
         let (lo, hi) = slice_range(routes, slice);
-        let mine = state.port.dirty.granules_in(from, lo, hi);
+        let mine = state.port.dirty.strong_in(from, lo, hi);
         let before = routes.state(slice);
         let after = match (mine > 0, theirs > 0) {
             (true, true) => ReplicaState::SplitBrain,
@@ -998,6 +1041,13 @@ impl<C: StampClock> DeviceThread<C> {
         match after {
             ReplicaState::Inconsistent => {
                 state.incoming.insert(slice, (theirs, 0));
+                // The partner wrote alone: its version wins the granules
+                // this copy only meant to converge (`dirty::WEAK`); they go
+                // to it like discarded ones, and it resyncs them here.
+                let handed = state.port.dirty.take_weak_in(from, lo, hi);
+                if !handed.is_empty() {
+                    state.discards.entry(from).or_default().extend(handed);
+                }
             }
             _ => {
                 state.incoming.remove(&slice);
@@ -1061,7 +1111,16 @@ impl<C: StampClock> DeviceThread<C> {
         }
         for m in self.driver.missed().drain(..) {
             let key = if m.alone { m.node } else { unsure(m.node) };
-            state.port.dirty.mark(key, m.addr, m.bytes);
+            state.mark(
+                key,
+                m.addr,
+                m.bytes,
+                if m.alone {
+                    "a write acknowledged alone"
+                } else {
+                    "a failed write"
+                },
+            );
         }
     }
 
@@ -1130,7 +1189,12 @@ impl<C: StampClock> DeviceThread<C> {
             if h.kind == PacketKind::WriteCompletion && h.tag == DISCARD_TAG {
                 // The partner discarded its write of this granule: ours goes
                 // to it in the resync.
-                state.port.dirty.mark(from, h.addr, GRANULE_BYTES);
+                state.mark(
+                    weak(from),
+                    h.addr,
+                    GRANULE_BYTES,
+                    "the partner discarded it",
+                );
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == SYNC_DONE_TAG {
@@ -1144,6 +1208,12 @@ impl<C: StampClock> DeviceThread<C> {
                     {
                         routes.set_state(slice, ReplicaState::UpToDate);
                         state.incoming.remove(&slice);
+                        port_log(
+                            state.stats.node,
+                            &format!(
+                                "slice {slice}: node {from} says the resync is done: up to date"
+                            ),
+                        );
                     }
                 }
                 continue;
@@ -1212,7 +1282,12 @@ impl<C: StampClock> DeviceThread<C> {
             let (lo, hi) = slice_range(routes, slice);
             let size = u64::from(h.size).max(1);
             if state.port.dirty.granules_in(partner, lo, hi) > 0 {
-                state.port.dirty.mark(partner, global, size);
+                state.mark(
+                    weak(partner),
+                    global,
+                    size,
+                    "a refused degraded write, this copy ahead",
+                );
             } else {
                 let granules = (global / GRANULE_BYTES..(global + size).div_ceil(GRANULE_BYTES))
                     .map(|g| g * GRANULE_BYTES);
@@ -1268,7 +1343,7 @@ impl<C: StampClock> DeviceThread<C> {
                 if h.ctrl & CTRL_DEGRADED != 0 {
                     // The only live copy: record what the partner missed.
                     if let Some((partner, _)) = routes.other_holder(global) {
-                        state.port.dirty.mark(partner, global, len as u64);
+                        state.mark(partner, global, len as u64, "a degraded write taken");
                     }
                 }
             }
