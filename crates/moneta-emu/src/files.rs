@@ -641,6 +641,18 @@ fn device_base(dev: libc::dev_t, images: &[(u64, u64)]) -> Result<u64, EmuError>
 mod tests {
     use super::*;
 
+    /// The protocol's `DirectAccess` and the records' permission bits
+    /// (SPEC §3.3) say the same thing both ways.
+    #[test]
+    fn direct_access_and_record_bits_agree() {
+        for perms in [0, READ, WRITE, READ | WRITE] {
+            let access = direct_access(perms);
+            assert_eq!(record_perms(access), perms);
+            assert_eq!(access.can_read(), perms & READ != 0);
+            assert_eq!(access.can_write(), perms & WRITE != 0);
+        }
+    }
+
     fn file(perms: u8) -> GrantedFile {
         GrantedFile {
             fd: std::fs::File::open("/dev/null").unwrap().into(),
