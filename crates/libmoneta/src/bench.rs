@@ -11,9 +11,9 @@
 //! client saw it; the spans add up to the measured mean.
 
 use crate::client::{CompletionMode, Io, Moneta};
-use moneta_emu::engine::EngineStats;
-use moneta_emu::wall_clock::monotonic_ns;
-use moneta_emu::{EmuError, ErrorKind};
+use moneta_abi::stats::EngineStats;
+use moneta_abi::sys::monotonic_ns;
+use moneta_abi::{EmuError, ErrorKind};
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::summary::PointSummary;
 use moneta_model::workload::{AddressStream, ThreadGroup};
@@ -141,7 +141,7 @@ pub fn run(m: &Moneta, spec: &BenchSpec) -> Result<BenchResult, EmuError> {
                 s.spawn(move || {
                     if spec.realtime {
                         if let Err(e) =
-                            moneta_emu::sys::set_realtime(moneta_emu::engine::REALTIME_PRIORITY)
+                            moneta_abi::sys::set_realtime(moneta_abi::sys::REALTIME_PRIORITY)
                         {
                             ordinary.fetch_add(1, Ordering::Relaxed);
                             eprintln!(
@@ -204,7 +204,7 @@ impl HostLoad {
             .spawn(move || {
                 let (mut sum, mut n) = (0.0, 0u32);
                 loop {
-                    if let Some(r) = moneta_emu::fidelity::runnable_now() {
+                    if let Some(r) = moneta_abi::fidelity::runnable_now() {
                         sum += r;
                         n += 1;
                     }
@@ -256,10 +256,10 @@ pub struct Fidelity {
 
 impl Fidelity {
     pub fn judge(r: &BenchResult, modeled_us_mean: f64, device: &EngineStats) -> Fidelity {
-        let cores = moneta_emu::fidelity::cores();
+        let cores = moneta_abi::fidelity::cores();
         let behind_ns = r.due_to_seen_ns_mean;
         let (faithful, verdict) =
-            moneta_emu::fidelity::judge(behind_ns, modeled_us_mean * 1e3, r.runnable_mean, cores);
+            moneta_abi::fidelity::judge(behind_ns, modeled_us_mean * 1e3, r.runnable_mean, cores);
         Fidelity {
             faithful,
             verdict,

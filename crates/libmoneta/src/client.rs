@@ -18,17 +18,20 @@
 //!   may still answer "no record" because its table evicted it (a *hard
 //!   miss*): ask the control plane to re-install, then retry.
 
-use moneta_emu::channel::{
+use moneta_abi::channel::{
     self, ChannelMemory, ResultCode, CHANNEL_TAGS, SLICE_BYTES, STATUS_DONE,
 };
-use moneta_emu::control::{
-    self, ChannelInfo, ControlPlane, Extent, FrameReader, Request, Response, Session,
+use moneta_abi::control::{self, ChannelInfo, Extent, FrameReader, Request, Response};
+use moneta_abi::stats::EngineStats;
+use moneta_abi::sys::{self, monotonic_ns};
+use moneta_abi::{EmuError, ErrorKind};
+#[cfg(feature = "embedded")]
+use moneta_emu::{
+    control::{ControlPlane, Session},
+    engine::{Engine, EngineOptions},
+    medium::Medium,
 };
-use moneta_emu::engine::{Engine, EngineOptions, EngineStats};
-use moneta_emu::medium::Medium;
-use moneta_emu::sys;
-use moneta_emu::wall_clock::monotonic_ns;
-use moneta_emu::{EmuError, ErrorKind};
+#[cfg(feature = "embedded")]
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, Command};
 use moneta_model::units::{DeviceAddr, Op};
@@ -96,6 +99,7 @@ enum Control {
         /// for the next call's, so no call is made on it again.
         broken: bool,
     },
+    #[cfg(feature = "embedded")]
     Embedded {
         plane: Arc<ControlPlane>,
         session: Session,
@@ -162,6 +166,7 @@ impl Control {
                     }
                 }
             }
+            #[cfg(feature = "embedded")]
             Control::Embedded { plane, session } => {
                 // As SCM_RIGHTS would: the control plane gets its own descriptor.
                 let fd = fd
@@ -192,6 +197,7 @@ impl Control {
     }
 }
 
+#[cfg(feature = "embedded")]
 impl Drop for Control {
     fn drop(&mut self) {
         if let Control::Embedded { plane, session } = self {
@@ -214,8 +220,9 @@ struct Inner {
     hard_misses: AtomicU64,
     /// COMPLETIONCOUNT as last seen by a forwarding thread.
     seen_count: AtomicU32,
-    /// Keeps an in-process device alive as long as the channel (embedded mode).
-    _engine: Option<Arc<Engine>>,
+    /// Keeps an in-process device alive as long as the channel (embedded
+    /// mode: an `Arc<moneta_emu::engine::Engine>`).
+    _engine: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// A channel to an emulated Moneta. Cheap to clone; thread-safe.
@@ -309,6 +316,7 @@ impl Moneta {
 
     /// Start a device in this process (the embedded mode) on `medium` and
     /// open a channel on it; this process owns the device.
+    #[cfg(feature = "embedded")]
     pub fn embedded(
         config: Config,
         medium: Medium,
@@ -322,6 +330,7 @@ impl Moneta {
     }
 
     /// Open another channel on an in-process control plane (embedded mode).
+    #[cfg(feature = "embedded")]
     pub fn attach(
         plane: &Arc<ControlPlane>,
         engine: Option<Arc<Engine>>,
@@ -366,14 +375,14 @@ impl Moneta {
             .map_err(|e| EmuError::io("sharing the channel", e))?;
         let memory =
             ChannelMemory::map_fds(fds).map_err(|e| EmuError::io("mapping the channel", e))?;
-        Self::with(memory, info, control, engine)
+        Self::with(memory, info, control, engine.map(|e| e as _))
     }
 
     fn with(
         memory: ChannelMemory,
         info: ChannelInfo,
         control: Control,
-        engine: Option<Arc<Engine>>,
+        engine: Option<Arc<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Moneta, EmuError> {
         if info.tags as usize != CHANNEL_TAGS || info.slice_bytes as usize != SLICE_BYTES {
             return Err(EmuError::new(
@@ -932,6 +941,7 @@ impl Moneta {
                 let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
                 ready > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR) != 0
             }
+            #[cfg(feature = "embedded")]
             Control::Embedded { .. } => false,
         }
     }

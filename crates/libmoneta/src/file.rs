@@ -44,9 +44,9 @@
 //! growth).
 
 use crate::client::Moneta;
-use moneta_emu::control::{DirectAccess, FileExtent, Request, Response};
-use moneta_emu::sys;
-use moneta_emu::{EmuError, ErrorKind};
+use moneta_abi::control::{DirectAccess, FileExtent, Request, Response};
+use moneta_abi::sys;
+use moneta_abi::{EmuError, ErrorKind};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};

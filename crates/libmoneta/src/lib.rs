@@ -9,6 +9,10 @@
 //! file system that lives on the device: [`Moneta::open_file`] →
 //! [`MonetaFile`] ([`file`]). The C ABI
 //! (`include/moneta.h`, `libmoneta.so`) wraps the same calls ([`capi`]).
+//!
+//! It speaks to the daemon through `moneta_abi` (the channel layout and
+//! the control protocol); only the embedded mode needs the device itself
+//! (`moneta_emu`), behind the default feature `embedded`.
 
 pub mod bench;
 pub mod capi;
@@ -17,6 +21,6 @@ pub mod file;
 
 pub use client::{CompletionMode, Io, Moneta};
 pub use file::MonetaFile;
-pub use moneta_emu::channel::ResultCode;
-pub use moneta_emu::control::DirectAccess;
-pub use moneta_emu::{EmuError, ErrorKind};
+pub use moneta_abi::channel::ResultCode;
+pub use moneta_abi::control::DirectAccess;
+pub use moneta_abi::{EmuError, ErrorKind};

@@ -28,8 +28,8 @@
 //! ignores the terminal's and polite signals (SIGINT, SIGTERM, SIGHUP, …),
 //! so it lives exactly as long as monetad's end of the socket.
 
-use crate::error::EmuError;
 use crate::sys;
+use moneta_abi::error::EmuError;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,8 @@
 //! any reason, including the client being killed mid-request.
 
 use crate::control::{self, ControlPlane, FrameReader, Request, Response, Session};
-use crate::error::{EmuError, ErrorKind};
 use crate::sys;
+use moneta_abi::error::{EmuError, ErrorKind};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

@@ -65,14 +65,14 @@
 //! sleeping in poll(2) on the link rings the doorbell when a frame comes
 //! while it naps.
 
-use crate::channel::{
-    self, ChannelMemory, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES,
-};
-use crate::error::{EmuError, ErrorKind};
 use crate::medium::Medium;
 use crate::reactor::{Pass, Poller, Reactor, Wake};
 use crate::sys;
 use crate::wall_clock::{StampClock, WallClock};
+use moneta_abi::channel::{
+    self, ChannelMemory, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES,
+};
+use moneta_abi::error::{EmuError, ErrorKind};
 use moneta_model::breakdown::Breakdown;
 use moneta_model::config::Config;
 use moneta_model::device::command::{self, CommandFormat, CommandLimits};
@@ -83,7 +83,7 @@ use moneta_model::device::retag::RoundRobin;
 use moneta_model::kernel::Clock;
 use moneta_model::stats::LatencyHistogram;
 use moneta_model::units::{DeviceAddr, Ns, Op};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
@@ -142,8 +142,7 @@ pub struct EngineOptions {
     pub realtime: bool,
 }
 
-/// The SCHED_FIFO priority of real-time device and benchmark threads.
-pub const REALTIME_PRIORITY: i32 = 10;
+pub use moneta_abi::sys::REALTIME_PRIORITY;
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -159,81 +158,9 @@ impl Default for EngineOptions {
     }
 }
 
-/// What the device thread has done so far.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct EngineStats {
-    pub channels_open: u32,
-    /// Turns of the device thread's polling loop (turns / time = how often
-    /// it looks at the channels and the clock).
-    pub polls: u64,
-    pub requests_completed: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// Requests refused, by result code.
-    pub errors: BTreeMap<String, u64>,
-    /// Polls that left commands waiting because no physical tag was free.
-    pub retag_stalls: u64,
-    /// Polls that skipped a channel whose errors the kernel role has not yet
-    /// forwarded (a client flooding the device with bad commands).
-    pub error_queue_stalls: u64,
-    /// Times a SAN node held a command (instead of failing it) while a
-    /// failover was decided (`engine/liveness.rs`).
-    #[serde(default)]
-    pub held: u64,
-    pub interrupts: u64,
-    pub permission_records_in_use: u32,
-    pub permission_installs: u64,
-    pub permission_merges: u64,
-    pub permission_evictions: u64,
-    pub permission_lookups: u64,
-    /// Mean tree steps per protection check, and its modeled time.
-    pub lookup_steps_mean: f64,
-    pub lookup_ns_mean: f64,
-    pub lookup_steps_max: u32,
-    /// How long after its model time each completion was posted.
-    pub lateness_ns_mean: f64,
-    pub lateness_ns_p99: f64,
-    pub lateness_ns_max: u64,
-    /// How long after its client stamped it each command was taken (the
-    /// poll period, the hop between cores, a nap's wake-up): not device time.
-    #[serde(default)]
-    pub accept_delay_ns_mean: f64,
-    #[serde(default)]
-    pub accept_delay_ns_p99: f64,
-    /// Commands whose stamp was clamped (in the future, or before time the
-    /// device had already modeled).
-    #[serde(default)]
-    pub stamps_clamped: u64,
-    /// Times the device thread napped on the doorbell.
-    #[serde(default)]
-    pub naps: u64,
-    /// Where the device's time went (SPEC §2.1): requests completed and the
-    /// mean modeled µs per component from accepting each to its model
-    /// completion time (`moneta_model::breakdown`).
-    #[serde(default)]
-    pub device_time_requests: u64,
-    #[serde(default)]
-    pub device_time_us: Vec<(String, f64)>,
-    /// Model time the device thread has reached (ns since the engine started).
-    pub model_time_ns: u64,
-    /// The control plane's file grants (filled in by the control plane).
-    #[serde(default)]
-    pub files: crate::file_table::FileTableStats,
-    /// Whether completions were posted at their model time ([`crate::fidelity`]:
-    /// behind = posted after the model time, against the mean modeled
-    /// device time); empty before the first request.
-    #[serde(default)]
-    pub faithful: bool,
-    #[serde(default)]
-    pub verdict: String,
-    /// What guards the watched file system's granted blocks (README,
-    /// "Direct-path contract"); empty before a file system is watched.
-    #[serde(default)]
-    pub guard: String,
-    /// A SAN node's network port.
-    #[serde(default)]
-    pub san: Option<PortStats>,
-}
+/// What the device thread has done so far (the `stats` reply, so it is
+/// defined with the protocol).
+pub use moneta_abi::stats::EngineStats;
 
 enum ControlOp {
     AddChannel {
@@ -1023,12 +950,12 @@ impl<C: StampClock> DeviceThread<C> {
             .collect();
         if s.device_time_requests > 0 {
             let modeled_ns = s.device_time_us.iter().map(|(_, us)| us).sum::<f64>() * 1e3;
-            let runnable = crate::fidelity::runnable_now().unwrap_or(0.0);
-            (s.faithful, s.verdict) = crate::fidelity::judge(
+            let runnable = moneta_abi::fidelity::runnable_now().unwrap_or(0.0);
+            (s.faithful, s.verdict) = moneta_abi::fidelity::judge(
                 s.lateness_ns_mean,
                 modeled_ns,
                 runnable,
-                crate::fidelity::cores(),
+                moneta_abi::fidelity::cores(),
             );
         }
         s

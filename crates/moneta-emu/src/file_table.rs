@@ -48,14 +48,15 @@
 //! daemon keeps a descriptor of every held file, so even an unlinked file's
 //! blocks stay allocated until its records are gone.
 
-use crate::control::FileExtent;
 use crate::engine::Engine;
-use crate::error::{EmuError, ErrorKind};
-use crate::files::{GrantedFile, InodeId};
+use crate::files::GrantedFile;
 use crate::free_watch::{FreeHandler, FreeWatch, FreedRange};
 use crate::layout_watch::{Handler, LayoutEvent, LayoutWatch};
 use crate::protection::Update;
 use crate::sys;
+use moneta_abi::control::FileExtent;
+use moneta_abi::error::{EmuError, ErrorKind};
+use moneta_abi::InodeId;
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -175,56 +176,7 @@ struct Table {
     inodes: HashMap<InodeId, InodeState>,
 }
 
-/// Statistics for `moneta stats`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FileTableStats {
-    pub files_open: u64,
-    pub inodes_held: u64,
-    pub inodes_mapped: u64,
-    pub inodes_watched: u64,
-    /// Whether the kernel reports layout changes (fanotify pre-content).
-    pub layout_watch: bool,
-    pub kernel_events: u64,
-    pub kernel_event_handler_ns_max: u64,
-    pub layout_changes: u64,
-    pub revocations: u64,
-    /// Opens for writing by processes outside the shim (or loop devices)
-    /// that sent a held file to the kernel path.
-    pub foreign_writers: u64,
-    /// Inodes on the kernel path now because of such a writer.
-    pub inodes_foreign_written: u64,
-    /// Reads through the kernel of held files (each revokes what it may
-    /// cache and drops stale cached pages first).
-    pub kernel_reads: u64,
-    /// Times stale clean pages of a held file were dropped before the
-    /// kernel used its cache.
-    pub cache_drops: u64,
-    /// Soft misses that granted nothing because the page cache held pages
-    /// of the range it could not drop (mapped, locked or dirtied meanwhile).
-    pub grants_refused_cached: u64,
-    /// Whether the file systems' block-free tracepoints guard the mount
-    /// (free_watch.rs): every freed block is revoked before reuse.
-    #[serde(default)]
-    pub block_free_guard: bool,
-    /// Block frees reported on watched file systems.
-    #[serde(default)]
-    pub block_frees: u64,
-    /// Of them, frees of blocks some channel was granted (each revoked).
-    #[serde(default)]
-    pub block_free_revocations: u64,
-    /// Device turns that took no command while a free was being applied.
-    #[serde(default)]
-    pub free_fence_stalls: u64,
-    /// Passes over /proc (who else has a file open or mapped): at a file's
-    /// first registration, and rechecks of a file sent to the kernel path
-    /// by an outside opener; and their wall time.
-    #[serde(default)]
-    pub proc_scans: u64,
-    #[serde(default)]
-    pub proc_rechecks: u64,
-    #[serde(default)]
-    pub proc_scan_us: u64,
-}
+pub use moneta_abi::stats::FileTableStats;
 
 /// Every channel's file grants, by inode.
 pub struct FileTable {
@@ -383,7 +335,7 @@ impl FileTable {
         let frees = self.watch_frees(dir);
         let watcher = self.watcher().ok_or_else(|| {
             EmuError::new(
-                crate::error::ErrorKind::Io,
+                moneta_abi::error::ErrorKind::Io,
                 "this kernel cannot report layout changes (no fanotify pre-content events)",
             )
         })?;
@@ -414,7 +366,7 @@ impl FileTable {
         });
         match started {
             Ok(watch) => watch.watch_file_system(dir),
-            Err(why) => Err(EmuError::new(crate::error::ErrorKind::Io, why.clone())),
+            Err(why) => Err(EmuError::new(moneta_abi::error::ErrorKind::Io, why.clone())),
         }
     }
 
@@ -779,7 +731,7 @@ impl FileTable {
         addr: u64,
         len: u64,
         write: bool,
-    ) -> Option<crate::control::Extent> {
+    ) -> Option<moneta_abi::control::Extent> {
         let t = self.lock();
         let (extent, updates) = file_ids
             .iter()

@@ -19,10 +19,10 @@
 //! through the same page cache, so what the file system writes is what the
 //! device reads and the other way round.
 
-use crate::control::{DirectAccess, Extent, FileExtent};
-use crate::error::{EmuError, ErrorKind};
 use crate::protection::{RecordSpec, Update, READ, WRITE};
 use crate::sys::{self, FiemapExtent};
+use moneta_abi::control::{DirectAccess, Extent, FileExtent};
+use moneta_abi::error::{EmuError, ErrorKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
@@ -42,11 +42,26 @@ const NOT_DIRECT: u32 = sys::FIEMAP_EXTENT_UNKNOWN
     | sys::FIEMAP_EXTENT_DATA_INLINE
     | sys::FIEMAP_EXTENT_DATA_TAIL;
 
-/// A file's identity on its file system (st_dev, st_ino).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InodeId {
-    pub dev: u64,
-    pub ino: u64,
+pub use moneta_abi::InodeId;
+
+/// The direct access a record with permission bits `perms` allows.
+fn direct_access(perms: u8) -> DirectAccess {
+    match (perms & READ != 0, perms & WRITE != 0) {
+        (false, false) => DirectAccess::None,
+        (true, false) => DirectAccess::Read,
+        (false, true) => DirectAccess::Write,
+        (true, true) => DirectAccess::ReadWrite,
+    }
+}
+
+/// The permission bits of the records that allow `access`.
+fn record_perms(access: DirectAccess) -> u8 {
+    match access {
+        DirectAccess::None => 0,
+        DirectAccess::Read => READ,
+        DirectAccess::Write => WRITE,
+        DirectAccess::ReadWrite => READ | WRITE,
+    }
 }
 
 /// `extents` with every part at or past `eof` made kernel-only.
@@ -211,7 +226,7 @@ impl GrantedFile {
         let opened = Opened {
             size_bytes: device_bytes.unwrap_or(st.st_size as u64),
             block_bytes: st.st_blksize as u64,
-            access: DirectAccess::from_perms(perms),
+            access: direct_access(perms),
         };
         let file = GrantedFile {
             fd,
@@ -399,7 +414,7 @@ impl GrantedFile {
                     logical: e.logical,
                     start: e.physical,
                     len: e.len,
-                    perms: e.direct.perms(),
+                    perms: record_perms(e.direct),
                 })
                 .collect(),
         );
@@ -490,7 +505,7 @@ impl GrantedFile {
             physical,
             len,
             unwritten,
-            direct: DirectAccess::from_perms(perms),
+            direct: direct_access(perms),
         }
     }
 
@@ -625,6 +640,18 @@ fn device_base(dev: libc::dev_t, images: &[(u64, u64)]) -> Result<u64, EmuError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The protocol's `DirectAccess` and the records' permission bits
+    /// (SPEC §3.3) say the same thing both ways.
+    #[test]
+    fn direct_access_and_record_bits_agree() {
+        for perms in [0, READ, WRITE, READ | WRITE] {
+            let access = direct_access(perms);
+            assert_eq!(record_perms(access), perms);
+            assert_eq!(access.can_read(), perms & READ != 0);
+            assert_eq!(access.can_write(), perms & WRITE != 0);
+        }
+    }
 
     fn file(perms: u8) -> GrantedFile {
         GrantedFile {

@@ -26,7 +26,7 @@
 //! the reason and the daemon keeps fanotify's guard alone; `moneta status`
 //! names the guard of each mount.
 
-use crate::error::{EmuError, ErrorKind};
+use moneta_abi::error::{EmuError, ErrorKind};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;

@@ -27,9 +27,9 @@
 //! allows whatever is still pending, so no process can hang on the daemon.
 
 use crate::cover_keeper::CoverKeeper;
-use crate::error::EmuError;
-use crate::files::InodeId;
 use crate::sys;
+use moneta_abi::error::EmuError;
+use moneta_abi::InodeId;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -4,7 +4,10 @@
 //!
 //! Along the data path:
 //!
-//! - [`channel`]: a channel's shared pages (command slots, tag status, DMA buffer).
+//! - [`channel`]: a channel's shared pages (command slots, tag status, DMA
+//!   buffer); with the control protocol's messages, the error type and
+//!   the stats, it is the ABI clients share with the daemon (`moneta_abi`,
+//!   re-exported here at the old paths).
 //! - [`engine`]: the device (retag → protection → the model's pipeline →
 //!   medium) and the kernel role that forwards interrupts.
 //! - [`reactor`]: the event loops that turn devices, several per thread
@@ -17,14 +20,11 @@
 //!   (fanotify) and of freed blocks (the file systems' tracepoints, BPF).
 //! - [`wall_clock`]: the clock that makes it an emulator.
 
-pub mod channel;
 pub mod control;
 mod cover_keeper;
 pub mod daemon;
 pub mod dirty;
 pub mod engine;
-pub mod error;
-pub mod fidelity;
 pub mod file_table;
 pub mod files;
 pub mod free_watch;
@@ -36,6 +36,7 @@ pub mod sys;
 pub mod wall_clock;
 
 pub use error::{EmuError, ErrorKind};
+pub use moneta_abi::{channel, error, fidelity};
 /// The device's permission table lives in the model (SPEC §3.3); re-exported
 /// for the control plane's callers.
 pub use moneta_model::device::protection;

@@ -10,26 +10,13 @@
 //! at any moment, so copies take raw pointers and never form references to
 //! shared memory.
 
-use crate::sys::Mapping;
+use crate::sys::{prefetch_line, Mapping};
 use std::fmt;
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-
-/// Hint the CPU to load the cache line at `p` (never faults, reads nothing
-/// the program sees).
-#[inline]
-pub(crate) fn prefetch_line(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it never faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
 
 #[derive(Debug)]
 pub enum MediumError {

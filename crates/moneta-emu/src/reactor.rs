@@ -30,9 +30,9 @@
 //! stopping); it is dropped on the reactor's thread, which is how the
 //! engine learns it is gone.
 
-use crate::channel::Doorbell;
-use crate::error::EmuError;
 use crate::sys;
+use moneta_abi::channel::Doorbell;
+use moneta_abi::error::EmuError;
 use moneta_model::units::Ns;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -129,7 +129,7 @@ impl Reactor {
             .name(name.into())
             .spawn(move || {
                 if realtime {
-                    if let Err(e) = sys::set_realtime(crate::engine::REALTIME_PRIORITY) {
+                    if let Err(e) = sys::set_realtime(sys::REALTIME_PRIORITY) {
                         eprintln!(
                             "moneta: the device thread stays an ordinary thread: SCHED_FIFO: {e}"
                         );
@@ -203,7 +203,7 @@ pub fn watch_while_napping(wake: &Wake, stop: &AtomicBool, fd: std::os::fd::RawF
 /// The default number of reactors for `devices` devices on this host:
 /// the cores less one for the clients, at least one, at most one per device.
 pub fn default_count(devices: usize) -> usize {
-    let cores = crate::fidelity::cores().max(1);
+    let cores = moneta_abi::fidelity::cores().max(1);
     cores.saturating_sub(1).clamp(1, devices.max(1))
 }
 

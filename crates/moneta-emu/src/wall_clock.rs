@@ -10,18 +10,8 @@
 use moneta_model::kernel::Clock;
 use moneta_model::units::Ns;
 
-/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process (a vDSO
-/// read, no system call).
-#[inline]
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid timespec to write; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// The clock a channel's stamps are read on (part of the channel ABI).
+pub use moneta_abi::sys::monotonic_ns;
 
 /// Nanoseconds of real time since the clock was made.
 #[derive(Debug, Clone, Copy)]

@@ -29,7 +29,7 @@
 use crate::proto;
 use crate::transmission::{Hand, Handed, Inline};
 use moneta::{CompletionMode, Moneta};
-use moneta_emu::channel::CHANNELS;
+use moneta_abi::channel::CHANNELS;
 use moneta_emu::control::ControlPlane;
 use moneta_model::units::parse_bytes;
 use std::io::{self, Read, Write};

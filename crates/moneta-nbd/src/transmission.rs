@@ -29,7 +29,7 @@
 use crate::proto::{self, ProtoError, RequestHeader};
 use crate::server::{Export, Negotiated, ServerCounters, Slot, Stream};
 use moneta::{CompletionMode, Io, Moneta};
-use moneta_emu::channel::ResultCode;
+use moneta_abi::channel::ResultCode;
 use moneta_emu::control::ControlPlane;
 use moneta_emu::reactor::{Pass, Poller, Wake};
 use moneta_model::units::{Ns, Op};

@@ -155,7 +155,7 @@ fn direct_alignment(fd: c_int, flags: c_int) -> u64 {
     }
     // Where the file system does not say, the logical block of every
     // device here (512 B).
-    let (mem, offset) = moneta_emu::sys::dio_alignment(fd).unwrap_or((512, 512));
+    let (mem, offset) = moneta_abi::sys::dio_alignment(fd).unwrap_or((512, 512));
     (mem as u64) << 32 | offset as u64
 }
 
@@ -389,7 +389,7 @@ fn read_at_position(
     };
     let r = position(fd).and_then(|at| {
         let size =
-            moneta_emu::sys::file_len(fd).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            moneta_abi::sys::file_len(fd).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         let want = (len as u64).min(size.saturating_sub(at)) as usize;
         if want == 0 {
             return Ok(0);
@@ -1017,7 +1017,7 @@ fn layout_change_by_path<T>(
             return None;
         }
         let token = if s.on_mount(fd) {
-            let size = moneta_emu::sys::file_len(fd).unwrap_or(0);
+            let size = moneta_abi::sys::file_len(fd).unwrap_or(0);
             let m = s.moneta()?;
             match m.layout_change(fd, from(size)) {
                 Ok(t) => Some((m, t)),

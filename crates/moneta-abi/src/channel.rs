@@ -353,7 +353,7 @@ impl ChannelMemory {
     /// Hint the CPU to fetch `tag`'s slot line (device side, before taking
     /// several commands: their lines then cross in parallel).
     pub fn prefetch_slot(&self, tag: usize) {
-        crate::medium::prefetch_line(self.slot_addr(tag) as *const AtomicU64 as *const u8);
+        sys::prefetch_line(self.slot_addr(tag) as *const AtomicU64 as *const u8);
     }
 
     /// Word `word_offset` of `tag`'s slot line.

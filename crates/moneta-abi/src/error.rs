@@ -1,5 +1,8 @@
-//! The crate's one error type: a kind a program can match on and a message
-//! with the context a person needs.
+//! The one error type of the daemon and its clients: a kind a program can
+//! match on and a message with the context a person needs. It crosses the
+//! control socket as the `error` reply (`control::Response::Error`), so a
+//! client sees the kind, message and errno the daemon had; `moneta_emu`
+//! uses it as its own error type.
 
 use std::fmt;
 
