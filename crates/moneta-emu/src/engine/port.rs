@@ -58,7 +58,8 @@
 //!   direction; only *strong* claims count, acknowledged writes the other
 //!   missed: the granules of failed writes that one side resyncs only so
 //!   the copies converge are *weak*, `dirty::WEAK`, resynced by a source
-//!   and handed to the partner by a target): the side that wrote alone is the source and the other
+//!   and handed to the partner by a target): the side that wrote alone is
+//!   the source and the other
 //!   becomes inconsistent until the source says the slice is in sync
 //!   (`SYNC_DONE_TAG`); if neither missed anything both are up to date;
 //!   if both did (a partition with writers on both sides), the slice is in
