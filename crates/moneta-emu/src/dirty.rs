@@ -152,13 +152,10 @@ impl DirtyMap {
     }
 
     /// The sets a node's claims live in: its strong key and its weak one
-    /// (an unsure key is alone).
-    fn keys_of(node: u16) -> [u16; 2] {
-        if node & (WEAK | UNSURE) == 0 {
-            [node, weak(node)]
-        } else {
-            [node, node]
-        }
+    /// (an unsure or weak key is alone).
+    fn keys_of(node: u16) -> impl Iterator<Item = u16> {
+        let plain = node & (WEAK | UNSURE) == 0;
+        std::iter::once(node).chain(plain.then(|| weak(node)))
     }
 
     /// Peer `node` missed the copy of global `[addr, addr + bytes)` (a
@@ -238,8 +235,7 @@ impl DirtyMap {
     pub fn pending_in(&self, node: u16, lo: u64, hi: u64, max: usize) -> Vec<u64> {
         let range = lo / GRANULE_BYTES..hi.div_ceil(GRANULE_BYTES);
         let mut all: Vec<u64> = Vec::new();
-        let [a, b] = Self::keys_of(node);
-        for key in if a == b { vec![a] } else { vec![a, b] } {
+        for key in Self::keys_of(node) {
             if let Some(s) = self.missed.get(&key) {
                 all.extend(s.range(range.clone()).take(max));
             }
@@ -252,13 +248,9 @@ impl DirtyMap {
     /// Granules `node` is still to get in global `[lo, hi)` (strong and
     /// weak claims).
     pub fn granules_in(&self, node: u16, lo: u64, hi: u64) -> u64 {
-        let [a, b] = Self::keys_of(node);
-        let count = |key: u16| self.count_in(key, lo, hi);
-        if a == b {
-            count(a)
-        } else {
-            count(a) + count(b)
-        }
+        Self::keys_of(node)
+            .map(|key| self.count_in(key, lo, hi))
+            .sum()
     }
 
     /// Strong claims only: acknowledged writes `node` missed in global
@@ -323,9 +315,7 @@ impl DirtyMap {
     }
 
     pub fn is_clean(&self, node: u16) -> bool {
-        Self::keys_of(node)
-            .iter()
-            .all(|k| !self.missed.contains_key(k))
+        Self::keys_of(node).all(|k| !self.missed.contains_key(&k))
     }
 
     /// Bytes missed, all peers (unsure granules not counted).
