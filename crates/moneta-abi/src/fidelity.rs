@@ -20,6 +20,24 @@ pub const BEHIND_FLOOR_NS: f64 = 2_000.0;
 
 /// The verdict: (faithful, text).
 pub fn judge(behind_ns: f64, modeled_ns: f64, runnable: f64, cores: usize) -> (bool, String) {
+    judge_of(
+        "requests were, on average,",
+        behind_ns,
+        modeled_ns,
+        runnable,
+        cores,
+    )
+}
+
+/// [`judge`] of a whole run rather than of its requests: `what` names it
+/// in the text ("the sort was").
+pub fn judge_of(
+    what: &str,
+    behind_ns: f64,
+    modeled_ns: f64,
+    runnable: f64,
+    cores: usize,
+) -> (bool, String) {
     let limit_ns = (modeled_ns * BEHIND_FRACTION).max(BEHIND_FLOOR_NS);
     if behind_ns <= limit_ns {
         return (true, "faithful".into());
@@ -27,15 +45,15 @@ pub fn judge(behind_ns: f64, modeled_ns: f64, runnable: f64, cores: usize) -> (b
     let text = if runnable > cores as f64 {
         format!(
             "not faithful: {runnable:.1} runnable threads on {cores} cores on average, so \
-             threads waited for a core; requests were {:.1} µs behind their model time \
+             threads waited for a core; {what} {:.1} µs behind the model's time \
              (limit {:.1} µs)",
             behind_ns / 1e3,
             limit_ns / 1e3
         )
     } else {
         format!(
-            "not faithful: requests were {:.1} µs behind their model time on average (limit \
-             {:.1} µs: {:.0}% of the modeled {:.1} µs); the host did not keep up",
+            "not faithful: {what} {:.1} µs behind the model's time (limit {:.1} µs: \
+             {:.0}% of the modeled {:.1} µs); the host did not keep up",
             behind_ns / 1e3,
             limit_ns / 1e3,
             BEHIND_FRACTION * 100.0,
@@ -77,5 +95,8 @@ mod tests {
         assert!(!ok && why.contains("runnable threads"), "{why}");
         // A tiny model time: the floor (2 µs) applies.
         assert!(judge(1_900.0, 500.0, 1.0, 2).0);
+        // A whole run is named as such.
+        let (ok, why) = judge_of("the sort was", 60e6, 43e6, 3.5, 2);
+        assert!(!ok && why.contains("the sort was 60000.0 µs"), "{why}");
     }
 }

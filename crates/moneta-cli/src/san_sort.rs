@@ -274,6 +274,15 @@ struct SortRun {
     predicted_stage1_s: f64,
     predicted_stage2_s: f64,
     predicted_total_s: f64,
+    /// The host's mean runnable threads during the sort (the daemons', the
+    /// workers' and everything else's), against its cores.
+    runnable_threads_mean: f64,
+    cores: usize,
+    /// `moneta_emu::fidelity`'s verdict on the run: behind = how much the
+    /// measured total exceeds the prediction for the same records, hosts,
+    /// requests and (measured) CPU per record.
+    faithful: bool,
+    verdict: String,
     valid: bool,
     problems: Vec<String>,
     prediction: SortResult,
@@ -561,7 +570,10 @@ fn run_once(
     }
     let started = Instant::now();
     let deadline = started + Duration::from_secs(a.timeout_s);
-    let outs = run_phase(exe, hosts, &path.0, "sort", None, deadline, progress)?;
+    let load = moneta::bench::HostLoad::start();
+    let outs = run_phase(exe, hosts, &path.0, "sort", None, deadline, progress);
+    let runnable_threads_mean = load.stop();
+    let outs = outs?;
     let wall_s = started.elapsed().as_secs_f64();
     let workers: Vec<WorkerReport> = parse_lines("sort", &outs)?;
     if progress {
@@ -589,6 +601,14 @@ fn run_once(
     let total_s = stage1_s + stage2_s;
     let bytes = a.records * RECORD_BYTES as u64;
     let per_record = |s: f64| s * 1e9 / a.records as f64;
+    let cores = moneta_emu::fidelity::cores();
+    let (faithful, verdict) = moneta_emu::fidelity::judge_of(
+        "the sort was",
+        (total_s - prediction.total_s).max(0.0) * 1e9,
+        prediction.total_s * 1e9,
+        runnable_threads_mean,
+        cores,
+    );
     Ok(SortRun {
         via: name,
         records: a.records,
@@ -607,6 +627,10 @@ fn run_once(
         predicted_stage1_s: prediction.stage1.seconds,
         predicted_stage2_s: prediction.stage2.seconds,
         predicted_total_s: prediction.total_s,
+        runnable_threads_mean,
+        cores,
+        faithful,
+        verdict,
         valid: problems.is_empty(),
         problems,
         prediction,
@@ -721,6 +745,7 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
                 "predicted_stage1_s",
                 "predicted_stage2_s",
                 "predicted_total_s",
+                "faithful",
                 "valid",
             ],
         )?;
@@ -730,6 +755,13 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
              ({} preset), one request at a time per host, CPU as measured here.",
             hosts.nodes, a.preset
         );
+        for r in &report.runs {
+            println!("verdict ({}): {}", r.via, r.verdict);
+        }
+    }
+    // Whatever the format: a result the host did not keep up with says so.
+    for r in report.runs.iter().filter(|r| !r.faithful) {
+        eprintln!("moneta: warning: the sort via {}: {}", r.via, r.verdict);
     }
     let bad: Vec<String> = report
         .runs

@@ -39,6 +39,7 @@
 
 use clap::Args;
 use moneta::{CompletionMode, Moneta};
+use moneta_emu::sys::thread_cpu_ns;
 use moneta_model::san::sort::{self, Record, KEY_BYTES, RECORD_BYTES};
 use moneta_nbd::NbdClient;
 use moneta_wire::crc32c::crc32c;
@@ -230,7 +231,8 @@ pub(crate) struct WorkerReport {
     pub(crate) stage2_s: f64,
     /// Waiting at the barrier between the stages.
     pub(crate) barrier_s: f64,
-    /// CPU kernels alone (inside the stage times).
+    /// CPU kernels alone (inside the stage times): this thread's CPU time,
+    /// not the wall time, so a wait for a core is not counted as work.
     pub(crate) partition_cpu_s: f64,
     pub(crate) sort_cpu_s: f64,
 }
@@ -659,9 +661,9 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
             layout.input(me) + at * RECORD_BYTES as u64,
             chunk.as_flattened_mut(),
         )?;
-        let cpu = Instant::now();
+        let cpu = thread_cpu_ns();
         let parts = sort::partition(chunk, n);
-        partition_cpu += cpu.elapsed();
+        partition_cpu += Duration::from_nanos(thread_cpu_ns() - cpu);
         for (dest, part) in parts.into_iter().enumerate() {
             buffers[dest].extend_from_slice(&part);
             if buffers[dest].len() >= io_records {
@@ -703,9 +705,9 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
         read_records(st, layout.temp(me, sender as u16), part, io_records)?;
         filled += k as usize;
     }
-    let cpu = Instant::now();
+    let cpu = thread_cpu_ns();
     sort::sort_records(&mut mine);
-    let sort_cpu = cpu.elapsed();
+    let sort_cpu = Duration::from_nanos(thread_cpu_ns() - cpu);
     write_records(st, layout.output(me), &mine, io_records)?;
     st.sync()?;
     let stage2_s = started.elapsed().as_secs_f64();

@@ -131,6 +131,21 @@ fn assert_valid(run: &serde_json::Value, records: u64) {
     for key in ["stage1_s", "stage2_s", "predicted_total_s"] {
         assert!(run[key].as_f64().unwrap() > 0.0, "{key}: {run}");
     }
+    // The verdict (issue 21): faithful exactly when the measured total is
+    // within 10% (or 2 µs) of the prediction; otherwise it says why.
+    let (total, predicted) = (
+        run["total_s"].as_f64().unwrap(),
+        run["predicted_total_s"].as_f64().unwrap(),
+    );
+    let within = total - predicted <= (predicted * 0.1).max(2e-6);
+    assert_eq!(run["faithful"].as_bool(), Some(within), "{run}");
+    let verdict = run["verdict"].as_str().unwrap();
+    assert_eq!(within, verdict == "faithful", "{verdict}");
+    if !within {
+        assert!(verdict.contains("the sort was"), "{verdict}");
+    }
+    assert!(run["cores"].as_u64().unwrap() >= 1);
+    assert!(run["runnable_threads_mean"].as_f64().unwrap() >= 0.0);
     // What left the senders is what the destinations sorted.
     let workers = run["workers"].as_array().unwrap();
     for (j, o) in outputs.iter().enumerate() {
