@@ -1294,3 +1294,110 @@ fn forged_frames_from_a_nodes_namespace_are_dropped_and_writes_go_on() {
         "writes went from {before:.0}/s to {under:.0}/s under forged frames"
     );
 }
+
+/// A tmpfs mounted over a directory for as long as it lives (unmounted
+/// on drop, even when the test fails).
+struct TinyDisk(PathBuf);
+
+impl TinyDisk {
+    fn mount(over: &Path, size: &str) -> TinyDisk {
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(over)
+            .output()
+            .expect("mount(8)");
+        assert!(o.status.success(), "mount: {}", text(&o.stderr));
+        TinyDisk(over.to_path_buf())
+    }
+    /// Fill it to the last byte.
+    fn fill(&self) -> PathBuf {
+        let filler = self.0.join("filler");
+        let mut f = std::fs::File::create(&filler).expect("the filler");
+        let chunk = vec![0xa5u8; 4096];
+        while std::io::Write::write_all(&mut f, &chunk).is_ok() {}
+        filler
+    }
+}
+
+impl Drop for TinyDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A full disk under the dirty map (issue 22's gap: a degraded write was
+/// acknowledged although the record of what the partner missed could not
+/// be made durable). n0's link to n1 is cut, so writes to slice 0 go on at
+/// n0 alone, and the directory of n0's dirty map is a full tmpfs: the
+/// write must not be acknowledged (nor fail) until the map is durable; it
+/// completes once space is freed, and the heal then resyncs it to n1.
+#[test]
+fn a_full_disk_under_the_dirty_map_holds_degraded_writes_until_they_are_recorded() {
+    let Some(san) = up_three("d", &["--mirror"]) else {
+        return;
+    };
+    let seed = seed();
+    const BLOCK: u64 = 4096;
+    // Connected before the mount hides the sockets.
+    let (c0, c1) = (client(&san, 0), client(&san, 1));
+    for b in 0..4 {
+        c0.write(b * BLOCK, &block_content(seed, b, 1)).unwrap();
+    }
+    let disk = TinyDisk::mount(&san.dir().join("n0"), "64k");
+    let filler = disk.fill();
+    cut_link(&san, "n1", "n0");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (c0, done) = (c0.clone(), done.clone());
+        std::thread::spawn(move || {
+            let tries = write_eventually(&c0, BLOCK, &block_content(seed, 1, 2), 60);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            tries
+        })
+    };
+    wait_until(20, "n0 finds its dirty map cannot be saved", || {
+        port_stats(&c0).dirty_save_error.is_some()
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        !done.load(std::sync::atomic::Ordering::SeqCst),
+        "a degraded write was acknowledged while its record was not durable"
+    );
+    let why = port_stats(&c0).dirty_save_error.unwrap_or_default();
+    assert!(
+        why.contains("space") || why.contains("No such file"),
+        "{why}"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    wait_until(
+        20,
+        "the held write acknowledged once space is freed",
+        || done.load(std::sync::atomic::Ordering::SeqCst),
+    );
+    let tries = writer.join().unwrap();
+    eprintln!("the write went through after {tries} tries");
+    assert!(port_stats(&c0).dirty_save_error.is_none());
+    assert!(
+        port_stats(&c0).dirty_bytes >= BLOCK,
+        "n0 records what n1 missed"
+    );
+    let map = std::fs::read_to_string(san.dir().join("n0/device.dirty")).unwrap();
+    assert!(
+        map.lines().any(|l| l == "1 1"),
+        "the map in the file names block 1's granule as missed by n1: {map:?}"
+    );
+    drop(disk);
+    fault(&san, "n1", "none");
+    wait_until(30, "n1's copy of slice 0 resynced from n0", || {
+        port_stats(&c1)
+            .slices
+            .iter()
+            .all(|s| s.state == "up-to-date")
+            && port_stats(&c0).dirty_bytes == 0
+    });
+    let mut got = vec![0u8; BLOCK as usize];
+    for _ in 0..4 {
+        c1.read(BLOCK, &mut got).unwrap();
+        assert!(got == block_content(seed, 1, 2), "n1 read an old block 1");
+    }
+}

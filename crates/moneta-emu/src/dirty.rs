@@ -76,6 +76,9 @@ pub struct DirtyMap {
     unsaved: Vec<(u16, u64)>,
     /// The file, open for appending (reopened after each `save`).
     append: Option<std::fs::File>,
+    /// An append failed (a full disk, an I/O error): the file may end in a
+    /// partial line, so the next `flush` rewrites it whole (`save`).
+    torn: bool,
     /// There was no file: this image never served as a SAN node before.
     fresh: bool,
     /// `flush`es done (each one write and one fdatasync) and their time.
@@ -214,17 +217,30 @@ impl DirtyMap {
             return Ok(());
         };
         let started = std::time::Instant::now();
-        if self.append.is_none() {
-            self.append = Some(std::fs::OpenOptions::new().append(true).open(path)?);
+        if self.torn {
+            // Never append after a partial line: the whole map, atomically.
+            self.save()?;
+        } else {
+            let appended = (|| {
+                if self.append.is_none() {
+                    self.append = Some(std::fs::OpenOptions::new().append(true).open(path)?);
+                }
+                let mut text = String::with_capacity(self.unsaved.len() * 12);
+                for (peer, g) in &self.unsaved {
+                    text += &format!("{peer} {g}\n");
+                }
+                let file = self.append.as_mut().expect("opened");
+                file.write_all(text.as_bytes())?;
+                file.sync_data()
+            })();
+            if let Err(e) = appended {
+                // What was written is not known: rewrite it all next time.
+                self.torn = true;
+                self.append = None;
+                return Err(e);
+            }
+            self.unsaved.clear();
         }
-        let mut text = String::with_capacity(self.unsaved.len() * 12);
-        for (peer, g) in &self.unsaved {
-            text += &format!("{peer} {g}\n");
-        }
-        let file = self.append.as_mut().expect("opened");
-        file.write_all(text.as_bytes())?;
-        file.sync_data()?;
-        self.unsaved.clear();
         self.flushes += 1;
         self.flush_ns += started.elapsed().as_nanos() as u64;
         Ok(())
@@ -339,7 +355,7 @@ impl DirtyMap {
             self.unsaved.clear();
             return Ok(());
         };
-        if !self.changed && self.unsaved.is_empty() {
+        if !self.changed && !self.torn && self.unsaved.is_empty() {
             return Ok(());
         }
         let mut text = String::new();
@@ -353,6 +369,7 @@ impl DirtyMap {
         std::fs::File::open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, path)?;
         self.changed = false;
+        self.torn = false;
         // The new file holds everything marked; appends go to it now.
         self.unsaved.clear();
         self.append = None;
@@ -429,6 +446,32 @@ mod tests {
         assert!(again.is_clean(2));
         again.save().unwrap();
         assert!(DirtyMap::load(&path).unwrap().is_clean(2));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A failed append (here: the file is /dev/full, a full disk) keeps
+    /// the granules unsaved and never appends after what it may have
+    /// half-written: the retry rewrites the whole map, which then loads.
+    #[test]
+    fn a_failed_flush_keeps_the_granules_and_the_retry_rewrites_the_file() {
+        let dir = std::env::temp_dir().join(format!("moneta-dirty-full-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dirty");
+        let mut m = DirtyMap::load(&path).unwrap();
+        m.mark(1, 0, 4096);
+        m.flush().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/full", &path).unwrap();
+        m.append = None;
+        m.mark(1, 8192, 4096);
+        let e = m.flush().expect_err("a flush to a full disk");
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        assert!(m.needs_flush(), "the granule is still to be made durable");
+        // The retry writes the map anew (the rename replaces the link).
+        m.flush().unwrap();
+        assert!(!m.needs_flush());
+        let again = DirtyMap::load(&path).unwrap();
+        assert_eq!(again.pending(1, 10), vec![0, 8192]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -984,13 +984,16 @@ impl<C: StampClock> DeviceThread<C> {
             return;
         }
         // What degraded writes marked is durable before they are
-        // acknowledged (dirty.rs).
+        // acknowledged (dirty.rs); until it is, nothing is posted.
+        let posted = self.clock.now();
         if let Some(mut state) = self.port.take() {
             self.collect_port_output(&mut state);
-            state.flush_dirty();
+            let durable = state.flush_dirty(posted);
             self.port = Some(state);
+            if !durable {
+                return;
+            }
         }
-        let posted = self.clock.now();
         let mut finished = std::mem::take(&mut self.finished);
         for f in finished.drain(..) {
             let due = f.completion.time_ns;

@@ -107,6 +107,8 @@ const COUNT_MASK: u64 = (1 << 40) - 1;
 const RESYNC_WINDOW: usize = 16;
 /// The dirty map is saved at most this often while it changes.
 const SAVE_INTERVAL_NS: Ns = 10_000_000;
+/// How often a dirty map that could not be made durable is tried again.
+const DIRTY_RETRY_NS: Ns = 1_000_000;
 
 /// A daemon's port: its endpoint on the wire and what the engine needs
 /// around it. Built by the daemon from the SAN file.
@@ -150,6 +152,8 @@ pub(super) struct PortState {
     /// Refusals to send (the window was full).
     refusals_out: VecDeque<(u16, PacketHeader)>,
     last_save_ns: Ns,
+    /// A failed flush of the dirty map is tried again at this time.
+    dirty_retry_ns: Ns,
     /// Who is up as this node sees it (views, leases: `liveness.rs`).
     liveness: Liveness,
     /// Partners lost, and when: their shared copies suspended here wait
@@ -232,6 +236,7 @@ impl PortState {
             incoming: BTreeMap::new(),
             refusals_out: VecDeque::new(),
             last_save_ns: 0,
+            dirty_retry_ns: 0,
             marked_up: BTreeMap::new(),
         }
     }
@@ -294,10 +299,40 @@ impl PortState {
     }
 
     /// Make every granule marked so far durable (before an acknowledgement).
-    pub(super) fn flush_dirty(&mut self) {
-        if self.port.dirty.needs_flush() {
-            if let Err(e) = self.port.dirty.flush() {
+    /// Returns whether they are: if not (a full disk, an I/O error), no
+    /// acknowledgement may leave (the completions and the packets wait, as
+    /// DRBD suspends I/O when it cannot write its metadata), and the file
+    /// is tried again every `DIRTY_RETRY_NS`.
+    pub(super) fn flush_dirty(&mut self, now: Ns) -> bool {
+        if !self.port.dirty.needs_flush() {
+            return true;
+        }
+        if now < self.dirty_retry_ns {
+            return false;
+        }
+        match self.port.dirty.flush() {
+            Ok(()) => {
+                if self.stats.dirty_save_error.take().is_some() {
+                    port_log(
+                        self.stats.node,
+                        "the dirty map is durable again: held acknowledgements go",
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                self.dirty_retry_ns = now + DIRTY_RETRY_NS;
+                if self.stats.dirty_save_error.is_none() {
+                    port_log(
+                        self.stats.node,
+                        &format!(
+                            "the dirty map cannot be made durable ({e}): acknowledgements \
+                             are held until it can"
+                        ),
+                    );
+                }
                 self.stats.dirty_save_error = Some(e.to_string());
+                false
             }
         }
     }
@@ -437,8 +472,9 @@ impl<C: StampClock> DeviceThread<C> {
         worked |= self.decide(&mut state, now);
         self.collect_port_output(&mut state);
         // Granules marked this turn are durable before anything leaves.
-        state.flush_dirty();
-        worked |= self.send_due(&mut state, now);
+        if state.flush_dirty(now) {
+            worked |= self.send_due(&mut state, now);
+        }
         worked |= self.send_refusals(&mut state, now);
         worked |= self.resync(&mut state, now);
         if now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.bytes() == 0 {
