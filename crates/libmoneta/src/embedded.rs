@@ -54,8 +54,7 @@ impl Drop for EmbeddedPlane {
 }
 
 /// Start a device in this process on `medium` and open a channel on it;
-/// the channel owns the device (it stops when the last clone of the
-/// channel is dropped).
+/// the channel keeps the device alive until its last clone is dropped.
 pub fn embedded(
     config: Config,
     medium: Medium,

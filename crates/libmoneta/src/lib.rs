@@ -9,8 +9,8 @@
 //! [`Moneta::wait`] → [`Moneta::release`], and zero-copy access to a
 //! request's DMA slice ([`Moneta::buffer_mut`]). Files on the file system
 //! that lives on the device: [`Moneta::open_file`] → [`MonetaFile`]
-//! ([`file`]). The C ABI (`include/moneta.h`, `libmoneta.so`) wraps the
-//! same calls ([`capi`]); [`bench`] measures them.
+//! ([`file`](mod@file)). The C ABI (`include/moneta.h`, `libmoneta.so`)
+//! wraps the same calls ([`capi`]); [`bench`](mod@bench) measures them.
 //!
 //! libmoneta always links the engine (`moneta_emu`) for the embedded mode;
 //! a client that must not (the shim) depends on moneta-client instead.

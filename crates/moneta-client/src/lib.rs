@@ -9,7 +9,7 @@
 //! [`Moneta::poll`] / [`Moneta::wait`] → [`Moneta::release`], and zero-copy
 //! access to a request's DMA slice ([`Moneta::buffer_mut`]). Files on the
 //! file system that lives on the device: [`Moneta::open_file`] →
-//! [`MonetaFile`] ([`file`]).
+//! [`MonetaFile`] ([`file`](mod@file)).
 //!
 //! It speaks to the daemon through `moneta_abi` (the channel layout and
 //! the control protocol) and builds commands with `moneta_model`'s format;
