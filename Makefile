@@ -45,7 +45,9 @@ run: build
 	$(MONETA) bench --preset null --op read --size 512 --qd 32 --duration-ms 1000
 
 # Set-up plus every test: format, lints, unit/property/integration tests,
-# the calibration suite, and the benchmark in smoke mode.
+# the calibration suite, and the benchmark in smoke mode. The workspace is
+# built before the tests run: moneta-preload's tests/engine_free.rs checks
+# the libmoneta_preload.so that this whole-workspace build made.
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings

@@ -25,7 +25,7 @@
 //! `-- --smoke` for a short run, `-- --json PATH` to write the results).
 
 use moneta::bench::{self, cross_core_round_trip_ns, verdict, BenchOptions, BenchSpec};
-use moneta::{CompletionMode, Moneta};
+use moneta::CompletionMode;
 use moneta_emu::engine::EngineOptions;
 use moneta_emu::medium::Medium;
 use moneta_model::config::{Config, Stack};
@@ -215,7 +215,7 @@ fn measure(case: &Case, duration_ns: u64) -> Outcome {
         populate_bytes: REGION_BYTES,
         ..EngineOptions::default()
     };
-    let m = Moneta::embedded(case.config.clone(), medium, options).expect("embedded device");
+    let m = moneta::embedded(case.config.clone(), medium, options).expect("embedded device");
     m.grant_raw(0, REGION_BYTES, true).expect("raw grant");
     workload.groups[0].threads = 1;
     let spec = BenchSpec {

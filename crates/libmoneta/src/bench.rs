@@ -10,7 +10,7 @@
 //! device's modeled time by component, and the model completion until the
 //! client saw it; the spans add up to the measured mean.
 
-use crate::client::{CompletionMode, Io, Moneta};
+use crate::{CompletionMode, Io, Moneta};
 use moneta_abi::stats::EngineStats;
 use moneta_abi::sys::monotonic_ns;
 use moneta_abi::{EmuError, ErrorKind};

@@ -3,7 +3,8 @@
 //! `moneta_last_error()` (per thread). No call panics across the boundary:
 //! a panic inside becomes an error return.
 
-use crate::client::{CompletionMode, Io, Moneta};
+use crate::{CompletionMode, Io, Moneta};
+use moneta_emu::{engine::EngineOptions, medium::Medium};
 use moneta_model::config::Config;
 use moneta_model::units::Op;
 use std::cell::RefCell;
@@ -119,29 +120,13 @@ pub unsafe extern "C" fn moneta_embedded(preset: *const c_char) -> *mut Moneta {
         // SAFETY: the caller's promise.
         let name = unsafe { text(preset, "preset") }?;
         let config = Config::preset(name).map_err(|e| e.to_string())?;
-        let m = embedded_device(config)?;
+        let medium = Medium::anonymous(config.device.capacity_bytes).map_err(|e| e.to_string())?;
+        let m =
+            crate::embedded(config, medium, EngineOptions::default()).map_err(|e| e.to_string())?;
         m.grant_raw(0, m.capacity_bytes(), true)
             .map_err(|e| e.to_string())?;
         Ok(Box::into_raw(Box::new(m)))
     })
-}
-
-/// A device of `config` in this process, on anonymous memory.
-#[cfg(feature = "embedded")]
-fn embedded_device(config: Config) -> Result<Moneta, String> {
-    use moneta_emu::{engine::EngineOptions, medium::Medium};
-    let medium = Medium::anonymous(config.device.capacity_bytes).map_err(|e| e.to_string())?;
-    Moneta::embedded(config, medium, EngineOptions::default()).map_err(|e| e.to_string())
-}
-
-/// Built without the device (feature `embedded` off): only daemons.
-#[cfg(not(feature = "embedded"))]
-fn embedded_device(config: Config) -> Result<Moneta, String> {
-    Err(format!(
-        "this libmoneta has no embedded device (built without the `embedded` feature); \
-         connect to a daemon running preset {}",
-        config.name
-    ))
 }
 
 /// # Safety

@@ -14,7 +14,7 @@ fn device(preset: &str, sets: &[&str]) -> Moneta {
         c.set(s).unwrap();
     }
     let medium = Medium::anonymous(c.device.capacity_bytes).unwrap();
-    Moneta::embedded(c, medium, EngineOptions::default()).unwrap()
+    moneta::embedded(c, medium, EngineOptions::default()).unwrap()
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -176,12 +176,12 @@ fn an_image_file_keeps_its_contents_across_restarts() {
     let data = pattern(77, 12345);
     {
         let medium = Medium::image(&path, c.device.capacity_bytes).unwrap();
-        let m = Moneta::embedded(c.clone(), medium, EngineOptions::default()).unwrap();
+        let m = moneta::embedded(c.clone(), medium, EngineOptions::default()).unwrap();
         m.grant_raw(0, m.capacity_bytes(), true).unwrap();
         m.write(999_999, &data).unwrap();
     }
     let medium = Medium::image(&path, c.device.capacity_bytes).unwrap();
-    let m = Moneta::embedded(c, medium, EngineOptions::default()).unwrap();
+    let m = moneta::embedded(c, medium, EngineOptions::default()).unwrap();
     m.grant_raw(0, m.capacity_bytes(), false).unwrap();
     let mut back = vec![0u8; data.len()];
     m.read(999_999, &mut back).unwrap();
@@ -205,7 +205,7 @@ fn a_napping_device_is_woken_by_the_client() {
         max_nap_ns: 30_000_000_000,
         ..EngineOptions::default()
     };
-    let m = Moneta::embedded(c, medium, options).unwrap();
+    let m = moneta::embedded(c, medium, options).unwrap();
     m.grant_raw(0, 64 << 20, true).unwrap();
     let mut buf = vec![0u8; 4096];
     for round in 0..3 {

@@ -125,7 +125,7 @@ impl Fs {
     }
 
     fn client(&self) -> Moneta {
-        Moneta::attach(self.plane(), None).unwrap()
+        moneta::attach(self.plane(), None).unwrap()
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -596,7 +596,7 @@ fn descriptors_of_anything_but_this_devices_files_are_refused() {
     // A device on anonymous memory has no file system.
     let mut c = Config::preset("null").unwrap();
     c.device.capacity_bytes = 64 << 20;
-    let anon = Moneta::embedded(
+    let anon = moneta::embedded(
         c,
         Medium::anonymous(64 << 20).unwrap(),
         EngineOptions::default(),

@@ -829,7 +829,7 @@ fn hostile_channel_stays_inside_its_grants(preset: &'static str, seed: u64, slow
     let honest: Vec<Moneta> = HONEST
         .iter()
         .map(|span| {
-            let m = Moneta::attach(&plane, None).unwrap();
+            let m = moneta::attach(&plane, None).unwrap();
             m.grant_raw(span.start, span.len, true).unwrap();
             m
         })

@@ -1,5 +1,5 @@
 //! The control protocol (DESIGN "Processes in emulation", SPEC §3.1–3.4):
-//! the messages a client (libmoneta, the shim, `moneta` commands) and the
+//! the messages a client (moneta-client, the shim, `moneta` commands) and the
 //! daemon's control plane (`moneta_emu::control`) exchange, and their
 //! framing. The control plane creates channels, hands their shared memory
 //! to clients and installs the permissions that policy grants; this module

@@ -1,9 +1,9 @@
 //! The ABI between the Moneta daemon and its clients (DESIGN "Processes in
-//! emulation", SPEC §3.1–3.4): everything libmoneta, the shim and the
-//! `moneta` commands need to speak to a device, and nothing of the device
-//! itself, so a client never links the engine (STYLE 14: protocols stand
-//! apart). The daemon (`moneta_emu`) depends on this crate too and
-//! re-exports each item at its old path.
+//! emulation", SPEC §3.1–3.4): everything the client (moneta-client, which
+//! libmoneta re-exports), the shim and the `moneta` commands need to speak
+//! to a device, and nothing of the device itself, so a client never links
+//! the engine (STYLE 14: protocols stand apart). The daemon (`moneta_emu`)
+//! depends on this crate too and re-exports each item at its old path.
 //!
 //! - [`channel`]: a channel's shared pages (SPEC §3.1, Table 4.1): command
 //!   slots, tag status, the doorbell, the DMA buffer, and the result codes

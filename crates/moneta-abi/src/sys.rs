@@ -1,5 +1,5 @@
 //! The system calls both sides of a channel make (the daemon and its
-//! clients: libmoneta, the shim), each wrapped once with its SAFETY
+//! clients: moneta-client, the shim), each wrapped once with its SAFETY
 //! argument: shared mappings (memfd, files), futexes across processes,
 //! descriptor passing over Unix sockets (SCM_RIGHTS) with the peer's
 //! credentials (SO_PEERCRED), the clock the channel's stamps are read on,

@@ -573,7 +573,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
                 realtime: a.realtime,
                 ..EngineOptions::default()
             };
-            let m = Moneta::embedded(config.clone(), medium, options).map_err(|e| e.to_string())?;
+            let m = moneta::embedded(config.clone(), medium, options).map_err(|e| e.to_string())?;
             (m, config, "embedded".to_string())
         }
     };

@@ -2,7 +2,7 @@
 //! the emulated device.
 //!
 //! Each connection is a client of the device like any other process: it
-//! opens its own channel on the control plane (`Moneta::attach`) and takes
+//! opens its own channel on the control plane (`moneta::attach`) and takes
 //! a raw grant for its export's range, so every read and write is timed by
 //! the device model on the wall clock and moves real bytes. A connection
 //! negotiates on a thread of its own; after `NBD_OPT_GO` its socket is
@@ -768,7 +768,7 @@ fn serve(mut stream: Stream, shared: &Shared, slot: Slot) -> Result<(), String> 
             return Err(m.clone());
         }
         let export = shared.exports[i].clone();
-        let moneta = Moneta::attach(plane, None)
+        let moneta = moneta::attach(plane, None)
             .map_err(|e| format!("no device channel for this connection: {e}"))?;
         moneta
             .grant_raw(export.start, export.size, !export.read_only)

@@ -625,7 +625,7 @@ fn local_clients_keep_channels_while_nbd_is_at_its_largest_limit() {
     // All reserved channels are there for local clients.
     let locals: Vec<moneta::Moneta> = (0..LOCAL_CHANNEL_RESERVE)
         .map(|i| {
-            moneta::Moneta::attach(&s.plane, None)
+            moneta::attach(&s.plane, None)
                 .unwrap_or_else(|e| panic!("local client {i} with NBD at its limit: {e}"))
         })
         .collect();

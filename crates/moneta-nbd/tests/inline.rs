@@ -48,7 +48,7 @@ fn nbd_requests_run_on_the_devices_reactor_and_share_its_bytes() {
         "one reactor turns the device and the connections"
     );
 
-    let local = moneta::Moneta::attach(&s.plane, None).unwrap();
+    let local = moneta::attach(&s.plane, None).unwrap();
     let local_at = CLIENTS as u64 * RANGE;
     local.grant_raw(0, 16 * MIB, true).unwrap();
     let local_data = Rng((seed ^ 0x10ca1) | 1).bytes(RANGE as usize);

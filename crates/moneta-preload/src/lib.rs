@@ -4,7 +4,7 @@
 //! st_dev is the mount's) is handed to monetad with its descriptor: the
 //! kernel already checked the open, so possession is the permission (SPEC
 //! §3.4, DESIGN). From then on reads and writes of that descriptor go through
-//! libmoneta's channel, straight to the device; everything else — other
+//! moneta-client's channel, straight to the device; everything else — other
 //! files, sockets, metadata calls, O_APPEND writes (which must be atomic) —
 //! goes to the C library untouched.
 //!
@@ -46,7 +46,7 @@ mod real;
 mod state;
 
 use libc::{c_char, c_int, c_void, iovec, mode_t, off64_t, off_t, size_t, ssize_t};
-use moneta::file::MonetaFile;
+use moneta_client::file::MonetaFile;
 use real::real;
 use state::{shim, warn, FileMapping, OpenFile, OWN_FD_MIN};
 use std::cell::Cell;
@@ -176,7 +176,7 @@ fn misaligned(of: &OpenFile, addr: usize, len: usize, offset: u64) -> bool {
 /// this process forked since (the child has its own channel).
 fn with_file<T>(
     of: &OpenFile,
-    f: impl FnOnce(&moneta::Moneta, &MonetaFile) -> Result<T, c_int>,
+    f: impl FnOnce(&moneta_client::Moneta, &MonetaFile) -> Result<T, c_int>,
 ) -> Result<T, c_int> {
     let s = shim();
     let m = s.moneta().ok_or(libc::EIO)?;
@@ -202,7 +202,7 @@ fn with_file<T>(
 /// The errno a program expects for a failure; failures that are not the
 /// kernel's own answer (a device or daemon problem) are also reported on
 /// stderr, since EIO alone says little.
-fn io_error(e: moneta::EmuError) -> c_int {
+fn io_error(e: moneta_client::EmuError) -> c_int {
     if e.errno.is_none() {
         warn(&e.to_string());
     }

@@ -14,8 +14,8 @@
 //! re-registers each inherited descriptor with it. (A per-file lock held by
 //! another thread at the fork can still block the child on that file.)
 
-use moneta::file::MonetaFile;
-use moneta::Moneta;
+use moneta_client::file::MonetaFile;
+use moneta_client::Moneta;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};

@@ -17,6 +17,9 @@
 //!   extents (no extent: a *soft miss*, ask the control plane); the device
 //!   may still answer "no record" because its table evicted it (a *hard
 //!   miss*): ask the control plane to re-install, then retry.
+//! - Control: the control plane is a daemon behind a Unix socket, or one in
+//!   this process behind [`LocalPlane`] (libmoneta's embedded mode); this
+//!   crate never links the device itself.
 
 use moneta_abi::channel::{
     self, ChannelMemory, ResultCode, CHANNEL_TAGS, SLICE_BYTES, STATUS_DONE,
@@ -25,16 +28,9 @@ use moneta_abi::control::{self, ChannelInfo, Extent, FrameReader, Request, Respo
 use moneta_abi::stats::EngineStats;
 use moneta_abi::sys::{self, monotonic_ns};
 use moneta_abi::{EmuError, ErrorKind};
-#[cfg(feature = "embedded")]
-use moneta_emu::{
-    control::{ControlPlane, Session},
-    engine::{Engine, EngineOptions},
-    medium::Medium,
-};
-#[cfg(feature = "embedded")]
-use moneta_model::config::Config;
 use moneta_model::device::command::{self, Command};
 use moneta_model::units::{DeviceAddr, Op};
+use std::any::Any;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -89,7 +85,24 @@ pub fn control_timeout() -> Duration {
         .map_or(CONTROL_TIMEOUT, Duration::from_millis)
 }
 
-/// The control connection: a daemon over a socket, or a device in this process.
+/// A control plane in this process (SPEC §3.3's OS role without a daemon):
+/// what a channel's control connection calls instead of writing to a
+/// socket. libmoneta implements it for the engine's control plane (the
+/// embedded mode); dropping it ends the session, as a daemon does when a
+/// client's socket closes.
+pub trait LocalPlane: Send {
+    /// Handle `request` and return the reply and the descriptors sent with
+    /// it (a hello's channel memory). `fd` is the plane's own copy of a
+    /// descriptor the client attached, as SCM_RIGHTS would give it.
+    fn call(
+        &mut self,
+        request: Request,
+        fd: Option<OwnedFd>,
+    ) -> Result<(Response, Vec<OwnedFd>), EmuError>;
+}
+
+/// The control connection: a daemon over a socket, or a control plane in
+/// this process.
 enum Control {
     Socket {
         stream: UnixStream,
@@ -99,11 +112,7 @@ enum Control {
         /// for the next call's, so no call is made on it again.
         broken: bool,
     },
-    #[cfg(feature = "embedded")]
-    Embedded {
-        plane: Arc<ControlPlane>,
-        session: Session,
-    },
+    Local(Box<dyn LocalPlane>),
 }
 
 impl Control {
@@ -166,24 +175,13 @@ impl Control {
                     }
                 }
             }
-            #[cfg(feature = "embedded")]
-            Control::Embedded { plane, session } => {
+            Control::Local(plane) => {
                 // As SCM_RIGHTS would: the control plane gets its own descriptor.
                 let fd = fd
                     .map(sys::dup)
                     .transpose()
                     .map_err(|e| EmuError::io("duplicating the descriptor", e))?;
-                let (r, memory) = plane.handle_with_fd(session, request, fd);
-                let fds = match memory {
-                    Some(m) => m
-                        .fds()
-                        .iter()
-                        .map(|fd| sys::dup(std::os::fd::AsRawFd::as_raw_fd(*fd)))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| EmuError::io("duplicating the channel memory", e))?,
-                    None => Vec::new(),
-                };
-                (r, fds)
+                plane.call(request, fd)?
             }
         };
         match response {
@@ -193,15 +191,6 @@ impl Control {
                 errno,
             } => Err(EmuError::new(kind, message).with_errno(errno)),
             r => Ok((r, fds)),
-        }
-    }
-}
-
-#[cfg(feature = "embedded")]
-impl Drop for Control {
-    fn drop(&mut self) {
-        if let Control::Embedded { plane, session } = self {
-            plane.end(session);
         }
     }
 }
@@ -221,8 +210,8 @@ struct Inner {
     /// COMPLETIONCOUNT as last seen by a forwarding thread.
     seen_count: AtomicU32,
     /// Keeps an in-process device alive as long as the channel (embedded
-    /// mode: an `Arc<moneta_emu::engine::Engine>`).
-    _engine: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// mode: libmoneta passes its `Arc<moneta_emu::engine::Engine>`).
+    _keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// A channel to an emulated Moneta. Cheap to clone; thread-safe.
@@ -265,8 +254,8 @@ impl Io {
         self.tag
     }
     /// When the request was last issued (CLOCK_MONOTONIC ns, the stamp the
-    /// device times it from; [`moneta_emu::wall_clock::monotonic_ns`] reads
-    /// the same clock).
+    /// device times it from; [`moneta_abi::sys::monotonic_ns`] reads the
+    /// same clock).
     pub fn issued_at_ns(&self) -> u64 {
         self.stamp_ns
     }
@@ -291,12 +280,32 @@ impl Moneta {
             .set_read_timeout(timeout)
             .and_then(|()| stream.set_write_timeout(timeout))
             .map_err(|e| EmuError::io(&where_(), e))?;
-        let mut control = Control::Socket {
+        let control = Control::Socket {
             stream,
             reader: FrameReader::new(),
             socket: socket.to_path_buf(),
             broken: false,
         };
+        Self::open(control, None)
+    }
+
+    /// Open a channel on a control plane in this process (the embedded
+    /// mode: libmoneta's `embedded` and `attach` pass the engine's).
+    /// `keep_alive` (the device, if this channel owns it) lives as long as
+    /// the channel.
+    pub fn local(
+        plane: Box<dyn LocalPlane>,
+        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Moneta, EmuError> {
+        Self::open(Control::Local(plane), keep_alive)
+    }
+
+    /// Say hello on `control` and map the channel it grants, if its layout
+    /// is this library's.
+    fn open(
+        mut control: Control,
+        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Result<Moneta, EmuError> {
         let hello = Request::Hello {
             version: control::PROTOCOL_VERSION,
         };
@@ -309,87 +318,14 @@ impl Moneta {
                 ))
             }
         };
-        let memory =
-            ChannelMemory::map_fds(fds).map_err(|e| EmuError::io("mapping the channel", e))?;
-        Self::with(memory, info, control, None)
-    }
-
-    /// Start a device in this process (the embedded mode) on `medium` and
-    /// open a channel on it; this process owns the device.
-    #[cfg(feature = "embedded")]
-    pub fn embedded(
-        config: Config,
-        medium: Medium,
-        options: EngineOptions,
-    ) -> Result<Moneta, EmuError> {
-        let engine = Arc::new(Engine::start(config, medium, options)?);
-        // SAFETY: geteuid has no preconditions.
-        let uid = unsafe { libc::geteuid() };
-        let plane = Arc::new(ControlPlane::new(engine.clone(), uid));
-        Self::attach(&plane, Some(engine))
-    }
-
-    /// Open another channel on an in-process control plane (embedded mode).
-    #[cfg(feature = "embedded")]
-    pub fn attach(
-        plane: &Arc<ControlPlane>,
-        engine: Option<Arc<Engine>>,
-    ) -> Result<Moneta, EmuError> {
-        // SAFETY: as above.
-        let uid = unsafe { libc::geteuid() };
-        let mut session = Session::new(sys::PeerCredentials {
-            pid: std::process::id() as i32,
-            uid,
-            gid: 0,
-        });
-        let (response, memory) = plane.handle(
-            &mut session,
-            Request::Hello {
-                version: control::PROTOCOL_VERSION,
-            },
-        );
-        let control = Control::Embedded {
-            plane: plane.clone(),
-            session,
-        };
-        let info = match response {
-            Response::Channel(info) => info,
-            Response::Error {
-                kind,
-                message,
-                errno,
-            } => return Err(EmuError::new(kind, message).with_errno(errno)),
-            other => {
-                return Err(EmuError::new(
-                    ErrorKind::Protocol,
-                    format!("unexpected reply {other:?}"),
-                ))
-            }
-        };
-        let fds = memory
-            .expect("hello returns memory")
-            .fds()
-            .iter()
-            .map(|fd| fd.try_clone())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| EmuError::io("sharing the channel", e))?;
-        let memory =
-            ChannelMemory::map_fds(fds).map_err(|e| EmuError::io("mapping the channel", e))?;
-        Self::with(memory, info, control, engine.map(|e| e as _))
-    }
-
-    fn with(
-        memory: ChannelMemory,
-        info: ChannelInfo,
-        control: Control,
-        engine: Option<Arc<dyn std::any::Any + Send + Sync>>,
-    ) -> Result<Moneta, EmuError> {
         if info.tags as usize != CHANNEL_TAGS || info.slice_bytes as usize != SLICE_BYTES {
             return Err(EmuError::new(
                 ErrorKind::Protocol,
                 "the daemon's channel layout differs from this library's",
             ));
         }
+        let memory =
+            ChannelMemory::map_fds(fds).map_err(|e| EmuError::io("mapping the channel", e))?;
         let seen = memory.completion_count().load(Ordering::Acquire);
         Ok(Moneta {
             inner: Arc::new(Inner {
@@ -402,7 +338,7 @@ impl Moneta {
                 soft_misses: AtomicU64::new(0),
                 hard_misses: AtomicU64::new(0),
                 seen_count: AtomicU32::new(seen),
-                _engine: engine,
+                _keep_alive: keep_alive,
             }),
         })
     }
@@ -941,8 +877,7 @@ impl Moneta {
                 let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
                 ready > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR) != 0
             }
-            #[cfg(feature = "embedded")]
-            Control::Embedded { .. } => false,
+            Control::Local(_) => false,
         }
     }
 
