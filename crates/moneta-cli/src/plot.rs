@@ -10,6 +10,7 @@
 //! Latency axes can be log10 (`x_log10`, `y_log10`: 1-2-5 ticks per decade).
 //! [`StackedBars`] draws one stacked bar per configuration: where time goes
 //! (SPEC §2.1 Table 3.1), one segment per component, colours shared by name.
+//! [`stacked_svg`] puts several charts in one SVG file.
 
 // Temporary: main.rs is still a placeholder, so nothing calls this yet.
 
@@ -111,9 +112,12 @@ impl Axis {
 
     /// Whole decades covering `[min, max]` (both > 0); grid lines at 1, 2
     /// and 5 × 10^k, labels at each decade (and at 2 and 5 over ≤ 2 decades).
+    /// A value within 2% of a decade's end takes the next decade, so no
+    /// marker sits on the frame (a published "1×" on the axis line).
     fn log10(min: f64, max: f64) -> Axis {
-        let mut lo = min.log10().floor();
-        let mut hi = max.log10().ceil();
+        const MARGIN_DECADES: f64 = 0.01;
+        let mut lo = (min.log10() - MARGIN_DECADES).floor();
+        let mut hi = (max.log10() + MARGIN_DECADES).ceil();
         if hi <= lo {
             hi = lo + 1.0;
         }
@@ -624,6 +628,23 @@ impl Chart {
         s.push_str("</svg>\n");
         s
     }
+}
+
+/// Several charts one above the other in one SVG document, each
+/// `width_px` × `height_px` (one `--plot` file for a command that draws
+/// more than one figure).
+pub fn stacked_svg(charts: &[Chart], width_px: u32, height_px: u32) -> String {
+    let (w, h) = (width_px.max(200), height_px.max(150));
+    let total = h as usize * charts.len().max(1);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{total}\" viewBox=\"0 0 {w} {total}\">\n"
+    );
+    for (k, chart) in charts.iter().enumerate() {
+        let one = chart.to_svg(w, h);
+        s.push_str(&one.replacen("<svg ", &format!("<svg y=\"{}\" ", k * h as usize), 1));
+    }
+    s.push_str("</svg>\n");
+    s
 }
 
 /// One stacked bar per configuration, one segment per component; see
