@@ -614,4 +614,60 @@ mod tests {
         let e = args.config().unwrap_err();
         assert!(e.contains("onfi4"), "{e}");
     }
+
+    /// The figures of `sweep --plot`, `wear --plot` and the report's NVMM
+    /// page: titles name the preset and threads, log axes, every statement
+    /// that is a point of a curve drawn as a cross at the model's runs (the
+    /// checks' own), and no label overlapping another.
+    #[test]
+    fn figures_carry_the_published_points_without_overlapping_labels() {
+        use crate::plot::tests::{assert_no_label_overlaps, check_balanced};
+        use moneta_model::nvmm::calibration::checks;
+        let config = NvmmConfig::preset("nvmm-mlc").unwrap();
+        let mut setup = report_sweep(1);
+        setup.latencies_ns = vec![75_000, 150_000];
+        let points = latency_sweep(&config, &setup, &mut |_, _| {}).unwrap();
+        let charts = sweep_charts(&config, &setup, &points);
+        assert_eq!(charts.len(), 4);
+        for c in &charts {
+            assert!(
+                c.title.contains("nvmm-mlc") && c.title.contains("thread"),
+                "{}",
+                c.title
+            );
+            assert!(c.x_log10 && c.y_log10);
+            assert_no_label_overlaps(&c.title, &c.to_svg(900, 480));
+        }
+        check_balanced(&plot::stacked_svg(&charts, 900, 480));
+        let crosses = |charts: &[Chart]| -> usize {
+            charts
+                .iter()
+                .flat_map(|c| &c.series)
+                .filter(|s| s.name.starts_with(plot::PUBLISHED_PREFIX))
+                .map(|s| s.points.len())
+                .sum()
+        };
+        assert_eq!(crosses(&charts), SWEEP_STATEMENTS.len());
+        let published = sweep_published(&config, &setup, &points);
+        assert_eq!(published.len(), SWEEP_STATEMENTS.len());
+        let checks = checks();
+        for (s, p) in &published {
+            let check = checks.iter().find(|c| c.name == s.name).expect(s.name);
+            assert_eq!(check.simulated, s.check(p.speedup_over_ssd).simulated);
+        }
+        // Another workload shape is not the report's: no crosses.
+        let mut other = report_sweep(1);
+        other.accesses = Some(1000);
+        assert!(sweep_published(&config, &other, &points).is_empty());
+
+        let mut worn = config.clone();
+        worn.flash.blocks_per_plane = WEAR_BLOCKS_PER_PLANE;
+        let (report, curve) =
+            experiments::wear_with_curve(&worn, WEAR_RATE_MB_S * 1e6, WEAR_UTILIZATION, 1000, 1)
+                .unwrap();
+        let wear = wear_chart(&report, &curve);
+        assert!(wear.title.contains("nvmm-mlc") && wear.x_log10);
+        assert_eq!(crosses(std::slice::from_ref(&wear)), WEAR_STATEMENTS.len());
+        assert_no_label_overlaps(&wear.title, &wear.to_svg(900, 480));
+    }
 }

@@ -1025,13 +1025,13 @@ pub fn check_outputs(plot: Option<&Path>, report: Option<&Path>) -> Result<(), S
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Checks that every `<tag>` is closed by a matching `</tag>` in order
     /// (self-closing tags, comments and the doctype are skipped) and that no
     /// raw `<`, `>` or unescaped `&` appears in text.  Returns the tag count.
-    fn check_balanced(doc: &str) -> usize {
+    pub(crate) fn check_balanced(doc: &str) -> usize {
         let mut stack: Vec<String> = Vec::new();
         let mut count = 0;
         let mut rest = doc;
@@ -1405,9 +1405,22 @@ mod tests {
         boxes
     }
 
-    fn assert_no_label_overlaps(what: &str, svg: &str) {
+    /// No two labels of an SVG overlap, and every label lies inside its
+    /// width (a title too long for the chart is cut off).
+    pub(crate) fn assert_no_label_overlaps(what: &str, svg: &str) {
         let boxes = text_boxes(svg);
         assert!(!boxes.is_empty(), "{what}: no text");
+        let width: f64 = svg
+            .split_once(" width=\"")
+            .and_then(|(_, rest)| rest.split('"').next()?.parse().ok())
+            .expect("an SVG has a width");
+        for b in &boxes {
+            assert!(
+                b.0 >= -1.0 && b.2 <= width + 1.0,
+                "{what}: '{}' runs past the edge ({b:?}, width {width})",
+                b.4
+            );
+        }
         for (i, a) in boxes.iter().enumerate() {
             for b in &boxes[i + 1..] {
                 // 1 px of slack for the width estimate.
@@ -1478,6 +1491,63 @@ mod tests {
         for (k, c) in charts.iter().enumerate() {
             assert_no_label_overlaps(&format!("line chart {k}"), &c.to_svg(900, 480));
         }
+        // NVMM's: speedups on log-log axes (the sweep) and capacity over
+        // days on a log x axis (wear), with their longest titles and names;
+        // the real charts are checked in `nvmm`'s tests.
+        let log_log = Chart {
+            title: "MMAP, 8 threads: NVMM over DRAM + SSD (nvmm-mlc, seed 1; crosses: published)"
+                .into(),
+            x_label: "flash read latency (µs, log scale)".into(),
+            y_label: "speedup: SSD time / NVMM time (log scale)".into(),
+            x_log10: true,
+            y_log10: true,
+            series: [
+                "no prefetch",
+                "prefetch 16 pages",
+                "published no prefetch",
+                "published prefetch 16 pages",
+            ]
+            .iter()
+            .enumerate()
+            .map(|(k, n)| Series {
+                name: n.to_string(),
+                points: [3.125, 6.25, 12.5, 25.0, 50.0, 75.0, 150.0, 750.0]
+                    .iter()
+                    .map(|&x| (x, 0.4 + 2.0 * k as f64 + 7.0 / x))
+                    .collect(),
+            })
+            .collect(),
+            ..Chart::default()
+        };
+        let wear = Chart {
+            title: "Usable flash capacity as it wears (nvmm-mlc, 50 MB/s each, seed 1; crosses: published)"
+                .into(),
+            x_label: "days (log scale)".into(),
+            y_label: "usable capacity (% of the flash)".into(),
+            x_log10: true,
+            series: vec![
+                Series {
+                    name: "one 8 Gb device".into(),
+                    points: vec![(0.13, 100.0), (0.5, 80.0), (0.6, 49.0), (0.6, 0.0)],
+                },
+                Series {
+                    name: "1000 devices (1 TB)".into(),
+                    points: vec![(130.0, 100.0), (500.0, 80.0), (600.0, 49.0), (600.0, 0.0)],
+                },
+                Series {
+                    name: "published one 8 Gb device".into(),
+                    points: vec![(2.0, 50.0), (3.0, 0.0)],
+                },
+                Series {
+                    name: "published 1000 devices (1 TB)".into(),
+                    points: vec![(912.5, 50.0), (1642.5, 0.0)],
+                },
+            ],
+            ..Chart::default()
+        };
+        for (what, c) in [("log-log chart", &log_log), ("log-x chart", &wear)] {
+            assert_no_label_overlaps(what, &c.to_svg(900, 480));
+        }
         use moneta_model::breakdown::Component;
         let labels: Vec<String> = sizes.iter().map(|&x| format_pow2(x)).collect();
         for percent in [true, false] {
@@ -1533,8 +1603,31 @@ mod tests {
         let clash = r#"<svg><text x="10" y="20">4848</text><text x="20" y="22">2424</text></svg>"#;
         let caught = std::panic::catch_unwind(|| assert_no_label_overlaps("clash", clash));
         assert!(caught.is_err(), "two overlapping labels must be caught");
+        let wide = r#"<svg width="100"><text x="50" y="20" text-anchor="middle">a title too long for its chart</text></svg>"#;
+        let caught = std::panic::catch_unwind(|| assert_no_label_overlaps("wide", wide));
+        assert!(caught.is_err(), "a label past the edge must be caught");
         assert_eq!(format_total(3.754), "3.75");
         assert_eq!(format_total(0.004), "4.0e-3");
+    }
+
+    #[test]
+    fn stacked_charts_sit_one_below_the_other_in_one_document() {
+        let charts = [sample_chart(), sample_chart(), sample_chart()];
+        let svg = stacked_svg(&charts, 900, 480);
+        check_balanced(&svg);
+        assert!(svg.starts_with("<svg xmlns") && svg.contains("height=\"1440\""));
+        for k in 0..3 {
+            assert!(
+                svg.contains(&format!("<svg y=\"{}\" xmlns", k * 480)),
+                "panel {k}"
+            );
+        }
+        // Each panel as drawn alone: the same text.
+        let one = charts[0].to_svg(900, 480);
+        assert_eq!(
+            svg.matches("<text").count(),
+            3 * one.matches("<text").count()
+        );
     }
 
     /// `cargo test -p moneta-cli render_sample -- --ignored` writes
