@@ -112,12 +112,12 @@ impl Axis {
 
     /// Whole decades covering `[min, max]` (both > 0); grid lines at 1, 2
     /// and 5 × 10^k, labels at each decade (and at 2 and 5 over ≤ 2 decades).
-    /// A value within 2% of a decade's end takes the next decade, so no
-    /// marker sits on the frame (a published "1×" on the axis line).
+    /// The axis reaches 3% of its span past the outer decades, so a point
+    /// on a decade (a published "1×") is not drawn on the frame.
     fn log10(min: f64, max: f64) -> Axis {
-        const MARGIN_DECADES: f64 = 0.01;
-        let mut lo = (min.log10() - MARGIN_DECADES).floor();
-        let mut hi = (max.log10() + MARGIN_DECADES).ceil();
+        const INSET: f64 = 0.03;
+        let mut lo = min.log10().floor();
+        let mut hi = max.log10().ceil();
         if hi <= lo {
             hi = lo + 1.0;
         }
@@ -140,9 +140,10 @@ impl Axis {
                 ticks.push((v, label));
             }
         }
+        let inset = INSET * (hi - lo);
         Axis {
-            lo,
-            hi,
+            lo: lo - inset,
+            hi: hi + inset,
             log2: false,
             log10: true,
             ticks,
