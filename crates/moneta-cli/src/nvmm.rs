@@ -494,11 +494,11 @@ pub(crate) fn sweep_charts(
                     });
                 }
             }
-            let crosses = if published.is_empty() {
-                ""
-            } else {
-                "; crosses: published"
-            };
+            let crosses = plot::crosses_note(
+                series
+                    .iter()
+                    .any(|s| s.name.starts_with(plot::PUBLISHED_PREFIX)),
+            );
             charts.push(Chart {
                 title: format!(
                     "{}, {}: NVMM over DRAM + SSD ({}, seed {}{crosses})",
@@ -578,11 +578,7 @@ pub(crate) fn wear_chart(report: &WearReport, curve: &[WearSample]) -> Chart {
             report.preset,
             report.write_rate_bytes_per_s / 1e6,
             report.seed,
-            if published.is_empty() {
-                ""
-            } else {
-                "; crosses: published"
-            }
+            plot::crosses_note(!published.is_empty())
         ),
         x_label: "days (log scale)".into(),
         y_label: "usable capacity (% of the flash)".into(),

@@ -57,6 +57,16 @@ pub struct Series {
 /// curve they are compared with).
 pub const PUBLISHED_PREFIX: &str = "published ";
 
+/// What a title adds when the chart has published points: "; crosses:
+/// published", or nothing (a title does not promise crosses it lacks).
+pub fn crosses_note(has_published: bool) -> &'static str {
+    if has_published {
+        "; crosses: published"
+    } else {
+        ""
+    }
+}
+
 impl Chart {
     /// The colour index and whether series `i` is published points.
     fn style(&self, i: usize) -> (usize, bool) {

@@ -718,6 +718,9 @@ fn report_writes_every_page_and_the_nvmm_figures() {
     assert!(nvmm.contains("moneta nvmm sim sweep --seed 1 --plot nvmm-sweep.svg"));
     assert!(nvmm.contains("moneta nvmm sim wear --seed 1 --plot nvmm-wear.svg"));
     assert!(nvmm.contains("wear: worn out / half retired"));
+    // A chart without published points does not promise crosses.
+    let moneta_d = std::fs::read_to_string(out.join("moneta-d.html")).unwrap();
+    assert!(moneta_d.contains("Bandwidth vs request size (moneta-d, direct stack, 16 threads)<"));
 }
 
 /// `nvmm sim sweep --plot` draws one panel per workload and thread count;
