@@ -422,7 +422,7 @@ pub fn report(a: ReportArgs) -> Result<(), String> {
         title: "Moneta in software: the papers' experiments, reproduced".into(),
         sections: vec![
             ReportSection::Paragraph(format!(
-                "One page per system, seed {}, {} requests per simulated point.",
+                "One page per system, seed {}, {} requests per simulated point (the NVMM page's runs use the report's access counts).",
                 a.seed, a.ops
             )),
             ReportSection::Links(
