@@ -136,11 +136,11 @@ san: build
 
 # NVMM (SPEC §7, issue 13): the report's backing-store latency sweep (GUPS
 # and MMAP; NVMM with and without prefetch, 1 and 8 threads, against DRAM +
-# SSD and all-DRAM), its plot, and the wear estimate.
+# SSD and all-DRAM), its plot, and the wear estimate with its plot.
 nvmm: build
 	@mkdir -p out
 	$(MONETA) nvmm sim sweep --plot out/nvmm_sweep.svg
-	$(MONETA) nvmm sim wear
+	$(MONETA) nvmm sim wear --plot out/nvmm_wear.svg
 
 clean:
 	$(CARGO) clean

@@ -2,21 +2,27 @@
 //! `moneta_model::nvmm`: one run (`run`), the report's backing-store latency
 //! sweep (`sweep`), and the wear-out estimate (`wear`); `moneta nvmm
 //! presets` lists the presets. Every command prints a table, JSON or CSV,
-//! shows progress on stderr when it is a terminal, and `sweep` writes an
-//! SVG plot (`--plot`).
+//! shows progress on stderr when it is a terminal; `sweep` and `wear` draw
+//! their figures (`--plot`), with the report's statements that are points
+//! of them as crosses (`moneta report` puts the same figures on its NVMM
+//! page).
 
 use crate::output::{print_csv, print_json, Format};
 use crate::plot::{self, Chart, Series};
 use crate::san::{table, Meter};
 use clap::{Args, Subcommand};
+use moneta_model::nvmm::calibration::{
+    SweepStatement, WearStatement, SWEEP_STATEMENTS, WEAR_STATEMENTS,
+};
 use moneta_model::nvmm::experiments::{
-    self, latency_sweep, standard_workload, SweepSetup, REPORT_PREFETCH_PAGES, SWEEP_LATENCIES_NS,
+    self, latency_sweep, standard_workload, SweepPoint, SweepSetup, WearReport, WearSample,
+    REPORT_PREFETCH_PAGES, SWEEP_LATENCIES_NS,
 };
 use moneta_model::nvmm::system::{run, SystemKind};
 use moneta_model::nvmm::workload::{Workload, WorkloadKind};
 use moneta_model::nvmm::{NvmmConfig, NVMM_PRESETS};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Subcommand)]
 pub enum NvmmCommand {
@@ -129,30 +135,40 @@ pub struct SweepArgs {
     /// NVMM prefetch depths, comma-separated (0: off; the report: 16).
     #[arg(long, default_value = "0,16")]
     prefetch: String,
-    /// Write an SVG plot: NVMM's speedup over the SSD against latency.
+    /// Write an SVG plot: NVMM's speedup over the SSD against latency, one
+    /// panel per workload and thread count.
     #[arg(long, value_name = "FILE.svg")]
     plot: Option<PathBuf>,
 }
+
+/// `moneta nvmm sim wear`'s defaults (also the report page's run).
+pub(crate) const WEAR_RATE_MB_S: f64 = 50.0;
+pub(crate) const WEAR_UTILIZATION: f64 = 0.25;
+pub(crate) const WEAR_ENDURANCE_SCALE: u64 = 100;
+pub(crate) const WEAR_BLOCKS_PER_PLANE: u32 = 8;
 
 #[derive(Args)]
 pub struct WearArgs {
     #[command(flatten)]
     common: NvmmConfigArgs,
     /// Rate at which write-backs reach the flash, MB/s (10^6 B/s).
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = WEAR_RATE_MB_S)]
     write_rate_mb_s: f64,
     /// Share of the flash holding live data (below 0.5, or the data stops
     /// fitting before half the flash is retired).
-    #[arg(long, default_value_t = 0.25)]
+    #[arg(long, default_value_t = WEAR_UTILIZATION)]
     utilization: f64,
     /// Divide page endurance by this in the simulation (times are
     /// multiplied back) so that wearing out takes seconds.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = WEAR_ENDURANCE_SCALE)]
     endurance_scale: u64,
     /// Blocks per plane for the wear run (a smaller flash wears out faster
     /// to simulate; the times are scaled to one 8 Gb device).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = WEAR_BLOCKS_PER_PLANE)]
     blocks_per_plane: u32,
+    /// Write an SVG plot: usable capacity over time, one device and 1000.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 pub fn dispatch(command: NvmmCommand) -> Result<(), String> {
@@ -291,6 +307,9 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         footprint_ratio: a.shape.footprint_ratio,
         seed: a.common.seed,
     };
+    if let Some(path) = &a.plot {
+        plot::check_output(path, true)?;
+    }
     if setup.latencies_ns.contains(&0) {
         return Err("--latencies: a latency must be positive".into());
     }
@@ -301,34 +320,8 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
     meter.tick(points.len(), points.len(), "");
     if let Some(path) = &a.plot {
-        let mut series = Vec::new();
-        for &w in &setup.workloads {
-            for &t in &setup.threads {
-                for &p in &setup.prefetch {
-                    let pts = points
-                        .iter()
-                        .filter(|q| {
-                            q.workload == w.name() && q.threads == t && q.prefetch_pages == p
-                        })
-                        .map(|q| (q.backing_read_ns as f64 / 1000.0, q.speedup_over_ssd))
-                        .collect();
-                    series.push(Series {
-                        name: format!("{} {t} thr, prefetch {p}", w.name()),
-                        points: pts,
-                    });
-                }
-            }
-        }
-        let chart = Chart {
-            title: format!("NVMM over DRAM + SSD ({})", config.name),
-            x_label: "backing-store read latency (µs)".into(),
-            y_label: "speedup over the SSD system (SSD time / NVMM time)".into(),
-            x_log10: true,
-            series,
-            ..Chart::default()
-        };
-        plot::write_file(path, &chart.to_svg(900, 480)).map_err(|e| e.to_string())?;
-        eprintln!("wrote {}", path.display());
+        let svg = plot::stacked_svg(&sweep_charts(&config, &setup, &points), 900, 480);
+        write_plot(path, &svg)?;
     }
     emit(
         &a.common,
@@ -358,9 +351,12 @@ fn sim_wear(a: WearArgs) -> Result<(), String> {
     config
         .set(&format!("flash.blocks_per_plane={}", a.blocks_per_plane))
         .map_err(|e| format!("--blocks-per-plane: {e}"))?;
+    if let Some(path) = &a.plot {
+        plot::check_output(path, true)?;
+    }
     let mut meter = Meter::new();
     meter.tick(0, 1, "wearing the flash out");
-    let report = experiments::wear(
+    let (report, curve) = experiments::wear_with_curve(
         &config,
         a.write_rate_mb_s * 1e6,
         a.utilization,
@@ -369,6 +365,9 @@ fn sim_wear(a: WearArgs) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     meter.tick(1, 1, "");
+    if let Some(path) = &a.plot {
+        write_plot(path, &wear_chart(&report, &curve).to_svg(900, 480))?;
+    }
     emit(
         &a.common,
         &config,
@@ -386,6 +385,207 @@ fn sim_wear(a: WearArgs) -> Result<(), String> {
             "years_to_end_1000_devices",
         ],
     )
+}
+
+fn write_plot(path: &Path, svg: &str) -> Result<(), String> {
+    plot::write_file(path, svg).map_err(|e| e.to_string())?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
+}
+
+/// `moneta nvmm sim sweep`'s defaults: the report's sweep.
+pub(crate) fn report_sweep(seed: u64) -> SweepSetup {
+    SweepSetup {
+        workloads: vec![WorkloadKind::Gups, WorkloadKind::Mmap],
+        latencies_ns: SWEEP_LATENCIES_NS.to_vec(),
+        threads: vec![1, 8],
+        prefetch: vec![0, REPORT_PREFETCH_PAGES],
+        accesses: None,
+        footprint_ratio: 2.0,
+        seed,
+    }
+}
+
+/// The report's published points apply to the preset its statements are
+/// checked on (`nvmm-mlc`) with its workload shape.
+fn published_apply(preset: &str, setup: &SweepSetup) -> bool {
+    let shape = report_sweep(setup.seed);
+    preset == "nvmm-mlc"
+        && setup.accesses == shape.accesses
+        && setup.footprint_ratio == shape.footprint_ratio
+}
+
+/// The statements that are points of this sweep, each with the model's
+/// point at the same workload, latency, threads and prefetch.
+pub(crate) fn sweep_published<'a>(
+    config: &NvmmConfig,
+    setup: &SweepSetup,
+    points: &'a [SweepPoint],
+) -> Vec<(SweepStatement, &'a SweepPoint)> {
+    if !published_apply(&config.name, setup) {
+        return Vec::new();
+    }
+    SWEEP_STATEMENTS
+        .iter()
+        .filter_map(|s| {
+            let p = points.iter().find(|p| {
+                p.workload == s.workload.name()
+                    && p.backing_read_ns == s.read_ns
+                    && p.threads == s.threads
+                    && p.prefetch_pages == s.prefetch_pages
+            })?;
+            Some((*s, p))
+        })
+        .collect()
+}
+
+fn prefetch_name(pages: u32) -> String {
+    if pages == 0 {
+        "no prefetch".into()
+    } else {
+        format!("prefetch {pages} pages")
+    }
+}
+
+fn threads_name(threads: u32) -> String {
+    if threads == 1 {
+        "1 thread".into()
+    } else {
+        format!("{threads} threads")
+    }
+}
+
+/// One chart per workload and thread count: NVMM's speedup over the DRAM +
+/// SSD system against the flash read latency, one line per prefetch depth,
+/// the report's statements at their latency as crosses.
+pub(crate) fn sweep_charts(
+    config: &NvmmConfig,
+    setup: &SweepSetup,
+    points: &[SweepPoint],
+) -> Vec<Chart> {
+    let published = sweep_published(config, setup, points);
+    let mut charts = Vec::new();
+    for &w in &setup.workloads {
+        for &t in &setup.threads {
+            let mut series: Vec<Series> = setup
+                .prefetch
+                .iter()
+                .map(|&p| Series {
+                    name: prefetch_name(p),
+                    points: points
+                        .iter()
+                        .filter(|q| {
+                            q.workload == w.name() && q.threads == t && q.prefetch_pages == p
+                        })
+                        .map(|q| (q.backing_read_ns as f64 / 1000.0, q.speedup_over_ssd))
+                        .collect(),
+                })
+                .collect();
+            for &p in &setup.prefetch {
+                let crosses: Vec<(f64, f64)> = published
+                    .iter()
+                    .filter(|(s, _)| s.workload == w && s.threads == t && s.prefetch_pages == p)
+                    .map(|(s, _)| (s.read_ns as f64 / 1000.0, s.published))
+                    .collect();
+                if !crosses.is_empty() {
+                    series.push(Series {
+                        name: format!("{}{}", plot::PUBLISHED_PREFIX, prefetch_name(p)),
+                        points: crosses,
+                    });
+                }
+            }
+            let crosses = plot::crosses_note(
+                series
+                    .iter()
+                    .any(|s| s.name.starts_with(plot::PUBLISHED_PREFIX)),
+            );
+            charts.push(Chart {
+                title: format!(
+                    "{}, {}: NVMM over DRAM + SSD ({}, seed {}{crosses})",
+                    w.name().to_uppercase(),
+                    threads_name(t),
+                    config.name,
+                    setup.seed
+                ),
+                x_label: "flash read latency (µs, log scale)".into(),
+                y_label: "speedup: SSD time / NVMM time (log scale)".into(),
+                x_log10: true,
+                y_log10: true,
+                series,
+                ..Chart::default()
+            });
+        }
+    }
+    charts
+}
+
+/// The wear statements, each with the model's time for it (days).
+pub(crate) fn wear_published(report: &WearReport) -> Vec<(WearStatement, f64)> {
+    if report.preset != "nvmm-mlc" {
+        return Vec::new();
+    }
+    WEAR_STATEMENTS
+        .iter()
+        .map(|s| {
+            let one = if s.capacity_left > 0.0 {
+                report.days_to_half_one_8gb_device
+            } else {
+                report.days_to_end_one_8gb_device
+            };
+            (*s, one * f64::from(s.devices))
+        })
+        .collect()
+}
+
+/// Usable capacity (pages not retired; none once no write fits) over time
+/// for one 8 Gb device and for 1000 at the same rate each, the report's
+/// estimates as crosses.
+pub(crate) fn wear_chart(report: &WearReport, curve: &[WearSample]) -> Chart {
+    let published = wear_published(report);
+    let mut series = Vec::new();
+    for (devices, name) in [(1.0, "one 8 Gb device"), (1000.0, "1000 devices (1 TB)")] {
+        let mut points: Vec<(f64, f64)> = curve
+            .iter()
+            .map(|s| {
+                (
+                    s.days_one_8gb_device * devices,
+                    100.0 * (1.0 - s.retired_fraction),
+                )
+            })
+            .collect();
+        points.push((report.days_to_end_one_8gb_device * devices, 0.0));
+        series.push(Series {
+            name: name.into(),
+            points,
+        });
+    }
+    for (devices, name) in [(1, "one 8 Gb device"), (1000, "1000 devices (1 TB)")] {
+        let crosses: Vec<(f64, f64)> = published
+            .iter()
+            .filter(|(s, _)| s.devices == devices)
+            .map(|(s, _)| (s.days_drawn, 100.0 * s.capacity_left))
+            .collect();
+        if !crosses.is_empty() {
+            series.push(Series {
+                name: format!("{}{name}", plot::PUBLISHED_PREFIX),
+                points: crosses,
+            });
+        }
+    }
+    Chart {
+        title: format!(
+            "Usable flash capacity as it wears ({}, {:.0} MB/s each, seed {}{})",
+            report.preset,
+            report.write_rate_bytes_per_s / 1e6,
+            report.seed,
+            plot::crosses_note(!published.is_empty())
+        ),
+        x_label: "days (log scale)".into(),
+        y_label: "usable capacity (% of the flash)".into(),
+        x_log10: true,
+        series,
+        ..Chart::default()
+    }
 }
 
 #[cfg(test)]
@@ -409,5 +609,61 @@ mod tests {
         };
         let e = args.config().unwrap_err();
         assert!(e.contains("onfi4"), "{e}");
+    }
+
+    /// The figures of `sweep --plot`, `wear --plot` and the report's NVMM
+    /// page: titles name the preset and threads, log axes, every statement
+    /// that is a point of a curve drawn as a cross at the model's runs (the
+    /// checks' own), and no label overlapping another.
+    #[test]
+    fn figures_carry_the_published_points_without_overlapping_labels() {
+        use crate::plot::tests::{assert_no_label_overlaps, check_balanced};
+        use moneta_model::nvmm::calibration::checks;
+        let config = NvmmConfig::preset("nvmm-mlc").unwrap();
+        let mut setup = report_sweep(1);
+        setup.latencies_ns = vec![75_000, 150_000];
+        let points = latency_sweep(&config, &setup, &mut |_, _| {}).unwrap();
+        let charts = sweep_charts(&config, &setup, &points);
+        assert_eq!(charts.len(), 4);
+        for c in &charts {
+            assert!(
+                c.title.contains("nvmm-mlc") && c.title.contains("thread"),
+                "{}",
+                c.title
+            );
+            assert!(c.x_log10 && c.y_log10);
+            assert_no_label_overlaps(&c.title, &c.to_svg(900, 480));
+        }
+        check_balanced(&plot::stacked_svg(&charts, 900, 480));
+        let crosses = |charts: &[Chart]| -> usize {
+            charts
+                .iter()
+                .flat_map(|c| &c.series)
+                .filter(|s| s.name.starts_with(plot::PUBLISHED_PREFIX))
+                .map(|s| s.points.len())
+                .sum()
+        };
+        assert_eq!(crosses(&charts), SWEEP_STATEMENTS.len());
+        let published = sweep_published(&config, &setup, &points);
+        assert_eq!(published.len(), SWEEP_STATEMENTS.len());
+        let checks = checks();
+        for (s, p) in &published {
+            let check = checks.iter().find(|c| c.name == s.name).expect(s.name);
+            assert_eq!(check.simulated, s.check(p.speedup_over_ssd).simulated);
+        }
+        // Another workload shape is not the report's: no crosses.
+        let mut other = report_sweep(1);
+        other.accesses = Some(1000);
+        assert!(sweep_published(&config, &other, &points).is_empty());
+
+        let mut worn = config.clone();
+        worn.flash.blocks_per_plane = WEAR_BLOCKS_PER_PLANE;
+        let (report, curve) =
+            experiments::wear_with_curve(&worn, WEAR_RATE_MB_S * 1e6, WEAR_UTILIZATION, 1000, 1)
+                .unwrap();
+        let wear = wear_chart(&report, &curve);
+        assert!(wear.title.contains("nvmm-mlc") && wear.x_log10);
+        assert_eq!(crosses(std::slice::from_ref(&wear)), WEAR_STATEMENTS.len());
+        assert_no_label_overlaps(&wear.title, &wear.to_svg(900, 480));
     }
 }

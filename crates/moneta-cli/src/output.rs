@@ -270,6 +270,7 @@ pub fn published_beside(
 pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
     let mut series = series_by_op(points, |p| p.bandwidth_mb_per_s);
     let (_, published) = published_beside(config, points);
+    let crosses = crate::plot::crosses_note(!published.is_empty());
     for (op, size, mb, _) in published {
         let name = format!("{PUBLISHED_PREFIX}{op}");
         match series.iter_mut().find(|s| s.name == name) {
@@ -282,7 +283,7 @@ pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
     }
     Chart {
         title: format!(
-            "Bandwidth vs request size ({}; crosses: published)",
+            "Bandwidth vs request size ({}{crosses})",
             run_label(config, points)
         ),
         x_label: "request size (bytes)".into(),

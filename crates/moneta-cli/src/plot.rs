@@ -10,6 +10,7 @@
 //! Latency axes can be log10 (`x_log10`, `y_log10`: 1-2-5 ticks per decade).
 //! [`StackedBars`] draws one stacked bar per configuration: where time goes
 //! (SPEC §2.1 Table 3.1), one segment per component, colours shared by name.
+//! [`stacked_svg`] puts several charts in one SVG file.
 
 // Temporary: main.rs is still a placeholder, so nothing calls this yet.
 
@@ -55,6 +56,16 @@ pub struct Series {
 /// crosses without a line, in the colour of the series `<name>` (the model's
 /// curve they are compared with).
 pub const PUBLISHED_PREFIX: &str = "published ";
+
+/// What a title adds when the chart has published points: "; crosses:
+/// published", or nothing (a title does not promise crosses it lacks).
+pub fn crosses_note(has_published: bool) -> &'static str {
+    if has_published {
+        "; crosses: published"
+    } else {
+        ""
+    }
+}
 
 impl Chart {
     /// The colour index and whether series `i` is published points.
@@ -111,7 +122,10 @@ impl Axis {
 
     /// Whole decades covering `[min, max]` (both > 0); grid lines at 1, 2
     /// and 5 × 10^k, labels at each decade (and at 2 and 5 over ≤ 2 decades).
+    /// The axis reaches 3% of its span past the outer decades, so a point
+    /// on a decade (a published "1×") is not drawn on the frame.
     fn log10(min: f64, max: f64) -> Axis {
+        const INSET: f64 = 0.03;
         let mut lo = min.log10().floor();
         let mut hi = max.log10().ceil();
         if hi <= lo {
@@ -136,9 +150,10 @@ impl Axis {
                 ticks.push((v, label));
             }
         }
+        let inset = INSET * (hi - lo);
         Axis {
-            lo,
-            hi,
+            lo: lo - inset,
+            hi: hi + inset,
             log2: false,
             log10: true,
             ticks,
@@ -626,6 +641,23 @@ impl Chart {
     }
 }
 
+/// Several charts one above the other in one SVG document, each
+/// `width_px` × `height_px` (one `--plot` file for a command that draws
+/// more than one figure).
+pub fn stacked_svg(charts: &[Chart], width_px: u32, height_px: u32) -> String {
+    let (w, h) = (width_px.max(200), height_px.max(150));
+    let total = h as usize * charts.len().max(1);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{total}\" viewBox=\"0 0 {w} {total}\">\n"
+    );
+    for (k, chart) in charts.iter().enumerate() {
+        let one = chart.to_svg(w, h);
+        s.push_str(&one.replacen("<svg ", &format!("<svg y=\"{}\" ", k * h as usize), 1));
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
 /// One stacked bar per configuration, one segment per component; see
 /// [`StackedBars::to_svg`].
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -1004,13 +1036,13 @@ pub fn check_outputs(plot: Option<&Path>, report: Option<&Path>) -> Result<(), S
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Checks that every `<tag>` is closed by a matching `</tag>` in order
     /// (self-closing tags, comments and the doctype are skipped) and that no
     /// raw `<`, `>` or unescaped `&` appears in text.  Returns the tag count.
-    fn check_balanced(doc: &str) -> usize {
+    pub(crate) fn check_balanced(doc: &str) -> usize {
         let mut stack: Vec<String> = Vec::new();
         let mut count = 0;
         let mut rest = doc;
@@ -1384,9 +1416,22 @@ mod tests {
         boxes
     }
 
-    fn assert_no_label_overlaps(what: &str, svg: &str) {
+    /// No two labels of an SVG overlap, and every label lies inside its
+    /// width (a title too long for the chart is cut off).
+    pub(crate) fn assert_no_label_overlaps(what: &str, svg: &str) {
         let boxes = text_boxes(svg);
         assert!(!boxes.is_empty(), "{what}: no text");
+        let width: f64 = svg
+            .split_once(" width=\"")
+            .and_then(|(_, rest)| rest.split('"').next()?.parse().ok())
+            .expect("an SVG has a width");
+        for b in &boxes {
+            assert!(
+                b.0 >= -1.0 && b.2 <= width + 1.0,
+                "{what}: '{}' runs past the edge ({b:?}, width {width})",
+                b.4
+            );
+        }
         for (i, a) in boxes.iter().enumerate() {
             for b in &boxes[i + 1..] {
                 // 1 px of slack for the width estimate.
@@ -1457,6 +1502,63 @@ mod tests {
         for (k, c) in charts.iter().enumerate() {
             assert_no_label_overlaps(&format!("line chart {k}"), &c.to_svg(900, 480));
         }
+        // NVMM's: speedups on log-log axes (the sweep) and capacity over
+        // days on a log x axis (wear), with their longest titles and names;
+        // the real charts are checked in `nvmm`'s tests.
+        let log_log = Chart {
+            title: "MMAP, 8 threads: NVMM over DRAM + SSD (nvmm-mlc, seed 1; crosses: published)"
+                .into(),
+            x_label: "flash read latency (µs, log scale)".into(),
+            y_label: "speedup: SSD time / NVMM time (log scale)".into(),
+            x_log10: true,
+            y_log10: true,
+            series: [
+                "no prefetch",
+                "prefetch 16 pages",
+                "published no prefetch",
+                "published prefetch 16 pages",
+            ]
+            .iter()
+            .enumerate()
+            .map(|(k, n)| Series {
+                name: n.to_string(),
+                points: [3.125, 6.25, 12.5, 25.0, 50.0, 75.0, 150.0, 750.0]
+                    .iter()
+                    .map(|&x| (x, 0.4 + 2.0 * k as f64 + 7.0 / x))
+                    .collect(),
+            })
+            .collect(),
+            ..Chart::default()
+        };
+        let wear = Chart {
+            title: "Usable flash capacity as it wears (nvmm-mlc, 50 MB/s each, seed 1; crosses: published)"
+                .into(),
+            x_label: "days (log scale)".into(),
+            y_label: "usable capacity (% of the flash)".into(),
+            x_log10: true,
+            series: vec![
+                Series {
+                    name: "one 8 Gb device".into(),
+                    points: vec![(0.13, 100.0), (0.5, 80.0), (0.6, 49.0), (0.6, 0.0)],
+                },
+                Series {
+                    name: "1000 devices (1 TB)".into(),
+                    points: vec![(130.0, 100.0), (500.0, 80.0), (600.0, 49.0), (600.0, 0.0)],
+                },
+                Series {
+                    name: "published one 8 Gb device".into(),
+                    points: vec![(2.0, 50.0), (3.0, 0.0)],
+                },
+                Series {
+                    name: "published 1000 devices (1 TB)".into(),
+                    points: vec![(912.5, 50.0), (1642.5, 0.0)],
+                },
+            ],
+            ..Chart::default()
+        };
+        for (what, c) in [("log-log chart", &log_log), ("log-x chart", &wear)] {
+            assert_no_label_overlaps(what, &c.to_svg(900, 480));
+        }
         use moneta_model::breakdown::Component;
         let labels: Vec<String> = sizes.iter().map(|&x| format_pow2(x)).collect();
         for percent in [true, false] {
@@ -1512,8 +1614,31 @@ mod tests {
         let clash = r#"<svg><text x="10" y="20">4848</text><text x="20" y="22">2424</text></svg>"#;
         let caught = std::panic::catch_unwind(|| assert_no_label_overlaps("clash", clash));
         assert!(caught.is_err(), "two overlapping labels must be caught");
+        let wide = r#"<svg width="100"><text x="50" y="20" text-anchor="middle">a title too long for its chart</text></svg>"#;
+        let caught = std::panic::catch_unwind(|| assert_no_label_overlaps("wide", wide));
+        assert!(caught.is_err(), "a label past the edge must be caught");
         assert_eq!(format_total(3.754), "3.75");
         assert_eq!(format_total(0.004), "4.0e-3");
+    }
+
+    #[test]
+    fn stacked_charts_sit_one_below_the_other_in_one_document() {
+        let charts = [sample_chart(), sample_chart(), sample_chart()];
+        let svg = stacked_svg(&charts, 900, 480);
+        check_balanced(&svg);
+        assert!(svg.starts_with("<svg xmlns") && svg.contains("height=\"1440\""));
+        for k in 0..3 {
+            assert!(
+                svg.contains(&format!("<svg y=\"{}\" xmlns", k * 480)),
+                "panel {k}"
+            );
+        }
+        // Each panel as drawn alone: the same text.
+        let one = charts[0].to_svg(900, 480);
+        assert_eq!(
+            svg.matches("<text").count(),
+            3 * one.matches("<text").count()
+        );
     }
 
     /// `cargo test -p moneta-cli render_sample -- --ignored` writes

@@ -673,3 +673,82 @@ fn ctrl_c_during_a_sweep_prints_the_points_so_far() {
         "the first point is printed: {out}"
     );
 }
+
+/// `moneta report`: every page, and the NVMM page with its figures (the
+/// sweep's four panels and the wear curve, titles naming preset and
+/// threads), the report's statements on them as crosses, the table of
+/// their errors, the commands, and the statements table kept.
+#[test]
+fn report_writes_every_page_and_the_nvmm_figures() {
+    let dir = Scratch::new("report");
+    let out = dir.0.join("pages");
+    let o = moneta(&["report", "--out", out.to_str().unwrap(), "--ops", "100"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for page in ["index", "moneta", "moneta-d", "onyx", "quicksan", "nvmm"] {
+        assert!(out.join(format!("{page}.html")).is_file(), "{page}");
+    }
+    let nvmm = std::fs::read_to_string(out.join("nvmm.html")).unwrap();
+    assert_eq!(
+        nvmm.matches("<svg").count(),
+        5,
+        "four sweep panels and wear"
+    );
+    for panel in [
+        "GUPS, 1 thread",
+        "GUPS, 8 threads",
+        "MMAP, 1 thread",
+        "MMAP, 8 threads",
+    ] {
+        let title = format!("{panel}: NVMM over DRAM + SSD (nvmm-mlc, seed 1; crosses: published)");
+        assert!(nvmm.contains(&title), "{title}");
+    }
+    assert!(nvmm.contains("Usable flash capacity as it wears (nvmm-mlc"));
+    for crosses in [
+        "published no prefetch",
+        "published prefetch 16 pages",
+        "published one 8 Gb device",
+        "published 1000 devices (1 TB)",
+    ] {
+        assert!(
+            nvmm.contains(&format!("<title>{crosses}</title>")),
+            "{crosses}"
+        );
+    }
+    assert!(nvmm.contains("Published points on the figures"));
+    assert!(nvmm.contains("moneta nvmm sim sweep --seed 1 --plot nvmm-sweep.svg"));
+    assert!(nvmm.contains("moneta nvmm sim wear --seed 1 --plot nvmm-wear.svg"));
+    assert!(nvmm.contains("wear: worn out / half retired"));
+    // A chart without published points does not promise crosses.
+    let moneta_d = std::fs::read_to_string(out.join("moneta-d.html")).unwrap();
+    assert!(moneta_d.contains("Bandwidth vs request size (moneta-d, direct stack, 16 threads)<"));
+}
+
+/// `nvmm sim sweep --plot` draws one panel per workload and thread count;
+/// `nvmm sim wear --plot` the capacity curve; a bad plot name is refused
+/// before the run.
+#[test]
+fn nvmm_sweep_and_wear_draw_their_figures() {
+    let dir = Scratch::new("nvmm-plots");
+    // Run `moneta nvmm sim ARGS --plot NAME`; the SVG it wrote.
+    let draw = |args: &[&str], name: &str| -> String {
+        let path = dir.0.join(name);
+        let mut all = vec!["nvmm", "sim"];
+        all.extend_from_slice(args);
+        all.extend(["--plot", path.to_str().unwrap()]);
+        let o = moneta(&all);
+        assert!(o.status.success(), "{}", stderr(&o));
+        std::fs::read_to_string(&path).unwrap()
+    };
+    let svg = draw(
+        &["sweep", "--latencies", "75000,150000", "--threads", "1"],
+        "sweep.svg",
+    );
+    assert_eq!(svg.matches("<svg").count(), 3, "a document and two panels");
+    assert!(svg.contains("MMAP, 1 thread") && svg.contains("<title>published no prefetch</title>"));
+    let svg = draw(&["wear", "--endurance-scale", "1000"], "wear.svg");
+    assert!(svg.contains("<title>published one 8 Gb device</title>"));
+    let png = dir.0.join("wear.png");
+    let o = moneta(&["nvmm", "sim", "wear", "--plot", png.to_str().unwrap()]);
+    assert!(!o.status.success() && stderr(&o).contains("wear.png"));
+    assert!(stdout(&o).is_empty(), "refused before the run");
+}

@@ -60,46 +60,218 @@ fn ranged(name: &str, published: f64, measured: f64, low: f64, high: f64) -> Che
     }
 }
 
+/// A statement that is one point of the latency sweep: NVMM's speedup over
+/// the SSD system for a workload, flash read latency, thread count and
+/// prefetch depth (preset `nvmm-mlc`, the report's access counts,
+/// footprint 2× the DRAM, seed 1: what `moneta nvmm sim sweep` runs by
+/// default), with the range the project accepts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SweepStatement {
+    pub name: &'static str,
+    pub workload: WorkloadKind,
+    pub read_ns: u64,
+    pub threads: u32,
+    pub prefetch_pages: u32,
+    /// NVMM over SSD (SSD time / NVMM time).
+    pub published: f64,
+    pub low: f64,
+    pub high: f64,
+    /// The check states the inverse, SSD over NVMM ("the SSD passes NVMM").
+    pub inverse: bool,
+}
+
+/// The report's statements that are points of the sweep, in the order of
+/// [`checks`]. "MMAP 1 thread: gain from prefetch" is a ratio of two
+/// curves, not a point of one, and is not here.
+pub const SWEEP_STATEMENTS: [SweepStatement; 7] = [
+    statement(
+        "GUPS 1 thread, no prefetch: NVMM over SSD",
+        WorkloadKind::Gups,
+        MLC_NS,
+        1,
+        0,
+        3.0,
+        2.0,
+        4.0,
+    ),
+    statement(
+        "GUPS 1 thread, prefetch 16: NVMM over SSD",
+        WorkloadKind::Gups,
+        MLC_NS,
+        1,
+        16,
+        3.7,
+        2.5,
+        5.0,
+    ),
+    statement(
+        "GUPS 8 threads, prefetch 16: NVMM over SSD",
+        WorkloadKind::Gups,
+        MLC_NS,
+        THREADS,
+        16,
+        4.7,
+        3.1,
+        6.3,
+    ),
+    statement(
+        "MMAP 1 thread at MLC: NVMM over SSD (\"roughly the same\")",
+        WorkloadKind::Mmap,
+        MLC_NS,
+        1,
+        0,
+        1.0,
+        0.75,
+        1.33,
+    ),
+    statement(
+        "MMAP 8 threads, no prefetch: NVMM over SSD",
+        WorkloadKind::Mmap,
+        MLC_NS,
+        THREADS,
+        0,
+        3.0,
+        2.0,
+        4.0,
+    ),
+    statement(
+        "MMAP 8 threads, prefetch: NVMM over SSD",
+        WorkloadKind::Mmap,
+        MLC_NS,
+        THREADS,
+        16,
+        7.0,
+        4.7,
+        9.3,
+    ),
+    // "SSD passes NVMM at 150 µs": the SSD's speedup over NVMM above 1.
+    SweepStatement {
+        inverse: true,
+        high: f64::INFINITY,
+        ..statement(
+            "MMAP 1 thread at 150 µs: SSD over NVMM (passed: > 1)",
+            WorkloadKind::Mmap,
+            150_000,
+            1,
+            0,
+            1.0,
+            1.0,
+            1.0,
+        )
+    },
+];
+
+#[allow(clippy::too_many_arguments)]
+const fn statement(
+    name: &'static str,
+    workload: WorkloadKind,
+    read_ns: u64,
+    threads: u32,
+    prefetch_pages: u32,
+    published: f64,
+    low: f64,
+    high: f64,
+) -> SweepStatement {
+    SweepStatement {
+        name,
+        workload,
+        read_ns,
+        threads,
+        prefetch_pages,
+        published,
+        low,
+        high,
+        inverse: false,
+    }
+}
+
+impl SweepStatement {
+    /// The check of this statement given the model's NVMM-over-SSD speedup.
+    pub fn check(&self, speedup_over_ssd: f64) -> Check {
+        let measured = if self.inverse {
+            1.0 / speedup_over_ssd
+        } else {
+            speedup_over_ssd
+        };
+        ranged(self.name, self.published, measured, self.low, self.high)
+    }
+}
+
+/// A wear estimate of SPEC §7 as a point of a capacity-over-time curve.
+/// "Moderate load" has no write rate, so only the shape can be compared
+/// (the check "wear: worn out / half retired").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WearStatement {
+    pub name: &'static str,
+    /// 1 (one 8 Gb device) or 1000 (a 1 TB system).
+    pub devices: u32,
+    /// Share of the capacity still usable: 0.5 at "half", 0 when worn out.
+    pub capacity_left: f64,
+    pub days_low: f64,
+    pub days_high: f64,
+    /// Where the point is drawn: "< 2 days" at 2, a range at its middle.
+    pub days_drawn: f64,
+}
+
+pub const WEAR_STATEMENTS: [WearStatement; 4] = [
+    wear_statement(
+        "one 8 Gb device: half its capacity lost in < 2 days",
+        1,
+        0.5,
+        0.0,
+        2.0,
+    ),
+    wear_statement("one 8 Gb device: worn out in 3 days", 1, 0.0, 3.0, 3.0),
+    wear_statement(
+        "1000 devices: half the capacity lost in 2–3 years",
+        1000,
+        0.5,
+        730.0,
+        1095.0,
+    ),
+    wear_statement(
+        "1000 devices: worn out in 4–5 years",
+        1000,
+        0.0,
+        1460.0,
+        1825.0,
+    ),
+];
+
+const fn wear_statement(
+    name: &'static str,
+    devices: u32,
+    capacity_left: f64,
+    days_low: f64,
+    days_high: f64,
+) -> WearStatement {
+    WearStatement {
+        name,
+        devices,
+        capacity_left,
+        days_low,
+        days_high,
+        days_drawn: if days_low == 0.0 {
+            days_high
+        } else {
+            (days_low + days_high) / 2.0
+        },
+    }
+}
+
 /// GUPS and MMAP speedups, the crossover, the averages, the hit path, the
 /// SSD's hardware time per fault and the wear shape.
 pub fn checks() -> Vec<Check> {
-    let gups = compare(WorkloadKind::Gups, MLC_NS, 1, 0);
-    let gups_prefetch = compare(WorkloadKind::Gups, MLC_NS, 1, 16);
-    let gups_threads = compare(WorkloadKind::Gups, MLC_NS, THREADS, 16);
+    let mut v: Vec<Check> = SWEEP_STATEMENTS
+        .iter()
+        .map(|s| {
+            s.check(compare(s.workload, s.read_ns, s.threads, s.prefetch_pages).speedup_over_ssd)
+        })
+        .collect();
     let mmap = compare(WorkloadKind::Mmap, MLC_NS, 1, 0);
     let mmap_prefetch = compare(WorkloadKind::Mmap, MLC_NS, 1, 16);
-    let mmap_threads = compare(WorkloadKind::Mmap, MLC_NS, THREADS, 0);
-    let mmap_threads_prefetch = compare(WorkloadKind::Mmap, MLC_NS, THREADS, 16);
-    let at_150 = compare(WorkloadKind::Mmap, 150_000, 1, 0);
-    let mut v = vec![
-        ranged(
-            "GUPS 1 thread, no prefetch: NVMM over SSD",
-            3.0,
-            gups.speedup_over_ssd,
-            2.0,
-            4.0,
-        ),
-        ranged(
-            "GUPS 1 thread, prefetch 16: NVMM over SSD",
-            3.7,
-            gups_prefetch.speedup_over_ssd,
-            2.5,
-            5.0,
-        ),
-        ranged(
-            "GUPS 8 threads, prefetch 16: NVMM over SSD",
-            4.7,
-            gups_threads.speedup_over_ssd,
-            3.1,
-            6.3,
-        ),
-        ranged(
-            "MMAP 1 thread at MLC: NVMM over SSD (\"roughly the same\")",
-            1.0,
-            mmap.speedup_over_ssd,
-            0.75,
-            1.33,
-        ),
+    v.insert(
+        4,
         ranged(
             "MMAP 1 thread: gain from prefetch",
             1.6,
@@ -107,29 +279,7 @@ pub fn checks() -> Vec<Check> {
             1.2,
             2.1,
         ),
-        ranged(
-            "MMAP 8 threads, no prefetch: NVMM over SSD",
-            3.0,
-            mmap_threads.speedup_over_ssd,
-            2.0,
-            4.0,
-        ),
-        ranged(
-            "MMAP 8 threads, prefetch: NVMM over SSD",
-            7.0,
-            mmap_threads_prefetch.speedup_over_ssd,
-            4.7,
-            9.3,
-        ),
-        // "SSD passes NVMM at 150 µs": the SSD's speedup over NVMM above 1.
-        ranged(
-            "MMAP 1 thread at 150 µs: SSD over NVMM (passed: > 1)",
-            1.0,
-            1.0 / at_150.speedup_over_ssd,
-            1.0,
-            f64::INFINITY,
-        ),
-    ];
+    );
     let mut speedups = Vec::new();
     let mut slowdowns = Vec::new();
     for kind in [

@@ -154,6 +154,19 @@ pub struct WearReport {
     pub seed: u64,
 }
 
+/// One point of the wear run's retirement curve.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct WearSample {
+    /// Time at the run's write rate, scaled to one 8 Gb device.
+    pub days_one_8gb_device: f64,
+    /// Share of flash pages retired.
+    pub retired_fraction: f64,
+}
+
+/// Samples of the retirement curve: one per 5% of pages retired (at most
+/// 20 + 2), few enough to show each as a marker.
+const WEAR_CURVE_STEP: f64 = 0.05;
+
 /// Write random single segments of live virtual pages (as write-backs of
 /// a DRAM cache would) until the flash is worn out. Endurance is divided by
 /// `endurance_scale` so the run is short, and times multiplied by it back
@@ -166,6 +179,25 @@ pub fn wear(
     endurance_scale: u64,
     seed: u64,
 ) -> Result<WearReport, NvmmError> {
+    wear_with_curve(
+        config,
+        write_rate_bytes_per_s,
+        utilization,
+        endurance_scale,
+        seed,
+    )
+    .map(|(report, _)| report)
+}
+
+/// [`wear`], and the retirement curve: the first page retired, every
+/// further 5%, and the end (no write fits).
+pub fn wear_with_curve(
+    config: &NvmmConfig,
+    write_rate_bytes_per_s: f64,
+    utilization: f64,
+    endurance_scale: u64,
+    seed: u64,
+) -> Result<(WearReport, Vec<WearSample>), NvmmError> {
     if !(write_rate_bytes_per_s.is_finite() && write_rate_bytes_per_s > 0.0) {
         return Err(NvmmError::Workload(
             "the write rate must be positive".into(),
@@ -191,6 +223,9 @@ pub fn wear(
     let segments = journal.segments_per_page();
     let mut rng = Rng::stream(seed, 0x3EA5);
     let (mut written, mut to_half) = (0u64, None);
+    // (segments written, retired fraction), sampled as retirement grows.
+    let mut curve: Vec<(u64, f64)> = Vec::new();
+    let mut next_sample = f64::MIN_POSITIVE;
     // Bounded: every write programs a page; flash wears out well before.
     let limit = config.flash_pages() * scaled.flash.endurance_cycles * 4 + 1_000_000;
     while written < limit {
@@ -200,10 +235,16 @@ pub fn wear(
             break;
         }
         written += 1;
-        if to_half.is_none() && journal.retired_fraction() >= 0.5 {
+        let retired = journal.retired_fraction();
+        if retired >= next_sample {
+            curve.push((written, retired));
+            next_sample = (retired / WEAR_CURVE_STEP).floor() * WEAR_CURVE_STEP + WEAR_CURVE_STEP;
+        }
+        if to_half.is_none() && retired >= 0.5 {
             to_half = Some(written);
         }
     }
+    curve.push((written, journal.retired_fraction()));
     // Worn out before half was retired (the live data no longer fits):
     // "half" is then the end.
     let to_half = to_half.unwrap_or(written);
@@ -215,7 +256,7 @@ pub fn wear(
     };
     let day = 86_400.0;
     let device_scale = (1u64 << 30) as f64 / flash_bytes as f64;
-    Ok(WearReport {
+    let report = WearReport {
         preset: config.name.clone(),
         flash_bytes,
         endurance_cycles: config.flash.endurance_cycles,
@@ -233,7 +274,15 @@ pub fn wear(
         years_to_half_1000_devices: seconds(to_half) * device_scale * 1000.0 / day / 365.0,
         years_to_end_1000_devices: seconds(written) * device_scale * 1000.0 / day / 365.0,
         seed,
-    })
+    };
+    let curve = curve
+        .into_iter()
+        .map(|(segments, retired_fraction)| WearSample {
+            days_one_8gb_device: seconds(segments) * device_scale / day,
+            retired_fraction,
+        })
+        .collect();
+    Ok((report, curve))
 }
 
 #[cfg(test)]
@@ -256,6 +305,18 @@ mod tests {
         let ratio = r.years_to_half_1000_devices * 365.0 / r.days_to_half_one_8gb_device;
         assert!((ratio - 1000.0).abs() < 1e-6);
         assert!(wear(&c, 0.0, 0.25, 10, 3).is_err());
+        // The curve: retirement only grows, ends where the report does, and
+        // is the same run.
+        let (same, curve) = wear_with_curve(&c, 50e6, 0.25, 5000, 3).unwrap();
+        assert_eq!(same, r);
+        assert!(curve.len() >= 2 && curve.len() <= 22, "{}", curve.len());
+        assert!(curve
+            .windows(2)
+            .all(|w| w[0].days_one_8gb_device <= w[1].days_one_8gb_device
+                && w[0].retired_fraction <= w[1].retired_fraction));
+        let end = curve.last().unwrap();
+        assert_eq!(end.retired_fraction, r.retired_fraction_at_end);
+        assert!((end.days_one_8gb_device - r.days_to_end_one_8gb_device).abs() < 1e-9);
         assert!(wear(&c, 1e6, 0.9, 10, 3).is_err());
     }
 }
