@@ -46,7 +46,6 @@ use moneta_wire::crc32c::crc32c;
 use serde::{Deserialize, Serialize};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Hosts one sort can span: each has a 4 KiB barrier block in slice 0.
@@ -300,7 +299,7 @@ impl OutputSummary {
 }
 
 /// The global space, however it is reached.
-trait Storage: Send {
+trait Storage {
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), String>;
     fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), String>;
     /// Make the writes so far durable (NBD: flush every connection).
@@ -548,162 +547,6 @@ fn barrier(st: &mut dyn Storage, plan: &Plan, mine: &Block) -> Result<Vec<Block>
     }
 }
 
-/// Reads queued ahead of the chunk being partitioned (stage 1).
-const READ_AHEAD: usize = 2;
-
-/// A request for a stage's IO thread, done in the order submitted.
-enum Job<'a> {
-    /// One request into an owned buffer.
-    Read(u64, Vec<Record>),
-    /// Into a borrowed run of records, `io_records` per request.
-    ReadInto(u64, &'a mut [Record]),
-    /// One request from an owned buffer.
-    Write(u64, Vec<Record>),
-    Sync,
-}
-
-enum Done<'a> {
-    Read(Vec<Record>),
-    ReadInto(&'a mut [Record]),
-    Other,
-}
-
-/// The computing thread's side of a stage's IO thread: the host issues
-/// one request at a time (as the prediction assumes) while it computes.
-struct Io<'a> {
-    jobs: Option<mpsc::Sender<Job<'a>>>,
-    done: mpsc::Receiver<Result<Done<'a>, String>>,
-    /// Submitted and not yet taken back.
-    pending: usize,
-}
-
-impl<'a> Io<'a> {
-    fn submit(&mut self, job: Job<'a>) -> Result<(), String> {
-        self.jobs
-            .as_ref()
-            .expect("open until the stage ends")
-            .send(job)
-            .map_err(|_| self.failure())?;
-        self.pending += 1;
-        Ok(())
-    }
-
-    /// The IO thread stopped: the error it sent, if any.
-    fn failure(&mut self) -> String {
-        while let Ok(r) = self.done.try_recv() {
-            if let Err(e) = r {
-                return e;
-            }
-        }
-        "the IO thread stopped".into()
-    }
-
-    /// The next completion, in submission order.
-    fn next(&mut self) -> Result<Done<'a>, String> {
-        if self.pending == 0 {
-            return Err("waiting for IO that was never submitted".into());
-        }
-        self.pending -= 1;
-        self.done
-            .recv()
-            .map_err(|_| "the IO thread stopped".to_string())?
-    }
-
-    /// The next `Job::Read`'s records (writes done before it are taken).
-    fn next_read(&mut self) -> Result<Vec<Record>, String> {
-        loop {
-            if let Done::Read(v) = self.next()? {
-                return Ok(v);
-            }
-        }
-    }
-
-    /// The next `Job::ReadInto`'s records.
-    fn next_read_into(&mut self) -> Result<&'a mut [Record], String> {
-        loop {
-            if let Done::ReadInto(part) = self.next()? {
-                return Ok(part);
-            }
-        }
-    }
-
-    /// Write `records` at `addr`; where the next ones go.
-    fn write_at(&mut self, addr: u64, records: Vec<Record>) -> Result<u64, String> {
-        let next = addr + (records.len() * RECORD_BYTES) as u64;
-        self.submit(Job::Write(addr, records))?;
-        Ok(next)
-    }
-
-    /// Wait for everything submitted.
-    fn drain(&mut self) -> Result<(), String> {
-        while self.pending > 0 {
-            self.next()?;
-        }
-        Ok(())
-    }
-}
-
-/// Run `work` with an IO thread that does its jobs on `st`, one at a time.
-fn pipelined<'a, T>(
-    st: &mut dyn Storage,
-    io_records: usize,
-    work: impl FnOnce(&mut Io<'a>) -> Result<T, String>,
-) -> Result<T, String> {
-    let (jobs, job_rx) = mpsc::channel::<Job<'a>>();
-    let (done_tx, done) = mpsc::channel();
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            for job in job_rx {
-                let r = match job {
-                    Job::Read(addr, mut v) => {
-                        st.read(addr, v.as_flattened_mut()).map(|()| Done::Read(v))
-                    }
-                    Job::ReadInto(addr, part) => {
-                        read_records(st, addr, part, io_records).map(|()| Done::ReadInto(part))
-                    }
-                    Job::Write(addr, v) => st.write(addr, v.as_flattened()).map(|()| Done::Other),
-                    Job::Sync => st.sync().map(|()| Done::Other),
-                };
-                let failed = r.is_err();
-                if done_tx.send(r).is_err() || failed {
-                    return;
-                }
-            }
-        });
-        let mut io = Io {
-            jobs: Some(jobs),
-            done,
-            pending: 0,
-        };
-        let result = work(&mut io);
-        // Closing the queue ends the IO thread (after what is queued).
-        io.jobs = None;
-        result
-    })
-}
-
-/// Append `records` to destination `dest`'s temporary part for this
-/// sender (stage 1).
-fn append(
-    io: &mut Io,
-    layout: &Layout,
-    me: u16,
-    sent: &mut [u64],
-    dest: usize,
-    records: Vec<Record>,
-) -> Result<(), String> {
-    if sent[dest] + records.len() as u64 > layout.pair_records_max {
-        return Err(format!(
-            "node {me}'s records for node {dest} overflow their temporary part \
-             ({} records): the keys are far from uniform",
-            layout.pair_records_max
-        ));
-    }
-    let addr = layout.temp(dest as u16, me) + sent[dest] * RECORD_BYTES as u64;
-    sent[dest] += records.len() as u64;
-    io.write_at(addr, records).map(|_| ())
-}
-
 /// Read `count` records at `addr` into `out`, `io_records` per request.
 fn read_records(
     st: &mut dyn Storage,
@@ -714,6 +557,19 @@ fn read_records(
     for (k, chunk) in out.chunks_mut(io_records).enumerate() {
         let at = addr + (k * io_records * RECORD_BYTES) as u64;
         st.read(at, chunk.as_flattened_mut())?;
+    }
+    Ok(())
+}
+
+fn write_records(
+    st: &mut dyn Storage,
+    addr: u64,
+    records: &[Record],
+    io_records: usize,
+) -> Result<(), String> {
+    for (k, chunk) in records.chunks(io_records).enumerate() {
+        let at = addr + (k * io_records * RECORD_BYTES) as u64;
+        st.write(at, chunk.as_flattened())?;
     }
     Ok(())
 }
@@ -778,57 +634,51 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
     };
     barrier(st, plan, &block)?;
 
-    // Stage 1: read, partition, append through a write buffer per
-    // destination; the IO goes one request at a time on the IO thread
-    // while this thread partitions (the model's stage: the longer of IO
-    // and CPU, not their sum).
+    // Stage 1: read, partition, append through a write buffer per destination.
     let started = Instant::now();
     let mut partition_cpu = Duration::ZERO;
+    let mut input = vec![[0u8; RECORD_BYTES]; io_records];
     let mut buffers: Vec<Vec<Record>> = (0..n).map(|_| Vec::with_capacity(io_records)).collect();
     let mut sent = vec![0u64; n];
-    let reads: Vec<(u64, usize)> = (0..count)
-        .step_by(io_records)
-        .map(|at| {
-            let k = (count - at).min(io_records as u64) as usize;
-            (layout.input(me) + at * RECORD_BYTES as u64, k)
-        })
-        .collect();
-    pipelined(st, io_records, |io| {
-        // Two reads ahead: the next chunk is on its way while this one is
-        // partitioned.
-        let mut next = 0;
-        while next < reads.len().min(READ_AHEAD) {
-            io.submit(Job::Read(
-                reads[next].0,
-                vec![[0u8; RECORD_BYTES]; reads[next].1],
-            ))?;
-            next += 1;
+    let mut append = |st: &mut dyn Storage, dest: usize, records: &[Record]| {
+        if sent[dest] + records.len() as u64 > layout.pair_records_max {
+            return Err(format!(
+                "node {me}'s records for node {dest} overflow their temporary part \
+                 ({} records): the keys are far from uniform",
+                layout.pair_records_max
+            ));
         }
-        for _ in 0..reads.len() {
-            let chunk = io.next_read()?;
-            if let Some(&(addr, k)) = reads.get(next) {
-                io.submit(Job::Read(addr, vec![[0u8; RECORD_BYTES]; k]))?;
-                next += 1;
-            }
-            let cpu = thread_cpu_ns();
-            let parts = sort::partition(&chunk, n);
-            partition_cpu += Duration::from_nanos(thread_cpu_ns() - cpu);
-            for (dest, part) in parts.into_iter().enumerate() {
-                buffers[dest].extend_from_slice(&part);
-                while buffers[dest].len() >= io_records {
-                    let full: Vec<Record> = buffers[dest].drain(..io_records).collect();
-                    append(io, layout, me, &mut sent, dest, full)?;
-                }
+        let addr = layout.temp(dest as u16, me) + sent[dest] * RECORD_BYTES as u64;
+        st.write(addr, records.as_flattened())?;
+        sent[dest] += records.len() as u64;
+        Ok(())
+    };
+    let mut at = 0u64;
+    while at < count {
+        let k = (count - at).min(io_records as u64) as usize;
+        let chunk = &mut input[..k];
+        st.read(
+            layout.input(me) + at * RECORD_BYTES as u64,
+            chunk.as_flattened_mut(),
+        )?;
+        let cpu = thread_cpu_ns();
+        let parts = sort::partition(chunk, n);
+        partition_cpu += Duration::from_nanos(thread_cpu_ns() - cpu);
+        for (dest, part) in parts.into_iter().enumerate() {
+            buffers[dest].extend_from_slice(&part);
+            if buffers[dest].len() >= io_records {
+                append(st, dest, &buffers[dest][..io_records])?;
+                buffers[dest].drain(..io_records);
             }
         }
-        for (dest, buffer) in buffers.iter_mut().enumerate() {
-            if !buffer.is_empty() {
-                append(io, layout, me, &mut sent, dest, std::mem::take(buffer))?;
-            }
+        at += k as u64;
+    }
+    for (dest, buffer) in buffers.iter().enumerate() {
+        if !buffer.is_empty() {
+            append(st, dest, buffer)?;
         }
-        io.submit(Job::Sync)?;
-        io.drain()
-    })?;
+    }
+    st.sync()?;
     let stage1_s = started.elapsed().as_secs_f64();
     progress(&format!("stage 1 in {stage1_s:.2} s, sent {sent:?}"));
 
@@ -848,64 +698,18 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
             layout.output_records_max
         ));
     }
-    // Each sender's part is sorted as soon as it is read, while the next
-    // one is read; then the sorted parts are merged into output requests,
-    // each written while the merge goes on.
     let mut mine = vec![[0u8; RECORD_BYTES]; total as usize];
-    let mut sort_cpu = Duration::ZERO;
-    let mut parts: Vec<&mut [Record]> = Vec::with_capacity(n);
-    {
-        let mut rest: &mut [Record] = &mut mine;
-        for &k in &incoming {
-            let (part, tail) = rest.split_at_mut(k as usize);
-            parts.push(part);
-            rest = tail;
-        }
+    let mut filled = 0usize;
+    for (sender, &k) in incoming.iter().enumerate() {
+        let part = &mut mine[filled..filled + k as usize];
+        read_records(st, layout.temp(me, sender as u16), part, io_records)?;
+        filled += k as usize;
     }
-    pipelined(st, io_records, |io| {
-        for (sender, part) in parts.iter_mut().enumerate() {
-            let part: &mut [Record] = std::mem::take(part);
-            io.submit(Job::ReadInto(layout.temp(me, sender as u16), part))?;
-        }
-        let mut sorted: Vec<&mut [Record]> = Vec::with_capacity(n);
-        for _ in 0..n {
-            let part = io.next_read_into()?;
-            let cpu = thread_cpu_ns();
-            sort::sort_records(part);
-            sort_cpu += Duration::from_nanos(thread_cpu_ns() - cpu);
-            sorted.push(part);
-        }
-        let mut cpu = thread_cpu_ns();
-        let mut heads = vec![0usize; n];
-        let mut out = Vec::with_capacity(io_records);
-        let mut at = layout.output(me);
-        loop {
-            let mut best: Option<usize> = None;
-            for (i, part) in sorted.iter().enumerate() {
-                let Some(r) = part.get(heads[i]) else {
-                    continue;
-                };
-                if best.is_none_or(|b| r[..KEY_BYTES] < sorted[b][heads[b]][..KEY_BYTES]) {
-                    best = Some(i);
-                }
-            }
-            let Some(b) = best else { break };
-            out.push(sorted[b][heads[b]]);
-            heads[b] += 1;
-            if out.len() == io_records {
-                sort_cpu += Duration::from_nanos(thread_cpu_ns() - cpu);
-                let full = std::mem::replace(&mut out, Vec::with_capacity(io_records));
-                at = io.write_at(at, full)?;
-                cpu = thread_cpu_ns();
-            }
-        }
-        sort_cpu += Duration::from_nanos(thread_cpu_ns() - cpu);
-        if !out.is_empty() {
-            io.write_at(at, out)?;
-        }
-        io.submit(Job::Sync)?;
-        io.drain()
-    })?;
+    let cpu = thread_cpu_ns();
+    sort::sort_records(&mut mine);
+    let sort_cpu = Duration::from_nanos(thread_cpu_ns() - cpu);
+    write_records(st, layout.output(me), &mine, io_records)?;
+    st.sync()?;
     let stage2_s = started.elapsed().as_secs_f64();
     progress(&format!("stage 2 in {stage2_s:.2} s, {total} records out"));
 
