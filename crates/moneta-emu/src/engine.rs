@@ -985,15 +985,16 @@ impl<C: StampClock> DeviceThread<C> {
         }
         // What degraded writes marked is durable before they are
         // acknowledged (dirty.rs); until it is, nothing is posted.
-        let posted = self.clock.now();
         if let Some(mut state) = self.port.take() {
             self.collect_port_output(&mut state);
-            let durable = state.flush_dirty(posted);
+            let durable = state.flush_dirty(self.clock.now());
             self.port = Some(state);
             if !durable {
                 return;
             }
         }
+        // After the flush: its fdatasync is part of how late they are.
+        let posted = self.clock.now();
         let mut finished = std::mem::take(&mut self.finished);
         for f in finished.drain(..) {
             let due = f.completion.time_ns;
