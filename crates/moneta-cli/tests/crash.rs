@@ -328,9 +328,21 @@ sys.stdin.read()
     };
     let mut rounds = Vec::new();
     // The hang depended on the order the kernel released the daemon's
-    // groups in: stop and kill it with a writer waiting, a few times.
-    for round in 0..6 {
-        if round > 0 {
+    // groups in: stop and kill it with a writer waiting, six times. A round
+    // whose writer was not stopped tests nothing and is run again, at most
+    // six more rounds in all (seen once in CI: round 4 of 6, the writer done
+    // at once; why the kernel let it through was not established).
+    const ROUNDS: usize = 6;
+    let mut round = 0;
+    while rounds
+        .iter()
+        .filter(|r: &&(usize, bool, _, _, _, _)| r.1)
+        .count()
+        < ROUNDS
+        && round < 2 * ROUNDS
+    {
+        round += 1;
+        if round > 1 {
             // A new daemon (`moneta up` repairs after the crash).
             m.up_again();
         }
@@ -382,12 +394,15 @@ sys.stdin.read()
         ));
     }
     eprintln!("(round, writer waited, writer done after, monetad gone after, …): {rounds:?}");
-    for (round, waiting, writer_done, daemon_gone, daemon_state, writer_state) in &rounds {
-        assert!(
-            waiting,
-            "round {round}: the writer was not stopped by the stopped daemon's watcher \
-             (the test did not test anything)"
-        );
+    let waited = rounds.iter().filter(|r| r.1).count();
+    assert_eq!(
+        waited,
+        ROUNDS,
+        "the writer was stopped by the stopped daemon's watcher in {waited} of {} rounds \
+         (a round without it tests nothing): {rounds:?}",
+        rounds.len()
+    );
+    for (round, _, writer_done, daemon_gone, daemon_state, writer_state) in &rounds {
         assert!(
             writer_done.is_some() && daemon_gone.is_some(),
             "round {round}: 10 s after SIGKILL of monetad: writer done {writer_done:?}, \
