@@ -1333,7 +1333,7 @@ impl Drop for TinyDisk {
 /// completes once space is freed, and the heal then resyncs it to n1.
 #[test]
 fn a_full_disk_under_the_dirty_map_holds_degraded_writes_until_they_are_recorded() {
-    let Some(san) = up_three("d", &["--mirror"]) else {
+    let Some(san) = up_three("fd", &["--mirror"]) else {
         return;
     };
     let seed = seed();

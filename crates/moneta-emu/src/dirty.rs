@@ -348,7 +348,8 @@ impl DirtyMap {
     }
 
     /// Write the whole map to its file (atomically: a temporary file
-    /// renamed over it), if it has one and granules were cleared since.
+    /// renamed over it, then the directory synced), if it has one and
+    /// granules were cleared since.
     pub fn save(&mut self) -> io::Result<()> {
         let Some(path) = &self.path else {
             self.changed = false;
@@ -368,6 +369,9 @@ impl DirtyMap {
         std::fs::write(&tmp, text)?;
         std::fs::File::open(&tmp)?.sync_all()?;
         std::fs::rename(&tmp, path)?;
+        // The rename itself is durable only once its directory is synced.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
         self.changed = false;
         self.torn = false;
         // The new file holds everything marked; appends go to it now.
