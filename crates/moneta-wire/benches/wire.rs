@@ -19,6 +19,7 @@
 mod common;
 
 use common::{header, now_ns, serve};
+use moneta_abi::sys::thread_cpu_ns;
 use moneta_model::device::packet::{Mac, PacketKind};
 use moneta_wire::auth::Secret;
 use moneta_wire::frame::{self, QUICKSAN_ETHERTYPE};
@@ -43,18 +44,6 @@ fn config(node: u16, peer: u16, secret: &Option<Secret>) -> WireConfig {
     c.max_retransmits = 40;
     c.secret = secret.clone();
     c
-}
-
-/// This thread's CPU time in ns (preemption on a busy machine does not
-/// count).
-fn thread_cpu_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// The tag alone: CPU ns per frame of each size, best of 5 batches.
