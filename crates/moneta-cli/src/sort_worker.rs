@@ -38,9 +38,10 @@
 //! skew handling beyond a clean error when a temporary part overflows.
 
 use clap::Args;
-use moneta::{CompletionMode, Moneta};
-use moneta_emu::sys::thread_cpu_ns;
+use moneta::{CompletionMode, Io, Moneta};
+use moneta_emu::sys::{monotonic_ns, thread_cpu_ns};
 use moneta_model::san::sort::{self, Record, KEY_BYTES, RECORD_BYTES};
+use moneta_model::units::Op;
 use moneta_nbd::NbdClient;
 use moneta_wire::crc32c::crc32c;
 use serde::{Deserialize, Serialize};
@@ -235,6 +236,11 @@ pub(crate) struct WorkerReport {
     /// not the wall time, so a wait for a core is not counted as work.
     pub(crate) partition_cpu_s: f64,
     pub(crate) sort_cpu_s: f64,
+    /// Direct access: where each stage's requests spent their time.
+    #[serde(default)]
+    pub(crate) stage1_io: IoTimes,
+    #[serde(default)]
+    pub(crate) stage2_io: IoTimes,
 }
 
 /// A host's output as read back: what the orchestrator checks.
@@ -304,26 +310,100 @@ trait Storage {
     fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), String>;
     /// Make the writes so far durable (NBD: flush every connection).
     fn sync(&mut self) -> Result<(), String>;
+    /// Where the requests so far spent their time (direct access only).
+    fn times(&self) -> IoTimes {
+        IoTimes::default()
+    }
 }
 
 struct Direct {
     moneta: Moneta,
     mode: CompletionMode,
+    times: IoTimes,
+}
+
+/// Where a direct host's requests spent their time (sums over requests).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub(crate) struct IoTimes {
+    pub(crate) requests: u64,
+    /// Call to return, copies included.
+    pub(crate) wall_s: f64,
+    /// Submit stamp to the model's completion time.
+    pub(crate) modeled_s: f64,
+    /// The model's completion time to the call's return (copy out included).
+    pub(crate) behind_s: f64,
+}
+
+impl IoTimes {
+    fn since(&self, earlier: &IoTimes) -> IoTimes {
+        IoTimes {
+            requests: self.requests - earlier.requests,
+            wall_s: self.wall_s - earlier.wall_s,
+            modeled_s: self.modeled_s - earlier.modeled_s,
+            behind_s: self.behind_s - earlier.behind_s,
+        }
+    }
+}
+
+impl Direct {
+    fn one(&mut self, op: Op, addr: u64, len: usize, data: Option<&[u8]>) -> Result<Io, String> {
+        let m = &self.moneta;
+        let mut io = m
+            .prepare(op, addr, len as u64, self.mode)
+            .map_err(|e| e.to_string())?;
+        if let Some(d) = data {
+            m.buffer_mut(&mut io).copy_from_slice(d);
+        }
+        if let Err(e) = m.submit(&mut io).and_then(|_| m.wait(&mut io)) {
+            m.release(io);
+            return Err(e.to_string());
+        }
+        Ok(io)
+    }
+
+    fn account(&mut self, started: u64, io: &Io) {
+        let done = monotonic_ns();
+        let due = self.moneta.due_ns(io);
+        let t = &mut self.times;
+        t.requests += 1;
+        t.wall_s += done.saturating_sub(started) as f64 * 1e-9;
+        t.modeled_s += due.saturating_sub(io.issued_at_ns()) as f64 * 1e-9;
+        t.behind_s += done.saturating_sub(due) as f64 * 1e-9;
+    }
 }
 
 impl Storage for Direct {
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), String> {
-        self.moneta
-            .read_with(addr, buf, self.mode)
-            .map_err(|e| e.to_string())
+        let step = self.moneta.max_request_bytes() as usize;
+        for (i, chunk) in buf.chunks_mut(step).enumerate() {
+            let started = monotonic_ns();
+            let io = self.one(Op::Read, addr + (i * step) as u64, chunk.len(), None)?;
+            chunk.copy_from_slice(self.moneta.buffer(&io));
+            self.account(started, &io);
+            self.moneta.release(io);
+        }
+        Ok(())
     }
     fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), String> {
-        self.moneta
-            .write_with(addr, buf, self.mode)
-            .map_err(|e| e.to_string())
+        let step = self.moneta.max_request_bytes() as usize;
+        for (i, chunk) in buf.chunks(step).enumerate() {
+            let started = monotonic_ns();
+            let io = self.one(
+                Op::Write,
+                addr + (i * step) as u64,
+                chunk.len(),
+                Some(chunk),
+            )?;
+            self.account(started, &io);
+            self.moneta.release(io);
+        }
+        Ok(())
     }
     fn sync(&mut self) -> Result<(), String> {
         Ok(())
+    }
+    fn times(&self) -> IoTimes {
+        self.times
     }
 }
 
@@ -408,7 +488,11 @@ fn open(plan: &Plan, node: u16) -> Result<Box<dyn Storage>, String> {
                 .map_err(|e| format!("raw grant of the global space: {e}"))?;
             let mode = CompletionMode::parse(completion)
                 .ok_or_else(|| format!("completion mode '{completion}'"))?;
-            Ok(Box::new(Direct { moneta, mode }))
+            Ok(Box::new(Direct {
+                moneta,
+                mode,
+                times: IoTimes::default(),
+            }))
         }
         Access::Nbd { targets } => {
             if targets.len() != layout.nodes as usize {
@@ -635,6 +719,7 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
     barrier(st, plan, &block)?;
 
     // Stage 1: read, partition, append through a write buffer per destination.
+    let before1 = st.times();
     let started = Instant::now();
     let mut partition_cpu = Duration::ZERO;
     let mut input = vec![[0u8; RECORD_BYTES]; io_records];
@@ -680,6 +765,7 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
     }
     st.sync()?;
     let stage1_s = started.elapsed().as_secs_f64();
+    let stage1_io = st.times().since(&before1);
     progress(&format!("stage 1 in {stage1_s:.2} s, sent {sent:?}"));
 
     block.stage = STAGE_PARTITIONED;
@@ -689,6 +775,7 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
     let barrier_s = waited.elapsed().as_secs_f64();
 
     // Stage 2: read this slice's temporary parts, sort, write the output.
+    let before2 = st.times();
     let started = Instant::now();
     let incoming: Vec<u64> = blocks.iter().map(|b| b.sent[me as usize]).collect();
     let total: u64 = incoming.iter().sum();
@@ -711,6 +798,7 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
     write_records(st, layout.output(me), &mine, io_records)?;
     st.sync()?;
     let stage2_s = started.elapsed().as_secs_f64();
+    let stage2_io = st.times().since(&before2);
     progress(&format!("stage 2 in {stage2_s:.2} s, {total} records out"));
 
     // Publish the output's size (verify reads it); nobody waits for this.
@@ -729,6 +817,8 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
         barrier_s,
         partition_cpu_s: partition_cpu.as_secs_f64(),
         sort_cpu_s: sort_cpu.as_secs_f64(),
+        stage1_io,
+        stage2_io,
     })
 }
 

@@ -14,6 +14,20 @@
 //! `max_nap_ns`. Every device a reactor hosts shares that doorbell: clients
 //! of any of them, the control planes and the SAN wire watchers ring it.
 //!
+//! Busy is not always a reason to spin: a device whose requests are all
+//! inside its model (no frame on a wire, no peer's answer awaited) knows
+//! when its next event is due (`busy_until`). When every busy poller can
+//! say so and the earliest is further away than the reactor's wake-up
+//! margin, the reactor naps on the doorbell until that time less the
+//! margin and spins the rest (a doorbell ring ends the nap at once). On a
+//! host with fewer cores than runnable threads this gives the core back
+//! for most of a long request (a 256 KB transfer is ~150–250 µs of model
+//! time) instead of spinning it away from the clients whose work the model
+//! counts (issue 21). The margin is learned: the reactor's timed sleeps
+//! use a 1 ns timer slack, and each timed nap's overshoot (how late the
+//! thread ran after its timeout) raises the margin at once and decays
+//! slowly, so a loaded host naps less close to its deadlines.
+//!
 //! Before it naps, every poller arms its channels' NEED WAKEUP words and
 //! takes a last look (`prepare_nap`): a client that submitted before the
 //! look is seen, one that submits after it sees NEED WAKEUP and rings (the
@@ -64,6 +78,13 @@ pub trait Poller: Send {
     fn idle_spin_ns(&self) -> Ns;
     /// The longest nap it tolerates (a lost ring costs at most this).
     fn max_nap_ns(&self) -> u64;
+    /// After a turn that found it `Busy`: the wall time before which it
+    /// surely has nothing to do unless rung (its next model event), or
+    /// `None` when it cannot say (frames on a wire, a peer's answer): then
+    /// the reactor keeps spinning.
+    fn busy_until(&self) -> Option<Ns> {
+        None
+    }
 }
 
 /// The doorbell a reactor naps on, shared by every device it hosts, and
@@ -128,6 +149,9 @@ impl Reactor {
         let thread = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                // Best effort: without it timed naps oversleep by up to
+                // 50 µs, which the learned margin then absorbs.
+                let _ = sys::set_timer_slack_ns(1);
                 if realtime {
                     if let Err(e) = sys::set_realtime(sys::REALTIME_PRIORITY) {
                         eprintln!(
@@ -212,6 +236,7 @@ fn run_loop(inner: &Inner) {
     use moneta_model::kernel::Clock;
     let mut pollers: Vec<Box<dyn Poller>> = Vec::new();
     let mut last_work_ns = clock.now();
+    let mut margin = Margin::new();
     loop {
         if inner.incoming_pending.load(Ordering::Acquire) {
             inner.incoming_pending.store(false, Ordering::SeqCst);
@@ -220,11 +245,18 @@ fn run_loop(inner: &Inner) {
         if pollers.is_empty() && inner.stop.load(Ordering::Acquire) {
             return;
         }
-        let mut active = false;
+        let mut worked = false;
+        let mut busy = false;
+        // The earliest `busy_until` of the busy pollers; None once one cannot say.
+        let mut until = Some(Ns::MAX);
         let mut i = 0;
         while i < pollers.len() {
             match pollers[i].poll() {
-                Pass::Worked | Pass::Busy => active = true,
+                Pass::Worked => worked = true,
+                Pass::Busy => {
+                    busy = true;
+                    until = until.zip(pollers[i].busy_until()).map(|(a, b)| a.min(b));
+                }
                 Pass::Idle => {}
                 Pass::Finished => {
                     // Dropped here, on this thread: the engine waits for that.
@@ -236,10 +268,23 @@ fn run_loop(inner: &Inner) {
             i += 1;
         }
         let now = clock.now();
-        if active {
-            // Busy: go round again at once (no pause: it would add its
-            // ~50 ns to every completion's lateness).
+        if worked || busy {
             last_work_ns = now;
+            if !worked && busy {
+                if let Some(until) = until {
+                    if until.saturating_sub(now) > margin.nap_floor_ns() {
+                        let target = until - margin.ns;
+                        let limit = pollers.iter().map(|p| p.max_nap_ns()).min();
+                        let timeout = (target - now).min(limit.unwrap_or(u64::MAX));
+                        if !nap(inner, &mut pollers, timeout) {
+                            margin.learn(clock.now().saturating_sub(now + timeout));
+                        }
+                        continue;
+                    }
+                }
+            }
+            // Go round again at once (no pause: it would add its ~50 ns
+            // to every completion's lateness).
             continue;
         }
         let spin = pollers.iter().map(|p| p.idle_spin_ns()).max().unwrap_or(0);
@@ -247,16 +292,55 @@ fn run_loop(inner: &Inner) {
             std::hint::spin_loop();
             continue;
         }
-        if nap(inner, &mut pollers) {
+        let max_nap = pollers
+            .iter()
+            .map(|p| p.max_nap_ns())
+            .min()
+            .unwrap_or(100_000_000);
+        if nap(inner, &mut pollers, max_nap) {
             last_work_ns = clock.now();
         }
     }
 }
 
-/// Idle: sleep on the doorbell until something rings it (at most the
-/// shortest of the pollers' `max_nap_ns`). Returns whether work came while
-/// settling in.
-fn nap(inner: &Inner, pollers: &mut [Box<dyn Poller>]) -> bool {
+/// How early a reactor wakes from a timed nap before the event it waits
+/// for (module header): the largest recent overshoot of its timed sleeps,
+/// raised at once by a late wake-up and decaying by 1/64 per nap.
+struct Margin {
+    ns: Ns,
+}
+
+impl Margin {
+    /// Never closer than this (the futex round trip itself).
+    const MIN_NS: Ns = 5_000;
+    /// Never further: past it the nap would save little (and a host this
+    /// slow is judged not faithful anyway).
+    const MAX_NS: Ns = 200_000;
+    /// Naps shorter than this are not worth the system calls.
+    const MIN_NAP_NS: Ns = 10_000;
+
+    fn new() -> Margin {
+        Margin { ns: 50_000 }
+    }
+
+    /// The wait beyond which a timed nap is taken.
+    fn nap_floor_ns(&self) -> Ns {
+        self.ns + Self::MIN_NAP_NS
+    }
+
+    /// A timed nap that ran to its timeout woke `overshoot` late.
+    fn learn(&mut self, overshoot: Ns) {
+        let decayed = self.ns - self.ns / 64;
+        self.ns = (overshoot + Self::MIN_NS)
+            .max(decayed)
+            .clamp(Self::MIN_NS, Self::MAX_NS);
+    }
+}
+
+/// Sleep on the doorbell until something rings it, for at most
+/// `timeout_ns`. Returns whether work came while settling in (then it did
+/// not sleep).
+fn nap(inner: &Inner, pollers: &mut [Box<dyn Poller>], timeout_ns: u64) -> bool {
     let wake = &inner.wake;
     let rung = wake.doorbell.word().load(Ordering::SeqCst);
     let mut worked = false;
@@ -265,14 +349,9 @@ fn nap(inner: &Inner, pollers: &mut [Box<dyn Poller>]) -> bool {
     }
     worked |= inner.incoming_pending.load(Ordering::SeqCst) || inner.stop.load(Ordering::SeqCst);
     if !worked {
-        let max_nap = pollers
-            .iter()
-            .map(|p| p.max_nap_ns())
-            .min()
-            .unwrap_or(100_000_000);
         wake.napping.store(true, Ordering::SeqCst);
         wake.nudge_watchers();
-        sys::futex_wait(wake.doorbell.word(), rung, Some(max_nap));
+        sys::futex_wait(wake.doorbell.word(), rung, Some(timeout_ns));
         wake.napping.store(false, Ordering::SeqCst);
         wake.nap_word.fetch_add(1, Ordering::SeqCst);
     }
