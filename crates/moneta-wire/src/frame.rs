@@ -296,6 +296,31 @@ fn authentic(frame: &[u8], flags: u8, tag_at: usize, secret: Option<&Secret>) ->
     }
 }
 
+/// Check the CRC at `crc_at` and the tag after it: a frame that fails its
+/// CRC is corrupt (`BadCrc`), one whose CRC holds but whose tag does not is
+/// not from a holder of the secret (`Unauthenticated`). The tag covers the
+/// CRC, so an authentic tag vouches for it: with a secret, the tag is
+/// checked first and the CRC only to tell those two failures apart (the
+/// receive side's CRC was 4% of a reactor's time moving 8 KB frames).
+fn check(
+    frame: &[u8],
+    flags: u8,
+    crc_at: usize,
+    secret: Option<&Secret>,
+) -> Result<(), FrameError> {
+    let tag_at = crc_at + CRC_BYTES;
+    if secret.is_some() && authentic(frame, flags, tag_at, secret) {
+        return Ok(());
+    }
+    if !crc_ok(frame, crc_at) {
+        return Err(FrameError::BadCrc);
+    }
+    if !authentic(frame, flags, tag_at, secret) {
+        return Err(FrameError::Unauthenticated);
+    }
+    Ok(())
+}
+
 /// Check and decode a frame that arrived for `local` on a link that carries
 /// `ethertype`, authenticated under `secret` if this node has one. Bytes
 /// past the frame's length (padding) are ignored. The buffer is mutable
@@ -329,12 +354,7 @@ pub fn parse(
                 needed: PAUSE_FRAME_BYTES,
             });
         }
-        if !crc_ok(frame, 60) {
-            return Err(FrameError::BadCrc);
-        }
-        if !authentic(frame, frame[28], 64, secret) {
-            return Err(FrameError::Unauthenticated);
-        }
+        check(frame, frame[28], 60, secret)?;
         if u16::from_be_bytes([frame[14], frame[15]]) != PAUSE_OPCODE {
             return Err(FrameError::BadPause);
         }
@@ -378,12 +398,7 @@ pub fn parse(
         });
     }
     let tag_at = len - TAG_BYTES;
-    if !crc_ok(frame, tag_at - CRC_BYTES) {
-        return Err(FrameError::BadCrc);
-    }
-    if !authentic(frame, frame[A3_BYTES + 1], tag_at, secret) {
-        return Err(FrameError::Unauthenticated);
-    }
+    check(frame, frame[A3_BYTES + 1], tag_at - CRC_BYTES, secret)?;
     let session = SessionHeader::read(&frame[A3_BYTES..PAYLOAD_OFFSET])?;
     if (session.flags & FLAG_DATA != 0) != packet.is_some() {
         return Err(FrameError::Inconsistent);
