@@ -948,7 +948,7 @@ mod tests {
         let records = sort::generate_records(1000, 3);
         let parts = sort::partition(&records, 2);
         let mut mine = parts[1].clone();
-        sort::sort_records(mine);
+        sort::sort_records(&mut mine);
         let mut s = OutputSummary::new(1);
         s.add(&mine[..10], 2);
         s.add(&mine[10..], 2);
