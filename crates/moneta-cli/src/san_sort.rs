@@ -290,6 +290,54 @@ struct SortRun {
     outputs: Vec<OutputSummary>,
 }
 
+/// For a direct run: how the slowest host of each stage spent it, beside
+/// the prediction (the workers time every request; NBD runs are not).
+fn where_time_went(r: &SortRun) -> Vec<String> {
+    let slowest = |stage: fn(&WorkerReport) -> f64| {
+        r.workers
+            .iter()
+            .max_by(|a, b| stage(a).total_cmp(&stage(b)))
+    };
+    let mut lines = Vec::new();
+    for (n, stage, predicted) in [
+        (
+            1,
+            (|w: &WorkerReport| w.stage1_s) as fn(&WorkerReport) -> f64,
+            &r.prediction.stage1,
+        ),
+        (2, |w: &WorkerReport| w.stage2_s, &r.prediction.stage2),
+    ] {
+        let Some(w) = slowest(stage) else { continue };
+        let io = if n == 1 { &w.stage1_io } else { &w.stage2_io };
+        if io.requests == 0 {
+            continue;
+        }
+        let (cpu_what, cpu_s, cpu_wall) = if n == 1 {
+            ("partition", w.partition_cpu_s, w.partition_cpu_s)
+        } else {
+            ("sort", w.sort_cpu_s, w.sort_wall_s)
+        };
+        lines.push(format!(
+            "stage {n} (slowest, n{}): {:.4} s = {} requests {:.4} s (the device model's time \
+             {:.4} s, returned {:.4} s after it) + {cpu_what} {:.4} s ({:.4} s CPU) + other {:.4} s; \
+             predicted {:.4} s (IO {:.4} s, CPU {:.4} s, overlapped)",
+            w.node,
+            stage(w),
+            io.requests,
+            io.wall_s,
+            io.modeled_s,
+            io.behind_s,
+            cpu_wall,
+            cpu_s,
+            (stage(w) - io.wall_s - cpu_wall).max(0.0),
+            predicted.seconds,
+            predicted.io_s,
+            predicted.cpu_s,
+        ));
+    }
+    lines
+}
+
 #[derive(Serialize)]
 struct SortReport {
     hosts: String,
@@ -757,6 +805,9 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
         );
         for r in &report.runs {
             println!("verdict ({}): {}", r.via, r.verdict);
+            for line in where_time_went(r) {
+                println!("  {line}");
+            }
         }
     }
     // Whatever the format: a result the host did not keep up with says so.
