@@ -995,6 +995,26 @@ impl<T: Transport> Endpoint<T> {
     }
 
     /// Packets delivered and not yet taken by `recv`.
+    /// Nothing of the session layer waits on a timer shorter than the
+    /// heartbeat: every frame sent is acknowledged and none waits to go, no
+    /// acknowledgement is owed, no frame is held out of order or waits to
+    /// be taken, no pause is to be refreshed or lifted, no session is
+    /// being set up (its probes run at the retransmission pace), and the
+    /// link holds nothing back. An owner that turns the endpoint can then
+    /// wait longer between turns (the next heartbeat is milliseconds away).
+    pub fn is_idle(&self) -> bool {
+        !self.pausing
+            && !self.resume_pending
+            && self.deliveries.is_empty()
+            && !self.transport.holds_frames()
+            && self.sessions.iter().all(|s| {
+                s.una == s.next_seq
+                    && s.ack_due_ns.is_none()
+                    && s.state != PeerState::Connecting
+                    && s.held.iter().all(Option::is_none)
+            })
+    }
+
     pub fn pending_deliveries(&self) -> usize {
         self.deliveries.len()
     }

@@ -369,6 +369,9 @@ impl<T: Transport> Transport for Faulty<T> {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.wait_fd()
     }
+    fn holds_frames(&self) -> bool {
+        !self.held.is_empty() || self.inner.holds_frames()
+    }
 
     fn local_mac(&self) -> Mac {
         self.inner.local_mac()

@@ -44,6 +44,11 @@ pub trait Transport {
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         None
     }
+    /// Whether the link holds frames back to send later (a fault
+    /// injector's delays): then its owner must turn it again soon.
+    fn holds_frames(&self) -> bool {
+        false
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {
@@ -71,6 +76,9 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         (**self).wait_fd()
+    }
+    fn holds_frames(&self) -> bool {
+        (**self).holds_frames()
     }
 }
 

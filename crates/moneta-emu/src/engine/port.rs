@@ -429,6 +429,23 @@ impl PortState {
     pub(super) fn is_quiet(&self) -> bool {
         self.outgoing.is_empty() && self.port.endpoint.pending_deliveries() == 0
     }
+
+    /// Quiet, and nothing waits on a timer shorter than the views'
+    /// (milliseconds): the wire is idle (`Endpoint::is_idle`), no refusal,
+    /// resync, discard, retelling or failover decision is under way, and
+    /// the dirty map is durable. The device thread may then nap longer
+    /// (`SAN_IDLE_NAP_NS`): frames and clients still wake it at once.
+    pub(super) fn is_idle(&self) -> bool {
+        self.is_quiet()
+            && self.port.endpoint.is_idle()
+            && self.refusals_out.is_empty()
+            && self.resyncing.is_empty()
+            && self.incoming.is_empty()
+            && self.retell.is_empty()
+            && self.discards.values().all(VecDeque::is_empty)
+            && self.deciding.is_empty()
+            && !self.port.dirty.needs_flush()
+    }
 }
 
 impl<C: StampClock> DeviceThread<C> {
