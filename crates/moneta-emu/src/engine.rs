@@ -830,7 +830,8 @@ impl Poller for DeviceThread<WallClock> {
         }
     }
 
-    /// Its next model event (less the early posting `turn` allows), when
+    /// Its next model event (less the early posting `turn` allows, as
+    /// CLOCK_MONOTONIC), when
     /// every request in flight is inside the model. A SAN node with frames
     /// to move or requests held spins; so does one whose requests wait for
     /// a peer with no local event due (the answer comes on the wire).
@@ -846,7 +847,9 @@ impl Poller for DeviceThread<WallClock> {
         } else {
             0
         };
-        Some(next.saturating_sub(ahead))
+        // Each device's model time starts with the device: the reactor
+        // compares CLOCK_MONOTONIC.
+        Some(self.clock.monotonic_of(next.saturating_sub(ahead)))
     }
 }
 

@@ -78,8 +78,9 @@ pub trait Poller: Send {
     fn idle_spin_ns(&self) -> Ns;
     /// The longest nap it tolerates (a lost ring costs at most this).
     fn max_nap_ns(&self) -> u64;
-    /// After a turn that found it `Busy`: the wall time before which it
-    /// surely has nothing to do unless rung (its next model event), or
+    /// After a turn that found it `Busy`: the time (CLOCK_MONOTONIC ns)
+    /// before which it surely has nothing to do unless rung (its next model
+    /// event), or
     /// `None` when it cannot say (frames on a wire, a peer's answer): then
     /// the reactor keeps spinning.
     fn busy_until(&self) -> Option<Ns> {
@@ -272,12 +273,13 @@ fn run_loop(inner: &Inner) {
             last_work_ns = now;
             if !worked && busy {
                 if let Some(until) = until {
-                    if until.saturating_sub(now) > margin.nap_floor_ns() {
+                    let mono = sys::monotonic_ns();
+                    if until.saturating_sub(mono) > margin.nap_floor_ns() {
                         let target = until - margin.ns;
                         let limit = pollers.iter().map(|p| p.max_nap_ns()).min();
-                        let timeout = (target - now).min(limit.unwrap_or(u64::MAX));
+                        let timeout = (target - mono).min(limit.unwrap_or(u64::MAX));
                         if !nap(inner, &mut pollers, timeout) {
-                            margin.learn(clock.now().saturating_sub(now + timeout));
+                            margin.learn(sys::monotonic_ns().saturating_sub(mono + timeout));
                         }
                         continue;
                     }
@@ -359,4 +361,102 @@ fn nap(inner: &Inner, pollers: &mut [Box<dyn Poller>], timeout_ns: u64) -> bool 
         p.end_nap(!worked);
     }
     worked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Margin, Pass, Poller, Reactor};
+    use crate::sys::monotonic_ns;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    /// Busy until `until` (CLOCK_MONOTONIC) and able to say so, then done.
+    struct Waiting {
+        until: u64,
+        polls: Arc<AtomicU64>,
+        done: Arc<AtomicBool>,
+        late_ns: Arc<AtomicU64>,
+    }
+
+    impl Poller for Waiting {
+        fn poll(&mut self) -> Pass {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            let now = monotonic_ns();
+            if now >= self.until {
+                self.late_ns.store(now - self.until, Ordering::Relaxed);
+                self.done.store(true, Ordering::Release);
+                Pass::Finished
+            } else {
+                Pass::Busy
+            }
+        }
+        fn prepare_nap(&mut self) -> bool {
+            false
+        }
+        fn end_nap(&mut self, _napped: bool) {}
+        fn idle_spin_ns(&self) -> u64 {
+            0
+        }
+        fn max_nap_ns(&self) -> u64 {
+            100_000_000
+        }
+        fn busy_until(&self) -> Option<u64> {
+            Some(self.until)
+        }
+    }
+
+    #[test]
+    fn a_reactor_naps_through_a_long_known_wait_instead_of_spinning() {
+        let reactor = Reactor::start("moneta-test", false).unwrap();
+        let (polls, done, late_ns) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        reactor.add(Box::new(Waiting {
+            until: monotonic_ns() + 30_000_000,
+            polls: polls.clone(),
+            done: done.clone(),
+            late_ns: late_ns.clone(),
+        }));
+        let started = std::time::Instant::now();
+        while !done.load(Ordering::Acquire) {
+            assert!(
+                started.elapsed().as_secs() < 10,
+                "the poller never finished"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Spinning 30 ms is hundreds of thousands of turns; napping to
+        // within the margin (≤ 200 µs) and spinning the rest, a few thousand.
+        let polls = polls.load(Ordering::Relaxed);
+        assert!(polls < 50_000, "{polls} turns in a 30 ms wait: it spun");
+        eprintln!(
+            "{polls} turns; finished {} ns after its time",
+            late_ns.load(Ordering::Relaxed)
+        );
+    }
+
+    #[test]
+    fn the_wake_up_margin_rises_at_once_decays_slowly_and_stays_in_bounds() {
+        let mut m = Margin::new();
+        assert_eq!(m.ns, 50_000);
+        // Punctual wake-ups: the margin decays by 1/64 a nap, to its floor.
+        m.learn(0);
+        assert_eq!(m.ns, 50_000 - 50_000 / 64);
+        for _ in 0..1000 {
+            m.learn(0);
+        }
+        assert_eq!(m.ns, Margin::MIN_NS);
+        assert_eq!(m.nap_floor_ns(), Margin::MIN_NS + Margin::MIN_NAP_NS);
+        // One late wake-up raises it at once (overshoot plus the floor)...
+        m.learn(30_000);
+        assert_eq!(m.ns, 35_000);
+        // ...never past the ceiling...
+        m.learn(10_000_000);
+        assert_eq!(m.ns, Margin::MAX_NS);
+        // ...and a smaller overshoot does not lower it faster than the decay.
+        m.learn(1_000);
+        assert_eq!(m.ns, Margin::MAX_NS - Margin::MAX_NS / 64);
+    }
 }

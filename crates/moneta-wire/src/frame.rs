@@ -474,6 +474,14 @@ mod tests {
                 bad[bit / 8] ^= 1 << (bit % 8);
                 assert!(parse(&mut bad[..len], 0x88B5, Mac::of_node(1), key).is_err());
             }
+            // A payload bit flipped in transit is corruption, not forgery,
+            // whether or not the tag is checked first (it is, with a secret).
+            let mut bad = buf.clone();
+            bad[300] ^= 0x10;
+            assert_eq!(
+                parse(&mut bad[..len], 0x88B5, Mac::of_node(1), key),
+                Err(FrameError::BadCrc)
+            );
             // Another host's frame, another protocol.
             assert!(matches!(
                 parse(&mut buf[..len], 0x88B5, Mac::of_node(2), key),
