@@ -45,6 +45,18 @@ impl Check {
         }
     }
 
+    /// The published column: the number, or for a statement that gives
+    /// only a range ("between 21% and 171%", "more than"), the range.
+    pub fn published_text(&self) -> String {
+        match self.bounds {
+            Some((low, high)) if low == self.published && high.is_finite() => {
+                format!("{} … {}", format_number(low), format_number(high))
+            }
+            Some((low, _)) if low == self.published => format!("> {}", format_number(low)),
+            _ => format_number(self.published),
+        }
+    }
+
     pub fn within(&self) -> bool {
         match self.bounds {
             Some((low, high)) => low <= self.simulated && self.simulated <= high,
@@ -673,8 +685,9 @@ pub fn completion_sweep(ops: u64, seed: u64) -> Result<Vec<CompletionPoint>, Str
     Ok(out)
 }
 
-/// A statement that gives a range, "between `low` and `high`": `published`
-/// is the end the project quotes in the published column.
+/// A statement that gives only a range, "between `low` and `high`"
+/// (`high` infinite: "more than `low`"): the published column shows the
+/// range, and the error is measured from `low`.
 fn ranged(
     name: String,
     source: &'static str,
@@ -1078,7 +1091,7 @@ pub fn markdown(checks: &[Check]) -> String {
             "| {} | {} | {} {} | {} {} | {:+.1}% | {} | {} |\n",
             c.name,
             c.source,
-            format_number(c.published),
+            c.published_text(),
             c.unit,
             format_number(c.simulated),
             c.unit,
