@@ -170,6 +170,10 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
         BASELINE_COMPLETION,
     ),
     (
+        "4 KB read latency removed through the FS: 1 − Moneta-D / Moneta + FS",
+        BASELINE_COMPLETION,
+    ),
+    (
         "4 KB write throughput through the FS: Moneta-D / Moneta + FS",
         FS_SERIAL,
     ),
@@ -185,7 +189,7 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
 
 const COMPLETION_COST: &str = "The model charges a completion only its Table 4.2 latency, measured with one thread: DMA and forwarding spin for 2.32 / 2.68 and 2.71 / 2.36 µs (read / write), which a 50/50 mix averages to the same 5.00 vs 5.07 µs, so DMA / forwarding is 1.00-1.01× at every size; issue-sleep pays its 3.90 / 3.96 µs system call on the core and sleeps the rest of its 14.65 / 14.29 µs, so with 32 threads on 8 cores its sleepers free cores that spinning threads hold, and it beats DMA at every size up to 8 KB (DMA / issue-sleep 0.72-0.99×). Fig. 4.5's 21-171% needs per-request CPU the texts describe but do not time: for forwarding the kernel interrupt handler on some core and the library's read-and-clear of TAGSTATUSREGISTER and table update by the thread that sees COMPLETIONCOUNT change, under 32 spinners; for issue-sleep the interrupt, wake-up and context switch. No constant was set to reach the range.";
 const TAG_SLICES: &str = "Issue-sleep's bandwidth per CPU grows with the request size up to 256 KB in the model (3.2 GB/s per CPU against 0.40 for the spinning completions: 8.1×, 7.7× at 128 KB), because a request takes one tag whatever its size and 32 threads never wait for one of the 64. The dissertation's own curve drops above 128 KB, 'an artifact of contention for tags in our microbenchmark: threads spin while waiting for a tag ... and yield the processor between each check' (a request over 16 KB spans several tags' 16 KB slices of the DMA buffer, SPEC §3.1), which the model does not have; its 'up to 7×' is the peak below that drop.";
-const BASELINE_COMPLETION: &str = "The baseline here is the project's kernel stack with a file system (README 'kernel + fs': the 2Q/Spin driver with Table 3.1's file-system cost, preset moneta-d), which spins for requests up to 4 KB: 17.4 µs for a 4 KB write against Moneta-D's 9.1 µs (-48%). Table 4.2's baseline completes by interrupt ('baseline interrupts' 5.82 / 5.87 µs); the model's interrupt-completing kernel stack (--stack atomic --set host.file_system=true) takes 21.9 µs, -58.5% as published, but then the 512 B read saving becomes -78% against the published -64% (it is -69% here, ok). The texts do not settle which driver the chapter 4 baseline ran; the project's baseline was not changed to pass either check.";
+const BASELINE_COMPLETION: &str = "The baseline here is the project's kernel stack with a file system (README 'kernel + fs': the 2Q/Spin driver with Table 3.1's file-system cost, preset moneta-d), which spins for requests up to 4 KB: 17.4 µs for a 4 KB write against Moneta-D's 9.1 µs (-48%), 17.0 µs for a 4 KB read against 8.8 µs (-48%). Table 4.2's baseline completes by interrupt ('baseline interrupts' 5.82 / 5.87 µs); the model's interrupt-completing kernel stack (--stack atomic --set host.file_system=true) takes 21.9 and 22.2 µs, -58.5% and -60% as published, but then the 512 B read saving becomes -78% against the published -64% (it is -69% here, ok). The texts do not settle which driver the chapter 4 baseline ran; the project's baseline was not changed to pass either check.";
 const FS_SERIAL: &str = "In the model a file system adds only Table 3.1's per-request time (4.2 / 5.8 µs) to the kernel stack, so 16 threads of baseline writes still overlap and 4 KB writes stay link-bound (1730 MB/s, 1.00×); small requests are CPU-bound (8 cores / 13.6 µs per 512 B write = 301 MB/s against Moneta-D's 783 MB/s). §4.4.2's 'adding a file system reduces performance for the original Moneta system by up to 13×' for writes (at most 34% for reads) points at writes serialized by the file system: one baseline write at a time would give 1 / 17.4 µs × 4 KB = 235 MB/s, 1730 / 235 = 7.4× (published 7.6×), and 1 / 13.6 µs × 512 B = 37.6 MB/s, 783 / 37.6 = 21× at 512 B (published 14.8× and 26×). The array's kernel stack has no such lock (QuickSAN-OS's san.fs_write_atomicity is the analogous mechanism); adding one is a model change this calibration does not make.";
 
 const ISCSI_TARGET: &str = "iSCSI's loaded 4 KB bandwidth is bound by the target software: Table 5.1's 284 µs split half and half between initiator and target (our assumption), the target's half on one tgtd core per host (our assumption) = 7,000 requests/s per target, 27 MB/s per host. 14.7× would need ~69 MB/s per host, about 2.5× the one-core target's rate; the seeds say nothing of the target's threads, so the assumption stays (san.iscsi_target_cores, --target-cores) and this check stays a miss. The small-request 167× (512 B) and the latency −93% are met.";
@@ -724,8 +728,8 @@ pub fn completion_checks(points: &[CompletionPoint]) -> Vec<Check> {
     let mut gains = Vec::new();
     for size in COMPLETION_SIZES.into_iter().filter(|&s| s <= 8192) {
         for other in [Completion::Forwarding, Completion::IssueSleep] {
-            let gain = at(Completion::Dma, size).bandwidth_mb_per_s
-                / at(other, size).bandwidth_mb_per_s;
+            let gain =
+                at(Completion::Dma, size).bandwidth_mb_per_s / at(other, size).bandwidth_mb_per_s;
             gains.push(gain);
             v.push(ranged(
                 format!(
@@ -828,6 +832,14 @@ pub fn direct_vs_file_system() -> Vec<Check> {
         "dissertation §4.5 \"by up to 58%\" (SPEC §3.5)",
         0.58,
         1.0 - latency_us(&direct, OpMix::Write, 4096) / latency_us(&kernel, OpMix::Write, 4096),
+        0.15,
+        "",
+    ));
+    v.push(check(
+        "4 KB read latency removed through the FS: 1 − Moneta-D / Moneta + FS".into(),
+        "dissertation §4.5 \"Reads are 60% faster\" (SPEC §3.5)",
+        0.60,
+        1.0 - latency_us(&direct, OpMix::Read, 4096) / latency_us(&kernel, OpMix::Read, 4096),
         0.15,
         "",
     ));
