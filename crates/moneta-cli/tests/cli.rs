@@ -721,6 +721,25 @@ fn report_writes_every_page_and_the_nvmm_figures() {
     // A chart without published points does not promise crosses.
     let moneta_d = std::fs::read_to_string(out.join("moneta-d.html")).unwrap();
     assert!(moneta_d.contains("Bandwidth vs request size (moneta-d, direct stack, 16 threads)<"));
+    // Figs. 4.5-4.6 from the model, one series per completion, and their
+    // checks tabled; the Moneta page's thread scaling.
+    for title in [
+        "Bandwidth by completion technique (moneta-d, 32 threads, 50/50 random)<",
+        "Bandwidth per busy CPU by completion technique (moneta-d, 32 threads, 50/50 random)<",
+    ] {
+        assert!(moneta_d.contains(title), "{title}");
+    }
+    for series in ["dma", "forwarding", "issue-sleep"] {
+        assert!(
+            moneta_d.contains(&format!("<title>{series}</title>")),
+            "{series}"
+        );
+    }
+    assert!(moneta_d.contains("DMA / forwarding bandwidth, 512 B, 32 threads 50/50"));
+    assert!(moneta_d.contains("4 KB write throughput through the FS"));
+    let moneta_page = std::fs::read_to_string(out.join("moneta.html")).unwrap();
+    assert!(moneta_page
+        .contains("Random read bandwidth vs threads (moneta, 2q stack, 512 B and 4 KB)<"));
 }
 
 /// `nvmm sim sweep --plot` draws one panel per workload and thread count;

@@ -1,5 +1,5 @@
 //! Calibration: the model's predictions beside the published numbers of
-//! SPEC §1.9, §2.2 and §2.3, each with the tolerance the project accepts.
+//! SPEC §1.9, §2.2, §2.3 and §3.5, each with the tolerance the project accepts.
 //!
 //! Nothing here feeds back into the model: the constants in the presets come
 //! from the papers' parameters (and name their source); these checks only
@@ -7,7 +7,7 @@
 //! listed in [`KNOWN_DEVIATIONS`] with the reason, and the test asserts it
 //! still misses, so the README table can never silently go stale.
 
-use crate::config::{Config, Stack};
+use crate::config::{Completion, Config, Stack};
 use crate::experiment::{rate, run};
 use crate::summary::{default_region_bytes, xdd_point};
 use crate::workload::{OpMix, RunLimit, Workload};
@@ -42,6 +42,18 @@ impl Check {
             }
             Some((low, _)) => format!("> {}", format_number(low)),
             None => format!("±{:.0}%", 100.0 * self.tolerance),
+        }
+    }
+
+    /// The published column: the number, or for a statement that gives
+    /// only a range ("between 21% and 171%", "more than"), the range.
+    pub fn published_text(&self) -> String {
+        match self.bounds {
+            Some((low, high)) if low == self.published && high.is_finite() => {
+                format!("{} … {}", format_number(low), format_number(high))
+            }
+            Some((low, _)) if low == self.published => format!("> {}", format_number(low)),
+            _ => format_number(self.published),
         }
     }
 
@@ -101,7 +113,84 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
     ("energy: iSCSI / QuickSAN-OS, highest", ENERGY),
     ("energy: iSCSI / QuickSAN-D, lowest", ENERGY),
     ("bandwidth: QuickSAN-D / iSCSI, 4 KB read", ISCSI_TARGET),
+    (
+        "DMA / forwarding bandwidth, 512 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / issue-sleep bandwidth, 512 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / forwarding bandwidth, 1024 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / issue-sleep bandwidth, 1024 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / forwarding bandwidth, 2048 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / issue-sleep bandwidth, 2048 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / forwarding bandwidth, 4096 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / issue-sleep bandwidth, 4096 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / forwarding bandwidth, 8192 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA / issue-sleep bandwidth, 8192 B, 32 threads 50/50",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA over the others up to 8 KB: smallest gain",
+        COMPLETION_COST,
+    ),
+    (
+        "DMA over the others up to 8 KB: largest gain",
+        COMPLETION_COST,
+    ),
+    (
+        "bandwidth per CPU: issue-sleep / best spinning, largest over 512 B–256 KB",
+        TAG_SLICES,
+    ),
+    (
+        "4 KB write latency removed through the FS: 1 − Moneta-D / Moneta + FS",
+        BASELINE_COMPLETION,
+    ),
+    (
+        "4 KB read latency removed through the FS: 1 − Moneta-D / Moneta + FS",
+        BASELINE_COMPLETION,
+    ),
+    (
+        "4 KB write throughput through the FS: Moneta-D / Moneta + FS",
+        FS_SERIAL,
+    ),
+    (
+        "512 B bandwidth with a FS: Moneta-D / Moneta + FS, largest of read, write",
+        FS_SERIAL,
+    ),
+    (
+        "small writes through the FS: Moneta-D / Moneta + FS, largest over 512 B–4 KB",
+        FS_SERIAL,
+    ),
 ];
+
+const COMPLETION_COST: &str = "The model charges a completion only its Table 4.2 latency, measured with one thread: DMA and forwarding spin for 2.32 / 2.68 and 2.71 / 2.36 µs (read / write), which a 50/50 mix averages to the same 5.00 vs 5.07 µs, so DMA / forwarding is 1.00-1.01× at every size; issue-sleep pays its 3.90 / 3.96 µs system call on the core and sleeps the rest of its 14.65 / 14.29 µs, so with 32 threads on 8 cores its sleepers free cores that spinning threads hold, and it beats DMA at every size up to 8 KB (DMA / issue-sleep 0.72-0.99×). Fig. 4.5's 21-171% needs per-request CPU the texts describe but do not time: for forwarding the kernel interrupt handler on some core and the library's read-and-clear of TAGSTATUSREGISTER and table update by the thread that sees COMPLETIONCOUNT change, under 32 spinners; for issue-sleep the interrupt, wake-up and context switch. No constant was set to reach the range.";
+const TAG_SLICES: &str = "Issue-sleep's bandwidth per CPU grows with the request size up to 256 KB in the model (3.2 GB/s per CPU against 0.40 for the spinning completions: 8.1×, 7.7× at 128 KB), because a request takes one tag whatever its size and 32 threads never wait for one of the 64. The dissertation's own curve drops above 128 KB, 'an artifact of contention for tags in our microbenchmark: threads spin while waiting for a tag ... and yield the processor between each check' (a request over 16 KB spans several tags' 16 KB slices of the DMA buffer, SPEC §3.1), which the model does not have; its 'up to 7×' is the peak below that drop.";
+const BASELINE_COMPLETION: &str = "The baseline here is the project's kernel stack with a file system (README 'kernel + fs': the 2Q/Spin driver with Table 3.1's file-system cost, preset moneta-d), which spins for requests up to 4 KB: 17.4 µs for a 4 KB write against Moneta-D's 9.1 µs (-48%), 17.0 µs for a 4 KB read against 8.8 µs (-48%). Table 4.2's baseline completes by interrupt ('baseline interrupts' 5.82 / 5.87 µs); the model's interrupt-completing kernel stack (--stack atomic --set host.file_system=true) takes 21.9 and 22.2 µs, -58.5% and -60% as published, but then the 512 B read saving becomes -78% against the published -64% (it is -69% here, ok). The texts do not settle which driver the chapter 4 baseline ran; the project's baseline was not changed to pass either check.";
+const FS_SERIAL: &str = "In the model a file system adds only Table 3.1's per-request time (4.2 / 5.8 µs) to the kernel stack, so 16 threads of baseline writes still overlap and 4 KB writes stay link-bound (1730 MB/s, 1.00×); small requests are CPU-bound (8 cores / 13.6 µs per 512 B write = 301 MB/s against Moneta-D's 783 MB/s). §4.4.2's 'adding a file system reduces performance for the original Moneta system by up to 13×' for writes (at most 34% for reads) points at writes serialized by the file system: one baseline write at a time would give 1 / 17.4 µs × 4 KB = 235 MB/s, 1730 / 235 = 7.4× (published 7.6×), and 1 / 13.6 µs × 512 B = 37.6 MB/s, 783 / 37.6 = 21× at 512 B (published 14.8× and 26×). The array's kernel stack has no such lock (QuickSAN-OS's san.fs_write_atomicity is the analogous mechanism); adding one is a model change this calibration does not make.";
 
 const ISCSI_TARGET: &str = "iSCSI's loaded 4 KB bandwidth is bound by the target software: Table 5.1's 284 µs split half and half between initiator and target (our assumption), the target's half on one tgtd core per host (our assumption) = 7,000 requests/s per target, 27 MB/s per host. 14.7× would need ~69 MB/s per host, about 2.5× the one-core target's rate; the seeds say nothing of the target's threads, so the assumption stays (san.iscsi_target_cores, --target-cores) and this check stays a miss. The small-request 167× (512 B) and the latency −93% are met.";
 
@@ -530,6 +619,262 @@ pub fn direct_and_headline() -> Vec<Check> {
     ]
 }
 
+/// Request sizes of the completion experiment (dissertation Figs. 4.5–4.6:
+/// 32 threads, 50/50 random, "accesses of the size given on the horizontal
+/// axis"; the seeds' text speaks of sizes up to 256 KB).
+pub const COMPLETION_SIZES: [u64; 10] = [
+    512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144,
+];
+
+/// Threads of the completion experiment (dissertation §4.3.4).
+pub const COMPLETION_THREADS: u32 = 32;
+
+/// Moneta-D's three completion techniques (SPEC §3.5), in the figures' order.
+pub const COMPLETIONS: [Completion; 3] = [
+    Completion::Dma,
+    Completion::Forwarding,
+    Completion::IssueSleep,
+];
+
+/// The name a completion goes by in tables and legends.
+pub fn completion_name(c: Completion) -> &'static str {
+    match c {
+        Completion::Dma => "dma",
+        Completion::Forwarding => "forwarding",
+        Completion::IssueSleep => "issue-sleep",
+    }
+}
+
+/// One point of the completion experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionPoint {
+    pub completion: Completion,
+    pub size_bytes: u64,
+    pub bandwidth_mb_per_s: f64,
+    /// Bandwidth per busy host core (Fig. 4.6's "GB/s per CPU", in MB/s):
+    /// bandwidth / (CPU utilization × cores), i.e. bytes per ns of host CPU
+    /// time, spinning counted as busy, sleeping not.
+    pub mb_per_s_per_cpu: f64,
+}
+
+/// Dissertation §4.3.4, Figs. 4.5–4.6: preset `moneta-d` with each
+/// completion, 32 threads of 50/50 random requests per size.
+pub fn completion_sweep(ops: u64, seed: u64) -> Result<Vec<CompletionPoint>, String> {
+    let mut out = Vec::new();
+    for completion in COMPLETIONS {
+        let mut c = preset("moneta-d", Stack::Direct);
+        c.direct.completion = completion;
+        for size_bytes in COMPLETION_SIZES {
+            let p = xdd_point(
+                &c,
+                OpMix::Mixed(0.5),
+                size_bytes,
+                COMPLETION_THREADS,
+                RunLimit::Ops(ops),
+                seed,
+            )?;
+            let cpus = p.cpu_utilization * c.host.cores as f64;
+            out.push(CompletionPoint {
+                completion,
+                size_bytes,
+                bandwidth_mb_per_s: p.bandwidth_mb_per_s,
+                mb_per_s_per_cpu: if cpus > 0.0 {
+                    p.bandwidth_mb_per_s / cpus
+                } else {
+                    f64::INFINITY
+                },
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A statement that gives only a range, "between `low` and `high`"
+/// (`high` infinite: "more than `low`"): the published column shows the
+/// range, and the error is measured from `low`.
+fn ranged(
+    name: String,
+    source: &'static str,
+    published: f64,
+    simulated: f64,
+    bounds: (f64, f64),
+    unit: &'static str,
+) -> Check {
+    Check {
+        name,
+        source,
+        published,
+        simulated,
+        tolerance: 0.0,
+        unit,
+        bounds: Some(bounds),
+    }
+}
+
+/// Dissertation §4.3.4's statements about Figs. 4.5 and 4.6, checked on
+/// the points of [`completion_sweep`].
+pub fn completion_checks(points: &[CompletionPoint]) -> Vec<Check> {
+    let at = |completion, size| {
+        points
+            .iter()
+            .find(|p| p.completion == completion && p.size_bytes == size)
+            .expect("a point per completion and size")
+    };
+    let src = "dissertation §4.3.4, Fig. 4.5 (SPEC §3.5)";
+    let mut v = Vec::new();
+    // "DMA completion outperforms the other schemes by between 21% and
+    // 171%, for accesses up to 8 KB": every gain in the range, and the
+    // range's ends as the smallest and largest gain.
+    let mut gains = Vec::new();
+    for size in COMPLETION_SIZES.into_iter().filter(|&s| s <= 8192) {
+        for other in [Completion::Forwarding, Completion::IssueSleep] {
+            let gain =
+                at(Completion::Dma, size).bandwidth_mb_per_s / at(other, size).bandwidth_mb_per_s;
+            gains.push(gain);
+            v.push(ranged(
+                format!(
+                    "DMA / {} bandwidth, {size} B, 32 threads 50/50",
+                    completion_name(other)
+                ),
+                src,
+                1.21,
+                gain,
+                (1.21, 2.71),
+                "×",
+            ));
+        }
+    }
+    v.push(check(
+        "DMA over the others up to 8 KB: smallest gain".into(),
+        src,
+        1.21,
+        gains.iter().copied().fold(f64::INFINITY, f64::min),
+        0.15,
+        "×",
+    ));
+    v.push(check(
+        "DMA over the others up to 8 KB: largest gain".into(),
+        src,
+        2.71,
+        gains.iter().copied().fold(0.0, f64::max),
+        0.15,
+        "×",
+    ));
+    // Fig. 4.6: "Issue-sleep does much better and can deliver up to 7×
+    // more bandwidth per CPU" than the two spinning techniques; the
+    // caption: "For larger accesses, however, issue-sleep enjoys a large
+    // advantage in efficiency" (SPEC §3.5: best at ≥ 8 KB).
+    let src = "dissertation §4.3.4, Fig. 4.6 (SPEC §3.5)";
+    let efficiency_gain = |size| {
+        let spinning = at(Completion::Dma, size)
+            .mb_per_s_per_cpu
+            .max(at(Completion::Forwarding, size).mb_per_s_per_cpu);
+        at(Completion::IssueSleep, size).mb_per_s_per_cpu / spinning
+    };
+    v.push(check(
+        "bandwidth per CPU: issue-sleep / best spinning, largest over 512 B–256 KB".into(),
+        src,
+        7.0,
+        COMPLETION_SIZES
+            .into_iter()
+            .map(efficiency_gain)
+            .fold(0.0, f64::max),
+        0.15,
+        "×",
+    ));
+    v.push(ranged(
+        "bandwidth per CPU: issue-sleep / best spinning, smallest over 8 KB–256 KB".into(),
+        src,
+        1.0,
+        COMPLETION_SIZES
+            .into_iter()
+            .filter(|&s| s >= 8192)
+            .map(efficiency_gain)
+            .fold(f64::INFINITY, f64::min),
+        (1.0, f64::INFINITY),
+        "×",
+    ));
+    v
+}
+
+/// Dissertation Figs. 4.5–4.6 (seed 1, the calibration's op count).
+pub fn direct_completions() -> Vec<Check> {
+    completion_checks(&completion_sweep(OPS, SEED).expect("completion sweep runs"))
+}
+
+/// The baseline the chapter 4 comparisons "through the file system" are
+/// made against: Moneta's kernel stack (Moneta+Spin driver on the 2011
+/// array, 2Q) with the file system's costs (Table 3.1), on the same array
+/// as Moneta-D.
+pub fn kernel_with_file_system() -> Config {
+    let mut c = preset("moneta-d", Stack::TwoQueue);
+    c.host.file_system = true;
+    c
+}
+
+/// Dissertation ch. 4's comparisons of Moneta-D with baseline Moneta
+/// through a file system (§4.4.1–4.4.2, the chapter's introduction and
+/// summary), 16 XDD threads for throughput, 1 for latency.
+pub fn direct_vs_file_system() -> Vec<Check> {
+    let direct = preset("moneta-d", Stack::Direct);
+    let kernel = kernel_with_file_system();
+    let mut v = Vec::new();
+    v.push(check(
+        "512 B read latency removed: 1 − Moneta-D / Moneta + FS".into(),
+        "dissertation ch. 4 introduction \"by 64% (to 4.1 µs)\" (SPEC §3.5)",
+        0.64,
+        1.0 - latency_us(&direct, OpMix::Read, 512) / latency_us(&kernel, OpMix::Read, 512),
+        0.15,
+        "",
+    ));
+    v.push(check(
+        "4 KB write latency removed through the FS: 1 − Moneta-D / Moneta + FS".into(),
+        "dissertation §4.5 \"by up to 58%\" (SPEC §3.5)",
+        0.58,
+        1.0 - latency_us(&direct, OpMix::Write, 4096) / latency_us(&kernel, OpMix::Write, 4096),
+        0.15,
+        "",
+    ));
+    v.push(check(
+        "4 KB read latency removed through the FS: 1 − Moneta-D / Moneta + FS".into(),
+        "dissertation §4.5 \"Reads are 60% faster\" (SPEC §3.5)",
+        0.60,
+        1.0 - latency_us(&direct, OpMix::Read, 4096) / latency_us(&kernel, OpMix::Read, 4096),
+        0.15,
+        "",
+    ));
+    let gain = |op, size| bandwidth(&direct, op, size, 16) / bandwidth(&kernel, op, size, 16);
+    v.push(check(
+        "4 KB write throughput through the FS: Moneta-D / Moneta + FS".into(),
+        "dissertation §4.5 \"7.6×\" (SPEC §3.5)",
+        7.6,
+        gain(OpMix::Write, 4096),
+        0.15,
+        "×",
+    ));
+    let small_writes: Vec<f64> = [512, 1024, 2048, 4096]
+        .into_iter()
+        .map(|size| gain(OpMix::Write, size))
+        .collect();
+    v.push(check(
+        "512 B bandwidth with a FS: Moneta-D / Moneta + FS, largest of read, write".into(),
+        "dissertation ch. 4 introduction \"14.8×\" (SPEC §3.5)",
+        14.8,
+        gain(OpMix::Read, 512).max(small_writes[0]),
+        0.15,
+        "×",
+    ));
+    v.push(check(
+        "small writes through the FS: Moneta-D / Moneta + FS, largest over 512 B–4 KB".into(),
+        "dissertation §4.4.2 \"26×\" (SPEC §3.5)",
+        26.0,
+        small_writes.iter().copied().fold(0.0, f64::max),
+        0.15,
+        "×",
+    ));
+    v
+}
+
 /// QuickSAN (dissertation ch. 5): Table 5.1's non-media totals for a
 /// remote 4 KB access (one thread, distributed, 4 nodes), and §5.4.7's
 /// energy statements (distributed, 4 nodes, 4 KB, 8 threads per host).
@@ -729,6 +1074,8 @@ pub fn groups() -> Vec<(&'static str, CheckGroup)> {
         ("latency tolerance", latency_tolerance),
         ("power", power),
         ("Moneta-D and MICRO'10", direct_and_headline),
+        ("Moneta-D completions", direct_completions),
+        ("Moneta-D and Moneta + FS", direct_vs_file_system),
         ("Moneta 2011 curves", moneta_2011_curves),
         ("QuickSAN", quicksan),
         ("NVMM", crate::nvmm::calibration::checks),
@@ -756,7 +1103,7 @@ pub fn markdown(checks: &[Check]) -> String {
             "| {} | {} | {} {} | {} {} | {:+.1}% | {} | {} |\n",
             c.name,
             c.source,
-            format_number(c.published),
+            c.published_text(),
             c.unit,
             format_number(c.simulated),
             c.unit,
