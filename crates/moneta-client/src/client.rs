@@ -815,10 +815,6 @@ impl Moneta {
     }
 
     fn wait_once(&self, io: &Io) -> ResultCode {
-        /// An issue-sleep wait this far from its due time sleeps first...
-        const EARLY_SLEEP_FLOOR_NS: u64 = 150_000;
-        /// ...waking this long before it.
-        const EARLY_WAKE_NS: u64 = 100_000;
         // Every few milliseconds of waiting, make sure there is still a
         // device to wait for (a daemon that died never completes): a spin
         // turn takes nanoseconds, a sleeping one up to a millisecond (at
@@ -842,20 +838,11 @@ impl Moneta {
                 let m = &self.inner.memory;
                 let word = m.wake_word().load(Ordering::Acquire);
                 m.sleepers().fetch_add(1, Ordering::AcqRel);
-                match self.posted(io) {
+                // Posted but not yet due (the device posts at most
+                // `post_ahead_ns` early): no wake-up will come, so spin to it.
+                if self.posted(io).is_none() {
                     // Bounded sleep: a lost wake-up costs a millisecond, not a hang.
-                    None => sys::futex_wait(m.wake_word(), word, Some(1_000_000)),
-                    // Posted but not yet due (the device posts up to
-                    // `post_ahead_ns` early): no wake-up will come. Far
-                    // from due, sleep most of the way (a timed sleep ends
-                    // up to the timer slack, 50 µs, plus a wake-up late);
-                    // spin the rest.
-                    Some((_, due)) => {
-                        let left = due.saturating_sub(sys::monotonic_ns());
-                        if left > EARLY_SLEEP_FLOOR_NS {
-                            sys::futex_wait(m.wake_word(), word, Some(left - EARLY_WAKE_NS));
-                        }
-                    }
+                    sys::futex_wait(m.wake_word(), word, Some(1_000_000));
                 }
                 m.sleepers().fetch_sub(1, Ordering::AcqRel);
             } else {
