@@ -1141,11 +1141,10 @@ impl<C: StampClock> DeviceThread<C> {
         self.stats.interrupts += 1;
         self.shared.interrupt_word.fetch_add(1, Ordering::Release);
         // The handler runs at once, on this thread: an interrupt preempts
-        // whatever the core was doing, and a hop to a sleeping thread
-        // would add a wake-up the hardware does not have (issue 21: 27 µs
-        // of the issue-sleep path's lateness on this host). The kernel
-        // role's thread takes over only while the channel table is being
-        // changed (the control plane holds it).
+        // whatever the core was doing, and a hop to a sleeping thread adds
+        // a wake-up (and a thread wanting a core) the hardware does not
+        // have. The kernel role's thread takes over only while the channel
+        // table is being changed (the control plane holds it).
         if !forward_interrupts(&self.shared, false)
             && self.shared.kernel_sleeping.load(Ordering::Acquire)
         {
