@@ -831,8 +831,8 @@ impl Poller for DeviceThread<WallClock> {
     }
 
     /// Its next model event (less the early posting `turn` allows, as
-    /// CLOCK_MONOTONIC), when
-    /// every request in flight is inside the model. A SAN node with frames
+    /// CLOCK_MONOTONIC), when every request in flight is inside the
+    /// model. A SAN node with frames
     /// to move or requests held spins; so does one whose requests wait for
     /// a peer with no local event due (the answer comes on the wire).
     fn busy_until(&self) -> Option<Ns> {

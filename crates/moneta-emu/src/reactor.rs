@@ -19,11 +19,11 @@
 //! when its next event is due (`busy_until`). When every busy poller can
 //! say so and the earliest is further away than the reactor's wake-up
 //! margin, the reactor naps on the doorbell until that time less the
-//! margin and spins the rest (a doorbell ring ends the nap at once). On a
-//! host with fewer cores than runnable threads this gives the core back
-//! for most of a long request (a 256 KB transfer is ~150–250 µs of model
-//! time) instead of spinning it away from the clients whose work the model
-//! counts (issue 21). The margin is learned: the reactor's timed sleeps
+//! margin and spins the rest (a doorbell ring ends the nap at once). This
+//! gives the core back (issue 21) where the model is quiet for long (a
+//! slow medium: an Onyx PCM write is ~130 µs); during a transfer the model
+//! posts an event every few µs, so the reactor still spins through it.
+//! The margin is learned: the reactor's timed sleeps
 //! use a 1 ns timer slack, and each timed nap's overshoot (how late the
 //! thread ran after its timeout) raises the margin at once and decays
 //! slowly, so a loaded host naps less close to its deadlines.
