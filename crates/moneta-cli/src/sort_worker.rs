@@ -41,7 +41,6 @@ use clap::Args;
 use moneta::{CompletionMode, Io, Moneta};
 use moneta_emu::sys::{monotonic_ns, thread_cpu_ns};
 use moneta_model::san::sort::{self, Record, KEY_BYTES, RECORD_BYTES};
-use moneta_model::units::Op;
 use moneta_nbd::NbdClient;
 use moneta_wire::crc32c::crc32c;
 use serde::{Deserialize, Serialize};
@@ -330,7 +329,7 @@ struct Direct {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub(crate) struct IoTimes {
     pub(crate) requests: u64,
-    /// Call to return, copies included.
+    /// Submit to return (a read's copy out included).
     pub(crate) wall_s: f64,
     /// Submit stamp to the model's completion time.
     pub(crate) modeled_s: f64,
@@ -349,59 +348,29 @@ impl IoTimes {
     }
 }
 
-impl Direct {
-    fn one(&mut self, op: Op, addr: u64, len: usize, data: Option<&[u8]>) -> Result<Io, String> {
-        let m = &self.moneta;
-        let mut io = m
-            .prepare(op, addr, len as u64, self.mode)
-            .map_err(|e| e.to_string())?;
-        if let Some(d) = data {
-            m.buffer_mut(&mut io).copy_from_slice(d);
-        }
-        if let Err(e) = m.submit(&mut io).and_then(|_| m.wait(&mut io)) {
-            m.release(io);
-            return Err(e.to_string());
-        }
-        Ok(io)
-    }
-
-    fn account(&mut self, started: u64, io: &Io) {
-        let done = monotonic_ns();
-        let due = self.moneta.due_ns(io);
-        let t = &mut self.times;
-        t.requests += 1;
-        t.wall_s += done.saturating_sub(started) as f64 * 1e-9;
-        t.modeled_s += due.saturating_sub(io.issued_at_ns()) as f64 * 1e-9;
-        t.behind_s += done.saturating_sub(due) as f64 * 1e-9;
-    }
+/// Adds one completed request to `t`: submit to now, submit to the model's
+/// completion, the model's completion to now.
+fn account(t: &mut IoTimes, m: &Moneta, io: &Io) {
+    let done = monotonic_ns();
+    let (stamp, due) = (io.issued_at_ns(), m.due_ns(io));
+    t.requests += 1;
+    t.wall_s += done.saturating_sub(stamp) as f64 * 1e-9;
+    t.modeled_s += due.saturating_sub(stamp) as f64 * 1e-9;
+    t.behind_s += done.saturating_sub(due) as f64 * 1e-9;
 }
 
 impl Storage for Direct {
     fn read(&mut self, addr: u64, buf: &mut [u8]) -> Result<(), String> {
-        let step = self.moneta.max_request_bytes() as usize;
-        for (i, chunk) in buf.chunks_mut(step).enumerate() {
-            let started = monotonic_ns();
-            let io = self.one(Op::Read, addr + (i * step) as u64, chunk.len(), None)?;
-            chunk.copy_from_slice(self.moneta.buffer(&io));
-            self.account(started, &io);
-            self.moneta.release(io);
-        }
-        Ok(())
+        let t = &mut self.times;
+        self.moneta
+            .read_each(addr, buf, self.mode, |m, io| account(t, m, io))
+            .map_err(|e| e.to_string())
     }
     fn write(&mut self, addr: u64, buf: &[u8]) -> Result<(), String> {
-        let step = self.moneta.max_request_bytes() as usize;
-        for (i, chunk) in buf.chunks(step).enumerate() {
-            let started = monotonic_ns();
-            let io = self.one(
-                Op::Write,
-                addr + (i * step) as u64,
-                chunk.len(),
-                Some(chunk),
-            )?;
-            self.account(started, &io);
-            self.moneta.release(io);
-        }
-        Ok(())
+        let t = &mut self.times;
+        self.moneta
+            .write_each(addr, buf, self.mode, |m, io| account(t, m, io))
+            .map_err(|e| e.to_string())
     }
     fn sync(&mut self) -> Result<(), String> {
         Ok(())

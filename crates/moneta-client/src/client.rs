@@ -906,14 +906,28 @@ impl Moneta {
         buf: &mut [u8],
         mode: CompletionMode,
     ) -> Result<(), EmuError> {
-        self.read_checked(addr, buf, mode, true)
+        self.read_checked(addr, buf, mode, true, |_, _| {})
+    }
+
+    /// As [`Moneta::read_with`], calling `done` with each request once it
+    /// completed (and its data was copied out), before its tags are
+    /// released: a caller that times requests reads their submit stamp and
+    /// due time there (`Io::issued_at_ns`, [`Moneta::due_ns`]).
+    pub fn read_each(
+        &self,
+        addr: u64,
+        buf: &mut [u8],
+        mode: CompletionMode,
+        done: impl FnMut(&Self, &Io),
+    ) -> Result<(), EmuError> {
+        self.read_checked(addr, buf, mode, true, done)
     }
 
     /// Read a range a file's extent map says was granted: the map already
     /// took the soft miss, so skip the library-wide one (hard misses still
     /// re-install through `resolve`).
     pub(crate) fn read_mapped(&self, addr: u64, buf: &mut [u8]) -> Result<(), EmuError> {
-        self.read_checked(addr, buf, CompletionMode::Dma, false)
+        self.read_checked(addr, buf, CompletionMode::Dma, false, |_, _| {})
     }
 
     fn read_checked(
@@ -922,6 +936,7 @@ impl Moneta {
         buf: &mut [u8],
         mode: CompletionMode,
         soft_check: bool,
+        mut done: impl FnMut(&Self, &Io),
     ) -> Result<(), EmuError> {
         let step = self.max_request_bytes() as usize;
         for (i, chunk) in buf.chunks_mut(step).enumerate() {
@@ -932,6 +947,7 @@ impl Moneta {
                 .and_then(|_| self.wait(&mut io));
             if result.is_ok() {
                 chunk.copy_from_slice(self.buffer(&io));
+                done(self, &io);
             }
             self.release(io);
             result?;
@@ -945,12 +961,24 @@ impl Moneta {
     }
 
     pub fn write_with(&self, addr: u64, buf: &[u8], mode: CompletionMode) -> Result<(), EmuError> {
-        self.write_checked(addr, buf, mode, true)
+        self.write_checked(addr, buf, mode, true, |_, _| {})
+    }
+
+    /// As [`Moneta::write_with`], calling `done` with each completed
+    /// request (as [`Moneta::read_each`]).
+    pub fn write_each(
+        &self,
+        addr: u64,
+        buf: &[u8],
+        mode: CompletionMode,
+        done: impl FnMut(&Self, &Io),
+    ) -> Result<(), EmuError> {
+        self.write_checked(addr, buf, mode, true, done)
     }
 
     /// Write a range a file's extent map says was granted (as `read_mapped`).
     pub(crate) fn write_mapped(&self, addr: u64, buf: &[u8]) -> Result<(), EmuError> {
-        self.write_checked(addr, buf, CompletionMode::Dma, false)
+        self.write_checked(addr, buf, CompletionMode::Dma, false, |_, _| {})
     }
 
     fn write_checked(
@@ -959,6 +987,7 @@ impl Moneta {
         buf: &[u8],
         mode: CompletionMode,
         soft_check: bool,
+        mut done: impl FnMut(&Self, &Io),
     ) -> Result<(), EmuError> {
         let step = self.max_request_bytes() as usize;
         for (i, chunk) in buf.chunks(step).enumerate() {
@@ -968,6 +997,9 @@ impl Moneta {
             let result = self
                 .start(&mut io, soft_check)
                 .and_then(|_| self.wait(&mut io));
+            if result.is_ok() {
+                done(self, &io);
+            }
             self.release(io);
             result?;
         }

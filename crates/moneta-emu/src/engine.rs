@@ -1553,6 +1553,11 @@ fn forward_interrupts(shared: &Shared, block: bool) -> bool {
     }
     // CHANNELSTATUS: read and clear; count completions into each channel.
     for (word_index, word) in shared.channel_status.iter().enumerate() {
+        // A load first: the device's thread runs this per completion, and
+        // most of the 16 words are empty (a swap is a locked instruction).
+        if word.load(Ordering::Relaxed) == 0 {
+            continue;
+        }
         let mut bits = word.swap(0, Ordering::AcqRel);
         while bits != 0 {
             let bit = bits.trailing_zeros() as usize;

@@ -695,19 +695,13 @@ pub fn completion_sweep(ops: u64, seed: u64) -> Result<Vec<CompletionPoint>, Str
 fn ranged(
     name: String,
     source: &'static str,
-    published: f64,
     simulated: f64,
     bounds: (f64, f64),
     unit: &'static str,
 ) -> Check {
     Check {
-        name,
-        source,
-        published,
-        simulated,
-        tolerance: 0.0,
-        unit,
         bounds: Some(bounds),
+        ..check(name, source, bounds.0, simulated, 0.0, unit)
     }
 }
 
@@ -737,7 +731,6 @@ pub fn completion_checks(points: &[CompletionPoint]) -> Vec<Check> {
                     completion_name(other)
                 ),
                 src,
-                1.21,
                 gain,
                 (1.21, 2.71),
                 "×",
@@ -785,7 +778,6 @@ pub fn completion_checks(points: &[CompletionPoint]) -> Vec<Check> {
     v.push(ranged(
         "bandwidth per CPU: issue-sleep / best spinning, smallest over 8 KB–256 KB".into(),
         src,
-        1.0,
         COMPLETION_SIZES
             .into_iter()
             .filter(|&s| s >= 8192)
