@@ -317,9 +317,17 @@ fn where_time_went(r: &SortRun) -> Vec<String> {
         } else {
             ("sort", w.sort_cpu_s, w.sort_wall_s)
         };
+        // Stage 2 sorts while its writes go on: the sum of the two exceeds
+        // the stage by what overlapped; else the rest is other work.
+        let rest = stage(w) - io.wall_s - cpu_wall;
+        let rest = if rest >= 0.0 {
+            format!("+ other {rest:.4} s")
+        } else {
+            format!("- overlapped {:.4} s", -rest)
+        };
         lines.push(format!(
             "stage {n} (slowest, n{}): {:.4} s = {} requests {:.4} s (the device model's time \
-             {:.4} s, returned {:.4} s after it) + {cpu_what} {:.4} s ({:.4} s CPU) + other {:.4} s; \
+             {:.4} s, returned {:.4} s after it) + {cpu_what} {:.4} s ({:.4} s CPU) {rest}; \
              predicted {:.4} s (IO {:.4} s, CPU {:.4} s, overlapped)",
             w.node,
             stage(w),
@@ -329,7 +337,6 @@ fn where_time_went(r: &SortRun) -> Vec<String> {
             io.behind_s,
             cpu_wall,
             cpu_s,
-            (stage(w) - io.wall_s - cpu_wall).max(0.0),
             predicted.seconds,
             predicted.io_s,
             predicted.cpu_s,

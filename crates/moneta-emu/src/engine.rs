@@ -679,7 +679,9 @@ struct DeviceThread<C: StampClock = WallClock> {
     model_floor: Ns,
     device_time: Breakdown,
     /// A SAN node's network port on its wire.
-    port: Option<port::PortState>,
+    /// Boxed: the turn moves it out and back (`self.port.take()`), and
+    /// the state with its endpoint is kilobytes, which every turn would copy.
+    port: Option<Box<port::PortState>>,
     /// The (offset, device address, bytes) runs of the command being
     /// accepted that this device holds (kept to avoid an allocation).
     runs: Vec<(u64, u64, u64)>,
@@ -721,7 +723,7 @@ impl<C: StampClock> DeviceThread<C> {
                     DeviceDriver::with_port(config, options.seed, CHANNELS as u16, network);
                 (
                     driver,
-                    Some(port::PortState::new(san, timing.nic_tx_ns)),
+                    Some(Box::new(port::PortState::new(san, timing.nic_tx_ns))),
                     options.max_nap_ns.min(SAN_MAX_NAP_NS),
                     options.san_idle_spin_ns,
                 )

@@ -5,7 +5,7 @@
 //! | bytes        | field |
 //! |--------------|-------|
 //! | 0..32        | Table A.3 header, encoded by the model's codec (`moneta_model::device::packet`); bytes 12..14 carry the link's EtherType (0x8870 by default) |
-//! | 32           | session version (2) |
+//! | 32           | session version (3: the tag is AEGISMAC-128X4; 2 was keyed BLAKE3) |
 //! | 33           | session flags: DATA (a QuickSAN packet follows), HELLO (answer at once), AUTH (the tag is a MAC) |
 //! | 34..36       | frame number, bits 47..32 (the replay window's, `auth`) |
 //! | 36..40       | sender's epoch (its incarnation of this session) |
@@ -16,7 +16,7 @@
 //! | 60..64       | frame number, bits 31..0 |
 //! | 64..64+P     | payload (P = SIZE for write requests and read completions, else 0) |
 //! | 64+P..68+P   | CRC32C of bytes 0..64+P |
-//! | 68+P..84+P   | tag: with the SAN's secret, BLAKE3 keyed over bytes 0..68+P, first 16 bytes (`auth`); without, zeros |
+//! | 68+P..84+P   | tag: with the SAN's secret, AEGISMAC-128X4 over bytes 0..68+P, 16 bytes (`auth`); without, zeros |
 //!
 //! A session-only frame (an acknowledgement, heartbeat or probe, no
 //! QuickSAN packet) has OP = 0 in the INDEX+OP field and zeros in the rest
@@ -66,7 +66,9 @@ pub const PAUSE_FRAME_BYTES: usize = 60 + CRC_BYTES + TAG_BYTES;
 /// The reserved multicast address of 802.3x pause frames.
 pub const PAUSE_MULTICAST: Mac = Mac([0x01, 0x80, 0xC2, 0x00, 0x00, 0x01]);
 
-const VERSION: u8 = 2;
+/// The session version: a node of another version's frames are malformed
+/// here (`BadVersion`), not forged.
+pub const VERSION: u8 = 3;
 /// Session flag: a QuickSAN packet follows the session header.
 pub const FLAG_DATA: u8 = 0x01;
 /// Session flag: the sender wants an answer now (a probe).

@@ -34,7 +34,7 @@ fn shape(mode: u8, mut bytes: Vec<u8>, cut: usize) -> Vec<u8> {
                 bytes[15] = (1 << 4) | (bytes[15] & 0x0F);
             }
             if bytes.len() >= frame::OVERHEAD_BYTES {
-                bytes[32] = 2; // session version
+                bytes[32] = frame::VERSION; // session version
                 let p = match PacketHeader::decode(&bytes) {
                     Ok(h) => h.payload_bytes() as usize,
                     Err(_) => 0,
