@@ -809,9 +809,11 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
     let mut split = vec![[1u8; RECORD_BYTES]; layout.output_records_max as usize];
     // Likewise stage 1's read buffer and write buffers.
     let mut input = vec![[1u8; RECORD_BYTES]; io_records];
+    // Twice a request: a read's records are added before a full buffer is
+    // written, so a buffer never grows.
     let mut buffers: Vec<Vec<Record>> = (0..n)
         .map(|_| {
-            let mut b = vec![[1u8; RECORD_BYTES]; io_records];
+            let mut b = vec![[1u8; RECORD_BYTES]; 2 * io_records];
             b.clear();
             b
         })
@@ -845,13 +847,12 @@ fn sort_phase(plan: &Plan, me: u16) -> Result<WorkerReport, String> {
             chunk.as_flattened_mut(),
         )?;
         let cpu = thread_cpu_ns();
-        let parts = sort::partition(chunk, n);
+        sort::partition_into(chunk, &mut buffers);
         partition_cpu += Duration::from_nanos(thread_cpu_ns() - cpu);
-        for (dest, part) in parts.into_iter().enumerate() {
-            buffers[dest].extend_from_slice(&part);
-            if buffers[dest].len() >= io_records {
-                append(st, dest, &buffers[dest][..io_records])?;
-                buffers[dest].drain(..io_records);
+        for (dest, buffer) in buffers.iter_mut().enumerate() {
+            if buffer.len() >= io_records {
+                append(st, dest, &buffer[..io_records])?;
+                buffer.drain(..io_records);
             }
         }
         at += k as u64;

@@ -57,6 +57,10 @@ impl San {
     fn netns(&self, node: u16) -> String {
         format!("moneta-{}-n{node}", self.0)
     }
+    /// Where `up` puts the images when /run/moneta is not a tmpfs.
+    fn media(&self) -> PathBuf {
+        PathBuf::from(format!("/dev/shm/moneta-san-{}", self.0))
+    }
     /// Nothing of this SAN is left in the kernel or in /proc.
     #[track_caller]
     fn assert_gone(&self) {
@@ -240,6 +244,19 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     san.assert_gone();
     assert!(san.dir().join("n0/device.img").exists());
     assert_eq!(san.status()["state"], "down");
+    // The images are memory: on a tmpfs, in /dev/shm when /run/moneta is
+    // on disk (its writeback would fault the media again).
+    let img = san.dir().join("n0/device.img");
+    let media = san.media();
+    if on_tmpfs("/run/moneta") {
+        assert!(std::fs::symlink_metadata(&img).unwrap().is_file());
+        assert!(!media.exists());
+    } else {
+        assert_eq!(std::fs::read_link(&img).unwrap(), media.join("n0.img"));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&media).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", media.display());
+    }
 
     // Up again on the kept images, then down with --purge.
     ok(&moneta(&[
@@ -249,8 +266,21 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     ok(&moneta(&["san", "down", "--name", &san.0, "--purge"]));
     san.assert_gone();
     assert!(!san.dir().exists());
+    assert!(
+        !san.media().exists(),
+        "--purge deletes the images in /dev/shm"
+    );
     let out = ok(&moneta(&["san", "down", "--name", &san.0]));
     assert!(out.contains("nothing was running"), "{out}");
+}
+
+/// Whether `path` is on a tmpfs (`stat -f`).
+fn on_tmpfs(path: &str) -> bool {
+    let o = Command::new("stat")
+        .args(["-f", "-c", "%T", path])
+        .output()
+        .unwrap();
+    text(&o.stdout).trim() == "tmpfs"
 }
 
 /// Issue 21: by default a SAN's nodes are devices of one monetad, turned
@@ -387,6 +417,25 @@ fn bad_requests_are_refused_and_leave_nothing() {
             "state left after {extra:?}"
         );
     }
+    // /dev/shm is anyone's: a link planted where the images would go is
+    // refused (when they would go there), never followed.
+    let planted = san.media();
+    std::os::unix::fs::symlink("/etc", &planted).unwrap();
+    let o = moneta(&["san", "up", "--name", &san.0, "--size", "32M"]);
+    if on_tmpfs("/run/moneta") {
+        ok(&o);
+        ok(&moneta(&["san", "down", "--name", &san.0, "--purge"]));
+    } else {
+        refused(&o, "not a private directory");
+        assert!(!Path::new("/etc/n0.img").exists());
+    }
+    san.assert_gone();
+    assert!(!san.dir().join("state.json").exists());
+    assert!(
+        std::fs::read_link(&planted).is_ok(),
+        "the link is left alone"
+    );
+    std::fs::remove_file(&planted).unwrap();
     refused(&moneta(&["san", "up", "--name", "Bad_Name"]), "a-z and 0-9");
     refused(&moneta(&["san", "down", "--name", "x/../y"]), "a-z and 0-9");
 }

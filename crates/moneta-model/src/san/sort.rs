@@ -73,10 +73,17 @@ pub fn partition(records: &[Record], nodes: usize) -> Vec<Vec<Record>> {
     let mut out: Vec<Vec<Record>> = (0..nodes)
         .map(|_| Vec::with_capacity(records.len() / nodes.max(1) + 1))
         .collect();
+    partition_into(records, &mut out);
+    out
+}
+
+/// [`partition`] appending to the caller's buffers, one per destination
+/// (a program's write buffers: no allocation, one copy per record).
+pub fn partition_into(records: &[Record], out: &mut [Vec<Record>]) {
+    let nodes = out.len();
     for r in records {
         out[destination(r, nodes)].push(*r);
     }
-    out
 }
 
 /// Stage 2's CPU kernel: sort records by key.
