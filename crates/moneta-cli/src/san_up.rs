@@ -936,8 +936,9 @@ pub fn down(a: SanDownArgs) -> Result<(), String> {
     let _ = fs::remove_file(dir.join("state.json"));
     if a.purge {
         let media = Path::new("/dev/shm").join(format!("moneta-san-{}", a.name));
-        // Only the directory `up` made (not a link someone put there).
-        if fs::symlink_metadata(&media).is_ok_and(|m| m.is_dir()) {
+        // Only a directory `up` could have made: root's, not a link.
+        use std::os::unix::fs::MetadataExt;
+        if fs::symlink_metadata(&media).is_ok_and(|m| m.is_dir() && m.uid() == 0) {
             fs::remove_dir_all(&media).map_err(|e| format!("{}: {e}", media.display()))?;
         }
     }
