@@ -28,9 +28,9 @@
 //! them. When `/run/moneta` is not a tmpfs (on some machines `/run` is on
 //! disk), the kernel writes their dirty pages back and write-protects them
 //! again, so the daemons take page faults on the media mid-benchmark and
-//! an NBD flush (`msync`) waits for the disk: the 3-host sort measured
-//! 0.075–0.087 s direct and 0.116–0.137 s over NBD with the images there,
-//! against 0.067–0.084 s and 0.070–0.092 s on a tmpfs. So `up` then puts
+//! an NBD flush (`msync`) waits for the disk: the 3-host sort over NBD
+//! measured 0.116–0.137 s with the images there against 0.076–0.093 s on
+//! a tmpfs (direct: 0.075–0.087 against 0.069–0.088 s). So `up` then puts
 //! each image in `/dev/shm/moneta-san-<name>/n<i>.img` (a tmpfs, when the
 //! media fit in half of the memory available) and `n<i>/device.img` is a
 //! symbolic link to it ([`media_dir`]); like `/run`, a tmpfs is emptied at
