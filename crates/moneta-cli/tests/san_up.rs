@@ -274,10 +274,16 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
     assert!(out.contains("nothing was running"), "{out}");
 }
 
-/// Whether `path` is on a tmpfs (`stat -f`).
+/// Whether `path` (or, while it does not exist, the nearest directory
+/// above it: where `up` would make it) is on a tmpfs (`stat -f`).
 fn on_tmpfs(path: &str) -> bool {
+    let path = Path::new(path)
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
     let o = Command::new("stat")
-        .args(["-f", "-c", "%T", path])
+        .args(["-f", "-c", "%T"])
+        .arg(path)
         .output()
         .unwrap();
     text(&o.stdout).trim() == "tmpfs"
