@@ -327,6 +327,34 @@ pub fn set_realtime(priority: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Set the calling thread's nice value (setpriority(2) on its thread id:
+/// on Linux the value is per thread). Lowering it below the current value
+/// needs CAP_SYS_NICE.
+pub fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid(2) takes nothing; setpriority(2) on this thread's id.
+    let r = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, nice)
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `path` is on a tmpfs (statfs(2)); false if it cannot be asked.
+pub fn on_tmpfs(path: &std::path::Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid C string and `st` a statfs the call fills.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC
+    }
+}
+
 /// A new descriptor (close-on-exec) for the open file description behind `fd`.
 pub fn dup(fd: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: F_DUPFD_CLOEXEC only reads the descriptor table; an invalid fd is EBADF.

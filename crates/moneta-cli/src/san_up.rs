@@ -44,6 +44,7 @@ use clap::{Args, ValueEnum};
 use moneta_emu::san_file::{
     format_mac, SanFile, SanNode, SanTopology, Transport, DEFAULT_ETHERTYPE,
 };
+use moneta_emu::sys;
 use moneta_model::device::packet::Mac;
 use serde::{Deserialize, Serialize};
 use std::fs::{self, OpenOptions};
@@ -680,19 +681,6 @@ fn mem_available() -> Option<u64> {
     })
 }
 
-/// Whether `path` is on a tmpfs.
-fn on_tmpfs(path: &Path) -> bool {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid C string and `st` a statfs the call fills.
-    unsafe {
-        let mut st: libc::statfs = std::mem::zeroed();
-        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC
-    }
-}
-
 /// Where SAN `name`'s images go when `/run/moneta` is not a tmpfs (module
 /// header): `/dev/shm/moneta-san-<name>`, if `/dev/shm` is a tmpfs and
 /// `media` bytes fit in half of the memory available; else None (the
@@ -700,7 +688,7 @@ fn on_tmpfs(path: &Path) -> bool {
 fn media_dir(name: &str, media: u64) -> Option<PathBuf> {
     let run = Path::new(RUN_DIR);
     let shm = Path::new("/dev/shm");
-    if on_tmpfs(run) || !on_tmpfs(shm) {
+    if sys::on_tmpfs(run) || !sys::on_tmpfs(shm) {
         return None;
     }
     if mem_available().is_some_and(|avail| media > avail / 2) {

@@ -655,7 +655,7 @@ fn split_by_key(
 }
 
 /// How much lower than the IO the sort runs (a nice value).
-const SORT_NICE: libc::c_int = 10;
+const SORT_NICE: i32 = 10;
 
 /// Stage 2 after the reads: split `mine` by key into `split`, then sort
 /// each partition on a second thread and hand it to this one, which
@@ -679,12 +679,9 @@ fn sort_and_write(
     let (sort_cpu, sort_wall) = std::thread::scope(|scope| {
         let (to_writer, sorted) = std::sync::mpsc::channel::<(u64, &[Record])>();
         let sorter = scope.spawn(move || {
-            // SAFETY: plain system calls on this thread's own priority; a
-            // refusal leaves it where it was.
-            unsafe {
-                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                libc::setpriority(libc::PRIO_PROCESS, tid, SORT_NICE);
-            }
+            // Raising one's own nice value needs no privilege; a refusal
+            // leaves the sort at the IO's priority, only slower to yield.
+            let _ = moneta_emu::sys::set_thread_nice(SORT_NICE);
             let (mut cpu, mut wall) = (Duration::ZERO, Duration::ZERO);
             let mut rest = split;
             let mut addr = output;
