@@ -35,6 +35,7 @@
 
 use crate::breakdown::{Breakdown, Component, Parts};
 use crate::config::Config;
+use crate::host::FileLock;
 use crate::kernel::rng::Rng;
 use crate::kernel::EventQueue;
 use crate::san::energy::{per_op, EnergyPerOp, HostPower};
@@ -168,7 +169,10 @@ enum HostEvent {
     TargetSubmit(u32),
     /// The request is back and its software done.
     Finish(u32),
-    /// A host's file write lock is released (`san.fs_write_atomicity`).
+    /// A QuickSAN-OS write enters the file system: it takes its host's
+    /// file write lock (`san.fs_write_atomicity`, `host::FileLock`).
+    Lock(u32),
+    /// A host's file write lock is given back.
     Unlock(HostId),
 }
 
@@ -221,8 +225,8 @@ struct Engine<'a> {
     result: RunResult,
     events: Vec<SanEvent>,
     /// Per host: the file write lock of POSIX write atomicity through the
-    /// kernel file system (held, and the threads waiting for it in order).
-    write_locks: Vec<(bool, VecDeque<u32>)>,
+    /// kernel file system.
+    write_locks: Vec<FileLock>,
 }
 
 impl<'a> Engine<'a> {
@@ -361,7 +365,7 @@ impl<'a> Engine<'a> {
             },
             san,
             events: Vec::new(),
-            write_locks: vec![(false, VecDeque::new()); n],
+            write_locks: vec![FileLock::default(); n],
         })
     }
 
@@ -499,34 +503,42 @@ impl<'a> Engine<'a> {
                     .map_err(|e| e.to_string())
             }
             HostEvent::Finish(t) => self.finish(now, t),
+            HostEvent::Lock(t) => {
+                let host = self.threads[t as usize].host;
+                if self.write_locks[host.0 as usize].acquire(t) {
+                    self.proceed(now, t);
+                }
+                Ok(())
+            }
             HostEvent::Unlock(host) => {
-                let lock = &mut self.write_locks[host.0 as usize];
-                match lock.1.pop_front() {
-                    Some(next) => self.proceed(now, next),
-                    None => lock.0 = false,
+                if let Some(next) = self.write_locks[host.0 as usize].release() {
+                    self.proceed(now, next);
                 }
                 Ok(())
             }
         }
     }
 
-    /// Whether this request holds its host's file write lock: a QuickSAN-OS
-    /// write when `san.fs_write_atomicity` is on (§5.2.2: the direct path
-    /// relaxes POSIX atomicity, the kernel's keeps it; §5.4.3 charges it to
-    /// QuickSAN's kernel interface). iSCSI and Fibre Channel are left out:
-    /// §5.4.3 says it of QuickSAN-OS only, and Table 5.1 gives GFS2 under
-    /// iSCSI a different cost (0.1 / 1.5 µs) — README "Fidelity".
-    fn holds_write_lock(&self, op: Op) -> bool {
-        op == Op::Write
-            && self.x.costs.fs_write_atomicity
-            && self.x.interface == Interface::QuicksanOs
+    /// Software time before thread `t`'s request takes its host's file
+    /// write lock, if it takes it: a QuickSAN-OS write when
+    /// `san.fs_write_atomicity` is on (`host_config`; §5.2.2: the direct
+    /// path relaxes POSIX atomicity, the kernel's keeps it; §5.4.3 charges
+    /// it to QuickSAN's kernel interface). iSCSI and Fibre Channel are left
+    /// out: §5.4.3 says it of QuickSAN-OS only, and Table 5.1 gives GFS2
+    /// under iSCSI a different cost (0.1 / 1.5 µs) — README "Fidelity".
+    fn lock_after_ns(&self, t: u32) -> Option<Ns> {
+        match self.threads[t as usize].path {
+            Some(Path::Device(p)) => p.file_lock_after_ns,
+            _ => None,
+        }
     }
 
-    /// The request is back at its host: release the write lock at `at`.
+    /// The request's completion is noticed at its host: give the write lock
+    /// back at `at`.
     fn unlock_at(&mut self, at: Ns, t: u32) {
-        let th = &self.threads[t as usize];
-        if self.holds_write_lock(th.op) {
-            self.queue.push(at, HostEvent::Unlock(th.host));
+        if self.lock_after_ns(t).is_some() {
+            self.queue
+                .push(at, HostEvent::Unlock(self.threads[t as usize].host));
         }
     }
 
@@ -557,22 +569,17 @@ impl<'a> Engine<'a> {
         th.start_ns = now;
         th.path = Some(path);
         th.device_done = false;
-        if self.holds_write_lock(op) {
-            let host = self.threads[t as usize].host;
-            let lock = &mut self.write_locks[host.0 as usize];
-            if lock.0 {
-                lock.1.push_back(t);
-                return Ok(());
-            }
-            lock.0 = true;
+        match self.lock_after_ns(t) {
+            Some(entry) => self.queue.push(now + entry, HostEvent::Lock(t)),
+            None => self.proceed(now, t),
         }
-        self.proceed(now, t);
         Ok(())
     }
 
     /// The thread may go on with its request (it holds the write lock if
     /// it needs one): software before the issue, from `now`.
     fn proceed(&mut self, now: Ns, t: u32) {
+        let entry = self.lock_after_ns(t).unwrap_or(0);
         let th = &mut self.threads[t as usize];
         let path = th.path.expect("started");
         let before = match path {
@@ -588,9 +595,10 @@ impl<'a> Engine<'a> {
                 p.before_ns
             }
         };
-        th.parts.add(Component::LockWait, now - th.start_ns);
-        th.cursor_ns = now + before;
-        self.queue.push(now + before, HostEvent::Issue(t));
+        // The software before the lock ran from the start.
+        th.parts.add(Component::LockWait, now - th.start_ns - entry);
+        th.cursor_ns = now + before - entry;
+        self.queue.push(th.cursor_ns, HostEvent::Issue(t));
     }
 
     fn issue(&mut self, now: Ns, t: u32) -> Result<(), String> {
@@ -700,6 +708,7 @@ impl<'a> Engine<'a> {
                 let interface = self.x.interface;
                 let th = &mut self.threads[t as usize];
                 debug_assert_eq!(parts.total_ns(), time_ns - th.cursor_ns);
+                let issued_at = th.cursor_ns;
                 th.parts.add_device(&parts);
                 th.cursor_ns = time_ns;
                 th.device_done = true;
@@ -717,7 +726,8 @@ impl<'a> Engine<'a> {
                     Path::Device(p) => {
                         th.parts.add_parts(&p.completion);
                         if p.spins {
-                            self.result.client_cpu_ns += time_ns - (th.start_ns + p.before_ns);
+                            // Spinning since the issue (the cursor before the device's parts).
+                            self.result.client_cpu_ns += time_ns - issued_at;
                             self.result.client_cpu_ns += p.completion_ns;
                         } else {
                             self.result.client_cpu_ns += p.completion.get(Component::Interrupt);

@@ -210,6 +210,10 @@ pub struct DevicePath {
     pub spins: bool,
     /// Source-side permission check (QuickSAN-D), for `SanRequest`.
     pub protection_ns: Ns,
+    /// A write through the kernel file system takes its host's file write
+    /// lock (`host::FileLock`) after this much of `before_ns`, and gives it
+    /// back once its completion is noticed.
+    pub file_lock_after_ns: Option<Ns>,
 }
 
 /// The configuration a QuickSAN interface's host runs: the device preset
@@ -247,6 +251,8 @@ pub fn host_config(device: &Config, interface: Interface, costs: &InterfaceCosts
             k.file_system_ns_read = fs_read;
             k.file_system_ns_write = fs_write;
             c.host.file_system = true;
+            c.host.fs_write_atomicity =
+                interface == Interface::QuicksanOs && costs.fs_write_atomicity;
             if interface == Interface::QuicksanOs
                 && costs.kernel_completion == KernelCompletion::Interrupt
             {
@@ -279,6 +285,7 @@ pub fn device_path(host: &Config, op: Op, bytes: u64) -> Result<DevicePath, Stri
         after_ns: 0,
         spins: false,
         protection_ns: 0,
+        file_lock_after_ns: None,
     };
     let mut issued = false;
     for step in p.steps() {
@@ -300,6 +307,11 @@ pub fn device_path(host: &Config, op: Op, bytes: u64) -> Result<DevicePath, Stri
                     + c.add(Component::Interrupt, interrupt_ns)
                     + c.add(Component::WakeUp, wake_ns);
             }
+            Step::FileLock => {
+                debug_assert!(!issued, "the file lock is taken before the issue");
+                path.file_lock_after_ns = Some(path.before_ns);
+            }
+            Step::FileUnlock => debug_assert!(issued, "and given back after the completion"),
             Step::Serial(..) | Step::Sleep { .. } => {
                 return Err(format!(
                 "stack {:?} has serialized sections; the SAN hosts run the optimized stacks only",
