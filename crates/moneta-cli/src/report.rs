@@ -10,7 +10,7 @@ use crate::nvmm::{self, WEAR_ENDURANCE_SCALE, WEAR_RATE_MB_S, WEAR_UTILIZATION};
 use crate::output::sweep_report;
 use crate::plot::{self, Chart, Report, ReportSection};
 use moneta_model::calibration::{self, Check, CompletionPoint};
-use moneta_model::config::Config;
+use moneta_model::config::{Config, Stack};
 use moneta_model::nvmm::experiments::{latency_sweep, wear_with_curve};
 use moneta_model::nvmm::NvmmConfig;
 use moneta_model::san::experiments::{self, Setup};
@@ -153,6 +153,69 @@ fn completion_charts(points: &[CompletionPoint]) -> [Chart; 2] {
     ]
 }
 
+/// The stacks of Figs. 4.8 and 4.9: baseline Moneta with and without a
+/// file system (`calibration::kernel_with_file_system`), and Moneta-D,
+/// whose library goes around the file system.
+const FS_STACKS: [&str; 3] = ["Moneta", "Moneta + FS", "Moneta-D"];
+
+/// Request sizes of the file-system figures (Fig. 4.7's range and on to 256 KB).
+const FS_SIZES: [u64; 10] = [
+    512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144,
+];
+
+/// Dissertation Figs. 4.8–4.9 from the model: 16 threads of random
+/// requests of `op` on each of [`FS_STACKS`], (stack, size, MB/s).
+fn file_system_bandwidth(
+    op: OpMix,
+    ops: u64,
+    seed: u64,
+) -> Result<Vec<(&'static str, u64, f64)>, String> {
+    let stack = |stack| -> Result<Config, String> {
+        let mut c = Config::preset("moneta-d").map_err(|e| e.to_string())?;
+        c.set_stack(stack);
+        Ok(c)
+    };
+    let configs = [
+        stack(Stack::TwoQueue)?,
+        calibration::kernel_with_file_system(),
+        stack(Stack::Direct)?,
+    ];
+    let mut out = Vec::new();
+    for (name, c) in FS_STACKS.into_iter().zip(&configs) {
+        for size in FS_SIZES {
+            let p = xdd_point(c, op, size, 16, RunLimit::Ops(ops), seed)?;
+            out.push((name, size, p.bandwidth_mb_per_s));
+        }
+    }
+    Ok(out)
+}
+
+/// One of Figs. 4.8–4.9: a line per stack (log axes: 16 locked writers
+/// sit two decades under the rest at 512 B).
+fn file_system_chart(what: &str, points: &[(&'static str, u64, f64)]) -> Chart {
+    Chart {
+        title: format!(
+            "{what} bandwidth with and without a file system (moneta-d array, 16 threads, random)"
+        ),
+        x_label: "request size (bytes, log scale)".into(),
+        y_label: "bandwidth (MB/s, log scale)".into(),
+        x_log2: true,
+        y_log10: true,
+        series: FS_STACKS
+            .iter()
+            .map(|&name| plot::Series {
+                name: name.into(),
+                points: points
+                    .iter()
+                    .filter(|p| p.0 == name)
+                    .map(|p| (p.1 as f64, p.2))
+                    .collect(),
+            })
+            .collect(),
+        ..Chart::default()
+    }
+}
+
 /// The published checks of one system, with their errors.
 fn checks_section(title: &str, checks: &[Check]) -> Vec<ReportSection> {
     let missed = checks.iter().filter(|c| !c.within()).count();
@@ -282,6 +345,20 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
         calibration::COMPLETION_THREADS,
         a.ops,
         a.seed
+    )]));
+    after.push(ReportSection::Heading(
+        "Bandwidth with and without a file system (Figs. 4.8 and 4.9)".into(),
+    ));
+    after.push(ReportSection::Paragraph(
+        "Baseline Moneta (the 2Q/Spin kernel stack on the Moneta-D array), the same with a file system (Table 3.1's file-system time, and writes that hold their file's write lock from the file system's entry until their completion is noticed: host.fs_write_atomicity, §4.4.2 and §5.4.3), and Moneta-D, whose library goes around the file system (so Moneta-D with a file system is the same line). 16 threads of random requests. The published figures' points are not in the seeds; their statements (13× for writes, at most 34% for reads, 14.8×, 26×, 7.6×) are checked in the table below.".into(),
+    ));
+    for (what, op) in [("Write", OpMix::Write), ("Read", OpMix::Read)] {
+        let points = file_system_bandwidth(op, a.ops, a.seed)?;
+        after.push(ReportSection::Chart(file_system_chart(what, &points)));
+    }
+    after.push(commands(&[format!(
+        "moneta sim sweep --preset moneta-d --stack 2q --set host.file_system=true --op write --threads 16 --sizes 512,1k,2k,4k,8k,16k,32k,64k,128k,256k --ops {} --seed {}   # and without the file system, and --stack direct; --op read",
+        a.ops, a.seed
     )]));
     after.extend(checks_section(
         "Published numbers of chapter 4 (Table 4.2, §4.3.4, §4.4)",
@@ -615,5 +692,22 @@ mod tests {
             .iter()
             .all(|s| s.points.len() == SCALING_THREADS.len()));
         assert_no_label_overlaps(&chart.title, &chart.to_svg(900, 480));
+    }
+
+    /// Figs. 4.8–4.9: one line per stack over every size; locked writers
+    /// through the file system below the other two at every size.
+    #[test]
+    fn file_system_figures_draw_every_stack_and_the_locked_writes_below() {
+        let points = file_system_bandwidth(OpMix::Write, 2_000, 1).unwrap();
+        let chart = file_system_chart("Write", &points);
+        assert!(chart.title.contains("moneta-d") && chart.title.contains("16 threads"));
+        assert_eq!(chart.series.len(), FS_STACKS.len());
+        for s in &chart.series {
+            assert_eq!(s.points.len(), FS_SIZES.len());
+        }
+        let (raw, fs) = (&chart.series[0].points, &chart.series[1].points);
+        assert!(raw.iter().zip(fs).all(|(r, f)| f.1 < r.1));
+        assert_no_label_overlaps(&chart.title, &chart.to_svg(900, 480));
+        check_balanced(&chart.to_svg(900, 480));
     }
 }
