@@ -99,6 +99,9 @@ pub enum Component {
     SpinDetect,
     /// Runnable thread waiting for a core.
     CoreWait,
+    /// Work of the thread pushed back by interrupt handlers that ran on its
+    /// core (`experiment`: the interrupt core takes them from whatever runs there).
+    Preempted,
     /// Copy from the DMA buffer (reads).
     CopyOut,
     /// OS return and user-space overhead.
@@ -106,7 +109,7 @@ pub enum Component {
 }
 
 impl Component {
-    pub const COUNT: usize = 32;
+    pub const COUNT: usize = 33;
 
     pub const ALL: [Component; Component::COUNT] = [
         Component::SyscallEntry,
@@ -139,6 +142,7 @@ impl Component {
         Component::WakeUp,
         Component::SpinDetect,
         Component::CoreWait,
+        Component::Preempted,
         Component::CopyOut,
         Component::Return,
     ];
@@ -176,6 +180,7 @@ impl Component {
             Component::WakeUp => "wake_up",
             Component::SpinDetect => "spin_detect",
             Component::CoreWait => "core_wait",
+            Component::Preempted => "preempted",
             Component::CopyOut => "copy_out",
             Component::Return => "return",
         }
@@ -214,6 +219,7 @@ impl Component {
             Component::WakeUp => "wake-up",
             Component::SpinDetect => "spin: notice completion",
             Component::CoreWait => "wait for a core",
+            Component::Preempted => "preempted by an interrupt",
             Component::CopyOut => "copy from DMA buffer",
             Component::Return => "OS return",
         }
@@ -339,11 +345,20 @@ impl DeviceParts {
 }
 
 /// Sum of the parts of many requests, for means per group and per run.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Breakdown {
     /// u64 holds 584 years of summed latency per component.
     sum_ns: [u64; Component::COUNT],
     count: u64,
+}
+
+impl Default for Breakdown {
+    fn default() -> Self {
+        Breakdown {
+            sum_ns: [0; Component::COUNT],
+            count: 0,
+        }
+    }
 }
 
 impl Breakdown {

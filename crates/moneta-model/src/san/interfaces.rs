@@ -297,6 +297,14 @@ pub fn device_path(host: &Config, op: Op, bytes: u64) -> Result<DevicePath, Stri
                 path.spins = true;
                 path.completion_ns += path.completion.add(Component::SpinDetect, detect_ns);
             }
+            Step::Forwarded(f) => {
+                path.spins = true;
+                let c = &mut path.completion;
+                path.completion_ns += c.add(Component::Notify, host.link.latency_ns_device_to_host)
+                    + c.add(Component::Interrupt, f.interrupt_ns)
+                    + c.add(Component::Pio, f.register_read_ns)
+                    + c.add(Component::SpinDetect, f.detect_ns);
+            }
             Step::Sleep {
                 interrupt_ns,
                 lock: None,
