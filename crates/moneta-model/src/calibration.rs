@@ -110,14 +110,6 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
     ("energy: iSCSI / QuickSAN-D, lowest", ENERGY),
     ("bandwidth: QuickSAN-D / iSCSI, 4 KB read", ISCSI_TARGET),
     (
-        "DMA / issue-sleep bandwidth, 512 B, 32 threads 50/50",
-        COMPLETION_COST,
-    ),
-    (
-        "DMA / issue-sleep bandwidth, 1024 B, 32 threads 50/50",
-        COMPLETION_COST,
-    ),
-    (
         "DMA / forwarding bandwidth, 2048 B, 32 threads 50/50",
         COMPLETION_COST,
     ),
@@ -161,14 +153,16 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
         "512 B bandwidth with a FS: Moneta-D / Moneta + FS, largest of read, write",
         FS_SERIAL,
     ),
+    ("Moneta-D 512 B write latency, issue-sleep", SLEEP_OVERLAP),
     (
         "small writes through the FS: Moneta-D / Moneta + FS, largest over 512 B–4 KB",
         FS_SERIAL,
     ),
 ];
 
-const COMPLETION_COST: &str = "Interrupts take a core in the model (experiment.rs, README 'Moneta-D: completions'): a forwarded completion runs Table 3.1's 1.08 / 1.10 µs kernel handler on the one interrupt core, ahead of the thread there, and a spinning thread reads and clears the channel's TAGSTATUSREGISTER (one PIO word, a read serving every tag set before it), inside Table 4.2's one-thread 2.71 / 2.36 µs. Where the 32 spinners are CPU-bound the handlers cost most of one core of eight: DMA / forwarding 1.25× at 512 B and 1.21× at 1 KB (ok), then 1.15×, 1.05× and 1.01× at 2, 4 and 8 KB as the link rather than the cores bounds DMA (2.3-3.0 GB/s). Issue-sleep's handler and the wake-up's context switch take cores too, but at 512 B-1 KB most of its requests finish inside its 3.90 / 3.96 µs system call and the model's thread checks the status before it sleeps, so it neither sleeps nor is woken (Table 4.2's 14.65 µs for 512 B says the measured thread was): it is a spinner whose system call stands in for DMA's spin, 1.12× and 0.99×. From 2 KB its sleepers free the cores that spinners hold, so it keeps all 32 requests in flight against DMA's 8 (one per core) and has more bandwidth than DMA (0.92×, 0.86×, 0.90× at 2, 4, 8 KB). No constant was set to reach the range.";
+const COMPLETION_COST: &str = "Interrupts take a core in the model (experiment.rs, README 'Moneta-D: completions'): a forwarded completion runs Table 3.1's 1.08 / 1.10 µs kernel handler on the one interrupt core, ahead of the thread there, and a spinning thread reads and clears the channel's TAGSTATUSREGISTER (one PIO word, a read serving every tag set before it), inside Table 4.2's one-thread 2.71 / 2.36 µs. Where the 32 spinners are CPU-bound the handlers cost most of one core of eight: DMA / forwarding 1.25× at 512 B and 1.21× at 1 KB (ok), then 1.15×, 1.05× and 1.01× at 2, 4 and 8 KB as the link rather than the cores bounds DMA (2.3-3.0 GB/s). Issue-sleep's thread sleeps until the interrupt wakes it even when the device finished during its 3.90 / 3.96 µs system call (its result comes back only then, §4.3.4; Table 4.2's 14.65 µs for a lone 512 B request), and its handler and context switch take cores: DMA / issue-sleep 1.60× and 1.41× at 512 B and 1 KB (ok). From 2 KB its sleepers free the cores that spinners hold, so it keeps all 32 requests in flight against DMA's 8 (one per core) and catches up with DMA (1.11×, 0.86×, 0.90× at 2, 4, 8 KB). No constant was set to reach the range.";
 const BASELINE_COMPLETION: &str = "The baseline here is the project's kernel stack with a file system (README 'kernel + fs': the 2Q/Spin driver with Table 3.1's file-system cost, preset moneta-d), which spins for requests up to 4 KB: 17.4 µs for a 4 KB write against Moneta-D's 9.1 µs (-48%), 17.0 µs for a 4 KB read against 8.8 µs (-48%). Table 4.2's baseline completes by interrupt ('baseline interrupts' 5.82 / 5.87 µs); the model's interrupt-completing kernel stack (--stack atomic --set host.file_system=true) takes 21.9 and 22.2 µs, -58.5% and -60% as published, but then the 512 B read saving becomes -78% against the published -64% (it is -69% here, ok). The texts do not settle which driver the chapter 4 baseline ran; the project's baseline was not changed to pass either check.";
+const SLEEP_OVERLAP: &str = "The model runs issue-sleep's system call in parallel with the access, as §4.3.4 says ('The system call also occurs in parallel with the access'), and times Table 4.2's completion (14.65 / 14.29 µs, system call included) from the issue, so the 512 B access (1.26 / 2.18 µs) is hidden under it; Table 4.2's columns add the two. A lone request takes 14.1 µs for a read (16.5 summed, -14.6%, ok) and 13.7 µs for a write (17.1, -19.6%): the write's longer access is the larger part hidden.";
 const FS_SERIAL: &str = "Writes through the file system hold the file's write lock from the file system's entry until their completion is noticed (host.fs_write_atomicity, §4.4.2 and §5.4.3), so the baseline's 16 writer threads run one at a time, and each is handed the lock asleep, so it switches in (2 µs) holding it: 11.6 µs of a 512 B write and 15.4 µs of a 4 KB write are under the lock (44 and 265 MB/s). That meets 7.6× at 4 KB (6.5×) and 13× for the baseline with and without the file system (11.9×), but the two 512 B statements, 14.8× (ch. 4 introduction) and 26× (§4.4.2, small writes), cannot both hold, and the model's 17.8× lies between them: +20% and -31%. Read bandwidth, unlocked, loses at most 34.5% with the file system (published: at most 34%).";
 
 const ISCSI_TARGET: &str = "iSCSI's loaded 4 KB bandwidth is bound by the target software: Table 5.1's 284 µs split half and half between initiator and target (our assumption), the target's half on one tgtd core per host (our assumption) = 7,000 requests/s per target, 27 MB/s per host. 14.7× would need ~69 MB/s per host, about 2.5× the one-core target's rate; the seeds say nothing of the target's threads, so the assumption stays (san.iscsi_target_cores, --target-cores) and this check stays a miss. The small-request 167× (512 B) and the latency −93% are met.";
@@ -562,7 +556,23 @@ pub fn direct_and_headline() -> Vec<Check> {
     // 2.18, copy 0.13, extent lookup 0.12, hardware check 0.06, library
     // 0.29, DMA completion 2.68 µs.
     let table_4_2_write = 2.18 + 0.13 + 0.12 + 0.06 + 0.29 + 2.68;
-    vec![
+    // The same columns with issue-sleep's completion (14.65 / 14.29 µs)
+    // in place of DMA's.
+    let mut sleep = direct.clone();
+    sleep.direct.completion = crate::config::Completion::IssueSleep;
+    let table_4_2_sleep = [
+        (
+            OpMix::Read,
+            "read",
+            1.26 + 0.17 + 0.12 + 0.06 + 0.21 + 14.65,
+        ),
+        (
+            OpMix::Write,
+            "write",
+            2.18 + 0.13 + 0.12 + 0.06 + 0.29 + 14.29,
+        ),
+    ];
+    let mut v = vec![
         check(
             "Moneta-D 512 B write latency".into(),
             "Table 4.2, Moneta-D column summed (SPEC §3.5)",
@@ -595,7 +605,18 @@ pub fn direct_and_headline() -> Vec<Check> {
             0.15,
             "IOPS",
         ),
-    ]
+    ];
+    for (op, name, published) in table_4_2_sleep {
+        v.push(check(
+            format!("Moneta-D 512 B {name} latency, issue-sleep"),
+            "Table 4.2, Moneta-D column summed with issue-sleep's completion (SPEC §3.5)",
+            published,
+            latency_us(&sleep, op, 512),
+            0.15,
+            "µs",
+        ));
+    }
+    v
 }
 
 /// Request sizes of the completion experiment (dissertation Figs. 4.5–4.6:
