@@ -120,6 +120,26 @@ impl Onfi {
     }
 }
 
+/// How a command shares a flash channel with data transfers.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommandPriority {
+    /// A command waits for every transfer booked on the channel and goes
+    /// only into a gap before data booked for later (the model before
+    /// issue 23's fourth pass: a command behind queued return data waits
+    /// for all of it).
+    Gaps,
+    /// "The flash controller in NVMM accomplishes this by giving commands
+    /// priority over return data on the package interface. This ensures
+    /// that a plane can begin working on its next access while
+    /// simultaneously sending back the data from its last access.
+    /// Alternatively, the return data using the interface would prevent the
+    /// command from being sent, and the plane would sit idle during the data
+    /// transmission" (the report, SPEC §7): a command waits only for other
+    /// commands and for write data going in; return data pauses for it.
+    Interrupt,
+}
+
 /// Where the pages of one flash block are.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -181,6 +201,8 @@ pub struct FlashConfig {
     pub endurance_spread: f64,
     pub onfi: Onfi,
     pub layout: Layout,
+    /// Whether a command waits for return data on its channel.
+    pub command_priority: CommandPriority,
     pub channels: u32,
     pub volumes_per_channel: u32,
     pub dies_per_volume: u32,
