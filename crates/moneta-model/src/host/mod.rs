@@ -161,7 +161,9 @@ impl Default for Plan {
 }
 
 impl Plan {
-    pub const MAX_STEPS: usize = 10;
+    /// The longest program: NoSched with a driver lock, a file system and
+    /// its write lock takes 11 steps.
+    pub const MAX_STEPS: usize = 12;
 
     fn push(&mut self, step: Step) {
         // Merge consecutive CPU work; drop empty work.
@@ -510,6 +512,34 @@ mod tests {
             .steps()
             .iter()
             .any(|s| matches!(s, Step::Sleep { .. })));
+    }
+
+    #[test]
+    fn every_stack_plans_every_request_with_every_option() {
+        // The longest programs fit `Plan::MAX_STEPS` (a panic otherwise).
+        for preset in ["moneta", "haste", "moneta-d", "ddr-ramdisk"] {
+            let mut c = Config::preset(preset).unwrap();
+            c.host.driver_lock_ns = 5000;
+            c.host.file_system = true;
+            for stack in Stack::ALL {
+                c.set_stack(stack);
+                for completion in [
+                    Completion::Dma,
+                    Completion::Forwarding,
+                    Completion::IssueSleep,
+                ] {
+                    c.direct.completion = completion;
+                    for op in [Op::Read, Op::Write] {
+                        for bytes in [512, 4096, 1 << 20] {
+                            for soft_miss in [false, true] {
+                                let p = plan(&c, op, bytes, PermissionOutcome { soft_miss });
+                                assert!(!p.steps().is_empty(), "{preset} {stack:?} {op:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
