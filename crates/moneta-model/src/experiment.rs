@@ -94,8 +94,6 @@ struct Thread {
     /// ... and the interrupt handler that serves it ends then (sleeping plans).
     handled_at: Option<Ns>,
     tag: Option<PhysTag>,
-    /// The thread holds its group's file write lock (`host::FileLock`).
-    file_lock: bool,
     done: bool,
     time: Accounting,
     /// The core the thread runs on, if it has one.
@@ -288,6 +286,9 @@ struct Simulation<'a> {
     handler_run: Option<StatusRead>,
     /// Reading the tag status clears it (Moneta+Atomic on): handler runs batch.
     status_read_clears: bool,
+    /// Moneta-D with issue-sleep completion: a thread learns of its
+    /// completion only when the interrupt wakes it.
+    issue_sleep: bool,
     servers_free_at: [Ns; SERVERS],
     /// Each thread group's file write lock.
     file_locks: Vec<FileLock>,
@@ -343,7 +344,6 @@ impl<'a> Simulation<'a> {
                     completed_at: None,
                     handled_at: None,
                     tag: None,
-                    file_lock: false,
                     done: false,
                     time: Accounting::default(),
                     core: None,
@@ -379,6 +379,8 @@ impl<'a> Simulation<'a> {
             run_queue: VecDeque::new(),
             handler_run: None,
             status_read_clears: !matches!(config.host.stack, Stack::Base | Stack::NoSched),
+            issue_sleep: config.host.stack == Stack::Direct
+                && config.direct.completion == Completion::IssueSleep,
             servers_free_at: [0; SERVERS],
             file_locks: vec![FileLock::default(); workload.groups.len()],
             direct,
@@ -721,9 +723,6 @@ impl<'a> Simulation<'a> {
                     lock,
                     wake_ns,
                 } => {
-                    let issue_sleep = self.direct.is_some()
-                        && self.config.direct.completion == Completion::IssueSleep;
-                    let switch_ns = self.config.host.costs.io_scheduler_switch_ns.min(wake_ns);
                     let th = &mut self.threads[t as usize];
                     th.step += 1;
                     match th.handled_at {
@@ -736,13 +735,9 @@ impl<'a> Simulation<'a> {
                         // 3.9 µs call ends): it sleeps even when the device
                         // finished during the call, and is woken once the
                         // handler has run.
-                        Some(handled) if issue_sleep => {
-                            let from = now.max(handled);
-                            th.time.spend(Component::Interrupt, from - now);
-                            th.time.spend(Component::WakeUp, wake_ns - switch_ns);
-                            th.time.gap = Some(Component::CoreWait);
-                            th.switch_ns = switch_ns;
-                            self.queue.push(from + wake_ns - switch_ns, Event::Wake(t));
+                        Some(handled) if self.issue_sleep => {
+                            th.time.spend(Component::Interrupt, now.max(handled) - now);
+                            self.wake(t, wake_ns);
                             self.release_core(now, t);
                             return Ok(());
                         }
@@ -768,7 +763,6 @@ impl<'a> Simulation<'a> {
     fn take_file_lock(&mut self, now: Ns, t: u32) -> bool {
         let th = &mut self.threads[t as usize];
         if self.file_locks[th.group].acquire(t) {
-            th.file_lock = true;
             return true;
         }
         th.time.gap = Some(Component::LockWait);
@@ -780,19 +774,26 @@ impl<'a> Simulation<'a> {
     /// lock back, and the next writer (if any) wakes holding it; like any
     /// woken thread it switches in on the core it gets (holding the lock).
     fn release_file_lock(&mut self, now: Ns, t: u32) {
-        let th = &mut self.threads[t as usize];
-        debug_assert!(th.file_lock, "thread {t} gives back a lock it holds");
-        th.file_lock = false;
-        let group = th.group;
+        let group = self.threads[t as usize].group;
         if let Some(next) = self.file_locks[group].release() {
-            let switch_ns = self.config.host.costs.io_scheduler_switch_ns;
-            let next_th = &mut self.threads[next as usize];
-            next_th.file_lock = true;
-            next_th.time.resume(now);
-            next_th.time.gap = Some(Component::CoreWait);
-            next_th.switch_ns = switch_ns;
-            self.want_core(now, next);
+            // Its wait for the lock ends now; the wake-up is the switch alone.
+            self.threads[next as usize].time.resume(now);
+            self.wake(next, self.config.host.costs.io_scheduler_switch_ns);
         }
+    }
+
+    /// Sleeping thread `t` is woken, from its cursor, by a wake-up of
+    /// `wake_ns`: the context switch part of it (SPEC §2.2's
+    /// `io_scheduler_switch_ns`) runs on the core it then gets, the rest is
+    /// latency off the cores.
+    fn wake(&mut self, t: u32, wake_ns: Ns) {
+        let switch_ns = self.config.host.costs.io_scheduler_switch_ns.min(wake_ns);
+        let time = &mut self.threads[t as usize].time;
+        time.spend(Component::WakeUp, wake_ns - switch_ns);
+        time.gap = Some(Component::CoreWait);
+        let at = time.cursor_ns;
+        self.threads[t as usize].switch_ns = switch_ns;
+        self.queue.push(at, Event::Wake(t));
     }
 
     /// Issue thread `t`'s request on its group's channel: a virtual tag,
@@ -911,18 +912,11 @@ impl<'a> Simulation<'a> {
                 wake_ns,
             } => {
                 let run = self.interrupt(irq, interrupt_ns, lock);
-                // The wake-up's context switch runs on the core the thread gets.
-                let switch_ns = self.config.host.costs.io_scheduler_switch_ns.min(wake_ns);
-                let th = &mut self.threads[t as usize];
-                let time = &mut th.time;
+                let time = &mut self.threads[t as usize].time;
                 time.device_done(now, device);
                 time.spend(Component::Notify, self.notify_ns);
                 time.interrupt(&run);
-                time.spend(Component::WakeUp, wake_ns - switch_ns);
-                time.gap = Some(Component::CoreWait);
-                th.switch_ns = switch_ns;
-                self.queue
-                    .push(run.end_ns + wake_ns - switch_ns, Event::Wake(t));
+                self.wake(t, wake_ns);
             }
         }
     }

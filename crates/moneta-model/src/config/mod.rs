@@ -296,8 +296,8 @@ pub struct HostConfig {
     pub spin_max_bytes: u64,
     /// Add the file-system cost to every request.
     pub file_system: bool,
-    /// With `file_system`: a write holds its file's lock from its start
-    /// until its completion is noticed, so one file's kernel writes run one
+    /// With `file_system`: a write holds its file's lock from the file
+    /// system's entry until its completion is noticed, so one file's kernel writes run one
     /// at a time (POSIX write atomicity; `host::FileLock`). Direct access
     /// bypasses it (dissertation §4.4.2, §5.2.2).
     pub fs_write_atomicity: bool,

@@ -20,8 +20,8 @@
 //!
 //! With a file system (`host.file_system`), every kernel stack also pays
 //! Table 3.1's file-system time, and its writes hold the file's write lock
-//! ([`FileLock`], `host.fs_write_atomicity`) from their start until their
-//! completion is noticed; the experiments take and release it.
+//! ([`FileLock`], `host.fs_write_atomicity`) from the file system's entry
+//! until their completion is noticed (`Step::FileLock`, `Step::FileUnlock`).
 
 pub mod extent_map;
 
@@ -31,8 +31,8 @@ use crate::units::{Ns, Op};
 use std::collections::VecDeque;
 
 /// A file's write lock in a kernel file system (POSIX write atomicity): a
-/// write takes it when it starts and gives it back once its completion is
-/// noticed; the others sleep in FIFO order, off their cores. Dissertation
+/// write takes it as it enters the file system and gives it back once its
+/// completion is noticed; the others sleep in FIFO order, off their cores. Dissertation
 /// §4.4.2 ("Adding a file system reduces performance for the original
 /// Moneta system by up to 13×" for writes, at most 34% for reads) and §5.4.3
 /// ("Some of that cost goes towards enforcing atomicity guarantees");
