@@ -242,6 +242,11 @@ struct PatternArgs {
     /// Bytes of the device the threads touch [default: the whole device, at most 16 GiB].
     #[arg(long, value_parser = moneta_model::units::parse_size)]
     region_bytes: Option<u64>,
+    /// Requests each thread keeps in flight: 1 is synchronous (XDD); up to
+    /// 64 (a channel's tags) is Moneta-D's asynchronous IO, with --stack
+    /// direct and DMA completion only.
+    #[arg(long, default_value_t = 1)]
+    queue_depth: u32,
 }
 
 impl PatternArgs {
@@ -263,6 +268,7 @@ impl PatternArgs {
             .unwrap_or_else(|| default_region_bytes(config));
         let mut w = Workload::xdd(mix, size, threads, region, limit, seed);
         w.groups[0].random = self.pattern == Pattern::Random;
+        w.groups[0].queue_depth = self.queue_depth;
         w.validate(config.device.capacity_bytes)?;
         Ok(w)
     }

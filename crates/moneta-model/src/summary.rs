@@ -18,6 +18,8 @@ pub struct PointSummary {
     pub pattern: String,
     pub region_bytes: u64,
     pub threads: u32,
+    /// Requests each thread keeps in flight (1: synchronous).
+    pub queue_depth: u32,
     pub seed: u64,
     pub ops: u64,
     pub elapsed_ns: u64,
@@ -66,6 +68,7 @@ impl PointSummary {
             pattern: if g.random { "random" } else { "sequential" }.to_string(),
             region_bytes: g.region_bytes,
             threads: workload.threads(),
+            queue_depth: g.queue_depth,
             seed: workload.seed,
             ops: r.ops,
             elapsed_ns: r.elapsed_ns,

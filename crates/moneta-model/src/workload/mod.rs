@@ -6,6 +6,9 @@
 //! waits for it, and issues the next (closed loop), until the run's op count
 //! or simulated duration is reached. Each thread draws addresses from its
 //! own seeded stream, so adding a thread never changes another's addresses.
+//! A group may instead keep `queue_depth` requests in flight per thread
+//! (Moneta-D's asynchronous interface, SPEC §3.2, dissertation §4.4.4):
+//! each in-flight slot draws from its own stream.
 
 use crate::kernel::Rng;
 use crate::units::Op;
@@ -75,7 +78,19 @@ pub struct ThreadGroup {
     /// The group's accesses fall in [region_offset_bytes, + region_bytes).
     pub region_offset_bytes: u64,
     pub region_bytes: u64,
+    /// Requests each thread keeps in flight: 1 is synchronous (XDD's
+    /// threads); more is Moneta-D's asynchronous pread/pwrite (SPEC §3.2).
+    #[serde(default = "synchronous")]
+    pub queue_depth: u32,
 }
+
+fn synchronous() -> u32 {
+    1
+}
+
+/// Virtual tags of a Moneta-D channel (SPEC §3.1): no thread can keep more
+/// requests in flight on its channel.
+pub const CHANNEL_TAGS: u32 = 64;
 
 /// When a run stops.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -113,6 +128,7 @@ impl Workload {
                 random: true,
                 region_offset_bytes: 0,
                 region_bytes,
+                queue_depth: 1,
             }],
             limit,
             seed,
@@ -139,6 +155,7 @@ impl Workload {
             random: true,
             region_offset_bytes,
             region_bytes: half,
+            queue_depth: 1,
         };
         Workload {
             groups: vec![
@@ -172,6 +189,12 @@ impl Workload {
                 return Err(format!(
                     "{}: region exceeds the device capacity {capacity_bytes}",
                     g.name
+                ));
+            }
+            if !(1..=CHANNEL_TAGS).contains(&g.queue_depth) {
+                return Err(format!(
+                    "{}: queue depth {} must be 1 (synchronous) to {CHANNEL_TAGS} (a channel's tags)",
+                    g.name, g.queue_depth
                 ));
             }
             if let OpMix::Mixed(p) = g.op {
