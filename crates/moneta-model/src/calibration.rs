@@ -49,7 +49,9 @@ impl Check {
     /// only a range ("between 21% and 171%", "more than"), the range.
     pub fn published_text(&self) -> String {
         match self.bounds {
-            Some((low, high)) if low == self.published && high.is_finite() => {
+            Some((low, high))
+                if (low == self.published || high == self.published) && high.is_finite() =>
+            {
                 format!("{} … {}", format_number(low), format_number(high))
             }
             Some((low, _)) if low == self.published => format!("> {}", format_number(low)),
@@ -155,6 +157,22 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
     ),
     ("Moneta-D 512 B write latency, issue-sleep", SLEEP_OVERLAP),
     (
+        "async / sync bandwidth, 1 thread: smallest over 512 B–256 KB",
+        ASYNC_COST,
+    ),
+    (
+        "async / sync bandwidth, 1 thread: largest over 512 B–256 KB",
+        ASYNC_COST,
+    ),
+    (
+        "async / sync bandwidth, 8 threads: largest below 4 KB",
+        ASYNC_COST,
+    ),
+    (
+        "async / sync bandwidth per CPU, 1 thread, 16 KB",
+        ASYNC_COST,
+    ),
+    (
         "small writes through the FS: Moneta-D / Moneta + FS, largest over 512 B–4 KB",
         FS_SERIAL,
     ),
@@ -162,6 +180,7 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
 
 const COMPLETION_COST: &str = "Interrupts take a core in the model (experiment.rs, README 'Moneta-D: completions'): a forwarded completion runs Table 3.1's 1.08 / 1.10 µs kernel handler on the one interrupt core, ahead of the thread there, and a spinning thread reads and clears the channel's TAGSTATUSREGISTER (one PIO word, a read serving every tag set before it), inside Table 4.2's one-thread 2.71 / 2.36 µs. Where the 32 spinners are CPU-bound the handlers cost most of one core of eight: DMA / forwarding 1.25× at 512 B and 1.21× at 1 KB (ok), then 1.15×, 1.05× and 1.01× at 2, 4 and 8 KB as the link rather than the cores bounds DMA (2.3-3.0 GB/s). Issue-sleep's thread sleeps until the interrupt wakes it even when the device finished during its 3.90 / 3.96 µs system call (its result comes back only then, §4.3.4; Table 4.2's 14.65 µs for a lone 512 B request), and its handler and context switch take cores: DMA / issue-sleep 1.60× and 1.41× at 512 B and 1 KB (ok). From 2 KB its sleepers free the cores that spinners hold, so it keeps all 32 requests in flight against DMA's 8 (one per core) and catches up with DMA (1.11×, 0.86×, 0.90× at 2, 4, 8 KB). No constant was set to reach the range.";
 const BASELINE_COMPLETION: &str = "The baseline here is the project's kernel stack with a file system (README 'kernel + fs': the 2Q/Spin driver with Table 3.1's file-system cost, preset moneta-d), which spins for requests up to 4 KB: 17.4 µs for a 4 KB write against Moneta-D's 9.1 µs (-48%), 17.0 µs for a 4 KB read against 8.8 µs (-48%). Table 4.2's baseline completes by interrupt ('baseline interrupts' 5.82 / 5.87 µs); the model's interrupt-completing kernel stack (--stack atomic --set host.file_system=true) takes 21.9 and 22.2 µs, -58.5% and -60% as published, but then the 512 B read saving becomes -78% against the published -64% (it is -69% here, ok). The texts do not settle which driver the chapter 4 baseline ran; the project's baseline was not changed to pass either check.";
+const ASYNC_COST: &str = "An asynchronous thread (experiment.rs; 64 requests in flight alone, 8 each of 8 threads, our assumption) pays per request only Table 4.2's host costs (library 0.21 / 0.29 µs, extent lookup 0.12 µs, copy 0.34 / 0.26 µs per KB); DMA completion's 2.32 / 2.68 µs is latency, under which its core serves its other requests. So one thread moves 983 MB/s of 50/50 512 B requests (1.9M IOPS on one core) against the synchronous thread's 113 MB/s, 8.6×, and still 3.05× at 256 KB, where the synchronous thread's 87 µs copy leaves the link idle. §4.4.4 measured 1.1–3.0× and names 'software overheads resulting from maintaining asynchronous request data structures and increased contention during tag allocation' for small requests without a cost; the model has the tags but no bookkeeping cost, so small requests gain far more than published, and 8 threads' small requests gain 3.2× where the paper's lose. 4 KB's 5.7× meets the chapter's 5.5×. Bandwidth per CPU at 16 KB equals the bandwidth gain, 4.1× against 2.8×: both interfaces keep their core busy (the synchronous thread spins, the asynchronous one polls). No constant was set to reach the published range.";
 const SLEEP_OVERLAP: &str = "The model runs issue-sleep's system call in parallel with the access, as §4.3.4 says ('The system call also occurs in parallel with the access'), and times Table 4.2's completion (14.65 / 14.29 µs, system call included) from the issue, so the 512 B access (1.26 / 2.18 µs) is hidden under it; Table 4.2's columns add the two. A lone request takes 14.1 µs for a read (16.5 summed, -14.6%, ok) and 13.7 µs for a write (17.1, -19.6%): the write's longer access is the larger part hidden.";
 const FS_SERIAL: &str = "Writes through the file system hold the file's write lock from the file system's entry until their completion is noticed (host.fs_write_atomicity, §4.4.2 and §5.4.3), so the baseline's 16 writer threads run one at a time, and each is handed the lock asleep, so it switches in (2 µs) holding it: 11.6 µs of a 512 B write and 15.4 µs of a 4 KB write are under the lock (44 and 265 MB/s). That meets 7.6× at 4 KB (6.5×) and 13× for the baseline with and without the file system (11.9×), but the two 512 B statements, 14.8× (ch. 4 introduction) and 26× (§4.4.2, small writes), cannot both hold, and the model's 17.8× lies between them: +20% and -31%. Read bandwidth, unlocked, loses at most 34.5% with the file system (published: at most 34%).";
 
@@ -690,8 +709,9 @@ pub fn completion_sweep(ops: u64, seed: u64) -> Result<Vec<CompletionPoint>, Str
 }
 
 /// A statement that gives only a range, "between `low` and `high`"
-/// (`high` infinite: "more than `low`"): the published column shows the
-/// range, and the error is measured from `low`.
+/// (`high` infinite: "more than `low`"; `low` zero: "less than `high`"):
+/// the published column shows the range, and the error is measured from
+/// `low` (from `high` when `low` is zero).
 fn ranged(
     name: String,
     source: &'static str,
@@ -699,9 +719,10 @@ fn ranged(
     bounds: (f64, f64),
     unit: &'static str,
 ) -> Check {
+    let reference = if bounds.0 > 0.0 { bounds.0 } else { bounds.1 };
     Check {
         bounds: Some(bounds),
-        ..check(name, source, bounds.0, simulated, 0.0, unit)
+        ..check(name, source, reference, simulated, 0.0, unit)
     }
 }
 
@@ -792,6 +813,157 @@ pub fn completion_checks(points: &[CompletionPoint]) -> Vec<Check> {
 /// Dissertation Figs. 4.5–4.6 (seed 1, the calibration's op count).
 pub fn direct_completions() -> Vec<Check> {
     completion_checks(&completion_sweep(OPS, SEED).expect("completion sweep runs"))
+}
+
+/// Threads of the asynchronous-IO experiment (dissertation §4.4.4,
+/// Fig. 4.11: "1 and 8 threads").
+pub const ASYNC_THREADS: [u32; 2] = [1, 8];
+
+/// Requests an asynchronous thread keeps in flight: every tag of its
+/// process's channel (64, SPEC §3.1) shared by the threads. Our assumption:
+/// the text gives no depth, but says the 8-thread runs contend "during tag
+/// allocation", which they do only if together they ask for all 64.
+pub fn async_queue_depth(threads: u32) -> u32 {
+    crate::workload::CHANNEL_TAGS / threads
+}
+
+/// One point of the asynchronous-IO experiment.
+#[derive(Debug, Clone, Serialize)]
+pub struct AsyncPoint {
+    pub threads: u32,
+    /// 1: the synchronous interface.
+    pub queue_depth: u32,
+    pub size_bytes: u64,
+    pub bandwidth_mb_per_s: f64,
+    /// Bandwidth per busy host core (Fig. 4.12), as [`CompletionPoint`]'s.
+    pub mb_per_s_per_cpu: f64,
+}
+
+/// Dissertation §4.4.4, Figs. 4.11–4.12: preset `moneta-d` (DMA
+/// completion), 50/50 random requests of each size (the op is our
+/// assumption, as the completion experiment's), 1 and 8 threads, each
+/// synchronous and asynchronous ([`async_queue_depth`]).
+pub fn async_sweep(ops: u64, seed: u64) -> Result<Vec<AsyncPoint>, String> {
+    let c = preset("moneta-d", Stack::Direct);
+    let mut out = Vec::new();
+    for threads in ASYNC_THREADS {
+        for queue_depth in [1, async_queue_depth(threads)] {
+            for size_bytes in COMPLETION_SIZES {
+                let mut w = crate::workload::Workload::xdd(
+                    OpMix::Mixed(0.5),
+                    size_bytes,
+                    threads,
+                    default_region_bytes(&c),
+                    RunLimit::Ops(ops),
+                    seed,
+                );
+                w.groups[0].queue_depth = queue_depth;
+                let p = crate::summary::workload_point(&c, &w)?;
+                let cpus = p.cpu_utilization * c.host.cores as f64;
+                out.push(AsyncPoint {
+                    threads,
+                    queue_depth,
+                    size_bytes,
+                    bandwidth_mb_per_s: p.bandwidth_mb_per_s,
+                    mb_per_s_per_cpu: p.bandwidth_mb_per_s / cpus,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Dissertation §4.4.4's statements about Figs. 4.11 and 4.12 (and the
+/// chapter's introduction and conclusion), on the points of [`async_sweep`].
+pub fn async_checks(points: &[AsyncPoint]) -> Vec<Check> {
+    let at = |threads, asynchronous: bool, size| {
+        points
+            .iter()
+            .find(|p| {
+                p.threads == threads && (p.queue_depth > 1) == asynchronous && p.size_bytes == size
+            })
+            .expect("a point per thread count, interface and size")
+    };
+    let gain = |threads, size| {
+        at(threads, true, size).bandwidth_mb_per_s / at(threads, false, size).bandwidth_mb_per_s
+    };
+    let one: Vec<f64> = COMPLETION_SIZES.into_iter().map(|s| gain(1, s)).collect();
+    let src = "dissertation §4.4.4, Fig. 4.11 (SPEC §3.5)";
+    vec![
+        // "Asynchronous operations increase throughput by between 1.1× and
+        // 3.0× on access sizes of 512 B to 256 KB when using 1 thread."
+        check(
+            "async / sync bandwidth, 1 thread: smallest over 512 B–256 KB".into(),
+            src,
+            1.1,
+            one.iter().copied().fold(f64::INFINITY, f64::min),
+            0.15,
+            "×",
+        ),
+        check(
+            "async / sync bandwidth, 1 thread: largest over 512 B–256 KB".into(),
+            src,
+            3.0,
+            one.iter().copied().fold(0.0, f64::max),
+            0.15,
+            "×",
+        ),
+        // Introduction and conclusion of chapter 4: "With a single thread,
+        // Moneta-D's asynchronous IO interface improves performance by
+        // 5.5× for 4 KB accesses compared to synchronous IO."
+        check(
+            "async / sync bandwidth, 1 thread, 4 KB".into(),
+            "dissertation ch. 4 introduction and §4.5 (SPEC §3.5)",
+            5.5,
+            gain(1, 4096),
+            0.15,
+            "×",
+        ),
+        // "With 8 threads, asynchronous operations boost performance for
+        // requests of 4 KB or larger. Small request performance suffers."
+        ranged(
+            "async / sync bandwidth, 8 threads: smallest over 4 KB–256 KB".into(),
+            src,
+            COMPLETION_SIZES
+                .into_iter()
+                .filter(|&s| s >= 4096)
+                .map(|s| gain(8, s))
+                .fold(f64::INFINITY, f64::min),
+            (1.0, f64::INFINITY),
+            "×",
+        ),
+        ranged(
+            "async / sync bandwidth, 8 threads: largest below 4 KB".into(),
+            src,
+            COMPLETION_SIZES
+                .into_iter()
+                .filter(|&s| s < 4096)
+                .map(|s| gain(8, s))
+                .fold(0.0, f64::max),
+            (0.0, 1.0),
+            "×",
+        ),
+        // Fig. 4.12: "for one thread, asynchronous requests are 2.8× more
+        // efficient than synchronous requests with respect to the amount
+        // of bandwidth per CPU" (16 KB accesses).
+        check(
+            "async / sync bandwidth per CPU, 1 thread, 16 KB".into(),
+            "dissertation §4.4.4, Fig. 4.12 (SPEC §3.5)",
+            2.8,
+            at(1, true, 16384).mb_per_s_per_cpu / at(1, false, 16384).mb_per_s_per_cpu,
+            0.15,
+            "×",
+        ),
+    ]
+}
+
+/// Ops per point of the asynchronous-IO experiment: a depth-64 thread
+/// needs many requests past its start.
+const ASYNC_OPS: u64 = 20_000;
+
+/// Dissertation Figs. 4.11–4.12 (seed 1).
+pub fn direct_async() -> Vec<Check> {
+    async_checks(&async_sweep(ASYNC_OPS, SEED).expect("asynchronous sweep runs"))
 }
 
 /// The baseline the chapter 4 comparisons "through the file system" are
@@ -1094,6 +1266,7 @@ pub fn groups() -> Vec<(&'static str, CheckGroup)> {
         ("power", power),
         ("Moneta-D and MICRO'10", direct_and_headline),
         ("Moneta-D completions", direct_completions),
+        ("Moneta-D asynchronous IO", direct_async),
         ("Moneta-D and Moneta + FS", direct_vs_file_system),
         ("Moneta 2011 curves", moneta_2011_curves),
         ("QuickSAN", quicksan),
