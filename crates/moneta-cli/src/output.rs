@@ -66,8 +66,12 @@ pub fn print_points(points: &[PointSummary], format: Format, array: bool) -> Res
         Format::Csv => print_csv(points),
         Format::Table => {
             if let Some(first) = points.first() {
+                let depth = match first.queue_depth {
+                    1 => String::new(),
+                    n => format!("  queue depth {n} per thread (asynchronous)"),
+                };
                 println!(
-                    "preset {}  stack {}  seed {}",
+                    "preset {}  stack {}  seed {}{depth}",
                     first.preset, first.stack, first.seed
                 );
             }

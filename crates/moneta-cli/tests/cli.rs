@@ -771,3 +771,51 @@ fn nvmm_sweep_and_wear_draw_their_figures() {
     assert!(!o.status.success() && stderr(&o).contains("wear.png"));
     assert!(stdout(&o).is_empty(), "refused before the run");
 }
+
+#[test]
+fn queue_depth_is_asynchronous_io_on_moneta_d_and_refused_elsewhere() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "sim", "run", "--preset", "moneta-d", "--size", "4k", "--op", "read", "--ops", "4000",
+        ];
+        args.extend_from_slice(extra);
+        moneta(&args)
+    };
+    let sync = run(&["--threads", "1", "--format", "json"]);
+    let deep = run(&["--threads", "1", "--queue-depth", "16", "--format", "json"]);
+    assert!(
+        sync.status.success() && deep.status.success(),
+        "{}",
+        stderr(&deep)
+    );
+    let field = |o: &Output, key: &str| -> f64 {
+        let v: serde_json::Value = serde_json::from_str(&stdout(o)).expect("JSON");
+        v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
+    };
+    assert_eq!(field(&sync, "queue_depth"), 1.0);
+    assert_eq!(field(&deep, "queue_depth"), 16.0);
+    assert!(
+        field(&deep, "bandwidth_mb_per_s") > 2.0 * field(&sync, "bandwidth_mb_per_s"),
+        "16 requests in flight beat one"
+    );
+    let table = run(&["--threads", "2", "--queue-depth", "4"]);
+    assert!(
+        stdout(&table).contains("queue depth 4 per thread"),
+        "{}",
+        stdout(&table)
+    );
+    for (extra, says) in [
+        (&["--queue-depth", "0"][..], "queue depth 0"),
+        (&["--queue-depth", "65"][..], "queue depth 65"),
+        (
+            &["--queue-depth", "4", "--stack", "spin"][..],
+            "asynchronous IO",
+        ),
+        (&["--queue-depth", "4", "--threads", "9"][..], "cores"),
+    ] {
+        let o = run(extra);
+        assert!(!o.status.success(), "{extra:?} must be refused");
+        assert!(stderr(&o).contains(says), "{extra:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
+}
