@@ -252,8 +252,8 @@ pub struct BenchArgs {
     /// Client threads, each with --qd requests in flight.
     #[arg(long, default_value_t = 1)]
     threads: u32,
-    /// Requests each thread keeps in flight.
-    #[arg(long, default_value_t = 1)]
+    /// Requests each thread keeps in flight (also --queue-depth, as `sim`).
+    #[arg(long, visible_alias = "queue-depth", default_value_t = 1)]
     qd: u32,
     /// Sequential instead of random offsets.
     #[arg(long)]

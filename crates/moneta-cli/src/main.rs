@@ -245,7 +245,7 @@ struct PatternArgs {
     /// Requests each thread keeps in flight: 1 is synchronous (XDD); up to
     /// 64 (a channel's tags) is Moneta-D's asynchronous IO, with --stack
     /// direct and DMA completion only.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, visible_alias = "qd", default_value_t = 1)]
     queue_depth: u32,
 }
 
