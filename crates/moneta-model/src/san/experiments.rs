@@ -506,13 +506,17 @@ impl<'a> Engine<'a> {
             HostEvent::Lock(t) => {
                 let host = self.threads[t as usize].host;
                 if self.write_locks[host.0 as usize].acquire(t) {
-                    self.proceed(now, t);
+                    self.proceed(now, t, 0);
                 }
                 Ok(())
             }
             HostEvent::Unlock(host) => {
                 if let Some(next) = self.write_locks[host.0 as usize].release() {
-                    self.proceed(now, next);
+                    // The waiter slept; handed the lock, it is woken and
+                    // switches in holding it, as in the single-device
+                    // model (`experiment.rs`, SPEC §2.2's 2 µs switch).
+                    let switch = self.x.san.device.host.costs.io_scheduler_switch_ns;
+                    self.proceed(now, next, switch);
                 }
                 Ok(())
             }
@@ -571,14 +575,15 @@ impl<'a> Engine<'a> {
         th.device_done = false;
         match self.lock_after_ns(t) {
             Some(entry) => self.queue.push(now + entry, HostEvent::Lock(t)),
-            None => self.proceed(now, t),
+            None => self.proceed(now, t, 0),
         }
         Ok(())
     }
 
     /// The thread may go on with its request (it holds the write lock if
-    /// it needs one): software before the issue, from `now`.
-    fn proceed(&mut self, now: Ns, t: u32) {
+    /// it needs one): after a context switch of `switch_ns` (a woken lock
+    /// waiter's), software before the issue, from `now`.
+    fn proceed(&mut self, now: Ns, t: u32, switch_ns: Ns) {
         let entry = self.lock_after_ns(t).unwrap_or(0);
         let th = &mut self.threads[t as usize];
         let path = th.path.expect("started");
@@ -597,7 +602,9 @@ impl<'a> Engine<'a> {
         };
         // The software before the lock ran from the start.
         th.parts.add(Component::LockWait, now - th.start_ns - entry);
-        th.cursor_ns = now + before - entry;
+        th.parts.add(Component::WakeUp, switch_ns);
+        self.result.client_cpu_ns += switch_ns;
+        th.cursor_ns = now + switch_ns + before - entry;
         self.queue.push(th.cursor_ns, HostEvent::Issue(t));
     }
 
