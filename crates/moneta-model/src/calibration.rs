@@ -37,24 +37,19 @@ impl Check {
     /// What the project accepts, as the tables print it.
     pub fn tolerance_text(&self) -> String {
         match self.bounds {
-            Some((low, high)) if high.is_finite() => {
-                format!("{} … {}", format_number(low), format_number(high))
-            }
-            Some((low, _)) => format!("> {}", format_number(low)),
+            Some(bounds) => range_text(bounds),
             None => format!("±{:.0}%", 100.0 * self.tolerance),
         }
     }
 
     /// The published column: the number, or for a statement that gives
-    /// only a range ("between 21% and 171%", "more than"), the range.
+    /// only a range ("between 21% and 171%", "more than", "less than"),
+    /// the range.
     pub fn published_text(&self) -> String {
         match self.bounds {
-            Some((low, high))
-                if (low == self.published || high == self.published) && high.is_finite() =>
-            {
-                format!("{} … {}", format_number(low), format_number(high))
+            Some((low, high)) if low == self.published || high == self.published => {
+                range_text((low, high))
             }
-            Some((low, _)) if low == self.published => format!("> {}", format_number(low)),
             _ => format_number(self.published),
         }
     }
@@ -1288,13 +1283,7 @@ pub fn markdown(checks: &[Check]) -> String {
     let mut s = String::from("| check | source | published | simulated | error | tolerance | |\n|---|---|---|---|---|---|---|\n");
     for c in checks {
         let mark = if c.within() { "ok" } else { "**miss**" };
-        let tolerance = match c.bounds {
-            Some((low, high)) if high.is_finite() => {
-                format!("{} … {}", format_number(low), format_number(high))
-            }
-            Some((low, _)) => format!("> {}", format_number(low)),
-            None => format!("±{:.0}%", 100.0 * c.tolerance),
-        };
+        let tolerance = c.tolerance_text();
         s.push_str(&format!(
             "| {} | {} | {} {} | {} {} | {:+.1}% | {} | {} |\n",
             c.name,
@@ -1309,6 +1298,16 @@ pub fn markdown(checks: &[Check]) -> String {
         ));
     }
     s
+}
+
+/// A range as the tables print it: "low … high", "> low" (no upper
+/// bound) or "< high" (a lower bound of zero).
+fn range_text((low, high): (f64, f64)) -> String {
+    match (low, high) {
+        (low, high) if !high.is_finite() => format!("> {}", format_number(low)),
+        (low, high) if low == 0.0 => format!("< {}", format_number(high)),
+        (low, high) => format!("{} … {}", format_number(low), format_number(high)),
+    }
 }
 
 /// A published or simulated number as the tables print it.
