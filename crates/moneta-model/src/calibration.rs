@@ -1303,10 +1303,12 @@ pub fn markdown(checks: &[Check]) -> String {
 /// A range as the tables print it: "low … high", "> low" (no upper
 /// bound) or "< high" (a lower bound of zero).
 fn range_text((low, high): (f64, f64)) -> String {
-    match (low, high) {
-        (low, high) if !high.is_finite() => format!("> {}", format_number(low)),
-        (low, high) if low == 0.0 => format!("< {}", format_number(high)),
-        (low, high) => format!("{} … {}", format_number(low), format_number(high)),
+    if !high.is_finite() {
+        format!("> {}", format_number(low))
+    } else if low == 0.0 {
+        format!("< {}", format_number(high))
+    } else {
+        format!("{} … {}", format_number(low), format_number(high))
     }
 }
 
