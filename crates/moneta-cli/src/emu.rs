@@ -584,7 +584,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
     let region = region(m.capacity_bytes().saturating_sub(a.region_offset));
     // The limit is in real time here (or a request count).
     let limit = a.limit.limit(0)?;
-    crate::warn_if_threads_exceed_ops(u64::from(a.threads) * u64::from(a.qd), limit);
+    crate::warn_if_threads_exceed_ops(a.threads.into(), a.qd, limit);
     warn_if_threads_exceed_cores(a.threads);
     let (ops, duration_ns) = match limit {
         RunLimit::Ops(0) => (None, 2_000_000_000),

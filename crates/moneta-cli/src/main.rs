@@ -453,15 +453,21 @@ fn quiet_on_closed_stdout() {
     }
 }
 
-/// Warn (stderr) when a request count leaves some requesters nothing to do.
-pub(crate) fn warn_if_threads_exceed_ops(threads: u64, limit: RunLimit) {
+/// Warn (stderr) when a request count leaves some requesters (threads,
+/// or with a queue depth their in-flight slots) nothing to do.
+pub(crate) fn warn_if_threads_exceed_ops(threads: u64, depth: u32, limit: RunLimit) {
+    let slots = threads * u64::from(depth);
     if let RunLimit::Ops(ops @ 1..) = limit {
-        if threads <= ops {
+        if slots <= ops {
             return;
         }
+        let who = match depth {
+            1 => format!("{threads} threads"),
+            _ => format!("{threads} threads × {depth} requests in flight"),
+        };
         eprintln!(
-            "moneta: warning: {threads} threads for {ops} requests: {} of them issue none",
-            threads - ops
+            "moneta: warning: {who} for {ops} requests: {} of them issue none",
+            slots - ops
         );
     }
 }
@@ -513,7 +519,7 @@ pub(crate) fn parse_op(s: &str) -> Result<OpMix, String> {
 fn sim_run(a: RunArgs) -> Result<(), String> {
     let config = a.model.device.config()?;
     let limit = a.limit.limit(200_000)?;
-    warn_if_threads_exceed_ops(a.threads.into(), limit);
+    warn_if_threads_exceed_ops(a.threads.into(), a.pattern.queue_depth, limit);
     let w = a
         .pattern
         .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
@@ -594,7 +600,7 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         .transpose()?
         .unwrap_or((0, 1));
     let limit = a.limit.limit(100_000)?;
-    warn_if_threads_exceed_ops(a.threads.into(), limit);
+    warn_if_threads_exceed_ops(a.threads.into(), a.pattern.queue_depth, limit);
     // Build (and so validate) every workload before running any.
     let mut grid = Vec::with_capacity(ops.len() * sizes.len());
     for op in &ops {
@@ -666,6 +672,7 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
     let limit = a.limit.limit(100_000)?;
     warn_if_threads_exceed_ops(
         u64::from(a.small_threads) + u64::from(a.large_threads),
+        1,
         limit,
     );
     let w = Workload::fairness(
@@ -729,7 +736,7 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
 fn sim_speed(a: SpeedArgs) -> Result<(), String> {
     let config = a.model.device.config()?;
     let op = parse_op(&a.op)?;
-    warn_if_threads_exceed_ops(a.threads.into(), RunLimit::Ops(a.ops));
+    warn_if_threads_exceed_ops(a.threads.into(), 1, RunLimit::Ops(a.ops));
     let w = Workload::xdd(
         op,
         a.size,

@@ -422,6 +422,26 @@ fn more_threads_than_requests_is_a_warning() {
         "{}",
         stderr(&o)
     );
+    let o = moneta(&[
+        "sim",
+        "run",
+        "--preset",
+        "moneta-d",
+        "--threads",
+        "2",
+        "--qd",
+        "8",
+        "--ops",
+        "10",
+    ]);
+    assert!(o.status.success());
+    assert!(
+        stderr(&o).contains(
+            "warning: 2 threads × 8 requests in flight for 10 requests: 6 of them issue none"
+        ),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// Where time goes: for every stack, `breakdown_us` sums to the mean latency
