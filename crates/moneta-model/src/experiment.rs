@@ -358,6 +358,18 @@ impl<'a> Simulation<'a> {
         let mut threads = Vec::new();
         let mut contexts = Vec::new();
         let mut cores = vec![Core::default(); config.host.cores as usize];
+        let asynchronous_threads: u64 = workload
+            .groups
+            .iter()
+            .filter(|g| g.queue_depth > 1)
+            .map(|g| u64::from(g.threads))
+            .sum();
+        if asynchronous_threads > cores.len() as u64 {
+            return Err(format!(
+                "{asynchronous_threads} asynchronous threads each keep a core (they poll for their completions); the host has {} cores",
+                cores.len()
+            ));
+        }
         for (gi, g) in workload.groups.iter().enumerate() {
             let asynchronous = g.queue_depth > 1;
             if asynchronous
@@ -399,13 +411,6 @@ impl<'a> Simulation<'a> {
                     context,
                 });
             }
-        }
-        if contexts.len() > cores.len() {
-            return Err(format!(
-                "{} asynchronous threads each keep a core (they poll for their completions); the host has {} cores",
-                contexts.len(),
-                cores.len()
-            ));
         }
         // Each asynchronous thread owns a core, the interrupt core last.
         for (c, context) in contexts.iter_mut().enumerate() {
