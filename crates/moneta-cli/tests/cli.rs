@@ -832,6 +832,18 @@ fn queue_depth_is_asynchronous_io_on_moneta_d_and_refused_elsewhere() {
             "asynchronous IO",
         ),
         (&["--queue-depth", "4", "--threads", "9"][..], "cores"),
+        (&["--threads", "4000000000"][..], "requesters"),
+        (
+            &[
+                "--threads",
+                "2000",
+                "--queue-depth",
+                "64",
+                "--stack",
+                "direct",
+            ][..],
+            "requesters",
+        ),
     ] {
         let o = run(extra);
         assert!(!o.status.success(), "{extra:?} must be refused");

@@ -358,6 +358,14 @@ impl<'a> Simulation<'a> {
         let mut threads = Vec::new();
         let mut contexts = Vec::new();
         let mut cores = vec![Core::default(); config.host.cores as usize];
+        if let Some(g) = workload.groups.iter().find(|g| g.queue_depth > 1) {
+            if config.host.stack != Stack::Direct || config.direct.completion != Completion::Dma {
+                return Err(format!(
+                    "{}: a queue depth of {} is asynchronous IO, which is Moneta-D's library here (--stack direct with direct.completion = dma); the kernel stacks and the other completions are synchronous",
+                    g.name, g.queue_depth
+                ));
+            }
+        }
         let asynchronous_threads: u64 = workload
             .groups
             .iter()
@@ -372,15 +380,6 @@ impl<'a> Simulation<'a> {
         }
         for (gi, g) in workload.groups.iter().enumerate() {
             let asynchronous = g.queue_depth > 1;
-            if asynchronous
-                && (config.host.stack != Stack::Direct
-                    || config.direct.completion != Completion::Dma)
-            {
-                return Err(format!(
-                    "{}: a queue depth of {} is asynchronous IO, which is Moneta-D's library here (--stack direct with direct.completion = dma); the kernel stacks and the other completions are synchronous",
-                    g.name, g.queue_depth
-                ));
-            }
             for slot in 0..g.threads * g.queue_depth {
                 let context = asynchronous.then(|| {
                     if slot % g.queue_depth == 0 {

@@ -88,6 +88,10 @@ fn synchronous() -> u32 {
     1
 }
 
+/// Requesters (threads × queue depth) one run may simulate: far beyond any
+/// host of the papers (16 to 32 threads), and each costs memory.
+pub const MAX_REQUESTERS: u64 = 65_536;
+
 /// Virtual tags of a Moneta-D channel (SPEC §3.1): no thread can keep more
 /// requests in flight on its channel.
 pub const CHANNEL_TAGS: u32 = 64;
@@ -172,8 +176,18 @@ impl Workload {
     }
 
     pub fn validate(&self, capacity_bytes: u64) -> Result<(), String> {
-        if self.groups.is_empty() || self.threads() == 0 {
+        if self.groups.is_empty() || self.groups.iter().all(|g| g.threads == 0) {
             return Err("the workload has no threads".into());
+        }
+        let requesters: u64 = self
+            .groups
+            .iter()
+            .map(|g| u64::from(g.threads) * u64::from(g.queue_depth.max(1)))
+            .sum();
+        if requesters > MAX_REQUESTERS {
+            return Err(format!(
+                "{requesters} requesters (threads × queue depth) in one run: at most {MAX_REQUESTERS}"
+            ));
         }
         for g in &self.groups {
             if g.size_bytes == 0 || g.size_bytes % 512 != 0 {
