@@ -675,6 +675,17 @@ pub struct CompletionPoint {
     pub mb_per_s_per_cpu: f64,
 }
 
+/// Figs. 4.6 and 4.12's "bandwidth per CPU": MB/s over the host cores the
+/// point kept busy (spinning and polling count, sleeping does not).
+fn per_cpu(c: &Config, p: &crate::summary::PointSummary) -> f64 {
+    let cpus = p.cpu_utilization * c.host.cores as f64;
+    if cpus > 0.0 {
+        p.bandwidth_mb_per_s / cpus
+    } else {
+        f64::INFINITY
+    }
+}
+
 /// Dissertation §4.3.4, Figs. 4.5–4.6: preset `moneta-d` with each
 /// completion, 32 threads of 50/50 random requests per size.
 pub fn completion_sweep(ops: u64, seed: u64) -> Result<Vec<CompletionPoint>, String> {
@@ -691,16 +702,11 @@ pub fn completion_sweep(ops: u64, seed: u64) -> Result<Vec<CompletionPoint>, Str
                 RunLimit::Ops(ops),
                 seed,
             )?;
-            let cpus = p.cpu_utilization * c.host.cores as f64;
             out.push(CompletionPoint {
                 completion,
                 size_bytes,
                 bandwidth_mb_per_s: p.bandwidth_mb_per_s,
-                mb_per_s_per_cpu: if cpus > 0.0 {
-                    p.bandwidth_mb_per_s / cpus
-                } else {
-                    f64::INFINITY
-                },
+                mb_per_s_per_cpu: per_cpu(&c, &p),
             });
         }
     }
@@ -858,13 +864,12 @@ pub fn async_sweep(ops: u64, seed: u64) -> Result<Vec<AsyncPoint>, String> {
                 );
                 w.groups[0].queue_depth = queue_depth;
                 let p = crate::summary::workload_point(&c, &w)?;
-                let cpus = p.cpu_utilization * c.host.cores as f64;
                 out.push(AsyncPoint {
                     threads,
                     queue_depth,
                     size_bytes,
                     bandwidth_mb_per_s: p.bandwidth_mb_per_s,
-                    mb_per_s_per_cpu: p.bandwidth_mb_per_s / cpus,
+                    mb_per_s_per_cpu: per_cpu(&c, &p),
                 });
             }
         }
