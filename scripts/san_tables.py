@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """README's QuickSAN prediction tables from `make san`'s JSON (out/san/*.json).
 
-    make san && python3 scripts/san_tables.py
+    make san && python3 scripts/san_tables.py [DIR]
+    python3 scripts/san_tables.py --compare BEFORE_DIR AFTER_DIR
 
 Prints Markdown: latency (Table 5.2 layout, with our block transport beside
 Table 5.1's), bandwidth per host with the ratio to iSCSI (distributed and
 centralized), scaling, replication, sort and energy. The numbers are the
-model's predictions; nothing here changes them.
+model's predictions; nothing here changes them. DIR (default out/san) holds
+the JSON files `make san` writes. With --compare, two such directories (from
+two builds, e.g. before and after a model change) give one table of every
+prediction that moved by more than 0.5%, and a count of those that did not.
 """
 
 import json
@@ -17,8 +21,8 @@ OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 IFACES = ["iscsi", "fibre-channel", "quicksan-os", "quicksan-d"]
 
 
-def load(name):
-    path = os.path.join(OUT, f"{name}.json")
+def load(name, out=None):
+    path = os.path.join(out or OUT, f"{name}.json")
     if not os.path.exists(path):
         sys.exit(f"san_tables: {path} is missing; run `make san` first")
     with open(path) as f:
@@ -120,7 +124,49 @@ def energy():
               + " / ".join(f"{r:.1f}×" for r in ratio) + " |")
 
 
+# The experiment files, the fields that name a row, and the predictions compared.
+COMPARED = [
+    ("latency", ["interface", "topology", "locality", "op"], ["latency_us_mean"]),
+    ("bw_dist", ["interface", "op", "size_bytes"], ["mb_per_s_per_host"]),
+    ("bw_central", ["interface", "op", "size_bytes"], ["mb_per_s_per_host"]),
+    ("scaling", ["interface", "nodes"], ["local_mb_per_s", "network_mb_per_s", "total_mb_per_s"]),
+    ("replication", ["interface", "mirroring", "op"], ["latency_us_mean", "mb_per_s_per_host"]),
+    ("energy", ["interface", "op"], ["joules_per_op"]),
+    ("sort", ["topology", "interface"], ["total_s", "speedup_vs_iscsi"]),
+]
+
+
+def compare(before_dir, after_dir):
+    print("| experiment | row | prediction | before | after | change |")
+    print("|---|---|---|---|---|---|")
+    same = 0
+    for name, keys, fields in COMPARED:
+        before = {tuple(str(x[k]) for k in keys): x for x in load(name, before_dir)}
+        for x in load(name, after_dir):
+            row = tuple(str(x[k]) for k in keys)
+            b = before.get(row)
+            for field in fields:
+                if b is None:
+                    print(f"| {name} | {' '.join(row)} | {field} | new | {x[field]:.4g} | |")
+                    continue
+                old, new = b[field], x[field]
+                if old == new or (old and abs(new / old - 1) <= 0.005):
+                    same += 1
+                    continue
+                change = f"{(new / old - 1) * 100:+.1f}%" if old else ""
+                print(f"| {name} | {' '.join(row)} | {field} | {old:.4g} | {new:.4g} | {change} |")
+    print(f"\n{same} other predictions moved by at most 0.5%.")
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        compare(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) == 2:
+        global OUT
+        OUT = sys.argv[1]
+    elif len(sys.argv) != 1:
+        sys.exit(__doc__)
     for title, f in (("Latency", latency),
                      ("Bandwidth, distributed", lambda: bandwidth("bw_dist", "distributed")),
                      ("Bandwidth, centralized", lambda: bandwidth("bw_central", "centralized")),
