@@ -31,8 +31,8 @@ FAMILIES = [
     ("Moneta: chapter 3, MICRO'10, the 2011 latencies, HASTE (SPEC §1–§2, §6)",
      ["Table 3.4", "MICRO'10", "Onyx thesis", "SC'10"]),
     ("Moneta-D: chapter 4 (SPEC §3)",
-     ["ASPLOS'12", "Table 4.2", "dissertation §4", "dissertation ch. 4", "seed 002"]),
-    ("QuickSAN: chapter 5 (SPEC §4)", ["Table 5.1", "dissertation ch. 5", "§5.4.7"]),
+     ["ASPLOS'12", "Table 4.2", "dissertation §4", "dissertation ch. 4"]),
+    ("QuickSAN: chapter 5 (SPEC §4)", ["Table 5.1", "dissertation ch. 5", "§5.4.7", "§5.5"]),
     ("NVMM (SPEC §7)", ["NVMM report"]),
 ]
 
