@@ -70,6 +70,22 @@ fn size_name(bytes: u64) -> String {
     }
 }
 
+/// Sizes as `--sizes` takes them: "512,1k,…,256k", so a printed command
+/// runs the sizes the figure drew.
+fn sizes_arg(sizes: &[u64]) -> String {
+    sizes
+        .iter()
+        .map(|&b| {
+            if b >= 1024 && b % 1024 == 0 {
+                format!("{}k", b / 1024)
+            } else {
+                b.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Random reads on `config` for each of [`SCALING_SIZES`] and
 /// [`SCALING_THREADS`]: (size, threads, bandwidth MB/s).
 fn thread_scaling(config: &Config, ops: u64, seed: u64) -> Result<Vec<(u64, u32, f64)>, String> {
@@ -397,8 +413,9 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
             .map(ReportSection::Chart),
     );
     after.push(commands(&[format!(
-        "moneta sim sweep --preset moneta-d --set direct.completion=dma --op mixed --threads {} --sizes 512,1k,2k,4k,8k,16k,32k,64k,128k,256k --ops {} --seed {}   # and forwarding, issue-sleep",
+        "moneta sim sweep --preset moneta-d --set direct.completion=dma --op mixed --threads {} --sizes {} --ops {} --seed {}   # and forwarding, issue-sleep",
         calibration::COMPLETION_THREADS,
+        sizes_arg(&calibration::COMPLETION_SIZES),
         a.ops,
         a.seed
     )]));
@@ -413,8 +430,10 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
         after.push(ReportSection::Chart(file_system_chart(what, &points)));
     }
     after.push(commands(&[format!(
-        "moneta sim sweep --preset moneta-d --stack 2q --set host.file_system=true --op write --threads 16 --sizes 512,1k,2k,4k,8k,16k,32k,64k,128k,256k --ops {} --seed {}   # and without the file system, and --stack direct; --op read",
-        a.ops, a.seed
+        "moneta sim sweep --preset moneta-d --stack 2q --set host.file_system=true --op write --threads 16 --sizes {} --ops {} --seed {}   # and without the file system, and --stack direct; --op read",
+        sizes_arg(&FS_SIZES),
+        a.ops,
+        a.seed
     )]));
     let asynchronous = calibration::async_sweep(a.ops, a.seed)?;
     after.push(ReportSection::Heading(
@@ -431,8 +450,12 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
             .map(ReportSection::Chart),
     );
     after.push(commands(&[format!(
-        "moneta sim sweep --preset moneta-d --stack direct --op mixed --threads 1 --queue-depth 64 --sizes 512,1k,2k,4k,8k,16k,32k,64k,128k,256k --ops {} --seed {}   # and --queue-depth 1; --threads 8 --queue-depth 8",
-        a.ops, a.seed
+        "moneta sim sweep --preset moneta-d --stack direct --op mixed --threads 1 --queue-depth {} --sizes {} --ops {} --seed {}   # and --queue-depth 1; --threads 8 --queue-depth {}",
+        calibration::async_queue_depth(1),
+        sizes_arg(&calibration::COMPLETION_SIZES),
+        a.ops,
+        a.seed,
+        calibration::async_queue_depth(8)
     )]));
     after.extend(checks_section(
         "Published numbers of chapter 4 (Table 4.2, §4.3.4, §4.4)",
@@ -741,6 +764,20 @@ pub fn report(a: ReportArgs) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::plot::tests::{assert_no_label_overlaps, check_balanced};
+
+    /// The printed commands name the sizes the figures ran, in the form
+    /// `--sizes` parses back to the same bytes.
+    #[test]
+    fn printed_sizes_are_the_sizes_run() {
+        let arg = sizes_arg(&calibration::COMPLETION_SIZES);
+        assert_eq!(arg, "512,1k,2k,4k,8k,16k,32k,64k,128k,256k");
+        let parsed: Vec<u64> = arg
+            .split(',')
+            .map(|s| moneta_model::units::parse_size(s).unwrap())
+            .collect();
+        assert_eq!(parsed, calibration::COMPLETION_SIZES);
+        assert_eq!(sizes_arg(&[1536, 4096]), "1536,4k");
+    }
 
     /// The Moneta-D completion figures and the Moneta thread-scaling
     /// figure, from real (short) runs: titles name the preset and what
