@@ -158,18 +158,6 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
         "DMA over the others up to 8 KB: largest gain",
         COMPLETION_COST,
     ),
-    (
-        "4 KB write latency removed through the FS: 1 − Moneta-D / Moneta + FS",
-        BASELINE_COMPLETION,
-    ),
-    (
-        "4 KB read latency removed through the FS: 1 − Moneta-D / Moneta + FS",
-        BASELINE_COMPLETION,
-    ),
-    (
-        "512 B bandwidth with a FS: Moneta-D / Moneta + FS, largest of read, write",
-        FS_SERIAL,
-    ),
     ("Moneta-D 512 B write latency, issue-sleep", SLEEP_OVERLAP),
     (
         "async / sync bandwidth, 1 thread: smallest over 512 B–256 KB",
@@ -184,20 +172,19 @@ pub const KNOWN_DEVIATIONS: &[(&str, &str)] = &[
         ASYNC_COST,
     ),
     (
-        "async / sync bandwidth per CPU, 1 thread, 16 KB",
-        ASYNC_COST,
+        "writes: Moneta / Moneta + FS bandwidth, largest over 512 B–32 KB",
+        FS_SERIAL,
     ),
     (
-        "small writes through the FS: Moneta-D / Moneta + FS, largest over 512 B–4 KB",
-        FS_SERIAL,
+        "async / sync bandwidth per CPU, 1 thread, 16 KB",
+        ASYNC_COST,
     ),
 ];
 
 const COMPLETION_COST: &str = "Interrupts take a core in the model (experiment.rs, README 'Moneta-D: completions'): a forwarded completion runs Table 3.1's 1.08 / 1.10 µs kernel handler on the one interrupt core, ahead of the thread there, and a spinning thread reads and clears the channel's TAGSTATUSREGISTER (one PIO word, a read serving every tag set before it), inside Table 4.2's one-thread 2.71 / 2.36 µs. Where the 32 spinners are CPU-bound the handlers cost most of one core of eight: DMA / forwarding 1.25× at 512 B and 1.21× at 1 KB (ok), then 1.15×, 1.05× and 1.01× at 2, 4 and 8 KB as the link rather than the cores bounds DMA (2.3-3.0 GB/s). Issue-sleep's thread sleeps until the interrupt wakes it even when the device finished during its 3.90 / 3.96 µs system call (its result comes back only then, §4.3.4; Table 4.2's 14.65 µs for a lone 512 B request), and its handler and context switch take cores: DMA / issue-sleep 1.60× and 1.41× at 512 B and 1 KB (ok). From 2 KB its sleepers free the cores that spinners hold, so it keeps all 32 requests in flight against DMA's 8 (one per core) and catches up with DMA (1.11×, 0.86×, 0.90× at 2, 4, 8 KB). No constant was set to reach the range.";
-const BASELINE_COMPLETION: &str = "The baseline here is the project's kernel stack with a file system (README 'kernel + fs': the 2Q/Spin driver with Table 3.1's file-system cost, preset moneta-d), which spins for requests up to 4 KB: 17.4 µs for a 4 KB write against Moneta-D's 9.1 µs (-48%), 17.0 µs for a 4 KB read against 8.8 µs (-48%). Table 4.2's baseline completes by interrupt ('baseline interrupts' 5.82 / 5.87 µs); the model's interrupt-completing kernel stack (--stack atomic --set host.file_system=true) takes 21.9 and 22.2 µs, -58.5% and -60% as published, but then the 512 B read saving becomes -78% against the published -64% (it is -69% here, ok). The texts do not settle which driver the chapter 4 baseline ran; the project's baseline was not changed to pass either check.";
 const ASYNC_COST: &str = "An asynchronous thread (experiment.rs; 64 requests in flight alone, 8 each of 8 threads, our assumption) pays per request only Table 4.2's host costs (library 0.21 / 0.29 µs, extent lookup 0.12 µs, copy 0.34 / 0.26 µs per KB); DMA completion's 2.32 / 2.68 µs is latency, under which its core serves its other requests. So one thread moves 983 MB/s of 50/50 512 B requests (1.9M IOPS on one core) against the synchronous thread's 113 MB/s, 8.6×, and still 3.05× at 256 KB, where the synchronous thread's 87 µs copy leaves the link idle. §4.4.4 measured 1.1–3.0× and names 'software overheads resulting from maintaining asynchronous request data structures and increased contention during tag allocation' for small requests without a cost; the model has the tags but no bookkeeping cost, so small requests gain far more than published, and 8 threads' small requests gain 3.2× where the paper's lose. 4 KB's 5.7× meets the chapter's 5.5×. Bandwidth per CPU at 16 KB equals the bandwidth gain, 4.1× against 2.8×: both interfaces keep their core busy (the synchronous thread spins, the asynchronous one polls). No constant was set to reach the published range.";
 const SLEEP_OVERLAP: &str = "The model runs issue-sleep's system call in parallel with the access, as §4.3.4 says ('The system call also occurs in parallel with the access'), and times Table 4.2's completion (14.65 / 14.29 µs, system call included) from the issue, so the 512 B access (1.26 / 2.18 µs) is hidden under it; Table 4.2's columns add the two. A lone request takes 14.1 µs for a read (16.5 summed, -14.6%, ok) and 13.7 µs for a write (17.1, -19.6%): the write's longer access is the larger part hidden.";
-const FS_SERIAL: &str = "Writes through the file system hold the file's write lock from the file system's entry until their completion is noticed (host.fs_write_atomicity, §4.4.2 and §5.4.3), so the baseline's 16 writer threads run one at a time, and each is handed the lock asleep, so it switches in (2 µs) holding it: 11.6 µs of a 512 B write and 15.4 µs of a 4 KB write are under the lock (44 and 265 MB/s). That meets 7.6× at 4 KB (6.5×) and 13× for the baseline with and without the file system (11.9×), but the two 512 B statements, 14.8× (ch. 4 introduction) and 26× (§4.4.2, small writes), cannot both hold, and the model's 17.8× lies between them: +20% and -31%. Read bandwidth, unlocked, loses at most 34.5% with the file system (published: at most 34%).";
+const FS_SERIAL: &str = "Writes through the file system hold the file's write lock from the file system's entry until their completion is noticed (host.fs_write_atomicity, §4.4.2 and §5.4.3), so the baseline's 16 writer threads run one at a time, and each is handed the lock asleep, so it switches in (2 µs) holding it. Chapter 4's baseline completes by interrupt (Table 4.2; calibration::kernel_baseline, Moneta+Atomic): a 512 B write spends ~16 µs under the lock (31.6 MB/s with the file system against 506 MB/s without), 16× where §4.4.2 says 'up to 13×' (+23%). Against the spinning 2Q driver the ratio was 11.9× (within), but Table 4.2 does not describe that driver, and it put the 58% / 60% latency savings at 48% (both misses, now met). The 13× would need ~13 µs under the lock, i.e. the woken writer's hand-over cheaper than Table 3.1's sleeping path; no seed separates the lock's hold time.";
 
 const ISCSI_TARGET: &str = "iSCSI's loaded 4 KB bandwidth is bound by the target software: Table 5.1's 284 µs split half and half between initiator and target (our assumption), the target's half on one tgtd core per host (our assumption) = 7,000 requests/s per target, 27 MB/s per host. 14.7× would need ~69 MB/s per host, about 2.5× the one-core target's rate; the seeds say nothing of the target's threads, so the assumption stays (san.iscsi_target_cores, --target-cores) and this check stays a miss. The small-request 167× (512 B) and the latency −93% are met.";
 
@@ -1050,17 +1037,13 @@ pub fn async_checks(points: &[AsyncPoint]) -> Vec<Check> {
             0.15,
             "×",
         ),
-        // Introduction and conclusion of chapter 4: "With a single thread,
-        // Moneta-D's asynchronous IO interface improves performance by
-        // 5.5× for 4 KB accesses compared to synchronous IO."
-        check(
-            "async / sync bandwidth, 1 thread, 4 KB".into(),
-            "dissertation ch. 4 introduction and §4.5 (SPEC §3.5)",
-            5.5,
-            gain(1, 4096),
-            0.15,
-            "×",
-        ),
+        // Re-audit: the introduction and conclusion of chapter 4 say "With
+        // a single thread, Moneta-D's asynchronous IO interface improves
+        // performance by 5.5× for 4 KB accesses", which the figure's own
+        // text (1.1–3.0× over 512 B–256 KB, above) and its caption ("up to
+        // 3.5×") both contradict. The section that presents Fig. 4.11 is
+        // kept; the summaries' 5.5× is no longer a check (it was met, at
+        // 5.7×, and that does not make it agree with the figure).
         // "With 8 threads, asynchronous operations boost performance for
         // requests of 4 KB or larger. Small request performance suffers."
         ranged(
@@ -1108,12 +1091,24 @@ pub fn direct_async() -> Vec<Check> {
     async_checks(&async_sweep(ASYNC_OPS, SEED).expect("asynchronous sweep runs"))
 }
 
+/// The baseline Moneta of dissertation chapter 4, without a file system:
+/// the kernel driver that completes by interrupt. Table 4.2's baseline
+/// column has "Completion: Baseline (interrupts) 5.82 / 5.87 µs" and
+/// §4.3.4 measures the completion strategies "in addition to the interrupt
+/// processing overhead for the baseline Moneta design"; the interrupt-
+/// completing kernel stack with the atomic command word is Moneta+Atomic
+/// (Table 3.1's costs), on the same array as Moneta-D. (Before the
+/// re-audit the chapter's comparisons were made against the spinning 2Q
+/// driver, which Table 4.2 does not describe.)
+pub fn kernel_baseline() -> Config {
+    preset("moneta-d", Stack::Atomic)
+}
+
 /// The baseline the chapter 4 comparisons "through the file system" are
-/// made against: Moneta's kernel stack (Moneta+Spin driver on the 2011
-/// array, 2Q) with the file system's costs (Table 3.1), on the same array
-/// as Moneta-D.
+/// made against: [`kernel_baseline`] with the file system's costs
+/// (Table 3.1).
 pub fn kernel_with_file_system() -> Config {
-    let mut c = preset("moneta-d", Stack::TwoQueue);
+    let mut c = kernel_baseline();
     c.host.file_system = true;
     c
 }
@@ -1124,18 +1119,19 @@ pub fn kernel_with_file_system() -> Config {
 pub fn direct_vs_file_system() -> Vec<Check> {
     let direct = preset("moneta-d", Stack::Direct);
     let kernel = kernel_with_file_system();
+    let raw = kernel_baseline();
     let mut v = Vec::new();
     v.push(check(
-        "512 B read latency removed: 1 − Moneta-D / Moneta + FS".into(),
-        "dissertation ch. 4 introduction \"by 64% (to 4.1 µs)\" (SPEC §3.5)",
+        "512 B read latency removed: 1 − Moneta-D / Moneta".into(),
+        "dissertation ch. 4 introduction \"by 64% (to 4.1 µs) relative to the original Moneta design\" (SPEC §3.5). Re-audit: against Moneta without a file system, as Table 4.2's baseline column gives it (1.26 + 0.17 + 3.90 + 5.82 = 11.15 µs, 1 − 4.1 / 11.15 = 63%; with its file system's 4.21 µs it would be 73%); it was checked against Moneta + FS",
         0.64,
-        1.0 - latency_us(&direct, OpMix::Read, 512) / latency_us(&kernel, OpMix::Read, 512),
+        1.0 - latency_us(&direct, OpMix::Read, 512) / latency_us(&raw, OpMix::Read, 512),
         0.15,
         "",
     ));
     v.push(check(
         "4 KB write latency removed through the FS: 1 − Moneta-D / Moneta + FS".into(),
-        "dissertation §4.5 \"by up to 58%\" (SPEC §3.5)",
+        "dissertation §4.5 \"by up to 58%\" (SPEC §3.5). Re-audit: the baseline completes by interrupt (Table 4.2, §4.3.4), was the spinning 2Q driver",
         0.58,
         1.0 - latency_us(&direct, OpMix::Write, 4096) / latency_us(&kernel, OpMix::Write, 4096),
         0.15,
@@ -1143,7 +1139,7 @@ pub fn direct_vs_file_system() -> Vec<Check> {
     ));
     v.push(check(
         "4 KB read latency removed through the FS: 1 − Moneta-D / Moneta + FS".into(),
-        "dissertation §4.5 \"Reads are 60% faster\" (SPEC §3.5)",
+        "dissertation §4.5 \"Reads are 60% faster\" (SPEC §3.5). Re-audit: the baseline completes by interrupt (Table 4.2, §4.3.4), was the spinning 2Q driver",
         0.60,
         1.0 - latency_us(&direct, OpMix::Read, 4096) / latency_us(&kernel, OpMix::Read, 4096),
         0.15,
@@ -1152,7 +1148,7 @@ pub fn direct_vs_file_system() -> Vec<Check> {
     let gain = |op, size| bandwidth(&direct, op, size, 16) / bandwidth(&kernel, op, size, 16);
     v.push(check(
         "4 KB write throughput through the FS: Moneta-D / Moneta + FS".into(),
-        "dissertation §4.5 \"7.6×\" (SPEC §3.5)",
+        "dissertation §4.5 \"7.6×\" (SPEC §3.5). Re-audit: the baseline completes by interrupt (Table 4.2, §4.3.4), was the spinning 2Q driver",
         7.6,
         gain(OpMix::Write, 4096),
         0.15,
@@ -1163,16 +1159,16 @@ pub fn direct_vs_file_system() -> Vec<Check> {
         .map(|size| gain(OpMix::Write, size))
         .collect();
     v.push(check(
-        "512 B bandwidth with a FS: Moneta-D / Moneta + FS, largest of read, write".into(),
-        "dissertation ch. 4 introduction \"14.8×\" (SPEC §3.5)",
+        "512 B bandwidth with a FS: Moneta-D / Moneta + FS, 50/50".into(),
+        "dissertation ch. 4 introduction \"14.8× increase in bandwidth for 512 byte requests in the presence of a file system\" (SPEC §3.5). Re-audit: the baseline completes by interrupt (Table 4.2, §4.3.4), was the spinning 2Q driver; the statement names no operation, and the chapter gives writes (§4.4.2's 26×) and reads (at most 34% lost) their own numbers, so it is read as the chapter's 50/50 mix (Figs. 4.5-4.6); it was the largest of read and write, which made it contradict the 26×",
         14.8,
-        gain(OpMix::Read, 512).max(small_writes[0]),
+        gain(OpMix::Mixed(0.5), 512),
         0.15,
         "×",
     ));
     v.push(check(
         "small writes through the FS: Moneta-D / Moneta + FS, largest over 512 B–4 KB".into(),
-        "dissertation §4.4.2 \"26×\" (SPEC §3.5)",
+        "dissertation §4.4.2 \"26×\" (SPEC §3.5). Re-audit: the baseline completes by interrupt (Table 4.2, §4.3.4), was the spinning 2Q driver",
         26.0,
         small_writes.iter().copied().fold(0.0, f64::max),
         0.15,
@@ -1180,7 +1176,6 @@ pub fn direct_vs_file_system() -> Vec<Check> {
     ));
     // §4.4.2: the file system's cost to the baseline itself, over Fig. 4.7's
     // sizes (its bandwidth figures are not in the seeds).
-    let raw = preset("moneta-d", Stack::TwoQueue);
     let sizes = [512, 1024, 2048, 4096, 8192, 16384, 32768];
     let loss = |op| {
         sizes
@@ -1190,7 +1185,7 @@ pub fn direct_vs_file_system() -> Vec<Check> {
     };
     v.push(check(
         "writes: Moneta / Moneta + FS bandwidth, largest over 512 B–32 KB".into(),
-        "dissertation §4.4.2 \"up to 13×\" (seed 002; not in SPEC)",
+        "dissertation §4.4.2 \"up to 13×\" (seed 002; not in SPEC). Re-audit: the baseline completes by interrupt (Table 4.2, §4.3.4), was the spinning 2Q driver",
         13.0,
         loss(OpMix::Write),
         0.15,
@@ -1199,7 +1194,7 @@ pub fn direct_vs_file_system() -> Vec<Check> {
     v.push(check(
         "reads: bandwidth lost to the FS, 1 − (Moneta + FS) / Moneta, largest over 512 B–32 KB"
             .into(),
-        "dissertation §4.4.2 \"at most 34%\" (seed 002; not in SPEC)",
+        "dissertation §4.4.2 \"at most 34%\" (seed 002; not in SPEC). Re-audit: the baseline completes by interrupt (Table 4.2, §4.3.4), was the spinning 2Q driver",
         0.34,
         1.0 - 1.0 / loss(OpMix::Read),
         0.15,
