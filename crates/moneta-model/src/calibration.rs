@@ -941,8 +941,11 @@ pub fn completion_checks(points: &[CompletionPoint]) -> Vec<Check> {
 }
 
 /// Dissertation Figs. 4.5–4.6 (seed 1, the calibration's op count).
+/// Requests per point of the completion sweep (Figs. 4.5–4.6).
+pub const COMPLETION_OPS: u64 = OPS;
+
 pub fn direct_completions() -> Vec<Check> {
-    completion_checks(&completion_sweep(OPS, SEED).expect("completion sweep runs"))
+    completion_checks(&completion_sweep(COMPLETION_OPS, SEED).expect("completion sweep runs"))
 }
 
 /// Threads of the asynchronous-IO experiment (dissertation §4.4.4,
@@ -1084,7 +1087,7 @@ pub fn async_checks(points: &[AsyncPoint]) -> Vec<Check> {
 
 /// Ops per point of the asynchronous-IO experiment: a depth-64 thread
 /// needs many requests past its start.
-const ASYNC_OPS: u64 = 20_000;
+pub const ASYNC_OPS: u64 = 20_000;
 
 /// Dissertation Figs. 4.11–4.12 (seed 1).
 pub fn direct_async() -> Vec<Check> {

@@ -24,6 +24,8 @@
 //! - [`config`]: presets as data, overrides, validation.
 //! - [`experiment`]: runs one configured experiment and reports its results.
 //! - [`breakdown`]: where each request's time goes (Table 3.1 / 4.2).
+//! - [`calibration`], [`orderings`]: the published numbers and the published
+//!   "A beats B" orderings beside the model's.
 
 pub mod breakdown;
 pub mod calibration;
@@ -33,6 +35,7 @@ pub mod experiment;
 pub mod host;
 pub mod kernel;
 pub mod nvmm;
+pub mod orderings;
 pub mod san;
 pub mod stats;
 pub mod summary;

@@ -34,7 +34,9 @@ pub const KNOWN_MISSES: &[(&str, &str)] = &[
     ("wear: worn out / half retired", "with a quarter of the flash live, writes stop fitting (a page's segments need good pages at +0/+8/+16/+24 of one block, and collection needs free blocks) when about half the pages are retired, so the end comes with the half; the report does not say how full its devices were"),
 ];
 
-fn compare(kind: WorkloadKind, read_ns: u64, threads: u32, prefetch: u32) -> SweepPoint {
+/// One point of the sweep on the calibration's set-up: NVMM, the SSD
+/// system and all-DRAM on the same workload.
+pub fn compare(kind: WorkloadKind, read_ns: u64, threads: u32, prefetch: u32) -> SweepPoint {
     let mut c = NvmmConfig::preset("nvmm-mlc").expect("shipped preset");
     c.flash.read_ns = read_ns;
     c.controller.prefetch_pages = prefetch;

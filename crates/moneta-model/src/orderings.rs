@@ -1,0 +1,480 @@
+//! The papers' published orderings, "A beats B", from the model: stack
+//! order (MICRO'10 §IV, dissertation ch. 3), completion techniques
+//! (dissertation §4.3.4, Figs. 4.5–4.6), synchronous against asynchronous
+//! IO (§4.4.4, Fig. 4.11), Moneta-D against the kernel stack through a file
+//! system (§4.4), QuickSAN-D against iSCSI (ch. 5, Table 5.1 and the
+//! bandwidth statements) and NVMM's prefetch and its SSD baseline (the UMD
+//! report's §5, SPEC §7).
+//!
+//! A number within its tolerance can still tell a reader the opposite of
+//! the paper (a ratio of 0.86 where the paper has 1.21 is inside no band
+//! but a band around 1 would hide it); an ordering checks only the
+//! direction. Each is measured on the same set-ups as the calibration
+//! checks (`calibration`, `nvmm::calibration`). Orderings the model still
+//! inverts are in [`KNOWN_INVERSIONS`] with why; `tests/orderings.rs`
+//! holds every other one, and each known one to still being inverted.
+
+use crate::calibration::{self, AsyncPoint, CompletionPoint};
+use crate::config::{Completion, Config, Stack};
+use crate::nvmm::calibration::compare;
+use crate::nvmm::workload::WorkloadKind;
+use crate::summary::xdd_point;
+use crate::workload::{OpMix, RunLimit};
+use serde::Serialize;
+
+/// One published ordering: `winner` should measure better than `loser`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ordering {
+    pub name: String,
+    pub source: &'static str,
+    /// The measure of the side the paper has winning, and of the other.
+    pub winner: f64,
+    pub loser: f64,
+    pub unit: &'static str,
+    /// Lower is better (latency, time): the winner must measure less.
+    pub lower_is_better: bool,
+}
+
+impl Ordering {
+    pub fn holds(&self) -> bool {
+        if self.lower_is_better {
+            self.winner < self.loser
+        } else {
+            self.winner > self.loser
+        }
+    }
+
+    /// The winner's advantage as the paper states it (> 1 when it holds).
+    pub fn ratio(&self) -> f64 {
+        if self.lower_is_better {
+            self.loser / self.winner
+        } else {
+            self.winner / self.loser
+        }
+    }
+}
+
+/// Orderings the model inverts, with why (README "Fidelity").
+pub const KNOWN_INVERSIONS: &[(&str, &str)] = &[
+    ("DMA beats issue-sleep, 4096 B", DMA_IN_FLIGHT),
+    ("DMA beats issue-sleep, 8192 B", DMA_IN_FLIGHT),
+    ("8 threads: synchronous beats asynchronous, 512 B", ASYNC_COST),
+    ("8 threads: synchronous beats asynchronous, 1024 B", ASYNC_COST),
+    ("8 threads: synchronous beats asynchronous, 2048 B", ASYNC_COST),
+    ("GUPS 1 thread at MLC: prefetch beats none", NVMM_PREFETCH),
+    ("MMAP 8 threads at MLC: prefetch beats none", NVMM_PREFETCH),
+    ("GUPS 8 threads at MLC, prefetch: NVMM beats the SSD", NVMM_PREFETCH),
+    ("MMAP 8 threads at MLC, prefetch: NVMM beats the SSD", NVMM_PREFETCH),
+    (
+        "MMAP 8 threads at 750 µs, prefetch: NVMM beats the SSD",
+        NVMM_PREFETCH,
+    ),
+    (
+        "MMAP 1 thread at 150 µs, no prefetch: the SSD beats NVMM",
+        NVMM_MISS_COST,
+    ),
+    (
+        "MMAP 1 thread at 750 µs, no prefetch: the SSD beats NVMM",
+        NVMM_MISS_COST,
+    ),
+];
+
+const DMA_IN_FLIGHT: &str = "From 4 KB the spinning techniques hold a core per request in flight: 32 threads on the host's 8 cores keep 8 requests in the device, while issue-sleep's sleepers keep up to 32, so issue-sleep reaches the link first (calibration COMPLETION_COST). Fig. 4.5's DMA lead up to 8 KB needs more requests in flight per spinning core than one, i.e. more hardware thread contexts than the 8 cores the model's host has (the E5520 has two per core; ch. 4 speaks of 'Nehalem thread contexts'), which the model does not have: it has no SMT.";
+const ASYNC_COST: &str = "The model has no cost for the library's asynchronous request bookkeeping or for contention on tag allocation, which §4.4.4 names as the reason small asynchronous requests lose with 8 threads but does not quantify (calibration ASYNC_COST).";
+const NVMM_PREFETCH: &str = "GUPS and MMAP start with the DRAM full of dirty table data, and with a uniform random address stream the hit rate is the resident fraction whatever is prefetched; prefetched blocks only add flash traffic and dirty evictions (nvmm::calibration KNOWN_MISSES). The report gives no size of its DRAM cache, channel count or where prefetched blocks go.";
+const NVMM_MISS_COST: &str = "An NVMM miss costs the flash read and the first line; the SSD pays the flash read plus its software per fault, so the model's SSD cannot pass NVMM (nvmm::calibration KNOWN_MISSES).";
+
+/// Why an ordering is inverted, if it is a documented inversion.
+pub fn known_inversion(name: &str) -> Option<&'static str> {
+    KNOWN_INVERSIONS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, why)| *why)
+}
+
+fn ordering(
+    name: String,
+    source: &'static str,
+    winner: f64,
+    loser: f64,
+    unit: &'static str,
+    lower_is_better: bool,
+) -> Ordering {
+    Ordering {
+        name,
+        source,
+        winner,
+        loser,
+        unit,
+        lower_is_better,
+    }
+}
+
+const SEED: u64 = 1;
+
+fn preset(name: &str, stack: Stack) -> Config {
+    let mut c = Config::preset(name).expect("shipped preset");
+    c.set_stack(stack);
+    c
+}
+
+fn latency_us(c: &Config, op: OpMix, size: u64) -> f64 {
+    xdd_point(c, op, size, 1, RunLimit::Ops(5_000), SEED)
+        .expect("ordering point runs")
+        .latency_us_mean
+}
+
+fn bandwidth(c: &Config, op: OpMix, size: u64, threads: u32) -> f64 {
+    xdd_point(c, op, size, threads, RunLimit::Ops(40_000), SEED)
+        .expect("ordering point runs")
+        .bandwidth_mb_per_s
+}
+
+/// MICRO'10 §IV / Fig. 3: each software step lowers the 4 KB latency (the
+/// mean of read and write), 2Q raises Spin's peak bandwidth (§IV.D), and
+/// Moneta-D beats the kernel stack through a file system (dissertation
+/// §4.4.1–4.4.2).
+pub fn stacks() -> Vec<Ordering> {
+    let src = "MICRO'10 §IV, Fig. 3 (SPEC §2.1–2.2)";
+    let steps = [Stack::Base, Stack::NoSched, Stack::Atomic, Stack::Spin];
+    let lat: Vec<f64> = steps
+        .iter()
+        .map(|&s| {
+            let c = preset("moneta-micro10", s);
+            (latency_us(&c, OpMix::Read, 4096) + latency_us(&c, OpMix::Write, 4096)) / 2.0
+        })
+        .collect();
+    let mut v: Vec<Ordering> = steps
+        .windows(2)
+        .zip(lat.windows(2))
+        .map(|(s, l)| {
+            ordering(
+                format!("4 KB latency: Moneta+{:?} beats Moneta+{:?}", s[1], s[0]),
+                src,
+                l[1],
+                l[0],
+                "µs",
+                true,
+            )
+        })
+        .collect();
+    let peak = |stack| {
+        let c = preset("moneta-micro10", stack);
+        [4096, 8192, 16384, 65536]
+            .into_iter()
+            .map(|size| bandwidth(&c, OpMix::Mixed(0.5), size, 16))
+            .fold(0.0, f64::max)
+    };
+    v.push(ordering(
+        "peak 50/50 bandwidth: Moneta+2Q beats Moneta+Spin".into(),
+        "MICRO'10 §IV.D (SPEC §2.2)",
+        peak(Stack::TwoQueue),
+        peak(Stack::Spin),
+        "MB/s",
+        false,
+    ));
+    let direct = preset("moneta-d", Stack::Direct);
+    let kernel_fs = calibration::kernel_with_file_system();
+    let src = "dissertation §4.4.1–4.4.2 (SPEC §3.5)";
+    for op in [OpMix::Read, OpMix::Write] {
+        v.push(ordering(
+            format!("512 B {} latency: Moneta-D beats Moneta + FS", op.name()),
+            src,
+            latency_us(&direct, op, 512),
+            latency_us(&kernel_fs, op, 512),
+            "µs",
+            true,
+        ));
+        for size in [512, 4096] {
+            v.push(ordering(
+                format!(
+                    "{size} B {} bandwidth, 16 threads: Moneta-D beats Moneta + FS",
+                    op.name()
+                ),
+                src,
+                bandwidth(&direct, op, size, 16),
+                bandwidth(&kernel_fs, op, size, 16),
+                "MB/s",
+                false,
+            ));
+        }
+    }
+    v
+}
+
+/// Fig. 4.5: DMA completion beats interrupt forwarding and issue-sleep by
+/// 21–171% for accesses up to 8 KB; Fig. 4.6: issue-sleep is the most
+/// efficient (bandwidth per CPU) for larger accesses (from 8 KB, "the
+/// best choice for accesses of 8 KB or larger because it is more
+/// CPU-efficient").
+pub fn completions(points: &[CompletionPoint]) -> Vec<Ordering> {
+    let at = |completion, size| {
+        points
+            .iter()
+            .find(|p: &&CompletionPoint| p.completion == completion && p.size_bytes == size)
+            .expect("a point per completion and size")
+    };
+    let mut v = Vec::new();
+    for size in calibration::COMPLETION_SIZES {
+        if size <= 8192 {
+            for (other, label) in [
+                (Completion::Forwarding, "interrupt forwarding"),
+                (Completion::IssueSleep, "issue-sleep"),
+            ] {
+                v.push(ordering(
+                    format!("DMA beats {label}, {size} B"),
+                    "dissertation §4.3.4, Fig. 4.5 (SPEC §3.5)",
+                    at(Completion::Dma, size).bandwidth_mb_per_s,
+                    at(other, size).bandwidth_mb_per_s,
+                    "MB/s",
+                    false,
+                ));
+            }
+        } else {
+            let spinning = at(Completion::Dma, size)
+                .mb_per_s_per_cpu
+                .max(at(Completion::Forwarding, size).mb_per_s_per_cpu);
+            v.push(ordering(
+                format!("bandwidth per CPU: issue-sleep beats spinning, {size} B"),
+                "dissertation §4.3.4, Fig. 4.6 (SPEC §3.5)",
+                at(Completion::IssueSleep, size).mb_per_s_per_cpu,
+                spinning,
+                "MB/s per CPU",
+                false,
+            ));
+        }
+    }
+    v
+}
+
+/// Fig. 4.11 (§4.4.4): with 1 thread asynchronous IO beats synchronous at
+/// every size 512 B–256 KB; with 8 threads it does from 4 KB, and loses
+/// below.
+pub fn asynchronous(points: &[AsyncPoint]) -> Vec<Ordering> {
+    let at = |threads, asynchronous: bool, size| {
+        points
+            .iter()
+            .find(|p: &&AsyncPoint| {
+                p.threads == threads && (p.queue_depth > 1) == asynchronous && p.size_bytes == size
+            })
+            .expect("a point per thread count, interface and size")
+            .bandwidth_mb_per_s
+    };
+    let src = "dissertation §4.4.4, Fig. 4.11 (SPEC §3.5)";
+    let mut v = Vec::new();
+    for size in calibration::COMPLETION_SIZES {
+        v.push(ordering(
+            format!("1 thread: asynchronous beats synchronous, {size} B"),
+            src,
+            at(1, true, size),
+            at(1, false, size),
+            "MB/s",
+            false,
+        ));
+        let (winner, loser, name) = if size >= 4096 {
+            (true, false, "asynchronous beats synchronous")
+        } else {
+            (false, true, "synchronous beats asynchronous")
+        };
+        v.push(ordering(
+            format!("8 threads: {name}, {size} B"),
+            src,
+            at(8, winner, size),
+            at(8, loser, size),
+            "MB/s",
+            false,
+        ));
+    }
+    v
+}
+
+/// Chapter 5: QuickSAN-D beats iSCSI in latency (Table 5.1, "reduces
+/// overall latency by 93%") and in bandwidth at every size ("improves
+/// bandwidth by 14.7× for 4 KB requests", "up to 167×" for small ones),
+/// and QuickSAN-D beats QuickSAN-OS in latency (Table 5.1). Distributed,
+/// 4 nodes, 8 threads per host, as the calibration checks.
+pub fn quicksan() -> Vec<Ordering> {
+    use crate::san::experiments::{bandwidth, latency, topology, Setup};
+    use crate::san::interfaces::Interface;
+    let device = Config::preset("quicksan-ssd").expect("shipped preset");
+    let setup = |ops| Setup {
+        costs: device.san.clone(),
+        device: device.clone(),
+        seed: SEED,
+        ops,
+        threads_per_host: 8,
+    };
+    let distributed = topology(false, 4).expect("4 nodes");
+    let interfaces = [
+        Interface::QuicksanD,
+        Interface::QuicksanOs,
+        Interface::Iscsi,
+    ];
+    let rows = latency(
+        &setup(2_000),
+        &interfaces,
+        distributed,
+        4096,
+        &mut |_, _, _| {},
+    )
+    .expect("latency runs");
+    let remote = |i: Interface, op: &str| {
+        rows.iter()
+            .find(|r| r.interface == i && r.locality == "remote" && r.op == op)
+            .expect("a remote row per interface and op")
+            .latency_us_mean
+    };
+    let mut v = Vec::new();
+    for op in ["read", "write"] {
+        for (loser, label) in [
+            (Interface::Iscsi, "iSCSI"),
+            (Interface::QuicksanOs, "QuickSAN-OS"),
+        ] {
+            v.push(ordering(
+                format!("remote 4 KB {op} latency: QuickSAN-D beats {label}"),
+                "Table 5.1 (SPEC §4.2)",
+                remote(Interface::QuicksanD, op),
+                remote(loser, op),
+                "µs",
+                true,
+            ));
+        }
+    }
+    let sizes = [512, 4096, 65536, 1 << 20];
+    let bw = bandwidth(
+        &setup(4_000),
+        &[Interface::QuicksanD, Interface::Iscsi],
+        distributed,
+        false,
+        &[OpMix::Read, OpMix::Write],
+        &sizes,
+        &mut |_, _, _| {},
+    )
+    .expect("bandwidth runs");
+    let per_host = |i: Interface, op: &str, size: u64| {
+        bw.iter()
+            .find(|r| r.interface == i && r.op == op && r.size_bytes == size)
+            .expect("a row per interface, op and size")
+            .mb_per_s_per_host
+    };
+    for op in ["read", "write"] {
+        for size in sizes {
+            v.push(ordering(
+                format!("{size} B {op} bandwidth per host: QuickSAN-D beats iSCSI"),
+                "dissertation ch. 5 introduction and §5.5",
+                per_host(Interface::QuicksanD, op, size),
+                per_host(Interface::Iscsi, op, size),
+                "MB/s",
+                false,
+            ));
+        }
+    }
+    v
+}
+
+/// The UMD report's §5 (SPEC §7), on the calibration's set-up (preset
+/// `nvmm-mlc`, footprint 2× the DRAM, the report's access counts): NVMM's
+/// prefetch of 16 pages helps GUPS and MMAP at the MLC latency and hurts
+/// GUPS at 750 µs; NVMM beats the SSD at MLC with and without prefetch; the
+/// SSD passes NVMM at 150 µs (MMAP, 1 thread, no prefetch) and beyond;
+/// "multithreading and prefetching push this crossover point beyond the
+/// 750000 ns point".
+pub fn nvmm() -> Vec<Ordering> {
+    const MLC: u64 = 75_000;
+    let src = "NVMM report §5 (SPEC §7)";
+    let elapsed = |kind, read_ns, threads, prefetch| {
+        compare(kind, read_ns, threads, prefetch).nvmm_elapsed_ns as f64
+    };
+    let mut v = Vec::new();
+    for (kind, name, threads) in [
+        (WorkloadKind::Gups, "GUPS", 1),
+        (WorkloadKind::Mmap, "MMAP", 1),
+        (WorkloadKind::Mmap, "MMAP", 8),
+    ] {
+        v.push(ordering(
+            format!("{name} {threads} thread{} at MLC: prefetch beats none", plural(threads)),
+            src,
+            elapsed(kind, MLC, threads, 16),
+            elapsed(kind, MLC, threads, 0),
+            "ns",
+            true,
+        ));
+    }
+    v.push(ordering(
+        "GUPS 1 thread at 750 µs: no prefetch beats prefetch".into(),
+        src,
+        elapsed(WorkloadKind::Gups, 750_000, 1, 0),
+        elapsed(WorkloadKind::Gups, 750_000, 1, 16),
+        "ns",
+        true,
+    ));
+    for (kind, name, threads, prefetch) in [
+        (WorkloadKind::Gups, "GUPS", 1, 0),
+        (WorkloadKind::Gups, "GUPS", 1, 16),
+        (WorkloadKind::Gups, "GUPS", 8, 16),
+        (WorkloadKind::Mmap, "MMAP", 8, 0),
+        (WorkloadKind::Mmap, "MMAP", 8, 16),
+    ] {
+        let p = compare(kind, MLC, threads, prefetch);
+        v.push(ordering(
+            format!(
+                "{name} {threads} thread{} at MLC, {}: NVMM beats the SSD",
+                plural(threads),
+                if prefetch > 0 { "prefetch" } else { "no prefetch" }
+            ),
+            src,
+            p.nvmm_elapsed_ns as f64,
+            p.ssd_elapsed_ns as f64,
+            "ns",
+            true,
+        ));
+    }
+    for read_ns in [150_000, 750_000] {
+        let p = compare(WorkloadKind::Mmap, read_ns, 1, 0);
+        v.push(ordering(
+            format!(
+                "MMAP 1 thread at {} µs, no prefetch: the SSD beats NVMM",
+                read_ns / 1000
+            ),
+            src,
+            p.ssd_elapsed_ns as f64,
+            p.nvmm_elapsed_ns as f64,
+            "ns",
+            true,
+        ));
+    }
+    let p = compare(WorkloadKind::Mmap, 750_000, 8, 16);
+    v.push(ordering(
+        "MMAP 8 threads at 750 µs, prefetch: NVMM beats the SSD".into(),
+        src,
+        p.nvmm_elapsed_ns as f64,
+        p.ssd_elapsed_ns as f64,
+        "ns",
+        true,
+    ));
+    v
+}
+
+fn plural(n: u32) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// Every published ordering, in the order above (the completion and
+/// asynchronous sweeps at the calibration's seed and request counts).
+pub fn all() -> Vec<Ordering> {
+    let mut v = stacks();
+    v.extend(completions(
+        &calibration::completion_sweep(calibration::COMPLETION_OPS, SEED)
+            .expect("completion sweep runs"),
+    ));
+    v.extend(asynchronous(
+        &calibration::async_sweep(calibration::ASYNC_OPS, SEED).expect("asynchronous sweep runs"),
+    ));
+    v.extend(quicksan());
+    v.extend(nvmm());
+    v
+}
