@@ -357,7 +357,11 @@ fn reproduces_section(checks: &[Check], orderings: &[Ordering]) -> Vec<ReportSec
                     .map(|c| if ok { c.name.clone() } else { miss_text(c) })
                     .collect()
             };
-            vec![figure.to_string(), of(true).join("; "), of(false).join("; ")]
+            vec![
+                figure.to_string(),
+                of(true).join("; "),
+                of(false).join("; "),
+            ]
         })
         .collect();
     if !orderings.is_empty() {

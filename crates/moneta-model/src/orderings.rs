@@ -58,13 +58,28 @@ impl Ordering {
 pub const KNOWN_INVERSIONS: &[(&str, &str)] = &[
     ("DMA beats issue-sleep, 4096 B", DMA_IN_FLIGHT),
     ("DMA beats issue-sleep, 8192 B", DMA_IN_FLIGHT),
-    ("8 threads: synchronous beats asynchronous, 512 B", ASYNC_COST),
-    ("8 threads: synchronous beats asynchronous, 1024 B", ASYNC_COST),
-    ("8 threads: synchronous beats asynchronous, 2048 B", ASYNC_COST),
+    (
+        "8 threads: synchronous beats asynchronous, 512 B",
+        ASYNC_COST,
+    ),
+    (
+        "8 threads: synchronous beats asynchronous, 1024 B",
+        ASYNC_COST,
+    ),
+    (
+        "8 threads: synchronous beats asynchronous, 2048 B",
+        ASYNC_COST,
+    ),
     ("GUPS 1 thread at MLC: prefetch beats none", NVMM_PREFETCH),
     ("MMAP 8 threads at MLC: prefetch beats none", NVMM_PREFETCH),
-    ("GUPS 8 threads at MLC, prefetch: NVMM beats the SSD", NVMM_PREFETCH),
-    ("MMAP 8 threads at MLC, prefetch: NVMM beats the SSD", NVMM_PREFETCH),
+    (
+        "GUPS 8 threads at MLC, prefetch: NVMM beats the SSD",
+        NVMM_PREFETCH,
+    ),
+    (
+        "MMAP 8 threads at MLC, prefetch: NVMM beats the SSD",
+        NVMM_PREFETCH,
+    ),
     (
         "MMAP 8 threads at 750 µs, prefetch: NVMM beats the SSD",
         NVMM_PREFETCH,
@@ -392,7 +407,10 @@ pub fn nvmm() -> Vec<Ordering> {
         (WorkloadKind::Mmap, "MMAP", 8),
     ] {
         v.push(ordering(
-            format!("{name} {threads} thread{} at MLC: prefetch beats none", plural(threads)),
+            format!(
+                "{name} {threads} thread{} at MLC: prefetch beats none",
+                plural(threads)
+            ),
             src,
             elapsed(kind, MLC, threads, 16),
             elapsed(kind, MLC, threads, 0),
@@ -420,7 +438,11 @@ pub fn nvmm() -> Vec<Ordering> {
             format!(
                 "{name} {threads} thread{} at MLC, {}: NVMM beats the SSD",
                 plural(threads),
-                if prefetch > 0 { "prefetch" } else { "no prefetch" }
+                if prefetch > 0 {
+                    "prefetch"
+                } else {
+                    "no prefetch"
+                }
             ),
             src,
             p.nvmm_elapsed_ns as f64,

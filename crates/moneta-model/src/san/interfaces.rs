@@ -408,10 +408,12 @@ pub fn transport_path(
                 costs.iscsi_transport_ns_read,
                 costs.iscsi_transport_ns_write,
             );
-            let fixed = row.checked_sub(2 * per_end(TABLE_5_1_BYTES)).ok_or_else(|| {
-                "iSCSI transport row is smaller than its per-KB cost at both ends of 4 KB"
-                    .to_string()
-            })?;
+            let fixed = row
+                .checked_sub(2 * per_end(TABLE_5_1_BYTES))
+                .ok_or_else(|| {
+                    "iSCSI transport row is smaller than its per-KB cost at both ends of 4 KB"
+                        .to_string()
+                })?;
             let software = fixed + 2 * per_end(bytes);
             if !(0.0..=1.0).contains(&costs.iscsi_initiator_fraction) {
                 return Err("iscsi_initiator_fraction must be within [0, 1]".into());
