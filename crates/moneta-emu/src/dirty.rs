@@ -482,9 +482,18 @@ mod tests {
         std::os::unix::fs::symlink("/dev/full", &path).unwrap();
         m.append = None;
         m.mark(1, 8192, 4096);
+        m.mark(unsure(1), 20480, 4096);
         let e = m.flush().expect_err("a flush to a full disk");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
         assert!(m.needs_flush(), "the granule is still to be made durable");
+        // A write on the granule not yet durable may not be acknowledged;
+        // one on the durable granule, or on an unsure one, may.
+        assert!(m.unsaved_in(8000, 500) && m.unsaved_in(12287, 1));
+        assert!(!m.unsaved_in(0, 4096) && !m.unsaved_in(12288, 4096));
+        assert!(
+            !m.unsaved_in(20480, 4096),
+            "an unsure granule gates nothing"
+        );
         // The retry writes the map anew (the rename replaces the link).
         m.flush().unwrap();
         assert!(!m.needs_flush());

@@ -1051,6 +1051,9 @@ impl<C: StampClock> DeviceThread<C> {
             } else if f.completion.failed {
                 ResultCode::PeerUnreachable
             } else if !durable && self.write_unrecorded(channel, tag) {
+                if let Some(p) = self.port.as_mut() {
+                    p.unrecorded_write(channel);
+                }
                 ResultCode::DeviceFailure
             } else {
                 ResultCode::Ok

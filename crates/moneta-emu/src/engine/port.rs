@@ -105,7 +105,7 @@ pub const DISCARD_TAG: u16 = u16::MAX - 3;
 /// resolve --discard`), between a slice's two holders: its primary holder
 /// decides, once per split brain (ADDR: the slice; OFFSETS: `ASK`,
 /// `GRANTED` or `REFUSED`; SIZE: the node whose writes are discarded).
-pub const RESOLVE_TAG: u16 = u16::MAX - 4;
+pub const RESOLVE_TAG: u16 = u16::MAX - 5;
 const ASK: u16 = 1;
 const GRANTED: u16 = 2;
 const REFUSED: u16 = 3;
@@ -489,6 +489,17 @@ impl PortState {
     /// yet (`flush_dirty` failed).
     pub(super) fn unrecorded(&self, addr: u64, len: u64) -> bool {
         self.port.dirty.unsaved_in(addr, len)
+    }
+
+    /// A client's write on `channel` fails: the granules it marked are not
+    /// durable (`unrecorded`). Counted and kept as a refusal.
+    pub(super) fn unrecorded_write(&mut self, channel: u16) {
+        let why = format!(
+            "a write on channel {channel} taken by this copy alone: the dirty map cannot be made \
+             durable ({}), so it is not acknowledged",
+            self.stats.dirty_save_error.clone().unwrap_or_default()
+        );
+        self.refusal(why);
     }
 
     /// Rewrite the dirty map's file now if granules were cleared since it
