@@ -474,14 +474,13 @@ impl PortState {
     /// Record the copy of `slice` as not a whole generation (before a
     /// resync write or a discard changes it).
     fn record_inconsistent(&mut self, slice: usize) -> bool {
-        self.whole(slice)
-            .then(|| {
-                self.record(slice, |c| CopyMeta {
-                    state: Stored::Inconsistent,
-                    ..c
-                })
-            })
-            .unwrap_or(true)
+        if !self.whole(slice) {
+            return true;
+        }
+        self.record(slice, |c| CopyMeta {
+            state: Stored::Inconsistent,
+            ..c
+        })
     }
 
     /// Whether a write on global `[addr, addr + len)` may not be
