@@ -71,7 +71,18 @@
 //!   `RETELL`): the other side is then the source of an ordinary resync.
 //! - the dirty map is durable before a degraded write is acknowledged
 //!   (`dirty.rs`: the granules a turn marked are appended and fdatasynced
-//!   before any completion of that turn leaves).
+//!   before any completion of that turn leaves); when it cannot be made
+//!   durable, each write on a granule not yet recorded fails (a client's
+//!   with `DeviceFailure`, a peer's is refused) and the rest goes on.
+//! - replica identity (issue 39, `replica_meta.rs`): each copy's state and
+//!   generation are recorded on the image; a copy with no or foreign
+//!   metadata starts inconsistent and asks for everything (`FULL` in its
+//!   `MISSED_TAG` word); inconsistent is recorded before the first resync
+//!   write lands and ends only with `SYNC_DONE_TAG` (which carries the
+//!   source's generation), so it survives restarts and is never forced.
+//! - a resolve of a split brain is decided once, by the slice's primary
+//!   holder (`RESOLVE_TAG`): the other holder asks it and acts on its
+//!   answer; a contradicting request is refused naming the decision.
 
 use super::liveness::{self, Change, Liveness, VIEW_TAG};
 use super::{DeviceThread, SLICE_BYTES};
