@@ -12,6 +12,7 @@ use moneta_emu::dirty::DirtyMap;
 use moneta_emu::engine::{Engine, EngineOptions};
 use moneta_emu::medium::Medium;
 use moneta_emu::reactor::Reactor;
+use moneta_emu::replica_meta::ReplicaMeta;
 use moneta_emu::san_file::SanFile;
 use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
@@ -359,6 +360,19 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
                     .map_err(|e| format!("the dirty map beside the image: {e}"))?,
                 None => DirtyMap::in_memory(),
             };
+            // What the image says of the mirrored copies it holds.
+            let slices = file.mirrored_slices(*index).map_err(|e| e.to_string())?;
+            let meta = match &a.image {
+                Some(image) => ReplicaMeta::load(
+                    image,
+                    config.device.capacity_bytes,
+                    &file.name,
+                    *index,
+                    &slices,
+                )
+                .map_err(|e| format!("the replica metadata on the image: {e}"))?,
+                None => ReplicaMeta::in_memory(&file.name, *index, &slices),
+            };
             let path = a.san.as_deref().expect("a SAN node has its file");
             let secret = file.secret(path).map_err(|e| e.to_string())?;
             if secret.is_none() {
@@ -369,7 +383,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
                 );
             }
             let port = file
-                .open_port(*index, faults.clone(), dirty, secret, 0)
+                .open_port(*index, faults.clone(), dirty, meta, secret, 0)
                 .map_err(|e| e.to_string())?;
             Engine::start_san(config, medium, options, port, reactor.as_ref())
         }

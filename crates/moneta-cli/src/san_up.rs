@@ -392,6 +392,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
 
     let (topology, transport) = (a.topology(), a.transport());
     let mut file = SanFile {
+        name: a.name.clone(),
         topology,
         mirror: a.mirror,
         transport,
@@ -454,6 +455,11 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
     }
     ip(&["link", "set", &bridge, "up"])?;
 
+    // A SAN whose every image is new: its blank copies agree, and their
+    // replica metadata says so (`replica_meta`, DRBD's new-current-uuid
+    // --clear-bitmap). An image missing beside others that exist is a
+    // replaced disk: no metadata, a full resync before it serves.
+    let new_san = (0..a.nodes).all(|i| fs::metadata(dir.join(format!("n{i}/device.img"))).is_err());
     let mut nodes = Vec::new();
     for i in 0..a.nodes {
         interrupted()?;
@@ -497,6 +503,11 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             node_image(&node_dir, media.as_deref(), i)?,
             node_dir.join("monetad.log"),
         );
+        if new_san && file.has_memory(i) {
+            let slices = file.mirrored_slices(i).map_err(|e| e.to_string())?;
+            moneta_emu::replica_meta::ReplicaMeta::initialize(&image, size, &a.name, i, &slices)
+                .map_err(|e| format!("{}: writing its replica metadata: {e}", image.display()))?;
+        }
         let nbd = a
             .nbd_port
             .filter(|_| file.has_memory(i))
@@ -1228,7 +1239,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                                     "up-to-date" if x.to_send > 0 => "resyncing",
                                     "up-to-date" => "up-to-date",
                                     "inconsistent" if x.partner_up => "resyncing",
-                                    "inconsistent" => "outdated",
+                                    "inconsistent" => "inconsistent",
                                     "split-brain" => "split-brain",
                                     "suspended" => "suspended",
                                     _ => "outdated",
@@ -1254,6 +1265,11 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                                     "outdated" => format!(
                                         "may have missed writes; not read until {partner} \
                                          (unreachable) resyncs it"
+                                    ),
+                                    "inconsistent" => format!(
+                                        "not a whole generation (a resync into it did not \
+                                         finish, or a blank disk); never read or forced until \
+                                         {partner} (unreachable) resyncs it"
                                     ),
                                     "split-brain" => format!(
                                         "both {partner} and this copy took writes alone; not \
@@ -1299,6 +1315,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                             "split_brain_with": split_brain,
                             "resyncing_from": unsynced,
                             "slices": slices,
+                            "dirty_map_error": port.as_ref().and_then(|p| p.dirty_save_error.clone()),
                             "refusals": port.as_ref().map_or(0, |p| p.refusals),
                             "last_refusal": port.as_ref().and_then(|p| p.last_refusal.clone()),
                             "frames_unauthenticated": port.as_ref().map_or(0, |p| p.unauthenticated),
@@ -1321,6 +1338,7 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
         let word = match s {
             None => "down",
             Some(_) if any("split_brain_with") => "split-brain",
+            Some(_) if nodes.iter().any(|n| !n["dirty_map_error"].is_null()) => "dirty-map-failing",
             Some(_) if !nodes.iter().all(healthy) => "degraded",
             Some(_) if any("peers_unreachable") => "partitioned",
             // A node resyncing from a partner is shown per node: right
@@ -1413,6 +1431,12 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
                         if !l.is_empty() {
                             println!("       {what} {l}");
                         }
+                    }
+                    if let Some(e) = n["dirty_map_error"].as_str() {
+                        println!(
+                            "       dirty map cannot be made durable ({e}): writes taken here \
+                             alone fail; reads, other writes and peers go on"
+                        );
                     }
                     let (forged, replayed) = (
                         n["frames_unauthenticated"].as_u64().unwrap_or(0),

@@ -20,9 +20,10 @@
 //! node as a claim the partner contradicts once it has written alone, a
 //! split brain that is not one.
 //!
-//! The file also tells a daemon whether its image served before (`fresh`):
-//! a node starting on an image that did may have missed writes while it
-//! was away, so its copies start `Outdated` (engine/port.rs).
+//! Whether a copy served before, and whether it is a whole generation, is
+//! not this file's to say: a file beside the image survives the image it
+//! describes (a replaced disk). The image's own replica metadata says it
+//! (`replica_meta`, engine/port.rs); `fresh` only says the file is new.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
@@ -203,6 +204,19 @@ impl DirtyMap {
     /// Granules marked that are not yet durable.
     pub fn needs_flush(&self) -> bool {
         !self.unsaved.is_empty()
+    }
+
+    /// Whether a claim on a peer (strong or weak: not an unsure granule)
+    /// in global `[addr, addr + len)` is not yet durable: a write there
+    /// may not be acknowledged (engine/port.rs).
+    pub fn unsaved_in(&self, addr: u64, len: u64) -> bool {
+        if self.unsaved.is_empty() || len == 0 {
+            return false;
+        }
+        let granules = addr / GRANULE_BYTES..=(addr + len - 1) / GRANULE_BYTES;
+        self.unsaved
+            .iter()
+            .any(|&(key, g)| key & UNSURE == 0 && granules.contains(&g))
     }
 
     /// Make the granules marked since the last flush durable: append them
@@ -468,9 +482,18 @@ mod tests {
         std::os::unix::fs::symlink("/dev/full", &path).unwrap();
         m.append = None;
         m.mark(1, 8192, 4096);
+        m.mark(unsure(1), 20480, 4096);
         let e = m.flush().expect_err("a flush to a full disk");
         assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
         assert!(m.needs_flush(), "the granule is still to be made durable");
+        // A write on the granule not yet durable may not be acknowledged;
+        // one on the durable granule, or on an unsure one, may.
+        assert!(m.unsaved_in(8000, 500) && m.unsaved_in(12287, 1));
+        assert!(!m.unsaved_in(0, 4096) && !m.unsaved_in(12288, 4096));
+        assert!(
+            !m.unsaved_in(20480, 4096),
+            "an unsure granule gates nothing"
+        );
         // The retry writes the map anew (the rename replaces the link).
         m.flush().unwrap();
         assert!(!m.needs_flush());

@@ -711,13 +711,11 @@ impl<C: StampClock> DeviceThread<C> {
             Some(san) => {
                 let timing = moneta_model::san::fabric::FabricTiming::derive(&config.network)
                     .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
+                let mut san = san;
                 let mut routes: RouteTable = san.routes.clone();
-                // On an image that served before, every copy may have
-                // missed writes while this node was away: outdated until
-                // each partner says what it missed (engine/port.rs).
-                if !san.dirty.fresh() {
-                    routes.set_all_outdated();
-                }
+                // What the medium's replica metadata says of each copy
+                // (engine/port.rs, `replica_meta`).
+                port::initial_states(&mut san, &mut routes);
                 let network = NetworkPort::new(&config.network, routes, timing.nic_tx_ns);
                 let driver =
                     DeviceDriver::with_port(config, options.seed, CHANNELS as u16, network);
@@ -930,9 +928,7 @@ impl<C: StampClock> DeviceThread<C> {
                 ControlOp::Stats { done } => {
                     let _ = done.send(self.snapshot());
                 }
-                ControlOp::SanDiscard { slice, done } => {
-                    let _ = done.send(self.discard(slice));
-                }
+                ControlOp::SanDiscard { slice, done } => self.discard(slice, done),
                 ControlOp::SanForce { slice, done } => {
                     let _ = done.send(self.force(slice));
                 }
@@ -1028,14 +1024,12 @@ impl<C: StampClock> DeviceThread<C> {
             return;
         }
         // What degraded writes marked is durable before they are
-        // acknowledged (dirty.rs); until it is, nothing is posted.
+        // acknowledged (dirty.rs); a write whose record is not fails.
+        let mut durable = true;
         if let Some(mut state) = self.port.take() {
             self.collect_port_output(&mut state);
-            let durable = state.flush_dirty(self.clock.now());
+            durable = state.flush_dirty(self.clock.now());
             self.port = Some(state);
-            if !durable {
-                return;
-            }
         }
         // After the flush: its fdatasync is part of how late they are.
         let posted = self.clock.now();
@@ -1056,12 +1050,34 @@ impl<C: StampClock> DeviceThread<C> {
                 ResultCode::NoUpToDateCopy
             } else if f.completion.failed {
                 ResultCode::PeerUnreachable
+            } else if !durable && self.write_unrecorded(channel, tag) {
+                if let Some(p) = self.port.as_mut() {
+                    p.unrecorded_write(channel);
+                }
+                ResultCode::DeviceFailure
             } else {
                 ResultCode::Ok
             };
             self.finish(channel, tag, code, due);
         }
         self.finished = finished;
+    }
+
+    /// Whether the request in flight on (channel, tag) is a write on a
+    /// granule the dirty map has not made durable (it may not be
+    /// acknowledged: `PortState::flush_dirty`).
+    fn write_unrecorded(&self, channel: u16, tag: u8) -> bool {
+        let (Some(port), Some(ch)) = (self.port.as_ref(), self.channels[channel as usize].as_ref())
+        else {
+            return false;
+        };
+        let Some(flight) = ch.in_flight[tag as usize].as_ref() else {
+            return false;
+        };
+        match command::decode_channel(flight.words, &self.limits) {
+            Ok((cmd, _)) => cmd.op == Op::Write && port.unrecorded(cmd.addr.0, cmd.len_bytes),
+            Err(_) => false,
+        }
     }
 
     /// A request of (channel, tag) finished with `code` at model time `due`.

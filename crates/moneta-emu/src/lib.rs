@@ -31,6 +31,7 @@ pub mod free_watch;
 pub mod layout_watch;
 pub mod medium;
 pub mod reactor;
+pub mod replica_meta;
 pub mod san_file;
 pub mod sys;
 pub mod wall_clock;

@@ -83,7 +83,8 @@ impl Medium {
 
     /// The image file at `path`: created (sparse, zero-filled) if missing;
     /// if it exists it must be exactly `capacity_bytes` long, so an image is
-    /// never silently truncated or extended.
+    /// never silently truncated or extended (or that plus a SAN node's
+    /// replica metadata, `replica_meta::META_BYTES`, which is not mapped).
     pub fn image(path: &Path, capacity_bytes: u64) -> Result<Medium, MediumError> {
         let io_err = |source| MediumError::Io {
             path: Some(path.to_path_buf()),
@@ -102,7 +103,9 @@ impl Medium {
         let image_bytes = meta.len();
         if image_bytes == 0 {
             file.set_len(capacity_bytes).map_err(io_err)?;
-        } else if image_bytes != capacity_bytes {
+        } else if image_bytes != capacity_bytes
+            && image_bytes != capacity_bytes + crate::replica_meta::META_BYTES
+        {
             return Err(MediumError::SizeMismatch {
                 path: path.to_path_buf(),
                 image_bytes,

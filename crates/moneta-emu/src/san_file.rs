@@ -29,6 +29,7 @@
 
 use crate::dirty::DirtyMap;
 use crate::engine::SanPort;
+use crate::replica_meta::ReplicaMeta;
 use moneta_model::device::network::RouteTable;
 use moneta_model::device::packet::Mac;
 use moneta_model::san::address_map::AddressMap;
@@ -98,6 +99,11 @@ pub struct SanNode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SanFile {
+    /// The SAN's name (`moneta san up --name`): every copy's replica
+    /// metadata names it (`replica_meta`), so an image of another SAN is
+    /// foreign here.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
     pub topology: SanTopology,
     #[serde(default)]
     pub mirror: bool,
@@ -270,6 +276,16 @@ impl SanFile {
         Ok(self.address_map()?.route_table(node, self.has_memory(node)))
     }
 
+    /// The slices node `node` holds a mirrored copy of (primary or replica):
+    /// the copies its replica metadata describes.
+    pub fn mirrored_slices(&self, node: u16) -> Result<Vec<u32>, SanFileError> {
+        let routes = self.route_table(node)?;
+        Ok((0..routes.slice_count())
+            .filter(|&s| routes.partner_of(s).is_some())
+            .map(|s| s as u32)
+            .collect())
+    }
+
     /// The index of the node called `name`, or whose index `name` spells.
     pub fn node_index(&self, name: &str) -> Result<u16, SanFileError> {
         if let Some(i) = self.nodes.iter().position(|n| n.name == name) {
@@ -340,6 +356,7 @@ impl SanFile {
         node: u16,
         faults: FaultHandle,
         dirty: DirtyMap,
+        meta: ReplicaMeta,
         secret: Option<Secret>,
         now_ns: u64,
     ) -> Result<SanPort, SanFileError> {
@@ -360,6 +377,7 @@ impl SanFile {
             endpoint,
             nodes: self.nodes.len() as u16,
             dirty,
+            meta,
         })
     }
 

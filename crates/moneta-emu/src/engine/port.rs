@@ -71,11 +71,23 @@
 //!   `RETELL`): the other side is then the source of an ordinary resync.
 //! - the dirty map is durable before a degraded write is acknowledged
 //!   (`dirty.rs`: the granules a turn marked are appended and fdatasynced
-//!   before any completion of that turn leaves).
+//!   before any completion of that turn leaves); when it cannot be made
+//!   durable, each write on a granule not yet recorded fails (a client's
+//!   with `DeviceFailure`, a peer's is refused) and the rest goes on.
+//! - replica identity (issue 39, `replica_meta.rs`): each copy's state and
+//!   generation are recorded on the image; a copy with no or foreign
+//!   metadata starts inconsistent and asks for everything (`FULL` in its
+//!   `MISSED_TAG` word); inconsistent is recorded before the first resync
+//!   write lands and ends only with `SYNC_DONE_TAG` (which carries the
+//!   source's generation), so it survives restarts and is never forced.
+//! - a resolve of a split brain is decided once, by the slice's primary
+//!   holder (`RESOLVE_TAG`): the other holder asks it and acts on its
+//!   answer; a contradicting request is refused naming the decision.
 
 use super::liveness::{self, Change, Liveness, VIEW_TAG};
 use super::{DeviceThread, SLICE_BYTES};
 use crate::dirty::{unsure, weak, DirtyMap, GRANULE_BYTES, UNSURE, WEAK};
+use crate::replica_meta::{CopyMeta, ReplicaMeta, Stored};
 use crate::wall_clock::StampClock;
 use moneta_model::device::network::HeaderFields;
 use moneta_model::device::network::{Packet, PortOutput};
@@ -100,8 +112,28 @@ pub const MISSED_TAG: u16 = u16::MAX - 2;
 /// this node wrote alone and discards (`moneta san resolve`): the
 /// partner resyncs it too.
 pub const DISCARD_TAG: u16 = u16::MAX - 3;
+/// The TAG of a completion about a resolve of a split brain (`moneta san
+/// resolve --discard`), between a slice's two holders: its primary holder
+/// decides, once per split brain (ADDR: the slice; OFFSETS: `ASK`,
+/// `GRANTED` or `REFUSED`; SIZE: the node whose writes are discarded).
+pub const RESOLVE_TAG: u16 = u16::MAX - 5;
+const ASK: u16 = 1;
+const GRANTED: u16 = 2;
+const REFUSED: u16 = 3;
+/// The primary decided on its own side's request: the partner learns it.
+const DECIDED: u16 = 4;
+/// SIZE of a `REFUSED` with no decision taken (the decider's copy is not
+/// in split brain).
+const NO_DECISION: u16 = u16::MAX;
+/// How long a resolve waits for the deciding holder's answer.
+const ASK_TIMEOUT_NS: Ns = 5_000_000_000;
 /// In a `MISSED_TAG` ADDR: tell me again (this side discarded its writes).
 const RETELL: u64 = 1 << 47;
+/// In a `MISSED_TAG` ADDR: this copy is blank (no or foreign replica
+/// metadata, or a full resync into it did not finish): send it everything.
+const FULL: u64 = 1 << 46;
+/// The copy's state in a `MISSED_TAG` ADDR (bits 40..46).
+const STATE_MASK: u64 = 0x3f;
 const COUNT_MASK: u64 = (1 << 40) - 1;
 /// Resync writes in flight per peer at most.
 const RESYNC_WINDOW: usize = 16;
@@ -122,9 +154,78 @@ pub struct SanPort {
     /// Where the dirty map of mirrored copies failed peers missed is kept
     /// (a file beside the image), if anywhere.
     pub dirty: DirtyMap,
+    /// What the medium says of each mirrored copy held here (`replica_meta`).
+    pub meta: ReplicaMeta,
+}
+
+/// The states this node's copies start in, from the medium's replica
+/// metadata (`replica_meta`): a new SAN's blank copy up to date (and
+/// recorded so), one that was up to date outdated (it may have missed
+/// writes while this node was away) until its partner says what it missed,
+/// one that was not a whole generation (or has no or foreign metadata)
+/// inconsistent until a resync from its partner finishes.
+pub(super) fn initial_states(san: &mut SanPort, routes: &mut RouteTable) {
+    let node = routes.node;
+    if (0..routes.slice_count()).any(|s| routes.partner_of(s).is_some()) {
+        port_log(node, &san.meta.found);
+    }
+    for slice in 0..routes.slice_count() {
+        let Some(partner) = routes.partner_of(slice) else {
+            continue;
+        };
+        let c = san.meta.copy(slice);
+        let state = match c.state {
+            Stored::New => {
+                let up = CopyMeta {
+                    state: Stored::UpToDate,
+                    ..c
+                };
+                match san.meta.set(slice, up) {
+                    Ok(()) => ReplicaState::UpToDate,
+                    Err(e) => {
+                        port_log(
+                            node,
+                            &format!("slice {slice}: the replica metadata cannot be written: {e}"),
+                        );
+                        ReplicaState::Outdated
+                    }
+                }
+            }
+            Stored::UpToDate => ReplicaState::Outdated,
+            Stored::Inconsistent => ReplicaState::Inconsistent,
+        };
+        routes.set_state(slice, state);
+        port_log(
+            node,
+            &format!(
+                "slice {slice} (partner node {partner}): recorded {:?}{}, generation {}: the \
+                 copy starts {}",
+                c.state,
+                if c.full { " (needs every granule)" } else { "" },
+                c.generation,
+                state.as_str()
+            ),
+        );
+    }
 }
 
 pub use moneta_abi::stats::{PortStats, SliceStatus};
+
+/// Where a resolve's answer goes (the control plane waits on it).
+pub(super) type Reply = std::sync::mpsc::SyncSender<Result<String, String>>;
+
+/// A `moneta san resolve --discard` on this node waiting for the primary
+/// holders of its slices to decide (`RESOLVE_TAG`).
+pub(super) struct Ask {
+    /// Slices asked about (or still to ask: `unsent`), and their decider.
+    waiting: BTreeMap<usize, u16>,
+    unsent: Vec<usize>,
+    /// What was done so far, and the first refusal.
+    done: Vec<String>,
+    refused: Option<String>,
+    reply: Reply,
+    deadline: Ns,
+}
 
 pub(super) struct PortState {
     port: SanPort,
@@ -156,6 +257,18 @@ pub(super) struct PortState {
     dirty_retry_ns: Ns,
     /// Who is up as this node sees it (views, leases: `liveness.rs`).
     liveness: Liveness,
+    /// Per slice, how many times its copy here entered split brain (a
+    /// decision belongs to one of them).
+    episodes: BTreeMap<usize, u64>,
+    /// Per slice, the resolve decided for its current split brain: whose
+    /// writes are discarded, and in which episode (taken here as the
+    /// slice's primary holder, or learned from it).
+    decisions: BTreeMap<usize, (u16, u64)>,
+    /// Resolves waiting for the deciding holder's answer.
+    asks: Vec<Ask>,
+    /// Answers to the partner's asks the window held back: (peer, slice,
+    /// verdict, loser).
+    verdicts_out: VecDeque<(u16, usize, u16, u16)>,
     /// Partners lost, and when: their shared copies suspended here wait
     /// for the tie-breaker (`liveness::decide`).
     deciding: BTreeMap<u16, Ns>,
@@ -218,6 +331,10 @@ impl PortState {
         PortState {
             liveness,
             deciding: BTreeMap::new(),
+            episodes: BTreeMap::new(),
+            decisions: BTreeMap::new(),
+            asks: Vec::new(),
+            verdicts_out: VecDeque::new(),
             hold_until: 0,
             scratch: vec![0; port.endpoint.max_payload_bytes().max(1 << 16)],
             port,
@@ -300,9 +417,11 @@ impl PortState {
 
     /// Make every granule marked so far durable (before an acknowledgement).
     /// Returns whether they are: if not (a full disk, an I/O error), no
-    /// acknowledgement may leave (the completions and the packets wait, as
-    /// DRBD suspends I/O when it cannot write its metadata), and the file
-    /// is tried again every `DIRTY_RETRY_NS`.
+    /// write on a granule not yet durable is acknowledged: each such write
+    /// fails (a client's with `DeviceFailure`, a peer's is refused), while
+    /// reads, other writes and the peers' traffic go on (`unrecorded`); the
+    /// file is tried again every `DIRTY_RETRY_NS`, and the error is in the
+    /// stats (`dirty_save_error`, `moneta san status`).
     pub(super) fn flush_dirty(&mut self, now: Ns) -> bool {
         if !self.port.dirty.needs_flush() {
             return true;
@@ -326,8 +445,8 @@ impl PortState {
                     port_log(
                         self.stats.node,
                         &format!(
-                            "the dirty map cannot be made durable ({e}): acknowledgements \
-                             are held until it can"
+                            "the dirty map cannot be made durable ({e}): writes this copy \
+                             takes alone fail until it can"
                         ),
                     );
                 }
@@ -335,6 +454,62 @@ impl PortState {
                 false
             }
         }
+    }
+
+    /// Whether the medium says this node's copy of `slice` is a whole
+    /// generation (not `Inconsistent`: `replica_meta`).
+    fn whole(&self, slice: usize) -> bool {
+        self.port.meta.copy(slice).state != Stored::Inconsistent
+    }
+
+    /// Record on the medium what `change` makes of the copy of `slice`'s
+    /// metadata, durably, before the copy acts on it (`replica_meta`'s
+    /// update order). Returns whether it is recorded (an error is logged).
+    fn record(&mut self, slice: usize, change: impl FnOnce(CopyMeta) -> CopyMeta) -> bool {
+        let c = change(self.port.meta.copy(slice));
+        match self.port.meta.set(slice, c) {
+            Ok(()) => true,
+            Err(e) => {
+                port_log(
+                    self.stats.node,
+                    &format!(
+                        "slice {slice}: the replica metadata cannot be written ({e}): the copy \
+                         stays as it was recorded"
+                    ),
+                );
+                false
+            }
+        }
+    }
+
+    /// Record the copy of `slice` as not a whole generation (before a
+    /// resync write or a discard changes it).
+    fn record_inconsistent(&mut self, slice: usize) -> bool {
+        if !self.whole(slice) {
+            return true;
+        }
+        self.record(slice, |c| CopyMeta {
+            state: Stored::Inconsistent,
+            ..c
+        })
+    }
+
+    /// Whether a write on global `[addr, addr + len)` may not be
+    /// acknowledged: a granule it marked missed by a partner is not durable
+    /// yet (`flush_dirty` failed).
+    pub(super) fn unrecorded(&self, addr: u64, len: u64) -> bool {
+        self.port.dirty.unsaved_in(addr, len)
+    }
+
+    /// A client's write on `channel` fails: the granules it marked are not
+    /// durable (`unrecorded`). Counted and kept as a refusal.
+    pub(super) fn unrecorded_write(&mut self, channel: u16) {
+        let why = format!(
+            "a write on channel {channel} taken by this copy alone: the dirty map cannot be made \
+             durable ({}), so it is not acknowledged",
+            self.stats.dirty_save_error.clone().unwrap_or_default()
+        );
+        self.refusal(why);
     }
 
     /// Rewrite the dirty map's file now if granules were cleared since it
@@ -444,6 +619,8 @@ impl PortState {
             && self.retell.is_empty()
             && self.discards.values().all(VecDeque::is_empty)
             && self.deciding.is_empty()
+            && self.asks.is_empty()
+            && self.verdicts_out.is_empty()
             && !self.port.dirty.needs_flush()
     }
 }
@@ -488,11 +665,13 @@ impl<C: StampClock> DeviceThread<C> {
         worked |= self.take_arrivals(&mut state, now);
         worked |= self.decide(&mut state, now);
         self.collect_port_output(&mut state);
-        // Granules marked this turn are durable before anything leaves.
-        if state.flush_dirty(now) {
-            worked |= self.send_due(&mut state, now);
-        }
+        // Granules marked this turn are durable before an acknowledgement
+        // of a write on them leaves; if they cannot be, those writes are
+        // refused and everything else goes (`send_due`).
+        let durable = state.flush_dirty(now);
+        worked |= self.send_due(&mut state, now, durable);
         worked |= self.send_refusals(&mut state, now);
+        worked |= self.send_asks(&mut state, now);
         worked |= self.resync(&mut state, now);
         if now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.bytes() == 0 {
             state.save_dirty(now);
@@ -738,13 +917,288 @@ impl<C: StampClock> DeviceThread<C> {
     /// `moneta san resolve --discard` on this node: its writes in the
     /// split-brain slices it holds (all, or `slice`) are discarded and its
     /// partner's copy wins (module header). Returns what it did.
-    pub(super) fn discard(&mut self, slice: Option<usize>) -> Result<String, String> {
+    ///
+    /// Serialized and decided once per split brain (issue 39): the slice's
+    /// primary holder decides. On it the request is decided at once; on the
+    /// other holder it asks the primary (`RESOLVE_TAG`) and acts on its
+    /// answer, which `reply` gets. A request that agrees with the decision
+    /// taken says so; one that contradicts it is refused, naming it.
+    pub(super) fn discard(&mut self, slice: Option<usize>, reply: Reply) {
         let Some(mut state) = self.port.take() else {
-            return Err("this daemon is not a SAN node".into());
+            let _ = reply.send(Err("this daemon is not a SAN node".into()));
+            return;
         };
-        let result = self.discard_in(&mut state, slice);
+        let now = self.clock.now();
+        self.discard_begin(&mut state, slice, reply, now);
         self.port = Some(state);
-        result
+    }
+
+    /// The decision taken for `slice`'s current split brain, if any.
+    fn decision(&self, state: &PortState, slice: usize) -> Option<u16> {
+        let episode = state.episodes.get(&slice).copied().unwrap_or(0);
+        state
+            .decisions
+            .get(&slice)
+            .filter(|&&(_, e)| e == episode)
+            .map(|&(loser, _)| loser)
+    }
+
+    /// What a request that `node` discards in `slice` meets when `loser`'s
+    /// writes were already chosen for discarding.
+    fn decided(&self, slice: usize, loser: u16, node: u16) -> Result<String, String> {
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let winner = routes
+            .holders(slice)
+            .map(|(p, r)| if p == loser { r } else { p })
+            .unwrap_or(u16::MAX);
+        if loser == node {
+            Ok(format!(
+                "slice {slice}: already resolved so: node {loser}'s writes are discarded, node \
+                 {winner}'s copy wins"
+            ))
+        } else {
+            Err(format!(
+                "slice {slice}: the split brain was already resolved the other way: node \
+                 {loser}'s writes are discarded and node {winner}'s copy wins; this contradicting \
+                 resolve is refused"
+            ))
+        }
+    }
+
+    fn discard_begin(
+        &mut self,
+        state: &mut PortState,
+        slice: Option<usize>,
+        reply: Reply,
+        now: Ns,
+    ) {
+        let me = self.driver.device().port().expect("a port").routes.node;
+        let routes = self.driver.device().port().expect("a port").routes.clone();
+        // A slice named whose split brain was decided: answered from the
+        // decision, whatever its copy's state now.
+        if let Some(s) = slice {
+            if let Some(loser) = self.decision(state, s) {
+                let _ = reply.send(self.decided(s, loser, me));
+                return;
+            }
+        }
+        let candidates = match copies_in(&routes, slice, ReplicaState::SplitBrain) {
+            Ok(c) => c,
+            Err(e) => {
+                // No split brain left here: a decision taken on one is
+                // the answer (the resolve raced with another).
+                let answers: Vec<Result<String, String>> = (0..routes.slice_count())
+                    .filter_map(|s| Some(self.decided(s, self.decision(state, s)?, me)))
+                    .collect();
+                let r = match answers.iter().find(|a| a.is_err()) {
+                    _ if answers.is_empty() => Err(e),
+                    Some(refused) => refused.clone(),
+                    None => answers
+                        .into_iter()
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(|v| v.join("; ")),
+                };
+                let _ = reply.send(r);
+                return;
+            }
+        };
+        let mut ask = Ask {
+            waiting: BTreeMap::new(),
+            unsent: Vec::new(),
+            done: Vec::new(),
+            refused: None,
+            reply,
+            deadline: now + ASK_TIMEOUT_NS,
+        };
+        for s in candidates {
+            let partner = routes.partner_of(s).expect("checked");
+            let primary = routes.holders(s).map(|(p, _)| p);
+            if primary == Some(me) {
+                // This node decides: the first request wins.
+                let r = match self.decision(state, s) {
+                    Some(loser) => self.decided(s, loser, me),
+                    None => {
+                        let episode = state.episodes.get(&s).copied().unwrap_or(0);
+                        let r = self.discard_in(state, Some(s));
+                        if r.is_ok() {
+                            state.decisions.insert(s, (me, episode));
+                            // The partner learns it before this side's
+                            // discarded granules and its new word.
+                            state.verdicts_out.push_back((partner, s, DECIDED, me));
+                        }
+                        r
+                    }
+                };
+                match r {
+                    Ok(t) => ask.done.push(t),
+                    Err(e) => {
+                        ask.refused.get_or_insert(e);
+                    }
+                }
+            } else if !state.liveness.is_up(partner) {
+                ask.refused.get_or_insert(format!(
+                    "slice {s}: its partner node {partner}, which decides its resolve, is not \
+                     reachable; resolve once it is"
+                ));
+            } else {
+                ask.waiting.insert(s, partner);
+                ask.unsent.push(s);
+            }
+        }
+        if ask.waiting.is_empty() || ask.refused.is_some() {
+            self.answer(ask);
+        } else {
+            state.asks.push(ask);
+            self.send_asks(state, now);
+        }
+    }
+
+    /// Send a finished resolve's answer.
+    fn answer(&self, ask: Ask) {
+        let r = match ask.refused {
+            Some(e) if ask.done.is_empty() => Err(e),
+            Some(e) => Err(format!("{e} (done before: {})", ask.done.join("; "))),
+            None => Ok(ask.done.join("; ")),
+        };
+        let _ = ask.reply.send(r);
+    }
+
+    /// Send the asks and answers the window held back; time out the asks
+    /// whose decider did not answer.
+    fn send_asks(&mut self, state: &mut PortState, now: Ns) -> bool {
+        let mut worked = false;
+        while let Some(&(peer, slice, verdict, loser)) = state.verdicts_out.front() {
+            let mut h = self.header_to(
+                peer,
+                PacketKind::WriteCompletion,
+                slice as u64,
+                RESOLVE_TAG,
+                0,
+            );
+            (h.offsets, h.size) = (verdict, loser);
+            if matches!(
+                state.port.endpoint.send(now, peer, h, &[]),
+                Err(WireError::WindowFull { .. })
+            ) {
+                break;
+            }
+            worked = true;
+            state.verdicts_out.pop_front();
+        }
+        let me = self.driver.device().port().expect("a port").routes.node;
+        let mut i = 0;
+        while i < state.asks.len() {
+            let ask = &mut state.asks[i];
+            let mut unsent = std::mem::take(&mut ask.unsent);
+            unsent.retain(|&s| {
+                let peer = ask.waiting[&s];
+                let mut h =
+                    self.header_to(peer, PacketKind::WriteCompletion, s as u64, RESOLVE_TAG, 0);
+                (h.offsets, h.size) = (ASK, me);
+                let sent = state.port.endpoint.send(now, peer, h, &[]).is_ok();
+                worked |= sent;
+                !sent
+            });
+            ask.unsent = unsent;
+            if now >= ask.deadline {
+                let ask = state.asks.remove(i);
+                let late: Vec<String> = ask
+                    .waiting
+                    .iter()
+                    .map(|(s, p)| format!("slice {s} (node {p})"))
+                    .collect();
+                let mut ask = ask;
+                ask.refused.get_or_insert(format!(
+                    "no answer in {} s from the primary holders deciding {}",
+                    ASK_TIMEOUT_NS / 1_000_000_000,
+                    late.join(", ")
+                ));
+                self.answer(ask);
+                worked = true;
+                continue;
+            }
+            i += 1;
+        }
+        worked
+    }
+
+    /// A `RESOLVE_TAG` completion from `from` (`discard`).
+    fn heard_resolve(&mut self, state: &mut PortState, from: u16, h: &PacketHeader) {
+        let slice = h.addr as usize;
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let me = routes.node;
+        if slice >= routes.slice_count() || routes.partner_of(slice) != Some(from) {
+            return;
+        }
+        let primary = routes.holders(slice).map(|(p, _)| p);
+        let st = routes.state(slice);
+        match h.offsets {
+            ASK if primary == Some(me) => {
+                // The partner would discard its side: decided here, once.
+                let episode = state.episodes.get(&slice).copied().unwrap_or(0);
+                let (verdict, loser) = match self.decision(state, slice) {
+                    Some(loser) if loser == from => (GRANTED, loser),
+                    Some(loser) => (REFUSED, loser),
+                    None if st == ReplicaState::SplitBrain => {
+                        state.decisions.insert(slice, (from, episode));
+                        port_log(
+                            me,
+                            &format!(
+                                "slice {slice}: resolve decided: node {from}'s writes are \
+                                 discarded, this node's copy wins"
+                            ),
+                        );
+                        (GRANTED, from)
+                    }
+                    None => (REFUSED, NO_DECISION),
+                };
+                state.verdicts_out.push_back((from, slice, verdict, loser));
+            }
+            DECIDED if primary == Some(from) => {
+                let episode = state.episodes.get(&slice).copied().unwrap_or(0);
+                state.decisions.insert(slice, (h.size, episode));
+            }
+            GRANTED | REFUSED if primary == Some(from) => {
+                let Some(i) = state
+                    .asks
+                    .iter()
+                    .position(|a| a.waiting.get(&slice) == Some(&from))
+                else {
+                    return;
+                };
+                state.asks[i].waiting.remove(&slice);
+                let result = if h.offsets == GRANTED {
+                    let episode = state.episodes.get(&slice).copied().unwrap_or(0);
+                    state.decisions.insert(slice, (me, episode));
+                    if st == ReplicaState::SplitBrain {
+                        self.discard_in(state, Some(slice))
+                    } else {
+                        self.decided(slice, me, me)
+                    }
+                } else if h.size == NO_DECISION {
+                    Err(format!(
+                        "slice {slice}: node {from}, which decides its resolve, does not hold it \
+                         in split brain (moneta san status)"
+                    ))
+                } else {
+                    let episode = state.episodes.get(&slice).copied().unwrap_or(0);
+                    state.decisions.insert(slice, (h.size, episode));
+                    self.decided(slice, h.size, me)
+                };
+                let ask = &mut state.asks[i];
+                match result {
+                    Ok(t) => ask.done.push(t),
+                    Err(e) => {
+                        ask.refused.get_or_insert(e);
+                    }
+                }
+                if ask.waiting.is_empty() {
+                    let ask = state.asks.remove(i);
+                    self.answer(ask);
+                }
+            }
+            _ => {}
+        }
     }
 
     fn discard_in(
@@ -761,6 +1215,13 @@ impl<C: StampClock> DeviceThread<C> {
                 return Err(format!(
                     "slice {s}: its partner node {partner} is not reachable; resolve once it is \
                      (it must take the discarded granules)"
+                ));
+            }
+            // Its copy mixes both sides from now on: not a whole generation
+            // (recorded first), until the winner's resync is done.
+            if !state.record_inconsistent(s) {
+                return Err(format!(
+                    "slice {s}: the replica metadata on this node's image cannot be written"
                 ));
             }
             let (lo, hi) = slice_range(&routes, s);
@@ -802,11 +1263,26 @@ impl<C: StampClock> DeviceThread<C> {
     /// decides: if only one side wrote meanwhile it is the source; if both
     /// did, the slice is in split brain until `resolve --discard`.
     pub(super) fn force(&mut self, slice: Option<usize>) -> Result<String, String> {
-        let Some(state) = self.port.as_ref() else {
+        let Some(mut state) = self.port.take() else {
             return Err("this daemon is not a SAN node".into());
         };
+        let result = self.force_in(&mut state, slice);
+        self.port = Some(state);
+        result
+    }
+
+    fn force_in(&mut self, state: &mut PortState, slice: Option<usize>) -> Result<String, String> {
         let routes = self.driver.device().port().expect("a port").routes.clone();
         let candidates = copies_in(&routes, slice, ReplicaState::Outdated)?;
+        for &s in &candidates {
+            if !state.whole(s) {
+                return Err(format!(
+                    "slice {s}: this copy is not a whole generation (its replica metadata says \
+                     inconsistent: a resync into it did not finish, or it discarded its \
+                     writes): it is never forced; only its partner's resync makes it up to date"
+                ));
+            }
+        }
         for &s in &candidates {
             let partner = routes.partner_of(s).expect("checked");
             if state.liveness.is_up(partner) {
@@ -819,6 +1295,16 @@ impl<C: StampClock> DeviceThread<C> {
         let mut done = Vec::new();
         for s in candidates {
             let partner = routes.partner_of(s).expect("checked");
+            // A forced copy starts a generation of its own (recorded first).
+            if !state.record(s, |c| CopyMeta {
+                state: Stored::UpToDate,
+                full: false,
+                generation: c.generation + 1,
+            }) {
+                return Err(format!(
+                    "slice {s}: the replica metadata on this node's image cannot be written"
+                ));
+            }
             if let Some(r) = self.driver.routes_mut() {
                 r.set_state(s, ReplicaState::UpToDate);
             }
@@ -888,6 +1374,9 @@ impl<C: StampClock> DeviceThread<C> {
                     if state.retell.contains(&key) {
                         word |= RETELL;
                     }
+                    if state.port.meta.copy(slice).full && !state.whole(slice) {
+                        word |= FULL;
+                    }
                     let header =
                         self.header_to(peer, PacketKind::WriteCompletion, word, MISSED_TAG, 0);
                     if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
@@ -916,13 +1405,18 @@ impl<C: StampClock> DeviceThread<C> {
                     if !state.save_dirty(now) {
                         continue;
                     }
-                    let header = self.header_to(
+                    let mut header = self.header_to(
                         peer,
                         PacketKind::WriteCompletion,
                         slice as u64,
                         SYNC_DONE_TAG,
                         0,
                     );
+                    // The generation the partner now holds (a completion
+                    // carries no payload: OFFSETS and SIZE are free).
+                    let generation = state.port.meta.copy(slice).generation;
+                    header.offsets = generation as u16;
+                    header.size = (generation >> 16) as u16;
                     if state.port.endpoint.send(now, peer, header, &[]).is_ok() {
                         worked = true;
                         state.announced.insert(key);
@@ -986,7 +1480,7 @@ impl<C: StampClock> DeviceThread<C> {
     /// header).
     fn heard_missed(&mut self, state: &mut PortState, from: u16, word: u64) {
         let slice = (word >> 48) as usize;
-        let theirs_state = state_of_code((word >> 40) & 0x7f);
+        let theirs_state = state_of_code((word >> 40) & STATE_MASK);
         let theirs = word & COUNT_MASK;
         let key = (from, slice);
         if word & RETELL != 0 {
@@ -1002,15 +1496,34 @@ impl<C: StampClock> DeviceThread<C> {
             return;
         }
         let (lo, hi) = slice_range(routes, slice);
-        let mine = state.port.dirty.strong_in(from, lo, hi);
         let before = routes.state(slice);
-        let after = match (mine > 0, theirs > 0) {
+        if word & FULL != 0 && state.whole(slice) && before != ReplicaState::SplitBrain {
+            // The partner's copy is blank: every granule goes to it (strong
+            // claims: this copy is its source).
+            state.mark(
+                from,
+                lo,
+                hi - lo,
+                "the partner's copy is blank: a full resync",
+            );
+        }
+        let mine = state.port.dirty.strong_in(from, lo, hi);
+        let mut after = match (mine > 0, theirs > 0) {
             (true, true) => ReplicaState::SplitBrain,
             (false, true) => ReplicaState::Inconsistent,
+            // Not a whole generation: only the partner's word that the
+            // resync is done makes it up to date (`SYNC_DONE_TAG`).
+            _ if !state.whole(slice) => ReplicaState::Inconsistent,
             // The source, or neither missed anything: the copies agree on
             // every acknowledged write (the dirty maps are durable).
             _ => ReplicaState::UpToDate,
         };
+        // A resync target is recorded inconsistent before its first resync
+        // write (`replica_meta`'s update order); if that cannot be
+        // recorded, the copy stays unreadable and takes no resync write.
+        if after == ReplicaState::Inconsistent && !state.record_inconsistent(slice) {
+            after = ReplicaState::Outdated;
+        }
         routes.set_state(slice, after);
         match after {
             ReplicaState::Inconsistent => {
@@ -1042,6 +1555,7 @@ impl<C: StampClock> DeviceThread<C> {
             );
         }
         if after == ReplicaState::SplitBrain && before != after {
+            *state.episodes.entry(slice).or_default() += 1;
             port_log(
                 state.stats.node,
                 &format!(
@@ -1160,6 +1674,10 @@ impl<C: StampClock> DeviceThread<C> {
                 }
                 continue;
             }
+            if h.kind == PacketKind::WriteCompletion && h.tag == RESOLVE_TAG {
+                self.heard_resolve(state, from, &h);
+                continue;
+            }
             if h.kind == PacketKind::WriteCompletion && h.tag == DISCARD_TAG {
                 // The partner discarded its write of this granule: ours goes
                 // to it in the resync.
@@ -1174,11 +1692,18 @@ impl<C: StampClock> DeviceThread<C> {
             if h.kind == PacketKind::WriteCompletion && h.tag == SYNC_DONE_TAG {
                 if let Some(routes) = self.driver.routes_mut() {
                     let slice = h.addr as usize;
+                    let generation = u64::from(h.offsets) | u64::from(h.size) << 16;
                     if routes.partner_of(slice) == Some(from)
                         && matches!(
                             routes.state(slice),
                             ReplicaState::Inconsistent | ReplicaState::Outdated
                         )
+                        // A whole generation again: recorded before it serves.
+                        && state.record(slice, |_| CopyMeta {
+                            state: Stored::UpToDate,
+                            full: false,
+                            generation,
+                        })
                     {
                         routes.set_state(slice, ReplicaState::UpToDate);
                         state.incoming.remove(&slice);
@@ -1217,6 +1742,12 @@ impl<C: StampClock> DeviceThread<C> {
         }
         let st = routes.state(slice);
         if h.kind == PacketKind::WriteRequest && h.tag == RESYNC_TAG {
+            // A copy that is not up to date is no longer a whole generation
+            // once a resync write lands: recorded first, or the write is
+            // dropped (the resync stalls; the log says why).
+            if st != ReplicaState::UpToDate && !state.record_inconsistent(slice) {
+                return true;
+            }
             if let Some((_, got)) = state.incoming.get_mut(&slice) {
                 *got += 1;
             }
@@ -1345,11 +1876,31 @@ impl<C: StampClock> DeviceThread<C> {
     }
 
     /// Send the packets whose time has come (module header, step 4).
-    fn send_due(&mut self, state: &mut PortState, now: Ns) -> bool {
+    /// Unless the dirty map is `durable`, the acknowledgement of a peer's
+    /// write on a granule not yet recorded leaves as a refusal instead.
+    fn send_due(&mut self, state: &mut PortState, now: Ns, durable: bool) -> bool {
         let mut worked = false;
         while state.outgoing.front().is_some_and(|&(t, _)| t <= now) {
             worked = true;
-            let (_, p) = state.outgoing.pop_front().expect("checked");
+            let (_, mut p) = state.outgoing.pop_front().expect("checked");
+            if !durable && p.header.kind == PacketKind::WriteCompletion {
+                let routes = &self.driver.device().port().expect("a port").routes;
+                let span = state.port.endpoint.max_payload_bytes() as u64;
+                if routes
+                    .global_of(p.header.addr)
+                    .is_some_and(|g| state.unrecorded(g, span))
+                {
+                    p.header.ctrl |= CTRL_REFUSED;
+                    let why = format!(
+                        "a write from node {} at its device address {}: the dirty map cannot be \
+                         made durable ({})",
+                        p.to_node,
+                        p.header.addr,
+                        state.stats.dirty_save_error.clone().unwrap_or_default()
+                    );
+                    state.refusal(why);
+                }
+            }
             let bytes = p.header.payload_bytes() as usize;
             let have = match self.driver.device().payload_source(&p.header) {
                 _ if bytes == 0 => true,
