@@ -202,6 +202,33 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
     made(unsafe { (real().epoll_create1)(flags) })
 }
 
+/// Before a write: if the system's swap changed since the last look
+/// (`sysinfo`'s total, one system call), every open file that became an
+/// active swap file goes to the kernel, which refuses writes to it
+/// (ETXTBSY).
+pub fn follow_swap() {
+    static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    // SAFETY: sysinfo into a zeroed struct.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return;
+    }
+    let total = info.totalswap as u64 * info.mem_unit as u64;
+    if SEEN.swap(total, std::sync::atomic::Ordering::AcqRel) == total {
+        return;
+    }
+    for of in shim().open_files() {
+        let swap = is_swap_file(of.identity.0, of.identity.1);
+        let mark = if swap {
+            moneta_client::file::KernelReason::KernelRefusedAttr as u8 + 1
+        } else {
+            0
+        };
+        of.kernel_only
+            .store(mark, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// Whether the file (st_dev, st_ino) is an active swap file.
 pub fn is_swap_file(dev: u64, ino: u64) -> bool {
     // SAFETY: sysinfo into a zeroed struct.

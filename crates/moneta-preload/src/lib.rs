@@ -270,6 +270,9 @@ fn kernel_reason(
     offset: Option<i64>,
     op: RouteOp,
 ) -> Result<Option<KernelReason>, ()> {
+    if op == RouteOp::Write {
+        descriptors::follow_swap();
+    }
     let only = of.kernel_only.load(Ordering::Acquire);
     if only != 0 {
         return Ok(KernelReason::ALL.get(only as usize - 1).copied());

@@ -325,6 +325,13 @@ impl Shim {
         self.files.read().ok()?.get(fd as usize)?.clone()
     }
 
+    /// Every open file the table holds.
+    pub fn open_files(&self) -> Vec<Arc<OpenFile>> {
+        self.files
+            .read()
+            .map_or_else(|_| Vec::new(), |f| f.iter().flatten().cloned().collect())
+    }
+
     /// Every number the table has an entry for.
     pub fn known(&self) -> Vec<RawFd> {
         if !self.any.load(Ordering::Acquire) {
