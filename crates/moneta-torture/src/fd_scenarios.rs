@@ -61,7 +61,7 @@ pub fn run(name: &str, c: &Ctx) -> Option<Result<String, String>> {
         }
         "swap-file" => swap_file(c),
         "clone-children" => differential(c, "clone-children", &["A"], |d| {
-            plain_file(&d.join("A"), &stamped(16384, 0x47, 0, 1))
+            plain_file(&d.join("A"), &stamped(32768, 0x47, 0, 1))
         }),
         "truncate-race" => truncate_race(c),
         _ => return None,
@@ -531,17 +531,25 @@ fn clone_children(d: &Path, res: &Path) -> Result<(), String> {
     ));
     let mut b = vec![0u8; 4096];
     out.say(format!("parent pread {}", r(sys::pread(fd, &mut b, 4096))));
+    /// 100 rounds of pwrite, pread back and a write at the position (the
+    /// parent does the same meanwhile, at other offsets).
     fn child_io(fd: i32, at: u64, v: u32) -> i32 {
-        let data = stamped(4096, 0x47, at, v);
-        if sys::pwrite(fd, &data, at) != Ok(4096) {
-            return 2;
+        io_rounds(fd, at, v, true)
+    }
+    fn io_rounds(fd: i32, at: u64, v: u32, position: bool) -> i32 {
+        for i in 0..100 {
+            let data = stamped(4096, 0x47, at, v + i);
+            if sys::pwrite(fd, &data, at) != Ok(4096) {
+                return 2;
+            }
+            let mut back = vec![0u8; 4096];
+            if sys::pread(fd, &mut back, at) != Ok(4096) || back != data {
+                return 3;
+            }
         }
-        let mut back = vec![0u8; 4096];
-        if sys::pread(fd, &mut back, at) != Ok(4096) || back != data {
-            return 3;
-        }
-        // The shared position too.
-        if sys::write(fd, &stamped(100, 0x47, 0, v)) != Ok(100) {
+        // The shared position too (the child's only: the order of two
+        // processes' writes at one position is not the kernel's to fix).
+        if position && sys::write(fd, &stamped(100, 0x47, 0, v)) != Ok(100) {
             return 4;
         }
         0
@@ -572,6 +580,10 @@ fn clone_children(d: &Path, res: &Path) -> Result<(), String> {
         // SAFETY: leaving the child.
         unsafe { libc::syscall(libc::SYS_exit_group, code as libc::c_long) };
     }
+    out.say(format!(
+        "parent beside it {}",
+        io_rounds(fd, 16384, 20, false)
+    ));
     out.say(format!("raw clone child {}", wait(pid)));
     // clone(CLONE_FILES): the descriptor table is shared, the memory copied.
     extern "C" fn child(arg: *mut libc::c_void) -> i32 {
@@ -587,6 +599,10 @@ fn clone_children(d: &Path, res: &Path) -> Result<(), String> {
             fd as usize as *mut libc::c_void,
         )
     };
+    out.say(format!(
+        "parent beside it {}",
+        io_rounds(fd, 20480, 40, false)
+    ));
     out.say(format!("clone(CLONE_FILES) child {}", wait(pid)));
     out.say(format!(
         "parent pwrite {}",
@@ -624,6 +640,12 @@ fn fd_reuse(c: &Ctx) -> Result<String, String> {
         plain_file(&d.join("valid"), &stamped(1 << 20, REUSE_VALID, 0, 1))?;
         for i in 0..4 {
             plain_file(&d.join(format!("busy{i}")), &stamped(65536, 0x4310, 0, 1))?;
+        }
+        for round in 0..REUSE_ROUNDS {
+            plain_file(
+                &d.join(format!("new{round}")),
+                &stamped(64 << 10, REUSE_NEW, 0, 1),
+            )?;
         }
         let res = d.join("results");
         let run = if shim { "shim" } else { "plain" };
@@ -701,9 +723,8 @@ fn fd_reuse_step(d: &Path, res: &Path) -> Result<(), String> {
         // SAFETY: plain syscalls on our descriptor.
         let n = unsafe { libc::fcntl(t, libc::F_DUPFD, 100) };
         sys::close(t);
-        // A first IO: the file is registered (or on its way) when the race starts.
-        let mut b = vec![0u8; 4096];
-        let _ = sys::pread(n, &mut b, 0);
+        // No IO before the race: the writer's first write registers the
+        // file while the control plane is busy.
         let fd = Arc::new(AtomicI32::new(n));
         let go = Arc::new(AtomicBool::new(true));
         let writer = {
@@ -720,7 +741,7 @@ fn fd_reuse_step(d: &Path, res: &Path) -> Result<(), String> {
                 }
             })
         };
-        std::thread::sleep(Duration::from_micros(200));
+        std::thread::sleep(Duration::from_micros(20 + 40 * (round as u64 % 5)));
         // SAFETY: plain syscalls on numbers this program owns.
         match round % 3 {
             0 => {
@@ -734,12 +755,8 @@ fn fd_reuse_step(d: &Path, res: &Path) -> Result<(), String> {
                 libc::dup2(other, n);
             },
         }
-        let f2 = sys::open(
-            &d.join(format!("new{round}")),
-            libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
-        )
-        .map_err(|e| format!("open new: errno {e}"))? as i32;
-        let data = stamped(64 << 10, REUSE_NEW, 0, 1);
+        let f2 = open_rw(&d.join(format!("new{round}")), 0)?;
+        let data = stamped(64 << 10, REUSE_NEW, 0, 2);
         let _ = sys::pwrite(f2, &data, 0);
         // SAFETY: plain syscall.
         unsafe { libc::fsync(f2) };
@@ -828,7 +845,8 @@ fn swap_file(c: &Ctx) -> Result<String, String> {
         ));
     }
     Ok(format!(
-        "writes into the active swap file refused as by the kernel (ETXTBSY) in both runs"
+        "{} writes into the active swap file refused as by the kernel (ETXTBSY) in both runs",
+        results[1].matches("errno 26").count()
     ))
 }
 
@@ -857,7 +875,10 @@ fn swap_writer(s: &Path, res: &Path) -> Result<(), String> {
     while !go.exists() && t0.elapsed() < STEP_DEADLINE {
         std::thread::sleep(Duration::from_millis(5));
     }
-    for v in 2..5u32 {
+    for v in 2..8u32 {
+        // Spread over a second: past any short-lived state swapon's own
+        // open of the file left.
+        std::thread::sleep(Duration::from_millis(200));
         let page = stamped(4096, 0x48, 1 << 20, v);
         out.say(format!(
             "pwrite after swapon {}",
