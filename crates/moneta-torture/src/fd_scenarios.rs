@@ -620,7 +620,7 @@ fn clone_children(d: &Path, res: &Path) -> Result<(), String> {
     Ok(())
 }
 
-const REUSE_ROUNDS: u32 = 150;
+const REUSE_ROUNDS: u32 = 90;
 const REUSE_TARGET: u16 = 0x4301;
 const REUSE_NEW: u16 = 0x4302;
 const REUSE_OTHER: u16 = 0x4303;
