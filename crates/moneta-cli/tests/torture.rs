@@ -61,7 +61,7 @@ fn direct_path_gate_on_xfs_and_ext4() {
         let out = torture(&m, &["scenario", "all"]);
         assert_eq!(
             out.matches(": ok in").count(),
-            16,
+            17,
             "{fs}: not every scenario ran and passed:\n{out}"
         );
         let before = m.device_requests();

@@ -207,8 +207,11 @@ fn with_file<T>(
     let file = {
         let mut slot = of.file.lock().map_err(|_| libc::EIO)?;
         if slot.0 != s.generation() || slot.1.is_none() {
-            // The parent's handle: forget it (closing would name the parent's file).
-            std::mem::forget(slot.1.take());
+            // The parent's handle: forget it (closing would name the parent's
+            // file); its second descriptor stays open, the shim's.
+            let gone = slot.1.take();
+            s.retire(gone.as_ref().and_then(|f| f.twin_fd()));
+            std::mem::forget(gone);
             let own = of.fd.load(Ordering::Acquire);
             let file = m.open_file_lazy(own).map_err(|e| {
                 warn(&format!("descriptor {own}: {e}"));
@@ -689,7 +692,9 @@ fn forget_now(fd: c_int) {
                         }
                     }
                 } else {
-                    std::mem::forget(slot.1.take());
+                    let gone = slot.1.take();
+                    shim().retire(gone.as_ref().and_then(|f| f.twin_fd()));
+                    std::mem::forget(gone);
                 }
             }
             // The shim's own descriptor of the file closes when the last

@@ -153,6 +153,16 @@ pub struct Shim {
     pid: AtomicI32,
     /// Free-text lines for the run report (io_uring instances seen, …).
     pub notes: Mutex<Vec<String>>,
+    /// The channel's descriptors, and those of channels and handles the
+    /// shim forgot (after a fork or a `dup2` onto one) but must keep open:
+    /// all of them are the shim's, not the program's.
+    book: Mutex<FdBook>,
+}
+
+#[derive(Default)]
+struct FdBook {
+    channel: Vec<RawFd>,
+    retired: Vec<RawFd>,
 }
 
 /// A mapping of a file on the mount: monetad keeps the file on the kernel
@@ -186,6 +196,7 @@ pub fn shim() -> &'static Shim {
             mappings: Mutex::new(Vec::new()),
             pid: AtomicI32::new(kernel_pid()),
             notes: Mutex::new(Vec::new()),
+            book: Mutex::new(FdBook::default()),
         }
     })
 }
@@ -197,7 +208,12 @@ impl Shim {
         if m.is_none() {
             let socket = self.socket.as_ref()?;
             match Moneta::connect(std::path::Path::new(socket)) {
-                Ok(c) => *m = Some(c),
+                Ok(c) => {
+                    if let Ok(mut b) = self.book.lock() {
+                        b.channel = c.own_fds();
+                    }
+                    *m = Some(c)
+                }
                 Err(e) => {
                     warn(&format!(
                         "cannot reach monetad at {socket}: {e}; using the kernel"
@@ -232,18 +248,15 @@ impl Shim {
     /// must not close or replace.
     pub fn held(&self) -> Vec<RawFd> {
         let mut fds = Vec::new();
-        if let Ok(m) = self.moneta.try_lock() {
-            if let Some(m) = m.as_ref() {
-                fds.extend(m.own_fds());
-            }
+        if let Ok(b) = self.book.lock() {
+            fds.extend(&b.channel);
+            fds.extend(&b.retired);
         }
         if let Ok(files) = self.files.read() {
             for of in files.iter().flatten() {
                 fds.push(of.fd.load(Ordering::Acquire));
                 if let Ok(slot) = of.file.try_lock() {
-                    if slot.0 == self.generation() {
-                        fds.extend(slot.1.as_ref().and_then(|f| f.twin_fd()));
-                    }
+                    fds.extend(slot.1.as_ref().and_then(|f| f.twin_fd()));
                 }
             }
         }
@@ -256,6 +269,13 @@ impl Shim {
         fds
     }
 
+    /// Keep `fds` (of a forgotten channel or handle) as the shim's.
+    pub fn retire(&self, fds: impl IntoIterator<Item = RawFd>) {
+        if let Ok(mut b) = self.book.lock() {
+            b.retired.extend(fds);
+        }
+    }
+
     /// The program is about to put something on `fd`, one of the shim's
     /// own numbers (dup2/dup3): give up what the shim had there. A
     /// channel descriptor: the channel is dropped (monetad frees it when
@@ -265,9 +285,15 @@ impl Shim {
     pub fn vacate(&self, fd: RawFd) {
         let channel = {
             let mut m = self.moneta.lock().unwrap_or_else(|e| e.into_inner());
-            if m.as_ref().is_some_and(|c| c.own_fds().contains(&fd)) {
+            let mut b = self.book.lock().unwrap_or_else(|e| e.into_inner());
+            if b.channel.contains(&fd) {
+                let old = std::mem::take(&mut b.channel);
+                b.retired.extend(old.iter().filter(|&&x| x != fd));
                 m.take()
             } else {
+                if let Some(i) = b.retired.iter().position(|&x| x == fd) {
+                    b.retired.swap_remove(i);
+                }
                 None
             }
         };
@@ -293,7 +319,9 @@ impl Shim {
                 if own || twin {
                     // The library's handle names `fd`: forget it (the
                     // daemon's copy of the file is freed with the channel).
-                    std::mem::forget(slot.1.take());
+                    let gone = slot.1.take();
+                    self.retire(gone.as_ref().and_then(|f| f.twin_fd()).filter(|&t| t != fd));
+                    std::mem::forget(gone);
                 }
                 if own {
                     // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the shim's descriptor.
@@ -380,6 +408,7 @@ impl Shim {
             files: self.files.write().unwrap_or_else(|e| e.into_inner()),
             moneta: self.moneta.lock().unwrap_or_else(|e| e.into_inner()),
             mappings: self.mappings.lock().unwrap_or_else(|e| e.into_inner()),
+            book: self.book.lock().unwrap_or_else(|e| e.into_inner()),
         };
         FORK_GUARDS.with(|g| *g.borrow_mut() = Some(guards));
     }
@@ -400,11 +429,20 @@ impl Shim {
                 // closes our copies, but forgetting is the simplest thing
                 // that is certainly safe).
                 std::mem::forget(g.moneta.take());
+                // Its descriptors stay open in the child, the shim's still.
+                let old = std::mem::take(&mut g.book.channel);
+                g.book.retired.extend(old);
             }
             None => {
                 if let Ok(mut m) = self.moneta.lock() {
                     std::mem::forget(m.take());
                 }
+                self.retire(
+                    self.book
+                        .lock()
+                        .map(|mut b| std::mem::take(&mut b.channel))
+                        .unwrap_or_default(),
+                );
             }
         }
         self.generation.fetch_add(1, Ordering::AcqRel);
@@ -424,6 +462,7 @@ struct ForkGuards {
     moneta: std::sync::MutexGuard<'static, Option<Moneta>>,
     #[allow(dead_code)] // held, never read
     mappings: std::sync::MutexGuard<'static, Vec<FileMapping>>,
+    book: std::sync::MutexGuard<'static, FdBook>,
 }
 
 thread_local! {

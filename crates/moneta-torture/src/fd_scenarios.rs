@@ -7,7 +7,8 @@
 //! (a results file) and the files' final bytes must be the same, and
 //! schedules whose outcome depends on timing check what must hold under
 //! any interleaving (no unit of one file inside another, no zeros that
-//! were never written, no hang).
+//! were never written, no hang). `run-report` checks the shim's run
+//! report files (issue 43).
 
 use crate::pattern::{self, stamped};
 use crate::scenario::Ctx;
@@ -26,6 +27,7 @@ pub const SCENARIOS: &[&str] = &[
     "swap-file",
     "clone-children",
     "truncate-race",
+    "run-report",
 ];
 
 /// How long a step may take before it counts as hung.
@@ -64,6 +66,7 @@ pub fn run(name: &str, c: &Ctx) -> Option<Result<String, String>> {
             plain_file(&d.join("A"), &stamped(32768, 0x47, 0, 1))
         }),
         "truncate-race" => truncate_race(c),
+        "run-report" => run_report(c),
         _ => return None,
     })
 }
@@ -223,6 +226,15 @@ pub fn step(args: &[String]) -> Option<Result<(), String>> {
         "swap-writer" => swap_writer(&dir, &res),
         "truncate-appender" => truncate_appender(&dir, &res),
         "truncate-loop" => truncate_loop(&dir),
+        "report-writer" => report_writer(&dir),
+        "report-exec" => {
+            let fd = open_rw(&dir, 0);
+            fd.map(|fd| {
+                let mut b = vec![0u8; 4096];
+                let _ = sys::pread(fd, &mut b, 0);
+                sys::close(fd);
+            })
+        }
         "append-once" => {
             let fd = open_rw(&dir, libc::O_APPEND);
             fd.map(|fd| {
@@ -967,5 +979,120 @@ fn truncate_appender(t: &Path, res: &Path) -> Result<(), String> {
         }
     }
     out.say(format!("{reads} reads ({bytes} bytes): {zeros} zero units"));
+    Ok(())
+}
+
+/// The shim's run report (`MONETA_RUN_REPORT_DIR`, issue 43): a program
+/// that overwrites and reads an existing file (the device), creates and
+/// appends to files (the kernel, for those reasons), and forks a child
+/// that execs: its report, the child's pre-exec report and the exec'd
+/// image's report must all be there and say so.
+fn run_report(c: &Ctx) -> Result<String, String> {
+    let d = c.dir.join("report");
+    let reports = d.join("reports");
+    std::fs::create_dir_all(&reports).map_err(|e| e.to_string())?;
+    plain_file(&d.join("E"), &stamped(1 << 20, 0x4A, 0, 1))?;
+    let mut cmd = step_cmd(c, true, &["report-writer", &d.to_string_lossy()]);
+    cmd.env("MONETA_RUN_REPORT_DIR", &reports);
+    run_step(cmd)?;
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&reports)
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(e.path()).unwrap_or_default())
+        })
+        .collect();
+    files.sort();
+    let names: Vec<&str> = files.iter().map(|f| f.0.as_str()).collect();
+    if files
+        .iter()
+        .any(|f| !f.1.starts_with("{\"schema\":\"moneta-shim-report/1\""))
+    {
+        return Err(format!("a report without the schema: {files:?}"));
+    }
+    let main = files
+        .iter()
+        .find(|f| number(&f.1, "\"device\":{\"read\":{\"requests\":").unwrap_or(0) >= 10)
+        .ok_or_else(|| format!("no report with the writer's device reads: {files:?}"))?;
+    let want = [
+        ("\"device\":{\"read\":{\"requests\":", 10),
+        ("\"write\":{\"requests\":", 10),
+        (
+            "\"reason\":\"new-or-growing-file\",\"op\":\"write\",\"requests\":",
+            2,
+        ),
+        ("\"reason\":\"append\",\"op\":\"write\",\"requests\":", 3),
+    ];
+    for (key, at_least) in want {
+        let got = number(&main.1, key).unwrap_or(0);
+        if got < at_least {
+            return Err(format!(
+                "{}: {key} {got}, expected at least {at_least}: {}",
+                main.0, main.1
+            ));
+        }
+    }
+    let pre_exec = names.iter().filter(|n| n.ends_with("-1.json")).count();
+    if files.len() != 3 || pre_exec != 1 {
+        return Err(format!(
+            "expected the writer's, its child's pre-exec and the exec'd image's reports: {names:?}"
+        ));
+    }
+    Ok(format!(
+        "{} reports ({}); the writer's counts as expected",
+        files.len(),
+        names.join(", ")
+    ))
+}
+
+/// The number after `key` in `json`.
+fn number(json: &str, key: &str) -> Option<u64> {
+    let at = json.find(key)? + key.len();
+    let digits: String = json[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
+fn report_writer(d: &Path) -> Result<(), String> {
+    let e = open_rw(&d.join("E"), 0)?;
+    for i in 0..10u64 {
+        let mut b = vec![0u8; 4096];
+        sys::pread(e, &mut b, i * 8192).map_err(|e| format!("pread: errno {e}"))?;
+        sys::pwrite(e, &stamped(4096, 0x4A, i * 8192, 2), i * 8192)
+            .map_err(|e| format!("pwrite: errno {e}"))?;
+    }
+    // SAFETY: plain syscalls.
+    unsafe { libc::fsync(e) };
+    let n = sys::open(&d.join("N"), libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC)
+        .map_err(|e| format!("open N: errno {e}"))? as i32;
+    for i in 0..2u64 {
+        let _ = sys::write(n, &stamped(4096, 0x4B, i * 4096, 1));
+    }
+    let a = open_rw(&d.join("E"), libc::O_APPEND)?;
+    for _ in 0..3 {
+        let _ = sys::write(a, &stamped(512, 0x4A, 0, 3));
+    }
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    // SAFETY: the child execs at once.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let err = std::os::unix::process::CommandExt::exec(
+            Command::new(me)
+                .args(["step", "report-exec"])
+                .arg(d.join("E")),
+        );
+        eprintln!("exec: {err}");
+        // SAFETY: leaving the child.
+        unsafe { libc::_exit(1) };
+    }
+    let mut st = 0;
+    // SAFETY: our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    if libc::WEXITSTATUS(st) != 0 {
+        return Err("the exec'd child failed".into());
+    }
     Ok(())
 }
