@@ -255,7 +255,7 @@ fn fixed_numbers(d: &Path, res: &Path) -> Result<(), String> {
     let mut buf = vec![0u8; 4096];
     out.say(format!(
         "read A {}",
-        errno_of(sys::read(fa, &mut buf).map_or(-1, |n| n as i64))
+        errno_of(sys::read(fa, &mut buf).unwrap_or(-1))
     ));
     let fb = open_rw(&d.join("B"), 0)?;
     let mut placed = 0;
@@ -270,7 +270,7 @@ fn fixed_numbers(d: &Path, res: &Path) -> Result<(), String> {
     out.say(format!("dup2 of B onto {placed} numbers"));
     out.say(format!(
         "write A {}",
-        errno_of(sys::write(fa, b"TAIL-OF-A\n").map_or(-1, |n| n as i64))
+        errno_of(sys::write(fa, b"TAIL-OF-A\n").unwrap_or(-1))
     ));
     // SAFETY: plain syscalls.
     out.say(format!(
@@ -287,10 +287,10 @@ fn fixed_numbers(d: &Path, res: &Path) -> Result<(), String> {
     out.say(format!("closed {closed} numbers"));
     out.say(format!(
         "append A {}",
-        errno_of(sys::pwrite(fa, b"MORE\n", 4100).map_or(-1, |n| n as i64))
+        errno_of(sys::pwrite(fa, b"MORE\n", 4100).unwrap_or(-1))
     ));
     let mut back = vec![0u8; 8192];
-    let n = sys::pread(fa, &mut back, 0).map_or(-1, |n| n as i64);
+    let n = sys::pread(fa, &mut back, 0).unwrap_or(-1);
     out.say(format!(
         "pread A {} digest {:x}",
         errno_of(n),
@@ -317,7 +317,7 @@ fn closed_control(d: &Path, res: &Path) -> Result<(), String> {
         let mut b = vec![0u8; 4096];
         out.say(format!(
             "pread {name} {}",
-            errno_of(sys::pread(fd, &mut b, 0).map_or(-1, |n| n as i64))
+            errno_of(sys::pread(fd, &mut b, 0).unwrap_or(-1))
         ));
         let top = *fds.iter().max().unwrap_or(&fd);
         // SAFETY: plain calls; the program closes what it did not open.
@@ -345,13 +345,13 @@ fn closed_control(d: &Path, res: &Path) -> Result<(), String> {
             let off = 4096 * (1 + (i + j) as u64 % 3);
             out.say(format!(
                 "pread #{j} {}",
-                errno_of(sys::pread(fd, &mut b, off).map_or(-1, |n| n as i64))
+                errno_of(sys::pread(fd, &mut b, off).unwrap_or(-1))
             ));
             out.say(format!("data #{j} {:x}", pattern::digest(&b)));
             let data = stamped(4096, 0x42, off, 2 + i as u32);
             out.say(format!(
                 "pwrite #{j} {}",
-                errno_of(sys::pwrite(fd, &data, off).map_or(-1, |n| n as i64))
+                errno_of(sys::pwrite(fd, &data, off).unwrap_or(-1))
             ));
         }
         let mut p = libc::pollfd {
@@ -405,7 +405,7 @@ fn setfl_append(d: &Path, res: &Path) -> Result<(), String> {
     let mut out = Results::new(res)?;
     let a = d.join("A");
     let fd = open_rw(&a, 0)?;
-    let r = |x: sys::Sys| errno_of(x.map_or(-1, |n| n as i64));
+    let r = |x: sys::Sys| errno_of(x.unwrap_or(-1));
     out.say(format!("pwrite {}", r(sys::pwrite(fd, b"xy", 100))));
     // SAFETY: plain syscalls on our descriptor.
     unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_APPEND) };
@@ -492,7 +492,7 @@ fn chattr(p: &Path, flags: i32) -> bool {
 /// another process, between writes.
 fn attributes(d: &Path, res: &Path) -> Result<(), String> {
     let mut out = Results::new(res)?;
-    let r = |x: sys::Sys| errno_of(x.map_or(-1, |n| n as i64));
+    let r = |x: sys::Sys| errno_of(x.unwrap_or(-1));
     for (name, flag) in [("A", FS_IMMUTABLE_FL), ("P", FS_APPEND_FL)] {
         let p = d.join(name);
         let fd = open_rw(&p, 0)?;
@@ -536,7 +536,7 @@ fn attributes(d: &Path, res: &Path) -> Result<(), String> {
 fn clone_children(d: &Path, res: &Path) -> Result<(), String> {
     let mut out = Results::new(res)?;
     let fd = open_rw(&d.join("A"), 0)?;
-    let r = |x: sys::Sys| errno_of(x.map_or(-1, |n| n as i64));
+    let r = |x: sys::Sys| errno_of(x.unwrap_or(-1));
     out.say(format!(
         "parent pwrite {}",
         r(sys::pwrite(fd, &stamped(4096, 0x47, 0, 2), 0))
@@ -865,7 +865,7 @@ fn swap_file(c: &Ctx) -> Result<String, String> {
 fn swap_writer(s: &Path, res: &Path) -> Result<(), String> {
     let mut out = Results::new(res)?;
     let fd = open_rw(s, 0)?;
-    let r = |x: sys::Sys| errno_of(x.map_or(-1, |n| n as i64));
+    let r = |x: sys::Sys| errno_of(x.unwrap_or(-1));
     let page = stamped(4096, 0x48, 1 << 20, 1);
     out.say(format!(
         "pwrite before {}",
@@ -962,7 +962,7 @@ fn truncate_appender(t: &Path, res: &Path) -> Result<(), String> {
     while t0.elapsed() < Duration::from_secs(TRUNC_SECONDS) {
         v += 1;
         let _ = sys::write(fd, &stamped(4096, TRUNC_ID, 0, v));
-        if v % 16 == 0 {
+        if v.is_multiple_of(16) {
             // SAFETY: plain syscall.
             unsafe { libc::fdatasync(fd) };
         }
