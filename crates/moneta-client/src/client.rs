@@ -76,6 +76,34 @@ const MISS_RETRIES: u32 = 4;
 /// flushes the file and map-file reads its extents.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The library's own descriptors (the control socket, the channel's pages
+/// and doorbell, a registered file's second descriptor) are numbered from
+/// here up, close-on-exec: above the numbers programs use, so a program
+/// that puts a file on a fixed number or closes what it did not open does
+/// not name one of them by accident (issue 42).
+pub const OWN_FD_FLOOR: RawFd = 512;
+
+/// `fd` moved to [`OWN_FD_FLOOR`] or above, close-on-exec (kept where it is
+/// if the descriptor limit leaves no room up there).
+pub fn lift(fd: OwnedFd) -> OwnedFd {
+    if fd.as_raw_fd() >= OWN_FD_FLOOR {
+        return fd;
+    }
+    // SAFETY: fcntl(F_DUPFD_CLOEXEC) on a descriptor we own.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, OWN_FD_FLOOR) };
+    if high < 0 {
+        return fd;
+    }
+    // SAFETY: the descriptor fcntl just made is ours alone.
+    unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(high) }
+}
+
+/// (st_dev, st_ino) of `fd`: what a descriptor the library relies on is
+/// checked against before use.
+pub(crate) fn identity(fd: RawFd) -> Option<(u64, u64)> {
+    sys::fstat(fd).ok().map(|st| (st.st_dev, st.st_ino))
+}
+
 /// The control-call timeout in force.
 pub fn control_timeout() -> Duration {
     std::env::var("MONETA_CONTROL_TIMEOUT_MS")
@@ -108,6 +136,10 @@ enum Control {
         stream: UnixStream,
         reader: FrameReader,
         socket: PathBuf,
+        /// The socket's identity at connect: checked before every call, so
+        /// a message of the library's never goes out on a descriptor the
+        /// program put on the socket's number.
+        identity: Option<(u64, u64)>,
         /// A call timed out or failed mid-frame: a late reply could be taken
         /// for the next call's, so no call is made on it again.
         broken: bool,
@@ -132,8 +164,19 @@ impl Control {
                 stream,
                 reader,
                 socket,
+                identity: id,
                 broken,
             } => {
+                if !*broken && identity(stream.as_raw_fd()) != *id {
+                    *broken = true;
+                    return Err(EmuError::new(
+                        ErrorKind::Stopped,
+                        format!(
+                            "the control socket to monetad at {} was closed or replaced under the library",
+                            socket.display()
+                        ),
+                    ));
+                }
                 if *broken {
                     return Err(EmuError::new(
                         ErrorKind::Stopped,
@@ -146,6 +189,18 @@ impl Control {
                 let timed_out = |e: &EmuError| {
                     e.errno == Some(libc::EAGAIN) || e.errno == Some(libc::ETIMEDOUT)
                 };
+                // A descriptor to attach that is not open (EBADF) fails the
+                // send before a byte leaves: that request fails, the
+                // connection stays good.
+                if let Some(f) = fd {
+                    if sys::fstat(f).is_err() {
+                        return Err(EmuError::new(
+                            ErrorKind::Request,
+                            format!("descriptor {f} to send to monetad is not open"),
+                        )
+                        .with_errno(Some(libc::EBADF)));
+                    }
+                }
                 let exchange = (|| {
                     let fds: Vec<RawFd> = fd.into_iter().collect();
                     sys::send_with_fds(stream.as_raw_fd(), &control::encode(&request), &fds)
@@ -155,7 +210,10 @@ impl Control {
                     })
                 })();
                 match exchange {
-                    Ok((body, fds)) => (control::decode::<Response>(&body)?, fds),
+                    Ok((body, fds)) => (
+                        control::decode::<Response>(&body)?,
+                        fds.into_iter().map(lift).collect(),
+                    ),
                     Err(e) => {
                         *broken = true;
                         // The daemon is gone, silent or broke the protocol:
@@ -275,15 +333,17 @@ impl Moneta {
     pub fn connect(socket: &Path) -> Result<Moneta, EmuError> {
         let where_ = || format!("connecting to monetad at {}", socket.display());
         let stream = UnixStream::connect(socket).map_err(|e| EmuError::io(&where_(), e))?;
+        let stream = UnixStream::from(lift(OwnedFd::from(stream)));
         let timeout = Some(control_timeout());
         stream
             .set_read_timeout(timeout)
             .and_then(|()| stream.set_write_timeout(timeout))
             .map_err(|e| EmuError::io(&where_(), e))?;
         let control = Control::Socket {
-            stream,
             reader: FrameReader::new(),
             socket: socket.to_path_buf(),
+            identity: identity(stream.as_raw_fd()),
+            stream,
             broken: false,
         };
         Self::open(control, None)
@@ -389,6 +449,19 @@ impl Moneta {
             .lock()
             .expect("control")
             .call(request, fd)
+    }
+
+    /// The descriptors this channel holds (its control socket, pages and
+    /// doorbell): the shim keeps programs from closing or replacing them.
+    pub fn own_fds(&self) -> Vec<RawFd> {
+        let mut fds = vec![
+            self.inner.memory.fd().as_raw_fd(),
+            self.inner.memory.doorbell().fd().as_raw_fd(),
+        ];
+        if let Control::Socket { stream, .. } = &*self.inner.control.lock().expect("control") {
+            fds.push(stream.as_raw_fd());
+        }
+        fds
     }
 
     /// Count a soft miss met by a file's own extent map (SPEC §3.2).

@@ -43,13 +43,171 @@
 //! the same file for the kernel's part (O_DIRECT would refuse unaligned
 //! growth).
 
-use crate::client::Moneta;
+use crate::client::{identity, lift, Moneta};
 use moneta_abi::control::{DirectAccess, FileExtent, Request, Response};
 use moneta_abi::sys;
 use moneta_abi::{EmuError, ErrorKind};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
+
+/// What a request of a file did, for a run report (`moneta run`'s, from
+/// the shim): counted per process in plain atomics, never allocating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteOp {
+    Read = 0,
+    Write = 1,
+    Fsync = 2,
+}
+
+impl RouteOp {
+    pub const ALL: [RouteOp; 3] = [RouteOp::Read, RouteOp::Write, RouteOp::Fsync];
+    pub fn name(self) -> &'static str {
+        ["read", "write", "fsync"][self as usize]
+    }
+}
+
+/// Why the kernel, not the device, served a request (kebab-case in the
+/// run report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelReason {
+    NewOrGrowingFile = 0,
+    Hole,
+    UnalignedODirect,
+    IoUring,
+    Libaio,
+    Mmap,
+    OtherWriter,
+    TooManyFiles,
+    NotRegistered,
+    KernelRefusedAttr,
+    Append,
+    Other,
+}
+
+impl KernelReason {
+    pub const ALL: [KernelReason; 12] = [
+        KernelReason::NewOrGrowingFile,
+        KernelReason::Hole,
+        KernelReason::UnalignedODirect,
+        KernelReason::IoUring,
+        KernelReason::Libaio,
+        KernelReason::Mmap,
+        KernelReason::OtherWriter,
+        KernelReason::TooManyFiles,
+        KernelReason::NotRegistered,
+        KernelReason::KernelRefusedAttr,
+        KernelReason::Append,
+        KernelReason::Other,
+    ];
+    pub fn name(self) -> &'static str {
+        [
+            "new-or-growing-file",
+            "hole",
+            "unaligned-o-direct",
+            "io-uring",
+            "libaio",
+            "mmap",
+            "other-writer",
+            "too-many-files",
+            "not-registered",
+            "kernel-refused-attr",
+            "append",
+            "other",
+        ][self as usize]
+    }
+
+    /// The reason in a control plane's refusal of a file.
+    fn of_refusal(message: &str) -> KernelReason {
+        if message.contains("too many") || message.contains("files open") {
+            KernelReason::TooManyFiles
+        } else if message.contains("mapped") {
+            KernelReason::Mmap
+        } else if message.contains("writ") && message.contains("outside") {
+            KernelReason::OtherWriter
+        } else if message.contains("immutable")
+            || message.contains("append-only")
+            || message.contains("swap")
+        {
+            KernelReason::KernelRefusedAttr
+        } else {
+            KernelReason::NotRegistered
+        }
+    }
+}
+
+/// Requests and bytes.
+#[derive(Debug, Default)]
+pub struct Count {
+    pub requests: AtomicU64,
+    pub bytes: AtomicU64,
+}
+
+impl Count {
+    // Only the initializer of `ROUTES`'s arrays (each use is a new value).
+    #[allow(clippy::declare_interior_mutable_const)]
+    const ZERO: Count = Count {
+        requests: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+    };
+    pub fn add(&self, bytes: u64) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.requests.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
+    }
+    fn reset(&self) {
+        self.requests.store(0, Ordering::Relaxed);
+        self.bytes.store(0, Ordering::Relaxed);
+    }
+}
+
+/// This process's requests of files by route: what the device served,
+/// what the kernel served, and why the kernel did.
+pub struct Routes {
+    pub device: [Count; 3],
+    pub kernel: [Count; 3],
+    pub reasons: [[Count; 3]; 12],
+}
+
+pub static ROUTES: Routes = Routes {
+    device: [Count::ZERO; 3],
+    kernel: [Count::ZERO; 3],
+    reasons: [const { [Count::ZERO; 3] }; 12],
+};
+
+impl Routes {
+    pub fn device(&self, op: RouteOp, bytes: u64) {
+        self.device[op as usize].add(bytes);
+    }
+    pub fn kernel(&self, why: KernelReason, op: RouteOp, bytes: u64) {
+        self.kernel[op as usize].add(bytes);
+        self.reasons[why as usize][op as usize].add(bytes);
+    }
+    /// Start from zero (a forked child counts its own requests).
+    pub fn reset(&self) {
+        self.device
+            .iter()
+            .chain(&self.kernel)
+            .for_each(Count::reset);
+        self.reasons.iter().flatten().for_each(Count::reset);
+    }
+}
+
+/// Count a read of `got` bytes, `kernel` of them the kernel's (for `why`).
+fn count_read(got: u64, kernel: u64, why: KernelReason) {
+    let kernel = kernel.min(got);
+    if kernel > 0 {
+        ROUTES.kernel(why, RouteOp::Read, kernel);
+    }
+    if got > kernel {
+        ROUTES.device(RouteOp::Read, got - kernel);
+    }
+}
 
 /// Page granularity of the kernel's cache.
 const PAGE: u64 = 4096;
@@ -94,6 +252,8 @@ struct Segment {
     /// Device address of `logical` (meaningless for holes).
     physical: u64,
     kind: Kind,
+    /// Why a kernel segment is the kernel's.
+    why: KernelReason,
 }
 
 impl Segment {
@@ -109,6 +269,7 @@ impl Segment {
             len: self.end().min(to) - start,
             physical: self.physical + (start - self.logical),
             kind: self.kind,
+            why: self.why,
         }
     }
 
@@ -130,15 +291,17 @@ impl Segment {
             len: e.len,
             physical: e.physical,
             kind,
+            why: KernelReason::Other,
         }
     }
 
-    fn kernel(from: u64, to: u64) -> Segment {
+    fn kernel(from: u64, to: u64, why: KernelReason) -> Segment {
         Segment {
             logical: from,
             len: to - from,
             physical: 0,
             kind: Kind::Kernel,
+            why,
         }
     }
 
@@ -148,6 +311,7 @@ impl Segment {
             len: to - from,
             physical: 0,
             kind: Kind::Hole,
+            why: KernelReason::Hole,
         }
     }
 }
@@ -164,7 +328,7 @@ enum Registration {
     /// Granted on the channel as this file id.
     Granted(u32),
     /// The daemon will not serve it (policy): the kernel serves the file.
-    Refused,
+    Refused(KernelReason),
 }
 
 /// A file granted to a channel. The caller keeps its descriptor open for as
@@ -176,6 +340,11 @@ pub struct MonetaFile {
     channel: u16,
     /// The caller's descriptor (not owned).
     fd: RawFd,
+    /// (st_dev, st_ino) of the file when the handle was made: every
+    /// descriptor of it is checked against it before the library sends it
+    /// or writes through it (a number the program closed and reused must
+    /// never name another file).
+    identity: (u64, u64),
     /// A second descriptor of the same file for the kernel's share of the
     /// work: buffered (when `fd` is O_DIRECT), and opened after the
     /// control plane began watching the file, so the kernel reports what
@@ -250,12 +419,14 @@ impl Moneta {
         let kernel_fd = std::sync::OnceLock::new();
         if flags & libc::O_DIRECT != 0 && device_bytes.is_none() {
             let twin = sys::reopen(fd, kernel_mode)
+                .map(lift)
                 .map_err(|e| EmuError::io("reopening the O_DIRECT file buffered", e))?;
             let _ = kernel_fd.set(twin);
         }
         Ok(MonetaFile {
             channel: self.info().channel,
             fd,
+            identity: (st.st_dev, st.st_ino),
             kernel_fd,
             kernel_mode,
             access: access_of(flags),
@@ -353,6 +524,42 @@ impl MonetaFile {
         Ok(self.len()? == 0)
     }
 
+    /// Whether `fd` still names this handle's file: an error if the number
+    /// was closed (or reused for another file) under the library.
+    fn verify(&self, fd: RawFd) -> Result<(), EmuError> {
+        if identity(fd) == Some(self.identity) {
+            Ok(())
+        } else {
+            Err(EmuError::new(
+                ErrorKind::Request,
+                format!("descriptor {fd} no longer names the file this handle was opened on"),
+            )
+            .with_errno(Some(libc::EBADF)))
+        }
+    }
+
+    /// Why the kernel serves this file if the control plane refused it.
+    fn refusal(&self) -> KernelReason {
+        match *self.registration.lock().expect("registration") {
+            Registration::Refused(why) => why,
+            _ => KernelReason::Other,
+        }
+    }
+
+    /// The second descriptor this handle opened for the kernel's share, if
+    /// any (the shim keeps programs from closing or replacing it).
+    pub fn twin_fd(&self) -> Option<RawFd> {
+        self.kernel_fd.get().map(|f| f.as_raw_fd())
+    }
+
+    /// Whether the control plane refused this file, and why.
+    pub fn refused(&self) -> Option<KernelReason> {
+        match *self.registration.lock().expect("registration") {
+            Registration::Refused(why) => Some(why),
+            _ => None,
+        }
+    }
+
     /// The descriptor the kernel's share of the work goes through.
     fn kernel_fd(&self) -> RawFd {
         self.kernel_fd.get().map_or(self.fd, |f| f.as_raw_fd())
@@ -364,6 +571,7 @@ impl MonetaFile {
     fn register(&self, m: &Moneta, eager: bool) -> Result<Option<u32>, EmuError> {
         let mut reg = self.registration.lock().expect("registration");
         if *reg == Registration::Pending {
+            self.verify(self.fd)?;
             *reg = match m.call_with_fd(Request::OpenFile {}, Some(self.fd)) {
                 Ok(Response::FileOpened { file_id, .. }) => {
                     self.epoch.store(m.layout_epoch(file_id), Ordering::Release);
@@ -371,7 +579,7 @@ impl MonetaFile {
                         // Opened now that the file is watched: what this
                         // handle writes through the kernel is reported to
                         // the other holders (their maps follow it).
-                        if let Ok(twin) = sys::reopen(self.fd, self.kernel_mode) {
+                        if let Ok(twin) = sys::reopen(self.fd, self.kernel_mode).map(lift) {
                             let _ = self.kernel_fd.set(twin);
                         }
                     }
@@ -379,7 +587,9 @@ impl MonetaFile {
                     Registration::Granted(file_id)
                 }
                 Ok(other) => return Err(unexpected(other)),
-                Err(e) if e.kind == ErrorKind::Unauthorized && !eager => Registration::Refused,
+                Err(e) if e.kind == ErrorKind::Unauthorized && !eager => {
+                    Registration::Refused(KernelReason::of_refusal(&e.message))
+                }
                 Err(e) => return Err(e),
             };
         }
@@ -414,24 +624,47 @@ impl MonetaFile {
         let mut attempt = 0;
         loop {
             self.follow_epoch(m);
+            let epoch = self.id().map(|id| m.layout_epoch(id));
             match self.read_once(m, buf, offset, attempt >= REVOKED_RETRIES) {
                 Err(e) if revoked(&e, self.access.can_read()) && attempt < REVOKED_RETRIES => {
                     attempt += 1;
                     self.invalidate(offset, offset + n);
                 }
-                r => return r.map(|()| n as usize),
+                // The file's layout changed while the map was read (a
+                // truncate, a punch, another process's allocation): what
+                // the map said was a hole may not be one now. Read again.
+                Ok(_)
+                    if attempt < REVOKED_RETRIES
+                        && self.id().map(|id| m.layout_epoch(id)) != epoch =>
+                {
+                    attempt += 1;
+                    self.invalidate(offset, offset + n);
+                }
+                Ok(got) => {
+                    // A truncate that raced the read: the kernel returns
+                    // nothing past the new end, never zeros for it.
+                    let now = self.len()?;
+                    count_read(got.0 as u64, got.1, got.2);
+                    return Ok(got.0.min(now.saturating_sub(offset) as usize));
+                }
+                Err(e) => return Err(e),
             }
         }
     }
 
+    /// Read `buf` at `offset` by the map: the bytes read (short where the
+    /// kernel's share ended early: the file shrank under the read), how
+    /// many of them the kernel served, and why.
     fn read_once(
         &self,
         m: &Moneta,
         buf: &mut [u8],
         offset: u64,
         kernel: bool,
-    ) -> Result<(), EmuError> {
+    ) -> Result<(usize, u64, KernelReason), EmuError> {
         let end = offset + buf.len() as u64;
+        let mut kernel_bytes = 0u64;
+        let mut why = KernelReason::Other;
         for s in self.plan(m, offset, end, kernel)? {
             let piece = &mut buf[(s.logical - offset) as usize..][..s.len as usize];
             match s.kind {
@@ -439,13 +672,19 @@ impl MonetaFile {
                 Kind::Direct(_) => m.read_mapped(s.physical, piece)?,
                 Kind::Kernel => {
                     self.make_current_outside_kernel_pages(s.logical, s.end())?;
-                    let got = sys::pread_full(self.kernel_fd(), piece, s.logical)
+                    let fd = self.kernel_fd();
+                    self.verify(fd)?;
+                    let got = sys::pread_full(fd, piece, s.logical)
                         .map_err(|e| EmuError::io("pread of the file", e))?;
-                    piece[got..].fill(0);
+                    kernel_bytes += got as u64;
+                    why = s.why;
+                    if got < piece.len() {
+                        return Ok(((s.logical - offset) as usize + got, kernel_bytes, why));
+                    }
                 }
             }
         }
-        Ok(())
+        Ok((buf.len(), kernel_bytes, why))
     }
 
     /// Like pwrite: all of `buf` at `offset`, extending the file if it ends
@@ -462,7 +701,13 @@ impl MonetaFile {
         })?;
         let size = self.len()?;
         if end > size {
-            return self.kernel_write(buf, offset, size).map(|()| buf.len());
+            self.kernel_write(buf, offset, size)?;
+            ROUTES.kernel(
+                KernelReason::NewOrGrowingFile,
+                RouteOp::Write,
+                buf.len() as u64,
+            );
+            return Ok(buf.len());
         }
         // On a read-only grant too: the device, not the library, enforces
         // the permission (and refuses). The kernel takes what is shared
@@ -481,9 +726,16 @@ impl MonetaFile {
             // process's data that the kernel has not allocated yet (delayed
             // allocation, or a write racing with the map): zeros over it
             // would lose that data. Only the caller's bytes are written.
-            if !segments.iter().all(direct) {
+            if let Some(s) = segments.iter().find(|s| !direct(s)) {
+                let why = match s.kind {
+                    Kind::Kernel => s.why,
+                    Kind::Hole | Kind::Unwritten => KernelReason::Hole,
+                    // Shared with another file: the kernel copies on write.
+                    Kind::Direct(_) => KernelReason::Other,
+                };
                 drop(shared);
                 self.kernel_write(buf, offset, size)?;
+                ROUTES.kernel(why, RouteOp::Write, buf.len() as u64);
                 // Holes and unwritten extents there are allocated now.
                 self.invalidate(offset, end);
                 return Ok(buf.len());
@@ -498,7 +750,11 @@ impl MonetaFile {
                     attempt += 1;
                     self.invalidate(offset, end);
                 }
-                r => return r.map(|()| buf.len()),
+                r => {
+                    r?;
+                    ROUTES.device(RouteOp::Write, buf.len() as u64);
+                    return Ok(buf.len());
+                }
             }
         }
     }
@@ -664,6 +920,7 @@ impl MonetaFile {
         if from < page_ceil(size) {
             self.make_current_outside_kernel_pages(from, to.min(page_ceil(size)))?;
         }
+        self.verify(self.kernel_fd())?;
         let written = sys::pwrite_all(self.kernel_fd(), buf, offset)
             .map_err(|e| EmuError::io("pwrite of the file", e));
         let mut pages = self.kernel_pages.lock().expect("kernel pages");
@@ -742,7 +999,7 @@ impl MonetaFile {
             let direct_end = match pages.get(i) {
                 Some(&(a, b)) if a <= at => {
                     let b = b.min(to);
-                    out.push(Segment::kernel(at, b));
+                    out.push(Segment::kernel(at, b, KernelReason::NewOrGrowingFile));
                     at = b;
                     i += 1;
                     continue;
@@ -750,8 +1007,10 @@ impl MonetaFile {
                 Some(&(a, _)) => a.min(to),
                 None => to,
             };
-            if kernel || self.register(m, false)?.is_none() {
-                out.push(Segment::kernel(at, direct_end));
+            if kernel {
+                out.push(Segment::kernel(at, direct_end, KernelReason::Other));
+            } else if self.register(m, false)?.is_none() {
+                out.push(Segment::kernel(at, direct_end, self.refusal()));
             } else {
                 out.extend(self.segments(m, at, direct_end)?);
             }

@@ -42,11 +42,13 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+mod descriptors;
 mod real;
+mod report;
 mod state;
 
 use libc::{c_char, c_int, c_void, iovec, mode_t, off64_t, off_t, size_t, ssize_t};
-use moneta_client::file::MonetaFile;
+use moneta_client::file::{KernelReason, MonetaFile, RouteOp, ROUTES};
 use real::real;
 use state::{shim, warn, FileMapping, OpenFile, OWN_FD_MIN};
 use std::cell::Cell;
@@ -88,7 +90,17 @@ fn fail<T: From<i8>>(e: c_int) -> T {
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;
+
+/// At exit: the run report.
+extern "C" fn fini() {
+    report::at_exit();
+}
+
 extern "C" fn init() {
+    report::init();
     extern "C" fn prepare() {
         shim().before_fork();
     }
@@ -111,6 +123,9 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
     }
     let _ = enter(|| {
         let s = shim();
+        // Whatever the shim knew under this number is gone (the kernel
+        // reused it: the program closed it behind the shim's back).
+        descriptors::drop_stale(fd);
         let Some(dev) = s.mount_dev else { return };
         // SAFETY: fstat into a zeroed struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -122,6 +137,13 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
         }
         let Some(m) = s.moneta() else { return };
         drop(m);
+        // An active swap file: the kernel refuses every write to it
+        // (ETXTBSY), so it is the kernel's.
+        let kernel_only = if descriptors::is_swap_file(st.st_dev, st.st_ino) {
+            KernelReason::KernelRefusedAttr as u8 + 1
+        } else {
+            0
+        };
         // Lazy: the library's handle is made, and the daemon hears of the
         // file, when the device is first needed. A file that was empty
         // when opened for writing is being created: the kernel serves it
@@ -142,6 +164,8 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
                 // and close the one it got (dd does), and the shim's must
                 // outlive every alias.
                 fd: std::sync::atomic::AtomicI32::new(-1),
+                identity: (st.st_dev, st.st_ino),
+                kernel_only: std::sync::atomic::AtomicU8::new(kernel_only),
             }),
         );
     });
@@ -183,8 +207,11 @@ fn with_file<T>(
     let file = {
         let mut slot = of.file.lock().map_err(|_| libc::EIO)?;
         if slot.0 != s.generation() || slot.1.is_none() {
-            // The parent's handle: forget it (closing would name the parent's file).
-            std::mem::forget(slot.1.take());
+            // The parent's handle: forget it (closing would name the parent's
+            // file); its second descriptor stays open, the shim's.
+            let gone = slot.1.take();
+            s.retire(gone.as_ref().and_then(|f| f.twin_fd()));
+            std::mem::forget(gone);
             let own = of.fd.load(Ordering::Acquire);
             let file = m.open_file_lazy(own).map_err(|e| {
                 warn(&format!("descriptor {own}: {e}"));
@@ -209,45 +236,120 @@ fn io_error(e: moneta_client::EmuError) -> c_int {
     e.posix_errno()
 }
 
+/// The shim's open file for the program's `fd`, if the shim handles it in
+/// this process: not in a child made without fork handlers (another pid),
+/// and not if the number no longer names the file (closed and reused
+/// behind the shim's back: the entry is dropped).
+fn lookup(fd: c_int) -> Option<Arc<OpenFile>> {
+    let s = shim();
+    let of = s.get(fd)?;
+    if s.foreign() {
+        return None;
+    }
+    Some(of)
+}
+
 /// Handle a call for a descriptor the shim owns, or fall through.
 fn ours<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
     enter(|| {
-        let of = shim().get(fd)?;
+        let of = lookup(fd)?;
         of.own_fd(fd)?;
         Some(f(&of))
     })
     .flatten()
 }
 
+/// Why the kernel serves a read or write of `of` through the program's
+/// `fd` at `offset` (None: the file position) of the buffers `io`, or None
+/// if the shim may. The status flags are read from the kernel on every
+/// call, so a change by `fcntl(F_SETFL)` in any process sharing the open
+/// file description takes effect at once; writes also read the file's
+/// attributes (immutable, append-only: the kernel refuses or appends)
+/// and check that `fd` still names the file.
+fn kernel_reason(
+    of: &OpenFile,
+    fd: c_int,
+    io: &[(usize, usize)],
+    offset: Option<i64>,
+    op: RouteOp,
+) -> Result<Option<KernelReason>, ()> {
+    if op == RouteOp::Write {
+        descriptors::follow_swap();
+    }
+    let only = of.kernel_only.load(Ordering::Acquire);
+    if only != 0 {
+        return Ok(KernelReason::ALL.get(only as usize - 1).copied());
+    }
+    // SAFETY: F_GETFL on the program's descriptor.
+    let flags = unsafe { (real().fcntl)(fd, libc::F_GETFL, 0) };
+    if flags < 0 {
+        return Err(()); // the kernel answers (EBADF)
+    }
+    of.append
+        .store(flags & libc::O_APPEND != 0, Ordering::Release);
+    if (flags & libc::O_DIRECT != 0) != (of.direct_align.load(Ordering::Acquire) != 0) {
+        of.direct_align
+            .store(direct_alignment(fd, flags), Ordering::Release);
+    }
+    if op == RouteOp::Write {
+        match descriptors::write_attributes(fd) {
+            Some((id, attrs)) if id == of.identity => {
+                if attrs & (libc::STATX_ATTR_IMMUTABLE | libc::STATX_ATTR_APPEND) as u64 != 0 {
+                    return Ok(Some(KernelReason::KernelRefusedAttr));
+                }
+            }
+            _ => return Err(()),
+        }
+    }
+    if of.fresh.load(Ordering::Acquire) {
+        return Ok(Some(KernelReason::NewOrGrowingFile));
+    }
+    if of.direct_align.load(Ordering::Acquire) != 0 {
+        let mut at = match offset {
+            Some(o) => u64::try_from(o).map_err(|_| ())?,
+            None => position(fd).map_err(|_| ())?,
+        };
+        for &(addr, len) in io {
+            if misaligned(of, addr, len, at) {
+                return Ok(Some(KernelReason::UnalignedODirect));
+            }
+            at += len as u64;
+        }
+    }
+    Ok(None)
+}
+
 /// As [`ours`], for reads and writes of the buffers `io` (address,
 /// length) at `offset` (None: the file position): a file being created
 /// (see [`OpenFile::fresh`]) falls through to the kernel too, and so does
 /// misaligned O_DIRECT I/O, whose outcome is the file system's to decide
-/// (EINVAL, or a short read at the end of the file or in a hole).
+/// (EINVAL, or a short read at the end of the file or in a hole), and
+/// whatever [`kernel_reason`] sends there; counted for the run report.
 fn ours_io<T>(
     fd: c_int,
     io: &[(usize, usize)],
     offset: Option<i64>,
+    op: RouteOp,
     f: impl FnOnce(&Arc<OpenFile>) -> T,
 ) -> Option<T> {
     enter(|| {
-        let of = shim().get(fd)?;
-        if of.fresh.load(Ordering::Acquire) {
-            return None;
-        }
-        if of.direct_align.load(Ordering::Acquire) != 0 {
-            let mut at = match offset {
-                Some(o) => u64::try_from(o).ok()?,
-                None => position(fd).ok()?,
-            };
-            for &(addr, len) in io {
-                if misaligned(&of, addr, len, at) {
-                    return None;
-                }
-                at += len as u64;
+        let of = lookup(fd)?;
+        let bytes = io.iter().map(|x| x.1 as u64).sum();
+        match kernel_reason(&of, fd, io, offset, op) {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                ROUTES.kernel(why, op, bytes);
+                return None;
+            }
+            Err(()) => {
+                ROUTES.kernel(KernelReason::Other, op, bytes);
+                return None;
             }
         }
-        of.own_fd(fd)?;
+        if of.own_fd(fd).is_none() {
+            ROUTES.kernel(KernelReason::Other, op, bytes);
+            return None;
+        }
         Some(f(&of))
     })
     .flatten()
@@ -266,25 +368,25 @@ fn read_at(of: &OpenFile, buf: &mut [u8], offset: u64) -> Result<usize, c_int> {
 
 fn write_at(of: &OpenFile, buf: &[u8], offset: u64) -> Result<usize, c_int> {
     with_file(of, |m, f| {
-        if !f.access().can_write() {
-            if !of.append.load(Ordering::Acquire) {
+        let own = of.fd.load(Ordering::Acquire);
+        if of.append.load(Ordering::Acquire) || !f.access().can_write() {
+            // SAFETY: F_GETFL on the shim's descriptor of the file.
+            let flags = unsafe { (real().fcntl)(own, libc::F_GETFL, 0) };
+            if flags & libc::O_ACCMODE == libc::O_RDONLY {
                 // As the kernel: writing a descriptor opened read-only is EBADF.
                 return Err(libc::EBADF);
             }
-            // pwrite on an O_APPEND descriptor appends (Linux): the kernel's job.
+            // pwrite on an O_APPEND descriptor appends (Linux), and a
+            // handle the daemon gave read-only access (opened O_APPEND)
+            // writes through the kernel: the kernel's job.
             // SAFETY: the caller's buffer on the shim's own descriptor.
-            let n = unsafe {
-                (real().pwrite64)(
-                    of.fd.load(Ordering::Acquire),
-                    buf.as_ptr().cast(),
-                    buf.len(),
-                    offset as i64,
-                )
-            };
+            let n =
+                unsafe { (real().pwrite64)(own, buf.as_ptr().cast(), buf.len(), offset as i64) };
             if n < 0 {
                 // SAFETY: reading this thread's errno.
                 return Err(unsafe { *libc::__errno_location() });
             }
+            ROUTES.kernel(KernelReason::Append, RouteOp::Write, n as u64);
             f.refresh(m).map_err(io_error)?;
             return Ok(n as usize);
         }
@@ -301,6 +403,7 @@ fn append(of: &OpenFile, fd: c_int, buf: &[u8]) -> Result<usize, c_int> {
         // SAFETY: reading this thread's errno.
         return Err(unsafe { *libc::__errno_location() });
     }
+    ROUTES.kernel(KernelReason::Append, RouteOp::Write, n as u64);
     with_file(of, |m, f| f.refresh(m).map_err(io_error))?;
     Ok(n as usize)
 }
@@ -559,7 +662,17 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
 
 /// Forget `fd` (closing the library's file if no descriptor is left).
 fn forget(fd: c_int) {
-    let _ = enter(|| {
+    let _ = enter(|| forget_now(fd));
+}
+
+/// [`forget`], from shim code.
+fn forget_now(fd: c_int) {
+    {
+        // A child made without fork handlers touches nothing of the shim's
+        // (the channel, even the table, may be its parent's).
+        if shim().get(fd).is_none() || shim().foreign() {
+            return;
+        }
         if let Some(of) = shim().remove(fd) {
             if let Ok(mut slot) = of.file.lock() {
                 if slot.0 == shim().generation() {
@@ -579,31 +692,34 @@ fn forget(fd: c_int) {
                         }
                     }
                 } else {
-                    std::mem::forget(slot.1.take());
+                    let gone = slot.1.take();
+                    shim().retire(gone.as_ref().and_then(|f| f.twin_fd()));
+                    std::mem::forget(gone);
                 }
             }
-            let own = of.fd.load(Ordering::Acquire);
-            if own >= 0 {
-                // SAFETY: the shim's own descriptor; no alias refers to it.
-                unsafe { (real().close)(own) };
-            }
+            // The shim's own descriptor of the file closes when the last
+            // user of `of` lets go of it (OpenFile's Drop).
         }
-    });
+    }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if descriptors::held_by_shim(fd) {
+        // A number the program never opened: the kernel would say EBADF.
+        return fail(libc::EBADF);
+    }
     forget(fd);
     unsafe { (real().close)(fd) }
 }
 
-/// `new` now refers to what `old` refers to.
+/// `new` now refers to what `old` refers to (or, if the shim does not
+/// handle `old`, to nothing the shim knows).
 fn alias(old: c_int, new: c_int) -> c_int {
     if new >= 0 && new != old {
-        let _ = enter(|| {
-            if let Some(of) = shim().get(old) {
-                shim().insert(new, of);
-            }
+        let _ = enter(|| match shim().get(old) {
+            Some(of) if !shim().foreign() => shim().insert(new, of),
+            _ => descriptors::drop_stale(new),
         });
     }
     new
@@ -617,6 +733,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
     if old != new {
+        descriptors::vacate_for_program(new);
         forget(new);
     }
     alias(old, unsafe { (real().dup2)(old, new) })
@@ -625,6 +742,7 @@ pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
     if old != new {
+        descriptors::vacate_for_program(new);
         forget(new);
     }
     alias(old, unsafe { (real().dup3)(old, new, flags) })
@@ -726,7 +844,7 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: usize) ->
 
 #[no_mangle]
 pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, len: size_t) -> ssize_t {
-    ours_io(fd, &[(buf as usize, len)], None, |of| {
+    ours_io(fd, &[(buf as usize, len)], None, RouteOp::Read, |of| {
         do_read(of, fd, unsafe { slice_mut(buf, len) })
     })
     .unwrap_or_else(|| unsafe { (real().read)(fd, buf, len) })
@@ -739,30 +857,42 @@ pub unsafe extern "C" fn __read_chk(
     len: size_t,
     buflen: size_t,
 ) -> ssize_t {
-    ours_io(fd, &[(buf as usize, len.min(buflen))], None, |of| {
-        do_read(of, fd, unsafe { slice_mut(buf, len.min(buflen)) })
-    })
+    ours_io(
+        fd,
+        &[(buf as usize, len.min(buflen))],
+        None,
+        RouteOp::Read,
+        |of| do_read(of, fd, unsafe { slice_mut(buf, len.min(buflen)) }),
+    )
     .unwrap_or_else(|| unsafe { (real().__read_chk)(fd, buf, len, buflen) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, len: size_t) -> ssize_t {
-    ours_io(fd, &[(buf as usize, len)], None, |of| {
+    ours_io(fd, &[(buf as usize, len)], None, RouteOp::Write, |of| {
         do_write(of, fd, unsafe { slice(buf, len) })
     })
     .unwrap_or_else(|| unsafe { (real().write)(fd, buf, len) })
 }
 
 fn do_pread(fd: c_int, buf: *mut c_void, len: size_t, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, &[(buf as usize, len)], Some(offset), |of| {
-        ret(check_offset(offset).and_then(|o| read_at(of, unsafe { slice_mut(buf, len) }, o)))
-    })
+    ours_io(
+        fd,
+        &[(buf as usize, len)],
+        Some(offset),
+        RouteOp::Read,
+        |of| ret(check_offset(offset).and_then(|o| read_at(of, unsafe { slice_mut(buf, len) }, o))),
+    )
 }
 
 fn do_pwrite(fd: c_int, buf: *const c_void, len: size_t, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, &[(buf as usize, len)], Some(offset), |of| {
-        ret(check_offset(offset).and_then(|o| write_at(of, unsafe { slice(buf, len) }, o)))
-    })
+    ours_io(
+        fd,
+        &[(buf as usize, len)],
+        Some(offset),
+        RouteOp::Write,
+        |of| ret(check_offset(offset).and_then(|o| write_at(of, unsafe { slice(buf, len) }, o))),
+    )
 }
 
 #[no_mangle]
@@ -886,50 +1016,72 @@ fn vwrite(of: &OpenFile, iov: &[iovec], offset: u64) -> Result<usize, c_int> {
 
 #[no_mangle]
 pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    ours_io(fd, &unsafe { buffers(iov, count) }, None, |of| {
-        match unsafe { iovecs(iov, count) } {
+    ours_io(
+        fd,
+        &unsafe { buffers(iov, count) },
+        None,
+        RouteOp::Read,
+        |of| match unsafe { iovecs(iov, count) } {
             Ok(v) => {
                 let len = v.iter().map(|x| x.iov_len).sum();
                 read_at_position(of, fd, len, |at, _| vread(of, v, at))
             }
             Err(e) => fail(e),
-        }
-    })
+        },
+    )
     .unwrap_or_else(|| unsafe { (real().readv)(fd, iov, count) })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, count: c_int) -> ssize_t {
-    ours_io(fd, &unsafe { buffers(iov, count) }, None, |of| {
-        let v = match unsafe { iovecs(iov, count) } {
-            Ok(v) => v,
-            Err(e) => return fail(e),
-        };
-        if of.append.load(Ordering::Acquire) {
-            let data: Vec<u8> = v
-                .iter()
-                .flat_map(|x| unsafe { slice(x.iov_base, x.iov_len) }.iter().copied())
-                .collect();
-            return do_write(of, fd, &data);
-        }
-        let len = v.iter().map(|x| x.iov_len).sum();
-        write_at_position(of, fd, len, |at| vwrite(of, v, at))
-    })
+    ours_io(
+        fd,
+        &unsafe { buffers(iov, count) },
+        None,
+        RouteOp::Write,
+        |of| {
+            let v = match unsafe { iovecs(iov, count) } {
+                Ok(v) => v,
+                Err(e) => return fail(e),
+            };
+            if of.append.load(Ordering::Acquire) {
+                let data: Vec<u8> = v
+                    .iter()
+                    .flat_map(|x| unsafe { slice(x.iov_base, x.iov_len) }.iter().copied())
+                    .collect();
+                return do_write(of, fd, &data);
+            }
+            let len = v.iter().map(|x| x.iov_len).sum();
+            write_at_position(of, fd, len, |at| vwrite(of, v, at))
+        },
+    )
     .unwrap_or_else(|| unsafe { (real().writev)(fd, iov, count) })
 }
 
 fn do_preadv(fd: c_int, iov: *const iovec, count: c_int, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, &unsafe { buffers(iov, count) }, Some(offset), |of| {
-        ret(check_offset(offset)
-            .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vread(of, v, o))))
-    })
+    ours_io(
+        fd,
+        &unsafe { buffers(iov, count) },
+        Some(offset),
+        RouteOp::Read,
+        |of| {
+            ret(check_offset(offset)
+                .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vread(of, v, o))))
+        },
+    )
 }
 
 fn do_pwritev(fd: c_int, iov: *const iovec, count: c_int, offset: i64) -> Option<ssize_t> {
-    ours_io(fd, &unsafe { buffers(iov, count) }, Some(offset), |of| {
-        ret(check_offset(offset)
-            .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vwrite(of, v, o))))
-    })
+    ours_io(
+        fd,
+        &unsafe { buffers(iov, count) },
+        Some(offset),
+        RouteOp::Write,
+        |of| {
+            ret(check_offset(offset)
+                .and_then(|o| unsafe { iovecs(iov, count) }.and_then(|v| vwrite(of, v, o))))
+        },
+    )
 }
 
 #[no_mangle]
@@ -1129,6 +1281,20 @@ fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
     let r = real_sync();
     if r == 0 {
         let _ = ours(fd, |of| {
+            let registered = of
+                .file
+                .lock()
+                .is_ok_and(|s| s.1.as_ref().is_some_and(|f| f.refused().is_none()));
+            if registered && !of.fresh.load(Ordering::Acquire) {
+                ROUTES.device(RouteOp::Fsync, 0);
+            } else {
+                let why = if of.fresh.load(Ordering::Acquire) {
+                    KernelReason::NewOrGrowingFile
+                } else {
+                    KernelReason::NotRegistered
+                };
+                ROUTES.kernel(why, RouteOp::Fsync, 0);
+            }
             if of.fresh.swap(false, Ordering::AcqRel) {
                 // A file being created is on the device now. What it holds
                 // was written through the kernel: it stays this handle's
@@ -1174,7 +1340,7 @@ fn before_map(fd: c_int, flags: c_int) -> Option<c_int> {
             warn(&format!("announcing a mapping of descriptor {fd}: {e}"));
         }
         // SAFETY: fcntl(F_DUPFD_CLOEXEC) on the caller's descriptor.
-        let own = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, OWN_FD_MIN) };
+        let own = unsafe { (real().fcntl)(fd, libc::F_DUPFD_CLOEXEC, OWN_FD_MIN as usize) };
         (own >= 0).then_some(own)
     })
     .flatten()

@@ -23,6 +23,7 @@
 //! cuts a failing schedule down (fewer operations, fewer workers, fewer
 //! kinds of operation) and prints the smallest that still fails.
 
+mod fd_scenarios;
 mod pattern;
 mod scenario;
 mod sys;
@@ -217,7 +218,7 @@ fn run_scenarios(args: &[String]) -> i32 {
         }
     };
     let names: Vec<&str> = if name == "all" {
-        scenario::SCENARIOS.to_vec()
+        scenario::all()
     } else {
         vec![name.as_str()]
     };

@@ -75,10 +75,25 @@ impl Ctx {
     }
 }
 
+/// Every scenario: issue 20's classes, then issue 42's.
+pub fn all() -> Vec<&'static str> {
+    SCENARIOS
+        .iter()
+        .chain(crate::fd_scenarios::SCENARIOS)
+        .copied()
+        .collect()
+}
+
 /// Run one scenario: Ok(what was checked) or Err(what was lost).
 pub fn run(name: &str, c: &Ctx) -> Result<String, String> {
     let _ = std::fs::remove_dir_all(&c.dir);
     std::fs::create_dir_all(&c.dir).map_err(|e| e.to_string())?;
+    if let Some(r) = crate::fd_scenarios::run(name, c) {
+        if r.is_ok() {
+            let _ = std::fs::remove_dir_all(&c.dir);
+        }
+        return r;
+    }
     let r = match name {
         "exec-after-open" => exec_after_open(c),
         "mmap-beside-shim" => mmap_beside_shim(c),
@@ -88,7 +103,7 @@ pub fn run(name: &str, c: &Ctx) -> Result<String, String> {
         "sparse-writers" => sparse_writers(c),
         "many-files" => many_files(c),
         "near-full" => near_full(c),
-        other => Err(format!("no scenario {other:?} ({})", SCENARIOS.join(", "))),
+        other => Err(format!("no scenario {other:?} ({})", all().join(", "))),
     };
     if r.is_ok() {
         let _ = std::fs::remove_dir_all(&c.dir);
@@ -480,22 +495,26 @@ fn plain_pwrite(p: &Path, off: u64, len: u64, version: u32) -> Result<(), String
 pub fn step(args: &[String]) -> i32 {
     let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
     let num = |i: usize| arg(i).parse::<u64>().unwrap_or(0);
-    let r = match arg(0).as_str() {
-        "pwrite-sync" => {
-            let p = PathBuf::from(arg(1));
-            plain_pwrite(&p, num(2), num(3), num(4) as u32)
+    let r = if let Some(r) = crate::fd_scenarios::step(args) {
+        r
+    } else {
+        match arg(0).as_str() {
+            "pwrite-sync" => {
+                let p = PathBuf::from(arg(1));
+                plain_pwrite(&p, num(2), num(3), num(4) as u32)
+            }
+            "exec-parent" => exec_parent(&PathBuf::from(arg(1)), arg(2) == "shim"),
+            "fork-records" => fork_records(&PathBuf::from(arg(1)), num(2)),
+            "frag-writer" => frag_writer(&PathBuf::from(arg(1)), num(2), &PathBuf::from(arg(3))),
+            "write-wait-write" => write_wait_write(
+                &PathBuf::from(arg(1)),
+                &PathBuf::from(arg(2)),
+                &PathBuf::from(arg(3)),
+            ),
+            "block-writer" => block_writer(&PathBuf::from(arg(1)), num(2), num(3), num(4)),
+            "many-files" => many_files_step(&PathBuf::from(arg(1)), num(2)),
+            other => Err(format!("no step {other:?}")),
         }
-        "exec-parent" => exec_parent(&PathBuf::from(arg(1)), arg(2) == "shim"),
-        "fork-records" => fork_records(&PathBuf::from(arg(1)), num(2)),
-        "frag-writer" => frag_writer(&PathBuf::from(arg(1)), num(2), &PathBuf::from(arg(3))),
-        "write-wait-write" => write_wait_write(
-            &PathBuf::from(arg(1)),
-            &PathBuf::from(arg(2)),
-            &PathBuf::from(arg(3)),
-        ),
-        "block-writer" => block_writer(&PathBuf::from(arg(1)), num(2), num(3), num(4)),
-        "many-files" => many_files_step(&PathBuf::from(arg(1)), num(2)),
-        other => Err(format!("no step {other:?}")),
     };
     match r {
         Ok(()) => 0,

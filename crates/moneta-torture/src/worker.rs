@@ -105,6 +105,11 @@ pub const OPS: &[(&str, u64)] = &[
     ("contested_read", 30),
     ("mapped_write", 20),
     ("mapped_read", 20),
+    ("dup_held", 6),
+    ("close_foreign", 4),
+    ("setfl_flip", 8),
+    ("clone_child", 4),
+    ("chattr", 3),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -400,6 +405,24 @@ impl Worker {
                 self.say(format_args!("dup {k} {}", new >= 0));
                 Ok(())
             }
+            "dup_held" => {
+                let f = &mut self.files[k];
+                let old = f.fds[0].fd;
+                // The numbers the shim's own descriptors start at.
+                let target = 512 + (self.cfg.worker as i32 * 2) + k as i32 + r.below(4) as i32 * 8;
+                // SAFETY: plain syscalls on our descriptor.
+                let new = unsafe { libc::dup2(old, target) };
+                if new == target && new != old {
+                    sys::close(old);
+                    f.fds[0].fd = new;
+                }
+                self.say(format_args!("dup_held {k} {}", new == target));
+                Ok(())
+            }
+            "close_foreign" => self.close_foreign(r),
+            "setfl_flip" => self.setfl_flip(k, r),
+            "clone_child" => self.clone_child(k, r),
+            "chattr" => self.chattr(k, r),
             "stripe_write" => self.stripe_write(r),
             "stripe_read" => self.stripe_read(r),
             "contested_write" => self.contested_write(r),
@@ -408,6 +431,156 @@ impl Worker {
             "mapped_read" => self.mapped_read(r),
             other => unreachable!("operation {other}"),
         }
+    }
+
+    /// Every descriptor this worker holds.
+    fn own_fds(&self) -> Vec<i32> {
+        let mut v: Vec<i32> = self
+            .files
+            .iter()
+            .flat_map(|f| f.fds.iter().map(|d| d.fd))
+            .collect();
+        v.extend([
+            self.shared_fd,
+            self.mapped_fd,
+            std::os::fd::AsRawFd::as_raw_fd(self.log.get_ref()),
+        ]);
+        v
+    }
+
+    /// Close every number above the worker's own (a close loop, then
+    /// close_range to the end): as without the shim, none of them is open.
+    fn close_foreign(&mut self, r: &mut Rng) -> Step {
+        let top = self.own_fds().into_iter().max().unwrap_or(2);
+        let span = 64 + r.below(600) as i32;
+        let mut closed = 0;
+        for n in top + 1..top + 1 + span {
+            // SAFETY: numbers this worker does not use.
+            if unsafe { libc::close(n) } == 0 {
+                closed += 1;
+            }
+        }
+        extern "C" {
+            fn close_range(first: u32, last: u32, flags: i32) -> i32;
+        }
+        // SAFETY: the C library's close_range over numbers this worker does not use.
+        let ranged = unsafe { close_range((top + 1 + span) as u32, u32::MAX, 0) };
+        self.say(format_args!("close_foreign {closed} {ranged}"));
+        Ok(())
+    }
+
+    /// O_APPEND set by F_SETFL on the read-write descriptor: a pwrite then
+    /// appends (Linux); cleared again after.
+    fn setfl_flip(&mut self, k: usize, r: &mut Rng) -> Step {
+        let fd = self.files[k].rw();
+        let len = r.length(32 << 10);
+        let at = self.files[k].model.len() as u64;
+        let data = stamped(len, self.files[k].id, at, self.op as u32);
+        // SAFETY: plain syscalls on our descriptor.
+        let set = unsafe { libc::fcntl(fd, libc::F_SETFL, libc::O_APPEND) };
+        let res = sys::pwrite(fd, &data, r.below(MAX_FILE));
+        // SAFETY: as above.
+        let clear = unsafe { libc::fcntl(fd, libc::F_SETFL, 0) };
+        if let Ok(n) = res {
+            self.files[k].model_write(at, &data[..n as usize]);
+        }
+        self.say(format_args!("setfl_flip {k} {set} {clear} {}", show(res)));
+        Ok(())
+    }
+
+    /// A child made by a raw clone system call (no fork handlers) pwrites
+    /// the file and reads it back.
+    fn clone_child(&mut self, k: usize, r: &mut Rng) -> Step {
+        let fd = self.files[k].rw();
+        let size = self.files[k].model.len() as u64;
+        let off = Self::offset(r, size).min(MAX_FILE - 1);
+        let len = r.length(64 << 10).min(MAX_FILE - off);
+        let data = stamped(len, self.files[k].id, off, self.op as u32);
+        let _ = self.log.flush();
+        // SAFETY: the child makes system calls only, then exits.
+        let pid =
+            unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0) }
+                as i32;
+        if pid == 0 {
+            let mut back = vec![0u8; len as usize];
+            let code = if sys::pwrite(fd, &data, off) != Ok(len as i64) {
+                2
+            } else if sys::pread(fd, &mut back, off) != Ok(len as i64) || back != data {
+                3
+            } else {
+                0
+            };
+            // SAFETY: leaving the child without the C library's exit.
+            unsafe { libc::syscall(libc::SYS_exit_group, code as libc::c_long) };
+        }
+        if pid < 0 {
+            self.say(format_args!("clone_child {k} failed"));
+            return Ok(());
+        }
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            let mut st = 0;
+            // SAFETY: our child.
+            if unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) } == pid {
+                break Some(st);
+            }
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                // SAFETY: our child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
+        let Some(st) = status else {
+            return self.fail(format!(
+                "clone_child {k}: the child hung (killed after 60 s)"
+            ));
+        };
+        let code = libc::WEXITSTATUS(st);
+        if code == 0 {
+            self.files[k].model_write(off, &data);
+        }
+        self.say(format_args!("clone_child {k} {off} {len} exit {code}"));
+        if code == 3 {
+            return self.fail(format!("clone_child {k}: the child read back other bytes"));
+        }
+        Ok(())
+    }
+
+    /// Another write while the file is immutable (chattr +i), then the flag
+    /// cleared: the write answers as the kernel's (EPERM on ext4).
+    fn chattr(&mut self, k: usize, r: &mut Rng) -> Step {
+        const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+        const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+        const FS_IMMUTABLE_FL: i32 = 0x10;
+        let size = self.files[k].model.len() as u64;
+        let off = r.below(size.max(1));
+        let len = r.length(16 << 10).min(MAX_FILE - off);
+        let data = stamped(len, self.files[k].id, off, self.op as u32);
+        let Ok(fd) = sys::open(&self.files[k].path, libc::O_RDONLY | libc::O_NONBLOCK) else {
+            self.say(format_args!("chattr {k} no open"));
+            return Ok(());
+        };
+        let fd = fd as i32;
+        let mut flags: i32 = 0;
+        // SAFETY: FS_IOC_GETFLAGS/SETFLAGS with an int.
+        let set = unsafe {
+            libc::ioctl(fd, FS_IOC_GETFLAGS, &mut flags);
+            let on = flags | FS_IMMUTABLE_FL;
+            libc::ioctl(fd, FS_IOC_SETFLAGS, &on)
+        };
+        let res = sys::pwrite(self.files[k].rw(), &data, off);
+        // SAFETY: as above.
+        let clear = unsafe {
+            let off_flags = flags & !FS_IMMUTABLE_FL;
+            libc::ioctl(fd, FS_IOC_SETFLAGS, &off_flags)
+        };
+        sys::close(fd);
+        if let Ok(n) = res {
+            self.files[k].model_write(off, &data[..n as usize]);
+        }
+        self.say(format_args!("chattr {k} {set} {clear} {}", show(res)));
+        Ok(())
     }
 
     /// A descriptor of private file `k` of this kind (opened if missing).

@@ -1,0 +1,295 @@
+//! The shim's run report (issue 43; README, "Unmodified programs", run
+//! report): with `MONETA_RUN_REPORT_DIR` set, each shim process writes
+//! `$MONETA_RUN_REPORT_DIR/shim-<pid>.json` when it exits (a forked child
+//! too, counting its own requests), and before each execve
+//! `shim-<pid>-<n>.json` (n = 1, 2, … per exec of that pid; removed again
+//! if the exec fails): requests and bytes of the mount's files served by
+//! the device and by the kernel, per operation, why the kernel served
+//! them, and notes. Written atomically (a temporary file, then rename).
+//! The counters are moneta-client's per-process atomics
+//! ([`moneta_client::file::ROUTES`]); nothing here runs on the IO path.
+//!
+//! Asynchronous IO: libaio's `io_submit` is interposed and each iocb of a
+//! mount file counts as a kernel request (`libaio`); io_uring submissions
+//! cannot be seen (liburing makes raw system calls), so each io_uring
+//! instance open at exit is a note.
+
+use crate::real::real;
+use crate::state::shim;
+use crate::{enter, set_errno};
+use libc::{c_char, c_int, c_long};
+use moneta_client::file::{KernelReason, RouteOp, ROUTES};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The directory reports go to (read once, at the first use).
+fn dir() -> Option<&'static Path> {
+    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        std::env::var_os("MONETA_RUN_REPORT_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    })
+    .as_deref()
+}
+
+/// Read the environment now: a program may change it before it exits.
+pub fn init() {
+    let _ = dir();
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn counts(c: &[moneta_client::file::Count; 3]) -> String {
+    let one = |op: RouteOp| {
+        let (r, b) = c[op as usize].get();
+        format!(
+            "{}:{{\"requests\":{r},\"bytes\":{b}}}",
+            json_string(op.name())
+        )
+    };
+    format!("{{{}}}", RouteOp::ALL.map(one).join(","))
+}
+
+/// io_uring instances this process has open.
+fn io_uring_instances() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| {
+        d.flatten()
+            .filter(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy() == "anon_inode:[io_uring]")
+            })
+            .count()
+    })
+}
+
+/// The report's JSON.
+pub fn render(pid: i32) -> String {
+    let exe = std::fs::read_link("/proc/self/exe")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let argv0 = std::fs::read("/proc/self/cmdline")
+        .ok()
+        .and_then(|c| {
+            c.split(|&b| b == 0)
+                .next()
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+        })
+        .unwrap_or_default();
+    let mut reasons = Vec::new();
+    for why in KernelReason::ALL {
+        for op in RouteOp::ALL {
+            let (r, b) = ROUTES.reasons[why as usize][op as usize].get();
+            if r > 0 || b > 0 {
+                reasons.push(format!(
+                    "{{\"reason\":{},\"op\":{},\"requests\":{r},\"bytes\":{b}}}",
+                    json_string(why.name()),
+                    json_string(op.name())
+                ));
+            }
+        }
+    }
+    let mut notes: Vec<String> = shim().notes.lock().map(|n| n.clone()).unwrap_or_default();
+    let rings = io_uring_instances();
+    if rings > 0 {
+        notes.push(format!(
+            "{rings} io_uring instance(s) open at exit: what they submitted went to the kernel \
+             and is not counted here (io-uring)"
+        ));
+    }
+    format!(
+        "{{\"schema\":\"moneta-shim-report/1\",\"pid\":{pid},\"exe\":{},\"argv0\":{},\
+         \"device\":{},\"kernel\":{},\"kernel_reasons\":[{}],\"notes\":[{}]}}\n",
+        json_string(&exe),
+        json_string(&argv0),
+        counts(&ROUTES.device),
+        counts(&ROUTES.kernel),
+        reasons.join(","),
+        notes
+            .iter()
+            .map(|n| json_string(n))
+            .collect::<Vec<_>>()
+            .join(",")
+    )
+}
+
+/// Write the report as `name` in the report directory, atomically.
+fn write_as(dir: &Path, name: &str, pid: i32) -> Option<PathBuf> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, render(pid)).ok()?;
+    std::fs::rename(&tmp, &path).ok()?;
+    Some(path)
+}
+
+/// At exit: `shim-<pid>.json` (not in a child made without fork handlers,
+/// whose counters are its parent's).
+pub fn at_exit() {
+    let _ = enter(|| {
+        let dir = dir()?;
+        if shim().foreign() {
+            return None;
+        }
+        let pid = std::process::id() as i32;
+        write_as(dir, &format!("shim-{pid}.json"), pid)
+    });
+}
+
+/// Before an execve: `shim-<pid>-<n>.json`, its path (to remove if the
+/// exec fails).
+fn before_exec() -> Option<PathBuf> {
+    enter(|| {
+        let dir = dir()?;
+        if shim().foreign() {
+            return None;
+        }
+        let pid = std::process::id() as i32;
+        let n = (1..)
+            .find(|n| !dir.join(format!("shim-{pid}-{n}.json")).exists())
+            .unwrap_or(1);
+        write_as(dir, &format!("shim-{pid}-{n}.json"), pid)
+    })
+    .flatten()
+}
+
+/// Run an exec with its pre-exec report; it returns only if it failed.
+fn exec_with_report(exec: impl FnOnce() -> c_int) -> c_int {
+    let written = before_exec();
+    let r = exec();
+    // SAFETY: reading this thread's errno right after the call.
+    let errno = unsafe { *libc::__errno_location() };
+    if let Some(p) = written {
+        let _ = enter(|| std::fs::remove_file(p));
+    }
+    set_errno(errno);
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    exec_with_report(|| unsafe { (real().execve)(path, argv, envp) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    exec_with_report(|| unsafe { (real().execv)(path, argv) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    exec_with_report(|| unsafe { (real().execvp)(file, argv) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    exec_with_report(|| unsafe { (real().execvpe)(file, argv, envp) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    exec_with_report(|| unsafe { (real().fexecve)(fd, argv, envp) })
+}
+
+/// libaio's io_submit, if the program links libaio (else the system call).
+fn real_io_submit() -> Option<unsafe extern "C" fn(usize, c_long, *mut *mut u8) -> c_int> {
+    static P: OnceLock<usize> = OnceLock::new();
+    let p = *P.get_or_init(|| {
+        // SAFETY: dlsym with a NUL-terminated name.
+        unsafe { libc::dlsym(libc::RTLD_NEXT, c"io_submit".as_ptr()) as usize }
+    });
+    // SAFETY: libaio's io_submit has this signature.
+    (p != 0).then(|| unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn(usize, c_long, *mut *mut u8) -> c_int>(p)
+    })
+}
+
+/// The iocbs' requests on the mount's files, counted as the kernel's.
+///
+/// # Safety
+/// `iocbs` valid for `n` pointers to struct iocb (io_submit's contract).
+unsafe fn count_iocbs(iocbs: *mut *mut u8, n: usize) {
+    let _ = enter(|| {
+        for i in 0..n {
+            // SAFETY: the caller's promise; struct iocb's layout (uapi/linux/aio_abi.h).
+            let (opcode, fd, buf, nbytes) = unsafe {
+                let cb = *iocbs.add(i);
+                if cb.is_null() {
+                    continue;
+                }
+                (
+                    std::ptr::read_unaligned(cb.add(16) as *const u16),
+                    std::ptr::read_unaligned(cb.add(20) as *const u32) as c_int,
+                    std::ptr::read_unaligned(cb.add(24) as *const u64),
+                    std::ptr::read_unaligned(cb.add(32) as *const u64),
+                )
+            };
+            if shim().get(fd).is_none() {
+                continue;
+            }
+            let vector_bytes = || {
+                (0..nbytes.min(1024) as usize)
+                    // SAFETY: a vectored iocb's buffer is an iovec array of nbytes entries.
+                    .map(|k| unsafe { (*(buf as *const libc::iovec).add(k)).iov_len as u64 })
+                    .sum::<u64>()
+            };
+            let (op, bytes) = match opcode {
+                0 => (RouteOp::Read, nbytes),
+                1 => (RouteOp::Write, nbytes),
+                2 | 3 => (RouteOp::Fsync, 0),
+                7 => (RouteOp::Read, vector_bytes()),
+                8 => (RouteOp::Write, vector_bytes()),
+                _ => continue,
+            };
+            ROUTES.kernel(KernelReason::Libaio, op, bytes);
+        }
+    });
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn io_submit(ctx: usize, nr: c_long, iocbs: *mut *mut u8) -> c_int {
+    let r = match real_io_submit() {
+        // SAFETY: the caller's arguments, passed on.
+        Some(f) => unsafe { f(ctx, nr, iocbs) },
+        None => {
+            // SAFETY: io_submit(2) with the caller's arguments; libaio's
+            // convention: a negative errno on failure.
+            let r = unsafe { libc::syscall(libc::SYS_io_submit, ctx, nr, iocbs) };
+            if r < 0 {
+                // SAFETY: reading this thread's errno.
+                -unsafe { *libc::__errno_location() }
+            } else {
+                r as c_int
+            }
+        }
+    };
+    if r > 0 {
+        // SAFETY: io_submit's contract; the first r were accepted.
+        unsafe { count_iocbs(iocbs, r as usize) };
+    }
+    r
+}
