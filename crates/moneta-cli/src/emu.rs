@@ -625,7 +625,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         let mut w = workload.clone();
         w.groups[0].threads = a.threads * a.qd;
         w.limit = RunLimit::Ops(result.ops.max(1));
-        summary.sim = Some(workload_point(&sim_config, &w)?);
+        summary.compare_with(workload_point(&sim_config, &w)?);
     }
     if !summary.faithful
         && !a.realtime

@@ -14,8 +14,10 @@
 //! Every point carries the verdict of `moneta_emu::fidelity` (issue 21): how
 //! far behind the model it ran (against the simulator's prediction where
 //! there is one) and, when that is beyond the limit, why (more runnable
-//! threads than cores, or a host too slow); a warning on stderr and
-//! `faithful`/`verdict` in the JSON say so for the whole run.
+//! threads than cores, or a host too slow), and a point faster than the
+//! simulator's prediction beyond `fidelity::FASTER_FRACTION` is not
+//! faithful either; a warning on stderr and `faithful`/`verdict` in the
+//! JSON say so for the whole run.
 
 use crate::output::{print_aligned, Format};
 use crate::san_up::load_state;
@@ -173,11 +175,13 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                         (mean_us * 1e3 - r.due_to_seen_ns_mean).max(0.0),
                     ),
                 };
-                let (faithful, verdict) = moneta_emu::fidelity::judge(
+                let (faithful, verdict) = moneta_emu::fidelity::judge_predicted(
                     behind_ns,
                     modeled_ns,
                     r.runnable_mean,
                     moneta_emu::fidelity::cores(),
+                    mean_us * 1e3,
+                    sim_mean_us.map(|us| us * 1e3),
                 );
                 rows.push(Row {
                     locality,
