@@ -158,7 +158,10 @@ mod tests {
         // 8.80 µs predicted: 7.92 µs (10% faster) is the limit.
         assert!(faster_than_model(7_950.0, 8_800.0).is_none());
         let why = faster_than_model(5_090.0, 8_800.0).expect("42% faster");
-        assert!(why.contains("faster than the model by 3.71 µs (42%)"), "{why}");
+        assert!(
+            why.contains("faster than the model by 3.71 µs (42%)"),
+            "{why}"
+        );
         // Slower than predicted is lateness's business, not this check's.
         assert!(faster_than_model(20_000.0, 8_800.0).is_none());
         // Without a prediction only lateness counts.
