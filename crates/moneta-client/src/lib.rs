@@ -20,7 +20,7 @@
 mod client;
 pub mod file;
 
-pub use client::{CompletionMode, Io, LocalPlane, Moneta};
+pub use client::{CompletionMode, Io, LocalPlane, Moneta, RUN_ID_ENV};
 pub use file::MonetaFile;
 pub use moneta_abi::channel::ResultCode;
 pub use moneta_abi::control::DirectAccess;
