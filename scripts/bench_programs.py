@@ -21,7 +21,10 @@ sides:
 fio rows also carry the simulator's prediction of the same comparison:
 Moneta-D's direct stack against the Moneta kernel stack with a file system
 (`moneta sim run --set host.stack=direct` / `host.stack=2q
-host.file_system=true`, one thread, QD1). Prints tables and writes JSON.
+host.file_system=true`, one thread, QD1). Every direct-path cell also
+carries its run's report (`moneta run --report`): the verdict, the share of
+the bytes the device served, and whether most of them bypassed it. Prints
+tables and writes JSON.
 
     python3 scripts/bench_programs.py [--seconds 3] [--suites fio,sqlite,bdb,growth]
                                       [--sides direct,device,loop,transport]
@@ -51,6 +54,28 @@ def run(cmd, **kw):
     return r.stdout
 
 
+# Where `moneta run --report` writes the direct side's last run.
+REPORT = os.path.join(tempfile.gettempdir(), f"moneta-bench-run-{os.getpid()}.json")
+
+
+def run_verdict(prefix):
+    """The verdict of the last `moneta run` with `prefix` (empty for the
+    kernel sides): its verdict, the device's share of the bytes, and the
+    bypass warning."""
+    if "--report" not in prefix:
+        return {}
+    try:
+        with open(REPORT) as f:
+            r = json.load(f)
+        os.remove(REPORT)
+    except (OSError, ValueError) as e:
+        return {"verdict": f"no run report: {e}"}
+    share = r.get("kernel_share")
+    return {"verdict": r["verdict"], "faithful": r["faithful"],
+            "device_share": None if share is None else 1.0 - share,
+            "mostly_bypassed": r["mostly_bypassed"]}
+
+
 def fio(prefix, path, rw, bs, seconds, direct):
     out = run(prefix + [
         "fio", "--name=bench", f"--filename={path}", "--ioengine=psync",
@@ -60,7 +85,8 @@ def fio(prefix, path, rw, bs, seconds, direct):
     ])
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["read"] if rw == "randread" else job["write"]
-    return {"iops": side["iops"], "latency_us_mean": side["clat_ns"]["mean"] / 1e3}
+    return {"iops": side["iops"], "latency_us_mean": side["clat_ns"]["mean"] / 1e3,
+            **run_verdict(prefix)}
 
 
 def sqlite_scripts(rows, transactions):
@@ -88,13 +114,13 @@ def sqlite(prefix, db, setup, updates, transactions):
     seconds = time.monotonic() - t0
     if out.strip() != "ok":
         sys.exit(f"bench_programs: sqlite integrity check said {out!r}")
-    return {"transactions_per_s": transactions / seconds}
+    return {"transactions_per_s": transactions / seconds, **run_verdict(prefix)}
 
 
 def bdb(prefix, program, directory, kind, transactions):
     os.makedirs(directory)
     out = run(prefix + [program, directory, kind, "20000", str(transactions), "1"])
-    return json.loads(out)
+    return {**json.loads(out), **run_verdict(prefix)}
 
 
 def timed(cmd, **kw):
@@ -200,12 +226,17 @@ def growth(sides, repeats):
         rows = []
         for name, what, go in growth_workloads(work):
             times = {side: [] for side, _, _ in sides}
+            verdicts = {}
             for _ in range(repeats):
                 # Alternate, so drift on a shared machine hits every side alike.
                 for side, prefix, mount in sides:
                     times[side].append(go(prefix, mount))
+                    v = run_verdict(prefix)
+                    if v:
+                        verdicts[side] = v  # the last repeat's
             rows.append({"workload": name, "what": what,
-                         "seconds": {side: sorted(t)[repeats // 2] for side, t in times.items()}})
+                         "seconds": {side: sorted(t)[repeats // 2] for side, t in times.items()},
+                         "verdicts": verdicts})
         return rows
     finally:
         subprocess.run(["rm", "-rf", work], check=True)
@@ -234,6 +265,18 @@ SIDES = {
 }
 
 
+def print_verdicts(cells):
+    """Under a row: each direct-path cell's verdict and device share."""
+    for side, c in cells.items():
+        if "verdict" not in c:
+            continue
+        share = c.get("device_share")
+        loud = "  MOST OF ITS IO BYPASSED THE DEVICE" if c.get("mostly_bypassed") else ""
+        print(f"    {side}: device share "
+              + ("-" if share is None else f"{share * 100:.0f}%")
+              + f"; verdict: {c['verdict']}{loud}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=int, default=3)
@@ -260,7 +303,7 @@ def main():
         main_mount = bring_up("main", a.preset, "loop") if {"direct", "loop"} & set(wanted) else None
         device_mount = bring_up("device", a.preset, "device") if "device" in wanted else None
         null_mount = bring_up("null", "null", "device") if "transport" in wanted else None
-        shim = [MONETA, "run", "--mount", main_mount or "", "--"]
+        shim = [MONETA, "run", "--mount", main_mount or "", "--report", REPORT, "--"]
         all_sides = {"direct": (shim, main_mount), "device": ([], device_mount),
                      "loop": ([], main_mount), "transport": ([], null_mount)}
         sides = [(SIDES[w], *all_sides[w]) for w in wanted]
@@ -292,7 +335,8 @@ def main():
                     for i, (side, prefix, m) in enumerate(sides)}
             if len({r["checksum"] for r in runs.values()}) != 1:
                 sys.exit(f"bench_programs: Berkeley DB {kind} contents differ between sides")
-            results["bdb"][kind] = {side: r["transactions_per_s"] for side, r in runs.items()}
+            results["bdb"][kind] = {
+                side: {k: r[k] for k in r if k != "checksum"} for side, r in runs.items()}
         if "bdb" in suites:
             os.remove(program)
         if "growth" in suites:
@@ -311,17 +355,21 @@ def main():
         cells = "".join(f"{r[n]['latency_us_mean']:>12.2f} ({r[n]['iops']:>8.0f})" for n in names)
         p = r["predicted_us"]
         print(f"fio {r['rw']:<9} {r['bs']:>4} B{cells}{p['direct']:>13.2f}{p['kernel']:>16.2f}")
+        print_verdicts({n: r[n] for n in names})
     if results["sqlite"]:
         print("sqlite3 5-update transactions/s: " + ", ".join(
             f"{n} {v['transactions_per_s']:.0f}" for n, v in results["sqlite"].items()))
+        print_verdicts(results["sqlite"])
     for kind, v in results["bdb"].items():
         print(f"Berkeley DB {kind} transactions/s: "
-              + ", ".join(f"{n} {t:.0f}" for n, t in v.items()))
+              + ", ".join(f"{n} {t['transactions_per_s']:.0f}" for n, t in v.items()))
+        print_verdicts(v)
     if results["growth"]:
         print(f"growth, seconds (median of {a.repeats}, alternating):")
         for g in results["growth"]:
             print(f"  {g['workload']:<26}" + "".join(
                 f"  {n} {t:.3f}" for n, t in g["seconds"].items()) + f"   ({g['what']})")
+            print_verdicts(g["verdicts"])
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

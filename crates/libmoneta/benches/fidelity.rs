@@ -61,6 +61,10 @@ struct Outcome {
     /// How long after their model time completions were posted.
     lateness_ns_mean: f64,
     within: bool,
+    /// The emulator's verdict on the point (`moneta_abi::fidelity`): late
+    /// beyond its limit, or faster than the simulator beyond its tolerance.
+    faithful: bool,
+    verdict: String,
 }
 
 fn main() {
@@ -190,6 +194,9 @@ fn print_row(o: &Outcome) {
         o.lateness_ns_mean,
         if o.within { "yes" } else { "no" }
     );
+    if !o.faithful {
+        println!("    verdict: {}", o.verdict);
+    }
 }
 
 /// Simulate `case` (the device alone) and measure it on the emulator.
@@ -240,6 +247,14 @@ fn measure(case: &Case, duration_ns: u64) -> Outcome {
     let measured_latency_us = r.latency.mean_ns() / 1e3;
     let latency_error = measured_latency_us / sim.latency_us_mean - 1.0;
     let bandwidth_error = r.bandwidth_mb_per_s() / sim.bandwidth_mb_per_s - 1.0;
+    let (faithful, verdict) = moneta_abi::fidelity::judge_predicted(
+        r.due_to_seen_ns_mean,
+        sim.latency_us_mean * 1e3,
+        r.runnable_mean,
+        moneta_abi::fidelity::cores(),
+        r.latency.mean_ns(),
+        Some(sim.latency_us_mean * 1e3),
+    );
     Outcome {
         label: case.label.clone(),
         size_bytes: case.size,
@@ -254,5 +269,7 @@ fn measure(case: &Case, duration_ns: u64) -> Outcome {
         accept_delay_ns_mean: after.accept_delay_ns_mean,
         lateness_ns_mean: after.lateness_ns_mean,
         within: latency_error.abs() <= TOLERANCE && bandwidth_error.abs() <= TOLERANCE,
+        faithful,
+        verdict,
     }
 }

@@ -443,6 +443,23 @@ impl BenchSummary {
             realtime: r.realtime,
         }
     }
+
+    /// Hold the result to the simulator's prediction for the same
+    /// configuration (`--compare-sim`): a mean faster than `sim`'s beyond
+    /// the tolerance is not faithful either
+    /// ([`moneta_abi::fidelity::judge_predicted`]).
+    pub fn compare_with(&mut self, sim: PointSummary) {
+        if let Some(text) = moneta_abi::fidelity::faster_than_model(
+            self.latency_us_mean * 1e3,
+            sim.latency_us_mean * 1e3,
+        ) {
+            self.faithful = false;
+            self.verdict = text;
+            self.fidelity.faithful = false;
+            self.fidelity.verdict = self.verdict.clone();
+        }
+        self.sim = Some(sim);
+    }
 }
 
 /// The options of the benchmark binaries (`benches/overhead.rs`,

@@ -22,5 +22,5 @@ mod embedded;
 pub use embedded::{attach, embedded};
 pub use moneta_client::{
     file, CompletionMode, DirectAccess, EmuError, ErrorKind, Io, LocalPlane, Moneta, MonetaFile,
-    ResultCode,
+    ResultCode, RUN_ID_ENV,
 };

@@ -751,6 +751,7 @@ fn malformed_file_requests_get_errors() {
     });
     let hello = Request::Hello {
         version: moneta_emu::control::PROTOCOL_VERSION,
+        run: None,
     };
     assert!(matches!(
         plane.handle(&mut session, hello).0,

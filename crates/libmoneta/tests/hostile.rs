@@ -233,6 +233,7 @@ impl RawChannel {
             &mut session,
             Request::Hello {
                 version: PROTOCOL_VERSION,
+                run: None,
             },
         );
         assert!(matches!(response, Response::Channel(_)), "{response:?}");

@@ -24,6 +24,18 @@ use serde::{Deserialize, Serialize};
 use std::os::fd::{OwnedFd, RawFd};
 
 pub const PROTOCOL_VERSION: u32 = 3;
+/// Longest run id a hello may carry.
+pub const MAX_RUN_ID_BYTES: usize = 64;
+
+/// Whether `id` is a run id a hello may carry.
+pub fn valid_run_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_RUN_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
 /// Largest frame either side accepts.
 pub const MAX_FRAME_BYTES: usize = 64 << 10;
 
@@ -33,6 +45,12 @@ pub enum Request {
     /// Open a channel for this connection (first message).
     Hello {
         version: u32,
+        /// The run this client belongs to (`moneta run` sets
+        /// `MONETA_RUN_ID`): its counters are kept under it after the
+        /// connection ends (`stats` with `run`). At most
+        /// [`MAX_RUN_ID_BYTES`] of `A-Za-z0-9._-`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run: Option<String>,
     },
     /// Grant a raw device range to this channel (daemon owner only).
     GrantRaw {
@@ -47,7 +65,15 @@ pub enum Request {
         len: u64,
         write: bool,
     },
-    Stats {},
+    /// The device's statistics; with `run`, also that run's clients'
+    /// counters (connections of the asker's uid; the owner sees every
+    /// run), with `channel`, one open channel's.
+    Stats {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        channel: Option<u16>,
+    },
     /// Grant the file whose descriptor is attached (SCM_RIGHTS) to this
     /// channel (SPEC §3.4); the descriptor's access mode decides the bits.
     OpenFile {},

@@ -3,7 +3,8 @@
 //! benchmarks' device counters). The daemon fills these in: the device
 //! thread ([`EngineStats`]), the control plane's file grants
 //! ([`FileTableStats`]) and a SAN node's port ([`PortStats`]); clients only
-//! read them.
+//! read them. [`ClientStats`] are one client's share (`moneta stats --run`,
+//! `moneta run`'s report): the requests of the channels of one run.
 
 use std::collections::BTreeMap;
 
@@ -81,6 +82,102 @@ pub struct EngineStats {
     /// A SAN node's network port.
     #[serde(default)]
     pub san: Option<PortStats>,
+    /// The client a `stats` request asked about (`run` or `channel`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<ClientStats>,
+}
+
+/// One operation's requests a client's channels completed on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OpStats {
+    pub requests: u64,
+    pub bytes: u64,
+    /// Modeled device time (accepted until model completion), summed, and
+    /// the largest.
+    pub device_ns_sum: u64,
+    pub device_ns_max: u64,
+    /// Posted after the model time (the daemon side of the verdict).
+    pub lateness_ns_sum: u64,
+    pub lateness_ns_max: u64,
+}
+
+impl OpStats {
+    pub fn record(&mut self, bytes: u64, device_ns: u64, lateness_ns: u64) {
+        self.requests += 1;
+        self.bytes += bytes;
+        self.device_ns_sum = self.device_ns_sum.saturating_add(device_ns);
+        self.device_ns_max = self.device_ns_max.max(device_ns);
+        self.lateness_ns_sum = self.lateness_ns_sum.saturating_add(lateness_ns);
+        self.lateness_ns_max = self.lateness_ns_max.max(lateness_ns);
+    }
+
+    pub fn merge(&mut self, o: &OpStats) {
+        self.requests += o.requests;
+        self.bytes += o.bytes;
+        self.device_ns_sum = self.device_ns_sum.saturating_add(o.device_ns_sum);
+        self.device_ns_max = self.device_ns_max.max(o.device_ns_max);
+        self.lateness_ns_sum = self.lateness_ns_sum.saturating_add(o.lateness_ns_sum);
+        self.lateness_ns_max = self.lateness_ns_max.max(o.lateness_ns_max);
+    }
+
+    pub fn device_ns_mean(&self) -> f64 {
+        self.device_ns_sum as f64 / self.requests.max(1) as f64
+    }
+
+    pub fn lateness_ns_mean(&self) -> f64 {
+        self.lateness_ns_sum as f64 / self.requests.max(1) as f64
+    }
+}
+
+/// What one client's channels did on the device: per channel while it is
+/// open (the device thread keeps it), and per run (the control plane folds
+/// in every channel of the run's connections as they end).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClientStats {
+    /// The run id the connections gave at hello (`MONETA_RUN_ID`), if any.
+    #[serde(default)]
+    pub run: Option<String>,
+    /// Connections counted, and of them still open.
+    pub connections: u64,
+    pub open: u64,
+    pub read: OpStats,
+    pub write: OpStats,
+    /// Requests the device refused (any result code but ok).
+    pub refused: u64,
+    /// The verdict on the device side (`fidelity::judge`: lateness against
+    /// the modeled device time); empty before the first request.
+    #[serde(default)]
+    pub faithful: bool,
+    #[serde(default)]
+    pub verdict: String,
+}
+
+impl ClientStats {
+    pub fn merge(&mut self, o: &ClientStats) {
+        self.connections += o.connections;
+        self.open += o.open;
+        self.read.merge(&o.read);
+        self.write.merge(&o.write);
+        self.refused += o.refused;
+    }
+
+    /// Both operations together.
+    pub fn total(&self) -> OpStats {
+        let mut t = self.read;
+        t.merge(&self.write);
+        t
+    }
+
+    /// Fill in the verdict from the counters.
+    pub fn judge(&mut self, runnable: f64, cores: usize) {
+        let t = self.total();
+        if t.requests == 0 {
+            (self.faithful, self.verdict) = (true, String::new());
+            return;
+        }
+        (self.faithful, self.verdict) =
+            crate::fidelity::judge(t.lateness_ns_mean(), t.device_ns_mean(), runnable, cores);
+    }
 }
 
 /// Statistics for `moneta stats`.

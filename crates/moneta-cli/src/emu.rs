@@ -639,7 +639,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         let mut w = workload.clone();
         w.groups[0].threads = a.threads * a.qd;
         w.limit = RunLimit::Ops(result.ops.max(1));
-        summary.sim = Some(workload_point(&sim_config, &w)?);
+        summary.compare_with(workload_point(&sim_config, &w)?);
     }
     if !summary.faithful
         && !a.realtime
@@ -761,9 +761,35 @@ fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
     }
 }
 
-pub fn stats(socket: &Path) -> Result<(), String> {
-    let m = Moneta::connect(socket).map_err(|e| e.to_string())?;
-    let s = m.stats().map_err(|e| e.to_string())?;
+#[derive(Args)]
+pub struct StatsArgs {
+    /// The daemon's socket [default: the --mount's daemon, else /tmp/monetad.sock].
+    #[arg(long, conflicts_with = "mount")]
+    daemon: Option<PathBuf>,
+    /// The daemon of the `moneta up` mount at this directory.
+    #[arg(long)]
+    mount: Option<PathBuf>,
+    /// Also one run's clients' counters (`client`): the MONETA_RUN_ID their
+    /// connections gave (`moneta run` prints its run id).
+    #[arg(long, conflicts_with = "channel")]
+    run: Option<String>,
+    /// Also one open channel's counters (the daemon's owner: any channel).
+    #[arg(long)]
+    channel: Option<u16>,
+}
+
+/// `moneta stats`: the daemon's counters as JSON (with `client` for --run
+/// or --channel).
+pub fn stats(a: StatsArgs) -> Result<(), String> {
+    let socket = match (&a.daemon, &a.mount) {
+        (Some(d), _) => d.clone(),
+        (None, Some(mount)) => crate::mount::running(mount)?.0,
+        (None, None) => PathBuf::from(DEFAULT_SOCKET),
+    };
+    let m = Moneta::connect(&socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let s = m
+        .stats_of(a.run.as_deref(), a.channel)
+        .map_err(|e| e.to_string())?;
     crate::output::print_json(&s)
 }
 
@@ -772,15 +798,97 @@ pub struct RunArgs {
     /// The Moneta mount (from `moneta up`).
     #[arg(long, default_value = "/mnt/moneta")]
     mount: PathBuf,
+    /// Also write the run's report as JSON here.
+    #[arg(long)]
+    report: Option<PathBuf>,
     /// The program and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
 
-/// `moneta run -- CMD ARGS`: exec CMD with the shim preloaded and pointed at
-/// the mount's daemon. The shim sits next to this binary.
+/// The child `moneta run` waits for: signals sent to `moneta run` by
+/// another process are passed on to it.
+static CHILD: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn forward_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+    let code = unsafe { (*info).si_code };
+    // A terminal's signal (SI_KERNEL) reached the child's process group
+    // too: passing it on would deliver it twice.
+    let child = CHILD.load(Ordering::Acquire);
+    if code != libc::SI_KERNEL && child > 0 {
+        // SAFETY: kill(2) is async-signal-safe.
+        unsafe { libc::kill(child, sig) };
+    }
+}
+
+fn forward_signals() {
+    for sig in [
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+    ] {
+        // SAFETY: a zeroed sigaction with a handler that only calls
+        // async-signal-safe functions.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = forward_signal as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(sig, &action, std::ptr::null_mut());
+        }
+    }
+}
+
+/// A private directory for the shim's reports, removed on drop.
+struct ReportDir(PathBuf);
+
+impl ReportDir {
+    fn create() -> Result<ReportDir, String> {
+        let template = std::env::temp_dir().join("moneta-run-XXXXXX");
+        let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())
+            .map_err(|e| e.to_string())?
+            .into_bytes_with_nul();
+        // SAFETY: mkdtemp rewrites the NUL-terminated template in place
+        // (mode 0700).
+        let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
+        if made.is_null() {
+            return Err(format!(
+                "creating the report directory: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        bytes.pop();
+        Ok(ReportDir(PathBuf::from(
+            String::from_utf8(bytes).map_err(|e| e.to_string())?,
+        )))
+    }
+}
+
+impl Drop for ReportDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Flush the file system at `mount` (so the loop device's counters hold
+/// what the kernel had cached).
+fn syncfs(mount: &Path) {
+    if let Ok(f) = std::fs::File::open(mount) {
+        // SAFETY: syncfs(2) on a descriptor this function owns.
+        unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)) };
+    }
+}
+
+/// `moneta run -- CMD ARGS`: run CMD with the shim preloaded and pointed at
+/// the mount's daemon (the shim sits next to this binary), pass signals on,
+/// report what it did at its exit (crate::run_report) and exit with its
+/// status (128 + the signal that killed it).
 pub fn run_program(a: RunArgs) -> Result<(), String> {
-    use std::os::unix::process::CommandExt;
+    use std::os::unix::process::ExitStatusExt;
     let (socket, mount) = crate::mount::running(&a.mount)?;
     let exe = std::env::current_exe().map_err(|e| format!("locating moneta: {e}"))?;
     let shim = exe.with_file_name("libmoneta_preload.so");
@@ -794,11 +902,76 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
         Ok(other) if !other.is_empty() => format!("{}:{other}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let err = std::process::Command::new(&a.command[0])
+    let started = std::time::Instant::now();
+    let run_id = format!(
+        "run-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let dir = ReportDir::create()?;
+    let loop_device = crate::mount::loop_device_of(&mount);
+    syncfs(&mount);
+    let block_before = loop_device
+        .as_deref()
+        .and_then(crate::run_report::BlockStat::read);
+    forward_signals();
+    let mut child = std::process::Command::new(&a.command[0])
         .args(&a.command[1..])
         .env("LD_PRELOAD", preload)
         .env("MONETA_SOCKET", &socket)
         .env("MONETA_MOUNT", &mount)
-        .exec();
-    Err(format!("running {}: {err}", a.command[0]))
+        .env(moneta::RUN_ID_ENV, &run_id)
+        .env("MONETA_RUN_REPORT_DIR", &dir.0)
+        .spawn()
+        .map_err(|e| format!("running {}: {e}", a.command[0]))?;
+    CHILD.store(child.id() as i32, Ordering::Release);
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for {}: {e}", a.command[0]))?;
+    CHILD.store(0, Ordering::Release);
+    let exit_status = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    let elapsed_s = started.elapsed().as_secs_f64();
+    syncfs(&mount);
+    let kernel_block = match (loop_device.as_deref(), block_before) {
+        (Some(dev), Some(before)) => {
+            crate::run_report::BlockStat::read(dev).map(|after| after.since(&before))
+        }
+        _ => None,
+    };
+    let device = Moneta::connect(&socket)
+        .and_then(|m| m.stats_of(Some(&run_id), None))
+        .map(|s| s.client.unwrap_or_default());
+    let (device, mut problems) = match device {
+        Ok(d) => (d, Vec::new()),
+        Err(e) => (
+            moneta_abi::stats::ClientStats::default(),
+            vec![format!("the daemon's counters for the run: {e}")],
+        ),
+    };
+    let (reports, more) = crate::run_report::read_shim_reports(&dir.0);
+    problems.extend(more);
+    let report = crate::run_report::build(crate::run_report::Inputs {
+        run_id: &run_id,
+        command: &a.command,
+        mount: &mount,
+        exit_status,
+        elapsed_s,
+        child_pid: child.id(),
+        device,
+        reports,
+        problems,
+        loop_device,
+        kernel_block,
+    });
+    eprintln!("{}", crate::run_report::render(&report));
+    if let Some(path) = &a.report {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    drop(dir);
+    std::process::exit(exit_status);
 }

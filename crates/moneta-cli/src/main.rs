@@ -21,6 +21,7 @@ mod nvmm;
 mod output;
 mod plot;
 mod report;
+mod run_report;
 mod san;
 mod san_bench;
 mod san_chaos;
@@ -79,11 +80,9 @@ enum Command {
     /// the device (LD_PRELOAD libmoneta_preload.so).
     Run(emu::RunArgs),
     /// A running monetad's device counters (channels, requests, errors,
-    /// protection lookups, timing precision) as JSON.
-    Stats {
-        #[arg(long, default_value = emu::DEFAULT_SOCKET)]
-        daemon: PathBuf,
-    },
+    /// protection lookups, timing precision) as JSON; with --run or
+    /// --channel also one client's (`client`).
+    Stats(emu::StatsArgs),
     /// Configuration files: print one to start from.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -427,7 +426,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Serve(a) => emu::serve(*a),
         Command::ServeGroup(a) => emu::serve_group(a),
         Command::Bench(a) => emu::run_bench(*a),
-        Command::Stats { daemon } => emu::stats(&daemon),
+        Command::Stats(a) => emu::stats(a),
         Command::Up(a) => mount::up(*a),
         Command::Down(a) => mount::down(a),
         Command::Status(a) => mount::status(a),

@@ -367,6 +367,13 @@ pub fn running(mount: &Path) -> Result<(PathBuf, PathBuf), String> {
     Ok((state.socket, inst.mount))
 }
 
+/// The loop device under the instance mounted at `mount` (`moneta run`
+/// reads its counters), if it is up.
+pub fn loop_device_of(mount: &Path) -> Option<PathBuf> {
+    let inst = Instance::for_mount(mount).ok()?;
+    read_state(&inst).map(|s| s.loop_device)
+}
+
 /// A state.json that cannot be read counts as absent: the pieces are found
 /// without it.
 fn read_state(inst: &Instance) -> Option<State> {

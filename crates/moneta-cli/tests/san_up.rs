@@ -1795,3 +1795,91 @@ fn contradictory_resolves_of_one_split_brain_are_decided_once() {
     let writes: Vec<u64> = writers.into_iter().map(|t| t.join().unwrap()).collect();
     eprintln!("writer attempts meanwhile: {writes:?}");
 }
+
+/// The SAN's twin (as `engine/twin.rs` holds one device to the simulator):
+/// the emulated QuickSAN-D path of a mirrored three-node SAN, local and
+/// remote reads and writes one at a time through node 0, against the
+/// simulator's prediction for the same SAN (`san bench`). The prediction is
+/// the SAN model's with the device and network modeled and the host's
+/// software left to the real library (`san sim latency --set
+/// host.stack=raw`: the same numbers), and a remote point has no copy on
+/// node 0 on both sides. A busy host only delays requests, so the median
+/// of each point may not fall below the prediction by more than the
+/// verdict's tolerance (`fidelity::FASTER_FRACTION`): that cannot flake
+/// on load; how far above it a loaded host ran is printed, not asserted.
+#[test]
+fn the_emulated_san_path_holds_to_its_simulation() {
+    assert!(root(), "needs root: network namespaces for the SAN");
+    // Names are at most 8 characters (they are part of link names).
+    let san = San(format!("directx{}", std::process::id() % 10));
+    ok(&moneta(&[
+        "san", "up", "--nodes", "3", "--mirror", "--size", "64M", "--name", &san.0,
+    ]));
+    let bench = ok(&moneta(&[
+        "san", "bench", "--name", &san.0, "--ops", "2000", "--format", "json",
+    ]));
+    let b: serde_json::Value = serde_json::from_str(&bench).expect("san bench JSON");
+    // The simulator alone, for the same SAN shape (unmirrored reads are
+    // the same requests: the copy read is the primary).
+    let sim = ok(&moneta(&[
+        "san",
+        "sim",
+        "latency",
+        "--interfaces",
+        "quicksan-d",
+        "--nodes",
+        "3",
+        "--set",
+        "host.stack=raw",
+        "--format",
+        "json",
+    ]));
+    let sim: serde_json::Value = serde_json::from_str(&sim).expect("san sim JSON");
+    let sim_rows = sim
+        .as_array()
+        .or_else(|| sim["rows"].as_array())
+        .expect("rows");
+    let points: Vec<&serde_json::Value> = b["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["qd"] == 1)
+        .collect();
+    assert_eq!(points.len(), 4, "local and remote, read and write: {b:#}");
+    for r in points {
+        let (locality, op) = (r["locality"].as_str().unwrap(), r["op"].as_str().unwrap());
+        let predicted = r["sim_mean_us"]
+            .as_f64()
+            .expect("a prediction per QD1 point");
+        let p50 = r["p50_us"].as_f64().unwrap();
+        let mean = r["mean_us"].as_f64().unwrap();
+        eprintln!(
+            "{locality} {op}: emulated p50 {p50:.2} µs, mean {mean:.2} µs; simulated {predicted:.2} µs \
+             (p50 {:.2}x); {}",
+            p50 / predicted,
+            r["verdict"]
+        );
+        if op == "read" {
+            let alone = sim_rows
+                .iter()
+                .find(|s| s["locality"] == locality && s["op"] == op)
+                .and_then(|s| s["latency_us_mean"].as_f64())
+                .expect("san sim latency row");
+            assert!(
+                (alone - predicted).abs() <= 0.02 * alone,
+                "{locality} read: the bench predicts {predicted:.2} µs, san sim latency {alone:.2} µs"
+            );
+        }
+        let floor = predicted * (1.0 - moneta_emu::fidelity::FASTER_FRACTION);
+        assert!(
+            p50 >= floor,
+            "{locality} {op}: the emulated SAN path ran faster than its simulation: \
+             p50 {p50:.2} µs against {predicted:.2} µs predicted (floor {floor:.2} µs)"
+        );
+        let verdict = r["verdict"].as_str().unwrap();
+        assert!(
+            !verdict.contains("faster than the model") || mean < floor,
+            "{verdict}"
+        );
+    }
+}

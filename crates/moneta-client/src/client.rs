@@ -272,6 +272,10 @@ struct Inner {
     _keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
 
+/// The environment variable that names a run (`moneta run` sets it): sent
+/// at hello, so the daemon counts this process's requests under it.
+pub const RUN_ID_ENV: &str = "MONETA_RUN_ID";
+
 /// A channel to an emulated Moneta. Cheap to clone; thread-safe.
 #[derive(Clone)]
 pub struct Moneta {
@@ -366,8 +370,14 @@ impl Moneta {
         mut control: Control,
         keep_alive: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Result<Moneta, EmuError> {
+        // `moneta run` names its run: the daemon keeps this connection's
+        // counters under it (a malformed id is left out, not sent).
+        let run = std::env::var(RUN_ID_ENV)
+            .ok()
+            .filter(|id| control::valid_run_id(id));
         let hello = Request::Hello {
             version: control::PROTOCOL_VERSION,
+            run,
         };
         let (info, fds) = match control.call_with_fds(hello, None)? {
             (Response::Channel(info), fds) => (info, fds),
@@ -565,7 +575,22 @@ impl Moneta {
     }
 
     pub fn stats(&self) -> Result<EngineStats, EmuError> {
-        match self.call(Request::Stats {})? {
+        self.stats_of(None, None)
+    }
+
+    /// [`Moneta::stats`], with one run's clients' counters (`run`: the
+    /// `MONETA_RUN_ID` their connections gave) or one open channel's in
+    /// `client`.
+    pub fn stats_of(
+        &self,
+        run: Option<&str>,
+        channel: Option<u16>,
+    ) -> Result<EngineStats, EmuError> {
+        let request = Request::Stats {
+            run: run.map(str::to_string),
+            channel,
+        };
+        match self.call(request)? {
             Response::Stats(s) => Ok(*s),
             other => Err(EmuError::new(
                 ErrorKind::Protocol,

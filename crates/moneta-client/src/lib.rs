@@ -20,7 +20,7 @@
 mod client;
 pub mod file;
 
-pub use client::{CompletionMode, Io, LocalPlane, Moneta, OWN_FD_FLOOR};
+pub use client::{CompletionMode, Io, LocalPlane, Moneta, OWN_FD_FLOOR, RUN_ID_ENV};
 pub use file::MonetaFile;
 pub use moneta_abi::channel::ResultCode;
 pub use moneta_abi::control::DirectAccess;

@@ -11,6 +11,14 @@
 //! which clients depend on without the engine; it is re-exported here.
 //! Every message is untrusted: a malformed frame, a request before `hello`,
 //! or one the peer may not make gets an `error` reply and changes nothing.
+//!
+//! Per client (README "monetad and the control protocol", `moneta stats
+//! --run`): the device thread counts each channel's requests
+//! (`moneta_abi::stats::ClientStats`); a connection that named a run at
+//! hello (`MONETA_RUN_ID`, set by `moneta run`) has them folded into that
+//! run's record when it ends, so the run's report outlives its processes.
+//! At most [`MAX_RUNS`] runs are kept (the oldest goes first); a peer sees
+//! the runs of its own uid, the daemon's owner every run.
 
 use crate::engine::{raw_record, Engine};
 use crate::file_table::{ChangeOwner, FileTable};
@@ -25,6 +33,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Runs whose counters the plane keeps after their connections ended.
+pub const MAX_RUNS: usize = 256;
 
 /// Layout changes one session may announce at once.
 pub const MAX_CHANGES_PER_SESSION: usize = 64;
@@ -41,6 +52,8 @@ pub struct Session {
     /// Layout changes this session announced and has not ended: token → inode.
     changes: BTreeMap<u64, InodeId>,
     last_token: u64,
+    /// The run its hello named, if any.
+    run: Option<String>,
 }
 
 impl Session {
@@ -54,6 +67,7 @@ impl Session {
             last_file_id: 0,
             changes: BTreeMap::new(),
             last_token: 0,
+            run: None,
         }
     }
 }
@@ -73,6 +87,40 @@ pub struct ControlPlane {
     /// image (the nbdfuse file of `moneta up --kernel-path device`): a file
     /// system on a loop device over it is granted as one over the image.
     image_alias: Mutex<Option<std::path::PathBuf>>,
+    /// Per run: its open channels, and what its ended connections did.
+    runs: Mutex<Runs>,
+}
+
+/// The runs the plane counts, by (uid, run id), oldest first.
+#[derive(Default)]
+struct Runs {
+    order: std::collections::VecDeque<(u32, String)>,
+    by_run: HashMap<(u32, String), RunRecord>,
+}
+
+#[derive(Default)]
+struct RunRecord {
+    open_channels: BTreeSet<u16>,
+    ended: moneta_abi::stats::ClientStats,
+}
+
+impl Runs {
+    fn record(&mut self, key: (u32, String)) -> &mut RunRecord {
+        if !self.by_run.contains_key(&key) {
+            if self.order.len() >= MAX_RUNS {
+                // The oldest run without open channels goes; if every kept
+                // run is live, the oldest.
+                let at = (0..self.order.len())
+                    .find(|&i| self.by_run[&self.order[i]].open_channels.is_empty())
+                    .unwrap_or(0);
+                if let Some(old) = self.order.remove(at) {
+                    self.by_run.remove(&old);
+                }
+            }
+            self.order.push_back(key.clone());
+        }
+        self.by_run.entry(key).or_default()
+    }
 }
 
 impl ControlPlane {
@@ -84,6 +132,7 @@ impl ControlPlane {
             grants: Mutex::new(HashMap::new()),
             san_faults: Mutex::new(None),
             image_alias: Mutex::new(None),
+            runs: Mutex::new(Runs::default()),
         }
     }
 
@@ -163,7 +212,7 @@ impl ControlPlane {
         request: Request,
         fd: Option<OwnedFd>,
     ) -> Result<(Response, Option<Arc<ChannelMemory>>), EmuError> {
-        if let Request::Hello { version } = request {
+        if let Request::Hello { version, run } = request {
             if version != PROTOCOL_VERSION {
                 return Err(EmuError::new(
                     ErrorKind::Protocol,
@@ -176,8 +225,26 @@ impl ControlPlane {
                     "this connection already has a channel",
                 ));
             }
+            if let Some(id) = &run {
+                if !valid_run_id(id) {
+                    return Err(EmuError::new(
+                        ErrorKind::Protocol,
+                        format!("a run id is 1 to {MAX_RUN_ID_BYTES} characters of A-Za-z0-9._-"),
+                    ));
+                }
+            }
             let (channel, memory) = self.engine.create_channel()?;
             session.channel = Some(channel);
+            if let Some(id) = &run {
+                let key = (session.peer.uid, id.clone());
+                self.runs
+                    .lock()
+                    .expect("runs")
+                    .record(key)
+                    .open_channels
+                    .insert(channel);
+            }
+            session.run = run;
             self.files.session_started(session.id, session.peer.pid);
             let c = self.engine.config();
             let info = ChannelInfo {
@@ -273,10 +340,19 @@ impl ControlPlane {
                     })?;
                 Ok((Response::Granted(extent), None))
             }
-            Request::Stats {} => {
+            Request::Stats { run, channel } => {
                 let mut stats = self.engine.stats()?;
                 stats.files = self.files.stats();
                 stats.guard = self.files.guard();
+                stats.client = match (run, channel) {
+                    (Some(run), _) => Some(self.run_stats(session, &run)?),
+                    (None, Some(c)) => Some(self.channel_stats(session, c)?),
+                    (None, None) => None,
+                };
+                if let Some(c) = stats.client.as_mut() {
+                    let runnable = moneta_abi::fidelity::runnable_now().unwrap_or(0.0);
+                    c.judge(runnable, moneta_abi::fidelity::cores());
+                }
                 Ok((Response::Stats(Box::new(stats)), None))
             }
             Request::OpenFile {} => {
@@ -374,6 +450,58 @@ impl ControlPlane {
         }
     }
 
+    /// A run's counters: its ended connections' and its open channels' so
+    /// far. Runs of the asker's uid; the owner (or root) may name any uid's.
+    fn run_stats(
+        &self,
+        session: &Session,
+        run: &str,
+    ) -> Result<moneta_abi::stats::ClientStats, EmuError> {
+        let owner = session.peer.uid == self.owner_uid || session.peer.uid == 0;
+        let (mut total, open): (moneta_abi::stats::ClientStats, Vec<u16>) = {
+            let runs = self.runs.lock().expect("runs");
+            let mut total = moneta_abi::stats::ClientStats::default();
+            let mut open = Vec::new();
+            let mine = runs
+                .by_run
+                .iter()
+                .filter(|((uid, id), _)| id == run && (owner || *uid == session.peer.uid));
+            for (_, r) in mine {
+                total.merge(&r.ended);
+                open.extend(r.open_channels.iter().copied());
+            }
+            (total, open)
+        };
+        for c in open {
+            if let Some(live) = self.engine.client_stats(c)? {
+                total.merge(&live);
+            }
+        }
+        total.run = Some(run.to_string());
+        Ok(total)
+    }
+
+    /// One open channel's counters: the asker's own, or any for the owner.
+    fn channel_stats(
+        &self,
+        session: &Session,
+        channel: u16,
+    ) -> Result<moneta_abi::stats::ClientStats, EmuError> {
+        let owner = session.peer.uid == self.owner_uid || session.peer.uid == 0;
+        if !owner && session.channel != Some(channel) {
+            return Err(EmuError::new(
+                ErrorKind::Unauthorized,
+                "another channel's counters are for the daemon's owner",
+            ));
+        }
+        self.engine.client_stats(channel)?.ok_or_else(|| {
+            EmuError::new(
+                ErrorKind::Protocol,
+                format!("channel {channel} is not open"),
+            )
+        })
+    }
+
     fn install(&self, channel: u16, e: Extent) -> Result<(), EmuError> {
         let perms = if e.write { READ | WRITE } else { READ };
         self.engine
@@ -387,7 +515,15 @@ impl ControlPlane {
             self.files
                 .end_session(channel, session.id, &std::mem::take(&mut session.files));
             self.grants.lock().expect("grants").remove(&channel);
-            let _ = self.engine.close_channel(channel);
+            let client = self.engine.close_channel(channel);
+            if let Some(run) = session.run.take() {
+                let mut runs = self.runs.lock().expect("runs");
+                let record = runs.record((session.peer.uid, run));
+                record.open_channels.remove(&channel);
+                if let Ok(c) = client {
+                    record.ended.merge(&c);
+                }
+            }
         }
         session.changes.clear();
     }

@@ -163,6 +163,7 @@ impl Default for EngineOptions {
     }
 }
 
+use moneta_abi::stats::ClientStats;
 /// What the device thread has done so far (the `stats` reply, so it is
 /// defined with the protocol).
 pub use moneta_abi::stats::EngineStats;
@@ -177,7 +178,12 @@ enum ControlOp {
     /// permissions and free it.
     RemoveChannel {
         id: u16,
-        done: mpsc::SyncSender<()>,
+        done: mpsc::SyncSender<ClientStats>,
+    },
+    /// One open channel's counters (None: not open).
+    ClientStats {
+        id: u16,
+        done: mpsc::SyncSender<Option<ClientStats>>,
     },
     Permissions {
         updates: Vec<Update>,
@@ -498,7 +504,9 @@ impl Engine {
 
     /// Free a channel: requests in flight finish (their results are
     /// discarded), its permission records go, its tags return to the pool.
-    pub fn close_channel(&self, id: u16) -> Result<(), EmuError> {
+    /// Close channel `id` once its requests are done; returns what its
+    /// client did ([`ClientStats`]).
+    pub fn close_channel(&self, id: u16) -> Result<ClientStats, EmuError> {
         if id == 0
             || id as usize >= CHANNELS
             || !self.shared.allocated.lock().expect("allocated")[id as usize]
@@ -510,10 +518,17 @@ impl Engine {
         }
         let (done, rx) = mpsc::sync_channel(1);
         self.send(ControlOp::RemoveChannel { id, done })?;
-        Self::wait(rx, "close the channel")?;
+        let client = Self::wait(rx, "close the channel")?;
         self.shared.channels.write().expect("channels")[id as usize] = None;
         self.shared.allocated.lock().expect("allocated")[id as usize] = false;
-        Ok(())
+        Ok(client)
+    }
+
+    /// What open channel `id`'s client did so far (None: not open).
+    pub fn client_stats(&self, id: u16) -> Result<Option<ClientStats>, EmuError> {
+        let (done, rx) = mpsc::sync_channel(1);
+        self.send(ControlOp::ClientStats { id, done })?;
+        Self::wait(rx, "report a client's statistics")
     }
 
     /// From now on take no command while `fence` says a block free is
@@ -643,8 +658,11 @@ struct OpenChannel {
     /// When each tag's last completion was posted: its next command cannot
     /// have been issued earlier.
     free_at: [Ns; CHANNEL_TAGS],
-    /// Set when the control plane closed it: no new commands; freed when idle.
-    closing: Option<mpsc::SyncSender<()>>,
+    /// Set when the control plane closed it: no new commands; freed when
+    /// idle, and its counters handed back then.
+    closing: Option<mpsc::SyncSender<ClientStats>>,
+    /// What this channel's client did (`moneta stats --run`).
+    client: ClientStats,
 }
 
 /// The device's logic, generic over the clock that drives it: the wall
@@ -901,6 +919,11 @@ impl<C: StampClock> DeviceThread<C> {
                         // No command of this channel was issued before it existed.
                         free_at: [self.clock.now(); CHANNEL_TAGS],
                         closing: None,
+                        client: ClientStats {
+                            connections: 1,
+                            open: 1,
+                            ..ClientStats::default()
+                        },
                     });
                     self.active.push(id);
                     self.stats.channels_open += 1;
@@ -914,9 +937,17 @@ impl<C: StampClock> DeviceThread<C> {
                             self.free_channel_if_idle(id);
                         }
                         None => {
-                            let _ = done.send(());
+                            let _ = done.send(ClientStats::default());
                         }
                     }
+                }
+                ControlOp::ClientStats { id, done } => {
+                    let client = self
+                        .channels
+                        .get(id as usize)
+                        .and_then(|c| c.as_ref())
+                        .map(|c| c.client.clone());
+                    let _ = done.send(client);
                 }
                 ControlOp::Permissions { updates, done } => {
                     let result = updates
@@ -954,7 +985,10 @@ impl<C: StampClock> DeviceThread<C> {
             .expect("the channel id is in range");
         self.stats.channels_open -= 1;
         if let Some(done) = ch.closing {
-            let _ = done.send(());
+            let _ = done.send(ClientStats {
+                open: 0,
+                ..ch.client
+            });
         }
     }
 
@@ -1058,6 +1092,7 @@ impl<C: StampClock> DeviceThread<C> {
             } else {
                 ResultCode::Ok
             };
+            self.count_for_client(channel, tag, code, &f, posted);
             self.finish(channel, tag, code, due);
         }
         self.finished = finished;
@@ -1077,6 +1112,40 @@ impl<C: StampClock> DeviceThread<C> {
         match command::decode_channel(flight.words, &self.limits) {
             Ok((cmd, _)) => cmd.op == Op::Write && port.unrecorded(cmd.addr.0, cmd.len_bytes),
             Err(_) => false,
+        }
+    }
+
+    /// Count a finished request in its channel's [`ClientStats`]: its
+    /// operation and bytes (from its command words), modeled device time
+    /// and how late it was posted.
+    fn count_for_client(
+        &mut self,
+        channel: u16,
+        tag: u8,
+        code: ResultCode,
+        f: &Finished,
+        posted: Ns,
+    ) {
+        let Some(ch) = self.channels[channel as usize].as_mut() else {
+            return;
+        };
+        let Some(flight) = ch.in_flight[tag as usize].as_ref() else {
+            return;
+        };
+        let decoded = command::decode_channel(flight.words, &self.limits);
+        match (code, decoded) {
+            (ResultCode::Ok, Ok((cmd, _))) => {
+                let counters = match cmd.op {
+                    Op::Read => &mut ch.client.read,
+                    Op::Write => &mut ch.client.write,
+                };
+                counters.record(
+                    cmd.len_bytes,
+                    f.completion.parts.total_ns(),
+                    posted.saturating_sub(f.completion.time_ns),
+                );
+            }
+            _ => ch.client.refused += 1,
         }
     }
 

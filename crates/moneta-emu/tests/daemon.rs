@@ -122,6 +122,7 @@ fn malformed_messages_get_errors_and_change_nothing() {
         &mut s,
         &Request::Hello {
             version: PROTOCOL_VERSION + 1,
+            run: None,
         },
     );
     assert_eq!(error_kind(&r), ErrorKind::Protocol);
@@ -131,6 +132,7 @@ fn malformed_messages_get_errors_and_change_nothing() {
         &mut s,
         &Request::Hello {
             version: PROTOCOL_VERSION,
+            run: None,
         },
     );
     assert!(matches!(r, Response::Channel(_)) && fds == 2, "{r:?}");
@@ -138,6 +140,7 @@ fn malformed_messages_get_errors_and_change_nothing() {
         &mut s,
         &Request::Hello {
             version: PROTOCOL_VERSION,
+            run: None,
         },
     );
     assert_eq!(
@@ -208,6 +211,7 @@ fn only_the_owner_takes_raw_grants() {
         &mut stranger,
         Request::Hello {
             version: PROTOCOL_VERSION,
+            run: None,
         },
     );
     assert!(
@@ -236,6 +240,7 @@ fn only_the_owner_takes_raw_grants() {
         &mut owner,
         Request::Hello {
             version: PROTOCOL_VERSION,
+            run: None,
         },
     );
     let (r, _) = plane.handle(
@@ -273,6 +278,7 @@ fn random_byte_streams_do_not_hurt_the_daemon() {
         &mut s,
         &Request::Hello {
             version: PROTOCOL_VERSION,
+            run: None,
         },
     );
     assert!(matches!(r, Response::Channel(_)) && fds == 2);
@@ -297,6 +303,7 @@ fn open_file_takes_the_attached_descriptor_and_checks_it() {
         &mut s,
         &Request::Hello {
             version: PROTOCOL_VERSION,
+            run: None,
         },
     );
     assert!(matches!(r, Response::Channel(_)), "{r:?}");
@@ -322,7 +329,10 @@ fn open_file_takes_the_attached_descriptor_and_checks_it() {
     // Descriptors sent with other requests are ignored.
     sys::send_with_fds(
         s.as_raw_fd(),
-        &control::encode(&Request::Stats {}),
+        &control::encode(&Request::Stats {
+            run: None,
+            channel: None,
+        }),
         &[file.as_raw_fd()],
     )
     .unwrap();

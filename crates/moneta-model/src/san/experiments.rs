@@ -59,7 +59,8 @@ pub enum Locality {
     Any,
     /// Only addresses whose primary copy is on the host's own SSD.
     Local,
-    /// Only addresses on other hosts' SSDs.
+    /// Only addresses with no copy on the host's own SSD (neither the
+    /// primary nor, mirrored, the replica): every request crosses the wire.
     Remote,
 }
 
@@ -468,10 +469,17 @@ impl<'a> Engine<'a> {
                     let addr = th.rng.below(slots) * size_bytes;
                     let (device, _) = self.san.primary(addr);
                     let local = self.san.host_of(device) == host;
+                    // Mirrored, a read of a slice whose replica is here is
+                    // served here: no copy on this host makes it remote.
+                    let copy_here = local
+                        || self
+                            .san
+                            .replica(addr)
+                            .is_some_and(|(d, _)| self.san.host_of(d) == host);
                     let wanted = match locality {
                         Locality::Any => true,
                         Locality::Local => local,
-                        Locality::Remote => !local,
+                        Locality::Remote => !copy_here,
                     };
                     if wanted {
                         return Ok(Some((op, addr, size_bytes)));

@@ -233,6 +233,11 @@ pub struct DevicePath {
 pub fn host_config(device: &Config, interface: Interface, costs: &InterfaceCosts) -> Config {
     let mut c = device.clone();
     match interface {
+        // QuickSAN-D's library is Moneta-D's (`direct`); a device preset
+        // set to `raw` keeps the device alone: the host software is not
+        // modeled, as when the emulator runs the real library in its
+        // place (`moneta san bench`'s prediction).
+        Interface::QuicksanD if c.host.stack == Stack::Raw => {}
         Interface::QuicksanD => c.set_stack(Stack::Direct),
         _ => {
             c.set_stack(KERNEL_STACK);
