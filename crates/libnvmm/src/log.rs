@@ -684,8 +684,20 @@ impl Log {
             .filter(|b| !used.contains(b))
             .collect();
         self.pending_free.clear();
-        self.page_crcs
-            .retain(|fp, _| used.contains(&(fp / FLASH_PAGES_PER_BLOCK)));
+        // The records replayed may name pages since freed (and their blocks
+        // reused): keep the checksums of the pages the committed entries
+        // still read, the valid positions of each mapped version.
+        let mut live = std::collections::BTreeSet::new();
+        for (_, e) in entries {
+            if e.has(crate::entry::status::MAPPED) {
+                for i in 0..FLASH_PAGES_PER_BLOCK {
+                    if e.valid & (1 << i) != 0 {
+                        live.insert(e.flash_page + i);
+                    }
+                }
+            }
+        }
+        self.page_crcs.retain(|fp, _| live.contains(fp));
     }
 
     fn record_blocks(&self, len: u64) -> u64 {

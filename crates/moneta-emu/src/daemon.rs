@@ -132,21 +132,33 @@ impl Daemon {
             }
             std::fs::remove_file(path).map_err(|e| EmuError::io("removing a stale socket", e))?;
         }
-        let listener = UnixListener::bind(path)
-            .map_err(|e| EmuError::io(&format!("listening on {}", path.display()), e))?;
+        // Bound under a temporary name, given its group and mode, then
+        // renamed into place: nobody connects before the mode holds.
+        static BOUND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = BOUND.fetch_add(1, Ordering::Relaxed);
+        let temporary =
+            path.with_file_name(format!(".monetad-{}-{n}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&temporary);
+        let listener = UnixListener::bind(&temporary)
+            .map_err(|e| EmuError::io(&format!("listening on {}", temporary.display()), e))?;
         let made = (|| {
             if let Some(gid) = options.socket_group {
-                std::os::unix::fs::chown(path, None, Some(gid))
+                std::os::unix::fs::chown(&temporary, None, Some(gid))
                     .map_err(|e| EmuError::io("setting the socket's group", e))?;
             }
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(options.socket_mode))
-                .map_err(|e| EmuError::io("setting the socket's mode", e))?;
+            std::fs::set_permissions(
+                &temporary,
+                std::fs::Permissions::from_mode(options.socket_mode),
+            )
+            .map_err(|e| EmuError::io("setting the socket's mode", e))?;
             listener
                 .set_nonblocking(true)
-                .map_err(|e| EmuError::io("making the socket non-blocking", e))
+                .map_err(|e| EmuError::io("making the socket non-blocking", e))?;
+            std::fs::rename(&temporary, path)
+                .map_err(|e| EmuError::io(&format!("moving the socket to {}", path.display()), e))
         })();
         if let Err(e) = made {
-            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&temporary);
             return Err(e);
         }
         Ok(Daemon {
