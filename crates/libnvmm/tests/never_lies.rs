@@ -78,7 +78,9 @@ fn a_truncated_backing_file_fails_sync_and_close_with_the_cause() {
     // Another process cuts the log short under the open region.
     run("truncate", &["-s", "64K", file.path().to_str().unwrap()]);
     n.write(3 * MB, b"after the truncation").unwrap();
-    let e = n.sync().expect_err("sync returned a token over a truncated file");
+    let e = n
+        .sync()
+        .expect_err("sync returned a token over a truncated file");
     println!("sync: {e}");
     assert_eq!(e.kind, ErrorKind::BadFile, "{e}");
     assert!(e.context.contains("truncated"), "{e}");
@@ -117,7 +119,14 @@ fn puncher_entry() {
     let len = std::fs::metadata(&path).unwrap().len() - 16384;
     run(
         "fallocate",
-        &["-p", "-o", "16384", "-l", &len.to_string(), path.to_str().unwrap()],
+        &[
+            "-p",
+            "-o",
+            "16384",
+            "-l",
+            &len.to_string(),
+            path.to_str().unwrap(),
+        ],
     );
     n.write(3 * MB, b"after the punch").unwrap();
     match n.sync() {
@@ -133,7 +142,12 @@ fn puncher_entry() {
 
 fn child(role: &str, path: &Path, seed: u64) -> std::process::Output {
     Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", &format!("{role}_entry"), "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &format!("{role}_entry"),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(ROLE_ENV, role)
         .env(PATH_ENV, path)
         .env(SEED_ENV, seed.to_string())
@@ -160,7 +174,10 @@ fn a_punched_backing_file_fails_sync_and_its_misses_are_sigbus() {
         "the punched block was read back as data"
     );
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
-    assert!(stderr.contains("cannot be read back"), "the cause is on stderr");
+    assert!(
+        stderr.contains("cannot be read back"),
+        "the cause is on stderr"
+    );
 }
 
 #[test]
@@ -188,7 +205,10 @@ fn a_zeroed_data_block_is_a_checksum_error_not_zeros() {
         String::from_utf8_lossy(&out.stderr),
     );
     println!("child stdout:\n{stdout}\nchild stderr:\n{stderr}");
-    assert!(!stdout.contains("read back"), "the zeroed block was read as data");
+    assert!(
+        !stdout.contains("read back"),
+        "the zeroed block was read as data"
+    );
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
     assert!(stderr.contains("CRC32C"), "the checksum mismatch is named");
 }
@@ -292,7 +312,9 @@ fn a_refused_write_back_is_an_error_value_not_an_abort() {
     let mut back = vec![0u8; data.len()];
     n.read(0, &mut back).unwrap();
     assert!(back == data, "the program's data changed in memory");
-    let e = n.sync().expect_err("sync returned a token with writes refused");
+    let e = n
+        .sync()
+        .expect_err("sync returned a token with writes refused");
     println!("sync: {e}");
     assert_eq!(e.kind, ErrorKind::Io, "{e}");
     assert!(e.context.contains("No space left"), "{e}");

@@ -564,7 +564,14 @@ fn the_control_socket_is_the_owners_alone_unless_opened() {
     assert_ne!(o.status.code(), Some(0));
     let group = Serve::start(
         "group",
-        &["--preset", "null", "--socket-mode", "0660", "--socket-group", "0"],
+        &[
+            "--preset",
+            "null",
+            "--socket-mode",
+            "0660",
+            "--socket-group",
+            "0",
+        ],
     );
     assert_eq!(mode(&group), 0o660);
 }

@@ -136,8 +136,7 @@ impl Daemon {
         // renamed into place: nobody connects before the mode holds.
         static BOUND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = BOUND.fetch_add(1, Ordering::Relaxed);
-        let temporary =
-            path.with_file_name(format!(".monetad-{}-{n}.sock", std::process::id()));
+        let temporary = path.with_file_name(format!(".monetad-{}-{n}.sock", std::process::id()));
         let _ = std::fs::remove_file(&temporary);
         let listener = UnixListener::bind(&temporary)
             .map_err(|e| EmuError::io(&format!("listening on {}", temporary.display()), e))?;
