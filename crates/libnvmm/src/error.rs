@@ -2,7 +2,9 @@
 //! match on) and a context sentence (where, with the numbers). Failures that
 //! can happen — a missing kernel feature, a corrupt or foreign backing file,
 //! a token that garbage collection already discarded, a full version area —
-//! are values of this type; only broken invariants panic (SPEC §7).
+//! are values of this type; only broken invariants panic (SPEC §7). A
+//! region whose backing file failed it (a refused write-back, a changed
+//! file) keeps answering with the first such error.
 
 use std::fmt;
 
@@ -23,6 +25,9 @@ pub enum ErrorKind {
     Exhausted,
     /// Another process has the backing file open.
     Busy,
+    /// A fork child called into its parent's region, which it does not
+    /// inherit (the region is the process's that opened it).
+    Forked,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

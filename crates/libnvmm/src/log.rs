@@ -17,10 +17,21 @@
 //! committed state are never rewritten: a block freed since the last commit
 //! waits in `pending_free` until the next commit is durable. Freed blocks
 //! are punched out of the file (FALLOC_FL_PUNCH_HOLE).
+//!
+//! Every checksum is the project's CRC32C (`moneta_wire::crc32c`). Each
+//! data flash page carries one too, kept in memory and in the commit
+//! records (the pages written since the last commit; a full record has
+//! them all): a read whose bytes do not match is a `BadFile` error naming
+//! the page, never data. Before a commit, [`Log::check_intact`] asks the
+//! file system (SEEK_DATA/SEEK_HOLE) whether any page or record the log
+//! still needs was punched out or cut off by a truncation: then the file
+//! changed under the region, and no token is given for it.
 
 use crate::entry::{Entry, FLASH_PAGES_PER_BLOCK, SEGMENTS_PER_PAGE};
 use crate::error::{ErrorKind, NvmmError, Result};
 use crate::tokens::Tokens;
+use moneta_wire::crc32c::crc32c;
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -39,37 +50,10 @@ const SUPER_MAGIC: &[u8; 8] = b"NVMMLOG1";
 const SLOT_MAGIC: &[u8; 8] = b"NVMMSLOT";
 const RECORD_MAGIC: u32 = 0x4352_564e; // "NVRC"
 const RECORD_HEADER: usize = 64;
-const FORMAT_VERSION: u32 = 1;
+/// 2: CRC32C throughout and a checksum per data flash page.
+const FORMAT_VERSION: u32 = 2;
 /// A full record is written after this many deltas, bounding recovery.
 const MAX_DELTAS: usize = 32;
-
-/// CRC-32 (IEEE), bitwise-table form; enough for checkpoints and records.
-pub fn crc32(data: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut t = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-                k += 1;
-            }
-            t[i] = c;
-            i += 1;
-        }
-        t
-    };
-    let mut c = !0u32;
-    for &b in data {
-        c = TABLE[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
-}
 
 /// A heap buffer aligned for O_DIRECT.
 pub struct AlignedBuf {
@@ -146,6 +130,10 @@ pub struct Log {
     slot_seq: u64,
     /// Records of the committed state, oldest (a full one) first.
     chain: Vec<RecordRef>,
+    /// CRC32C of every flash page written in a block in use.
+    page_crcs: BTreeMap<u64, u32>,
+    /// Those written since the last commit (the next delta record's).
+    new_crcs: Vec<(u64, u32)>,
 }
 
 fn read_u64(b: &[u8], at: usize) -> u64 {
@@ -294,7 +282,7 @@ fn read_superblock(file: &File) -> Result<u64> {
     let mut sb = AlignedBuf::new(SECTOR)?;
     pread_full(file, sb.as_mut_slice(), 0)?;
     let b = sb.as_slice();
-    if &b[0..8] != SUPER_MAGIC || read_u32(b, SECTOR - 4) != crc32(&b[..SECTOR - 4]) {
+    if &b[0..8] != SUPER_MAGIC || read_u32(b, SECTOR - 4) != crc32c(&b[..SECTOR - 4]) {
         return Err(NvmmError::new(
             ErrorKind::BadFile,
             "not an NVMM log (bad superblock magic or CRC)",
@@ -492,6 +480,8 @@ impl Log {
             pending_free: Vec::new(),
             slot_seq: 0,
             chain: Vec::new(),
+            page_crcs: BTreeMap::new(),
+            new_crcs: Vec::new(),
         }
     }
 
@@ -530,7 +520,7 @@ impl Log {
         b[12..16].copy_from_slice(&(FLASH_PAGE_BYTES as u32).to_le_bytes());
         b[16..24].copy_from_slice(&self.pages.to_le_bytes());
         b[24..28].copy_from_slice(&(SEGMENTS_PER_PAGE as u32).to_le_bytes());
-        let crc = crc32(&b[..SECTOR - 4]);
+        let crc = crc32c(&b[..SECTOR - 4]);
         b[SECTOR - 4..].copy_from_slice(&crc.to_le_bytes());
         if !superblock_last {
             self.pwrite_all(sb.as_slice(), 0)?;
@@ -551,7 +541,7 @@ impl Log {
         for offset in SLOT_OFFSETS {
             self.pread_full(slot.as_mut_slice(), offset)?;
             let s = slot.as_slice();
-            if &s[0..8] != SLOT_MAGIC || read_u32(s, 60) != crc32(&s[..60]) {
+            if &s[0..8] != SLOT_MAGIC || read_u32(s, 60) != crc32c(&s[..60]) {
                 continue;
             }
             let seq = read_u64(s, 8);
@@ -600,6 +590,10 @@ impl Log {
             tokens.horizon = read_u64(bytes, 16);
             let n_intervals = read_u32(bytes, 44) as usize;
             let n_entries = read_u32(bytes, 48) as usize;
+            let n_crcs = read_u32(bytes, 52) as usize;
+            if read_u32(bytes, 4) == 0 {
+                self.page_crcs.clear();
+            }
             let mut at = RECORD_HEADER;
             tokens.rolled_back.clear();
             for _ in 0..n_intervals {
@@ -617,6 +611,11 @@ impl Log {
                     table.remove(&index);
                 }
                 at += 20;
+            }
+            for _ in 0..n_crcs {
+                self.page_crcs
+                    .insert(read_u64(bytes, at), read_u32(bytes, at + 8));
+                at += 12;
             }
         }
         self.chain = records.iter().map(|(r, _)| *r).collect();
@@ -637,7 +636,7 @@ impl Log {
         };
         // The largest record: every table entry and every abandoned interval.
         let most = RECORD_HEADER as u64
-            + crate::table::entries_for(self.pages) * 20
+            + crate::table::entries_for(self.pages) * (20 + 12 * FLASH_PAGES_PER_BLOCK)
             + crate::tokens::MAX_ROLLED_BACK as u64 * 16;
         if r.len < RECORD_HEADER as u64 || r.len > most {
             return Err(bad("bad length"));
@@ -649,7 +648,7 @@ impl Log {
             .try_reserve_exact(r.len as usize)
             .map_err(|_| bad("no memory to read it"))?;
         bytes.extend_from_slice(&buf.as_slice()[..r.len as usize]);
-        if crc32(&bytes) != r.crc {
+        if crc32c(&bytes) != r.crc {
             return Err(bad("CRC mismatch"));
         }
         if read_u32(&bytes, 0) != RECORD_MAGIC {
@@ -657,7 +656,8 @@ impl Log {
         }
         let need = RECORD_HEADER as u64
             + read_u32(&bytes, 44) as u64 * 16
-            + read_u32(&bytes, 48) as u64 * 20;
+            + read_u32(&bytes, 48) as u64 * 20
+            + read_u32(&bytes, 52) as u64 * 12;
         if need > r.len {
             return Err(bad("counts exceed length"));
         }
@@ -684,6 +684,20 @@ impl Log {
             .filter(|b| !used.contains(b))
             .collect();
         self.pending_free.clear();
+        // The records replayed may name pages since freed (and their blocks
+        // reused): keep the checksums of the pages the committed entries
+        // still read, the valid positions of each mapped version.
+        let mut live = std::collections::BTreeSet::new();
+        for (_, e) in entries {
+            if e.has(crate::entry::status::MAPPED) {
+                for i in 0..FLASH_PAGES_PER_BLOCK {
+                    if e.valid & (1 << i) != 0 {
+                        live.insert(e.flash_page + i);
+                    }
+                }
+            }
+        }
+        self.page_crcs.retain(|fp, _| live.contains(fp));
     }
 
     fn record_blocks(&self, len: u64) -> u64 {
@@ -725,7 +739,12 @@ impl Log {
         }
     }
 
-    fn punch(&self, block: u64, blocks: u64) {
+    fn punch(&mut self, block: u64, blocks: u64) {
+        let pages = block * FLASH_PAGES_PER_BLOCK..(block + blocks) * FLASH_PAGES_PER_BLOCK;
+        let gone: Vec<u64> = self.page_crcs.range(pages).map(|(&fp, _)| fp).collect();
+        for fp in gone {
+            self.page_crcs.remove(&fp);
+        }
         // SAFETY: fallocate on a descriptor we own; failure only wastes space.
         unsafe {
             libc::fallocate(
@@ -741,16 +760,115 @@ impl Log {
         self.tail_block - self.free_blocks.len() as u64
     }
 
+    /// Read one flash page, checked against its checksum.
     pub fn read_segment(&self, flash_page: u64, buf: &mut [u8]) -> Result<()> {
         debug_assert_eq!(buf.len(), FLASH_PAGE_BYTES);
-        self.pread_full(buf, self.flash_page_offset(flash_page))
+        let offset = self.flash_page_offset(flash_page);
+        self.pread_full(buf, offset)?;
+        let want = self.page_crcs.get(&flash_page).copied();
+        let got = crc32c(buf);
+        if want != Some(got) {
+            let why = match want {
+                None => "has no checksum (the log never wrote it)".to_string(),
+                Some(w) => format!(
+                    "reads back with CRC32C {got:#010x}, not the {w:#010x} written (the backing file changed under the region: truncated, punched or overwritten)"
+                ),
+            };
+            return Err(NvmmError::new(
+                ErrorKind::BadFile,
+                format!("flash page {flash_page} (file offset {offset}) {why}"),
+            ));
+        }
+        Ok(())
     }
 
     /// Program one flash page. `data` must be FLASH_PAGE_BYTES long and,
     /// for O_DIRECT, 4 KB aligned (a cache block of the region is).
-    pub fn write_segment(&self, flash_page: u64, data: &[u8]) -> Result<()> {
+    pub fn write_segment(&mut self, flash_page: u64, data: &[u8]) -> Result<()> {
         debug_assert_eq!(data.len(), FLASH_PAGE_BYTES);
-        self.pwrite_all(data, self.flash_page_offset(flash_page))
+        self.pwrite_all(data, self.flash_page_offset(flash_page))?;
+        let crc = crc32c(data);
+        self.page_crcs.insert(flash_page, crc);
+        self.new_crcs.push((flash_page, crc));
+        Ok(())
+    }
+
+    /// Whether everything the log still needs is in the file: its
+    /// superblock, the newest checkpoint slot, every committed record and
+    /// every data page written. A range the file system reports as a hole
+    /// (SEEK_DATA/SEEK_HOLE) was punched out, or cut off by a truncation,
+    /// by someone else: the log only punches blocks it freed.
+    pub fn check_intact(&self) -> Result<()> {
+        let mut needed: Vec<(u64, u64, String)> = vec![
+            (0, SECTOR as u64, "the superblock".into()),
+            (
+                SLOT_OFFSETS[(self.slot_seq % 2) as usize],
+                SECTOR as u64,
+                "the newest checkpoint slot".into(),
+            ),
+        ];
+        for r in &self.chain {
+            let len = self.record_blocks(r.len) * BLOCK_BYTES as u64;
+            needed.push((
+                self.block_offset(r.block),
+                len,
+                format!("the commit record at block {}", r.block),
+            ));
+        }
+        needed.sort_by_key(|n| n.0);
+        let pages = self.page_crcs.keys().map(|&fp| {
+            (
+                self.flash_page_offset(fp),
+                FLASH_PAGE_BYTES as u64,
+                format!("flash page {fp}"),
+            )
+        });
+        let size = self
+            .file
+            .metadata()
+            .map_err(|e| NvmmError::os("fstat of the log", e))?
+            .len();
+        let fd = self.file.as_raw_fd();
+        // Walk the wanted ranges in order beside the file's data extents.
+        let mut data: Option<(u64, u64)> = None;
+        let mut check = |(at, len, what): (u64, u64, String)| -> Result<()> {
+            if at + len > size {
+                return Err(NvmmError::new(
+                    ErrorKind::BadFile,
+                    format!(
+                        "the backing file was truncated to {size} bytes under the region: {what} (bytes {at}..{}) is gone",
+                        at + len
+                    ),
+                ));
+            }
+            loop {
+                match data {
+                    Some((start, end)) if at >= start && at + len <= end => return Ok(()),
+                    // Past this extent: find the next.
+                    Some((_, end)) if at >= end => {}
+                    // In a hole before the extent, or running off its end.
+                    Some(_) => return Err(punched(&what, at, len)),
+                    None => {}
+                }
+                let extent = data_extent(fd, at)?.ok_or_else(|| punched(&what, at, len))?;
+                if extent.0 > at {
+                    return Err(punched(&what, at, len));
+                }
+                data = Some(extent);
+            }
+        };
+        let mut heads = needed.into_iter().peekable();
+        let mut pages = pages.peekable();
+        loop {
+            let next = match (heads.peek(), pages.peek()) {
+                (Some(h), Some(p)) if h.0 <= p.0 => heads.next(),
+                (Some(_), None) => heads.next(),
+                (_, Some(_)) => pages.next(),
+                (None, None) => break,
+            };
+            check(next.expect("one of them"))?;
+        }
+        Ok(())
     }
 
     /// Make `changes` (or, when `full`, the whole table in `changes`) and
@@ -762,7 +880,13 @@ impl Log {
         changes: Vec<(u32, Entry)>,
         full: bool,
     ) -> Result<()> {
-        let len = RECORD_HEADER + tokens.rolled_back.len() * 16 + changes.len() * 20;
+        let crcs: Vec<(u64, u32)> = if full {
+            self.page_crcs.iter().map(|(&fp, &c)| (fp, c)).collect()
+        } else {
+            self.new_crcs.clone()
+        };
+        let len =
+            RECORD_HEADER + tokens.rolled_back.len() * 16 + changes.len() * 20 + crcs.len() * 12;
         let blocks = self.record_blocks(len as u64);
         let mut buf = AlignedBuf::new(blocks as usize * BLOCK_BYTES)?;
         let b = buf.as_mut_slice();
@@ -782,6 +906,7 @@ impl Log {
         }
         b[44..48].copy_from_slice(&(tokens.rolled_back.len() as u32).to_le_bytes());
         b[48..52].copy_from_slice(&(changes.len() as u32).to_le_bytes());
+        b[52..56].copy_from_slice(&(crcs.len() as u32).to_le_bytes());
         let mut at = RECORD_HEADER;
         for &(a, z) in &tokens.rolled_back {
             b[at..at + 8].copy_from_slice(&a.to_le_bytes());
@@ -793,7 +918,12 @@ impl Log {
             b[at + 4..at + 20].copy_from_slice(&e.pack());
             at += 20;
         }
-        let crc = crc32(&b[..len]);
+        for (fp, c) in &crcs {
+            b[at..at + 8].copy_from_slice(&fp.to_le_bytes());
+            b[at + 8..at + 12].copy_from_slice(&c.to_le_bytes());
+            at += 12;
+        }
+        let crc = crc32c(&b[..len]);
         let block = self.tail_block;
         self.tail_block += blocks;
         self.pwrite_all(buf.as_slice(), self.block_offset(block))?;
@@ -808,11 +938,12 @@ impl Log {
         s[24..32].copy_from_slice(&block.to_le_bytes());
         s[32..40].copy_from_slice(&(len as u64).to_le_bytes());
         s[40..44].copy_from_slice(&crc.to_le_bytes());
-        let slot_crc = crc32(&s[..60]);
+        let slot_crc = crc32c(&s[..60]);
         s[60..64].copy_from_slice(&slot_crc.to_le_bytes());
         self.pwrite_all(slot.as_slice(), SLOT_OFFSETS[(seq % 2) as usize])?;
         self.sync_data()?;
         self.slot_seq = seq;
+        self.new_crcs.clear();
         // Durable: what the previous commit alone referenced may be reused.
         let r = RecordRef {
             block,
@@ -840,6 +971,36 @@ impl Log {
     }
 }
 
+fn punched(what: &str, at: u64, len: u64) -> NvmmError {
+    NvmmError::new(
+        ErrorKind::BadFile,
+        format!(
+            "{what} (bytes {at}..{}) was punched out of the backing file under the region",
+            at + len
+        ),
+    )
+}
+
+/// The data extent at or after `from`: (start, end), or None past the
+/// last one.
+fn data_extent(fd: libc::c_int, from: u64) -> Result<Option<(u64, u64)>> {
+    // SAFETY: lseek on a descriptor we own.
+    let start = unsafe { libc::lseek(fd, from as libc::off_t, libc::SEEK_DATA) };
+    if start < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ENXIO) {
+            return Ok(None);
+        }
+        return Err(NvmmError::os("lseek(SEEK_DATA) of the log", e));
+    }
+    // SAFETY: as above.
+    let end = unsafe { libc::lseek(fd, start, libc::SEEK_HOLE) };
+    if end < 0 {
+        return Err(NvmmError::last_os("lseek(SEEK_HOLE) of the log"));
+    }
+    Ok(Some((start as u64, end as u64)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -856,11 +1017,6 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
         }
-    }
-
-    #[test]
-    fn crc32_matches_the_standard_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
     }
 
     #[test]

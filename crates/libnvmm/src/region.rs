@@ -24,9 +24,23 @@
 //! One lock guards the state; the handler, the GC thread and API calls take
 //! it in turn. No code holding it touches the region's memory from user
 //! space (the kernel reads resident blocks for pwrite), so it cannot wait on
-//! its own fault. A failure the handler cannot report to a caller (an IO
-//! error while a thread waits on a fault) aborts the process, as a memory
-//! error would.
+//! its own fault.
+//!
+//! The region never lies about durability (issue 39):
+//! - A write-back the file system refuses (ENOSPC, `chattr +i`), a page
+//!   that reads back with the wrong checksum, or a backing file that lost
+//!   pages (punched, truncated: [`Log::check_intact`] before every commit)
+//!   *fails* the region: every later call returns that first error, naming
+//!   the cause, and no token is issued again. A failed region goes on
+//!   serving faults without writing anything back (blocks stay resident,
+//!   past the DRAM budget), so a program that hit a refused write-back is
+//!   not killed for it. A block that cannot be read back is the one thing
+//!   a faulting load cannot be given: its thread gets SIGBUS, as from a
+//!   memory error, and the cause is on stderr.
+//! - A fork child does not inherit the region: it is mapped MADV_DONTFORK
+//!   (the child's accesses fault, SIGSEGV, instead of reading zeros) and
+//!   every call from the child fails with `ErrorKind::Forked`; the parent's
+//!   log and threads are left alone.
 
 use crate::cache::Cache;
 use crate::entry::{status, Entry, FLASH_PAGES_PER_BLOCK, POSITIONS, SEGMENTS_PER_PAGE};
@@ -193,6 +207,8 @@ struct Shared {
     counters: Counters,
     spin_ns: u64,
     prefetch_enabled: bool,
+    /// The process that opened the region (a fork child is another).
+    owner_pid: u32,
 }
 
 /// A mapped NVMM region. Dropping it without [`Nvmm::close`] is a crash:
@@ -224,7 +240,28 @@ fn protection(st: u8) -> libc::c_int {
 }
 
 impl Shared {
+    /// An error unless this is the process that opened the region.
+    fn check_process(&self) -> Result<()> {
+        let pid = std::process::id();
+        if pid != self.owner_pid {
+            return Err(NvmmError::new(
+                ErrorKind::Forked,
+                format!(
+                    "the region was opened by process {}; a fork child (process {pid}) does not \
+                     inherit it (its pages are not mapped here and its log is the parent's)",
+                    self.owner_pid
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn forked(&self) -> bool {
+        std::process::id() != self.owner_pid
+    }
+
     fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.check_process()?;
         let st = self.state.lock().map_err(|_| {
             NvmmError::new(ErrorKind::Io, "a thread panicked holding the region lock")
         })?;
@@ -601,6 +638,35 @@ impl State {
         Ok(())
     }
 
+    /// A failure of the backing file (an IO error, a page or record that
+    /// does not read back) fails the region: the table may be ahead of the
+    /// log, so nothing is committed again. Argument and token errors do not.
+    fn fail_on_file_error<T>(&mut self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            if matches!(e.kind, ErrorKind::Io | ErrorKind::BadFile) && self.failed.is_none() {
+                self.failed = Some(e.clone());
+            }
+        }
+        r
+    }
+
+    /// A fault on a failed region: install the block (checked against its
+    /// checksum) without evicting or writing anything back, or, for a
+    /// resident block, let the access go on.
+    fn serve_failed(&mut self, sh: &Shared, f: Fault) -> Result<()> {
+        let block = (f.address - sh.base) / BLOCK;
+        if self.cache.is_resident(block) {
+            return if f.write_protect || f.write {
+                sh.protect_block(block, false)
+            } else {
+                sh.wake_block(block)
+            };
+        }
+        let (_, _, src) = self.read_block(sh.clock.now_ns(), block, None)?;
+        // SAFETY: src is `buf` or the zero block, a live buffer of a block.
+        unsafe { sh.fill_block(block, src, false) }
+    }
+
     /// Write every dirty block and commit: the sync of SPEC §7.
     fn sync(&mut self, sh: &Shared) -> Result<u64> {
         for block in self.cache.dirty_blocks() {
@@ -611,6 +677,11 @@ impl State {
     }
 
     fn commit(&mut self) -> Result<u64> {
+        // Never a token for a file that lost what the log needs.
+        if let Err(e) = self.log.check_intact() {
+            self.failed = Some(e.clone());
+            return Err(e);
+        }
         let token = self.tokens.next_token()?;
         let changes = self.table.take_changes();
         let full = self
@@ -902,6 +973,15 @@ fn prepare(path: &Path, size: u64, options: Options, real: bool) -> Result<Arc<S
                 }
                 // SAFETY: our mapping; huge pages would make 2 MB the fill unit.
                 unsafe { libc::madvise(base, len as usize, libc::MADV_NOHUGEPAGE) };
+                // A fork child gets no copy: without the handler it would
+                // read zeros for every block not resident.
+                // SAFETY: our mapping.
+                if unsafe { libc::madvise(base, len as usize, libc::MADV_DONTFORK) } != 0 {
+                    let e = NvmmError::last_os("madvise(DONTFORK) of the region");
+                    // SAFETY: unmapping the mapping made above, which nothing uses yet.
+                    unsafe { libc::munmap(base, len as usize) };
+                    return Err(e);
+                }
                 if let Err(e) = uffd.register(base as u64, len) {
                     // SAFETY: unmapping the mapping made above, which nothing uses yet.
                     unsafe { libc::munmap(base, len as usize) };
@@ -961,6 +1041,7 @@ fn prepare(path: &Path, size: u64, options: Options, real: bool) -> Result<Arc<S
             counters: Counters::default(),
             spin_ns: options.handler_spin_ns,
             prefetch_enabled: options.prefetch_blocks > 0,
+            owner_pid: std::process::id(),
         });
         {
             let mut st = shared.lock()?;
@@ -987,6 +1068,7 @@ impl Nvmm {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        self.face.shared.check_process()?;
         if offset
             .checked_add(len)
             .is_none_or(|end| end > self.face.shared.len)
@@ -1035,7 +1117,8 @@ impl Nvmm {
     /// state for [`Nvmm::rollback`] (SPEC §7 sync).
     pub fn sync(&self) -> Result<u64> {
         let mut st = self.face.shared.lock()?;
-        let token = st.sync(&self.face.shared)?;
+        let token = st.sync(&self.face.shared);
+        let token = st.fail_on_file_error(token)?;
         bump(&self.face.shared.counters.syncs, 1);
         Ok(token)
     }
@@ -1208,7 +1291,11 @@ impl Face {
             syncs: get(&c.syncs),
             ..Stats::default()
         };
-        if let Ok(st) = shared.state.lock() {
+        // A fork child must not take a lock the parent's threads may have held.
+        if let Some(st) = (!shared.forked())
+            .then(|| shared.state.lock().ok())
+            .flatten()
+        {
             s.resident_blocks = st.cache.resident();
             s.capacity_blocks = st.cache.capacity_blocks();
             s.versions_used = st.table.versions_used();
@@ -1258,8 +1345,10 @@ impl Nvmm {
     pub fn close(mut self) -> Result<u64> {
         let token = {
             let mut st = self.face.shared.lock()?;
-            st.collect_temporary(&self.face.shared)?;
-            let t = st.sync(&self.face.shared)?;
+            let t = st
+                .collect_temporary(&self.face.shared)
+                .and_then(|()| st.sync(&self.face.shared));
+            let t = st.fail_on_file_error(t)?;
             bump(&self.face.shared.counters.syncs, 1);
             t
         };
@@ -1268,6 +1357,12 @@ impl Nvmm {
     }
 
     fn stop_threads(&mut self) {
+        if self.face.shared.forked() {
+            // A fork child has none of the parent's threads to stop (and
+            // must not wake the parent's through the shared eventfd).
+            std::mem::forget(std::mem::take(&mut self.threads));
+            return;
+        }
         self.face.shared.stop.store(true, Ordering::Release);
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
@@ -1331,6 +1426,7 @@ impl Replay {
                     address: sh.base + offset,
                     write,
                     write_protect,
+                    thread: 0,
                 },
             )?;
         }
@@ -1354,6 +1450,11 @@ fn add_gc(total: &mut GcOutcome, o: &GcOutcome) {
 impl Drop for Nvmm {
     fn drop(&mut self) {
         self.stop_threads();
+        if self.face.shared.forked() {
+            // Not mapped in a fork child (MADV_DONTFORK): its addresses
+            // may hold the child's own mappings by now.
+            return;
+        }
         // SAFETY: the handler has stopped; the region is ours to unmap. Any
         // access to it after this is the caller's use-after-free.
         unsafe {
@@ -1372,6 +1473,51 @@ fn fatal(what: &str, e: &NvmmError) -> ! {
     // SAFETY: writes a live buffer to stderr.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
     std::process::abort();
+}
+
+/// Fail the region with `e` (the first failure stays) and say so on stderr.
+fn fail_region(st: &mut State, what: &str, e: NvmmError) {
+    if st.failed.is_none() {
+        let msg = format!(
+            "libnvmm: {what}: {e}; the region is failed (every call returns this error, no sync \
+             is committed again)\n"
+        );
+        // SAFETY: writes a live buffer to stderr.
+        unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+        st.failed = Some(e);
+    }
+}
+
+/// Resolve one fault. On a failed region (or when this fault fails it),
+/// serve it without write-backs; a block that cannot be read back is a
+/// memory error for the faulting thread: SIGBUS.
+fn serve_fault(sh: &Shared, st: &mut State, f: Fault) {
+    if st.failed.is_none() {
+        match st.handle_fault(sh, f) {
+            Ok(()) => return,
+            Err(e) => fail_region(st, &format!("fault at {:#x}", f.address), e),
+        }
+    }
+    if let Err(e) = st.serve_failed(sh, f) {
+        if f.thread == 0 {
+            fatal(&format!("fault at {:#x}", f.address), &e);
+        }
+        let msg = format!(
+            "libnvmm: the block at {:#x} cannot be read back ({e}): SIGBUS to thread {}\n",
+            f.address, f.thread
+        );
+        // SAFETY: writes a live buffer to stderr; tgkill of a thread of this
+        // process, blocked in the fault, which the signal interrupts.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::syscall(
+                libc::SYS_tgkill,
+                libc::getpid(),
+                f.thread as libc::c_int,
+                libc::SIGBUS,
+            );
+        }
+    }
 }
 
 /// The handler thread: resolve faults, install completed prefetches, poll.
@@ -1394,9 +1540,7 @@ fn fault_handler(sh: &Shared) {
                             &NvmmError::new(ErrorKind::Io, "poisoned"),
                         ),
                     };
-                    if let Err(e) = st.handle_fault(sh, f) {
-                        fatal(&format!("fault at {:#x}", f.address), &e);
-                    }
+                    serve_fault(sh, &mut st, f);
                 }
                 Ok(None) => break,
                 Err(e) => fatal("reading userfaultfd", &e),
@@ -1406,9 +1550,9 @@ fn fault_handler(sh: &Shared) {
             None
         } else {
             let Ok(mut st) = sh.state.lock() else { return };
-            if !st.prefetching.is_empty() {
+            if !st.prefetching.is_empty() && st.failed.is_none() {
                 if let Err(e) = st.install_due_prefetches(sh) {
-                    fatal("installing a prefetched block", &e);
+                    fail_region(&mut st, "installing a prefetched block", e);
                 }
             }
             st.next_prefetch_due()

@@ -18,6 +18,8 @@ const UFFDIO_COPY_MODE_WP: u64 = 1 << 1;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+/// The faulting thread's id in each message (Linux 4.14).
+const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
 const UFFD_PAGEFAULT_FLAG_WP: u64 = 1 << 1;
 const NR_WAKE: u64 = 0x02;
 const NR_COPY: u64 = 0x03;
@@ -93,6 +95,8 @@ pub struct Fault {
     pub write: bool,
     /// A write to a present, write-protected page (not a missing page).
     pub write_protect: bool,
+    /// The faulting thread (its tid), 0 if the kernel did not say.
+    pub thread: u32,
 }
 
 /// A userfaultfd with the API handshake done and write-protect verified.
@@ -131,7 +135,7 @@ impl Userfault {
         let fd = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
         let mut api = UffdioApi {
             api: UFFD_API,
-            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP,
+            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_THREAD_ID,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_API reads and writes a uffdio_api that lives here.
@@ -209,6 +213,7 @@ impl Userfault {
             address: msg.address,
             write: msg.flags & UFFD_PAGEFAULT_FLAG_WRITE != 0,
             write_protect: msg.flags & UFFD_PAGEFAULT_FLAG_WP != 0,
+            thread: msg.feat as u32,
         }))
     }
 

@@ -34,6 +34,27 @@ pub struct ServeArgs {
     /// Unix socket to listen on.
     #[arg(long, default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
+    /// The control socket's permission bits, in octal: who may connect
+    /// (connecting needs write permission). 0600: the daemon's owner only;
+    /// 0660 with --socket-group: that group too; 0666: every local user
+    /// (`moneta up` passes it: files on its mount are policed by the kernel).
+    #[arg(long, default_value = "0600", value_parser = parse_mode)]
+    socket_mode: u32,
+    /// The control socket's group (a name or a gid).
+    #[arg(long, value_parser = parse_group)]
+    socket_group: Option<u32>,
+    /// Channels one uid other than root and the daemon's owner may hold.
+    #[arg(long, default_value_t = moneta_emu::control::ChannelLimits::default().per_uid)]
+    channels_per_uid: usize,
+    /// Channels only root and the daemon's owner may take.
+    #[arg(long, default_value_t = moneta_emu::control::ChannelLimits::default().reserve)]
+    root_channel_reserve: usize,
+    /// Control connections at a time [default: the descriptor limit less 64].
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Control connections of one uid other than root and the owner.
+    #[arg(long, default_value_t = moneta_emu::daemon::ConnectionLimits::default().per_uid)]
+    connections_per_uid: usize,
     /// Keep the medium in this image file (created if missing; contents
     /// survive restarts). Default: anonymous memory.
     #[arg(long)]
@@ -327,6 +348,8 @@ pub fn serve(a: ServeArgs) -> Result<(), String> {
 
 /// Serve one device, on `reactor` or (None) its own.
 fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
+    // Connections, channels and granted files are descriptors.
+    moneta_emu::accept::raise_open_files_limit();
     if let Some(ns) = &a.netns {
         // This thread and those it starts open their sockets there.
         moneta_wire::netns::enter_netns(ns).map_err(|e| format!("--netns {ns}: {e}"))?;
@@ -467,7 +490,22 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
         })?;
         Some(server)
     };
-    let daemon = Daemon::bind(&a.socket, plane).map_err(|e| e.to_string())?;
+    plane
+        .set_channel_limits(moneta_emu::control::ChannelLimits {
+            per_uid: a.channels_per_uid,
+            reserve: a.root_channel_reserve,
+        })
+        .map_err(|e| e.to_string())?;
+    let options = moneta_emu::daemon::DaemonOptions {
+        socket_mode: a.socket_mode,
+        socket_group: a.socket_group,
+        limits: moneta_emu::daemon::ConnectionLimits {
+            max_connections: a.max_connections,
+            per_uid: a.connections_per_uid,
+            ..Default::default()
+        },
+    };
+    let daemon = Daemon::bind_with(&a.socket, plane, options).map_err(|e| e.to_string())?;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -974,4 +1012,28 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
     }
     drop(dir);
     std::process::exit(exit_status);
+}
+
+/// `--socket-mode`: permission bits in octal (`0660`, `660`).
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| m & !0o777 == 0)
+        .ok_or_else(|| format!("{s}: expected permission bits in octal, 0 ..= 0777"))
+}
+
+/// `--socket-group`: a group name or a numeric gid.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(s).map_err(|_| format!("{s}: not a group name"))?;
+    // SAFETY: a NUL-terminated name; the result is read at once, before
+    // any other getgr* call on this thread.
+    let group = unsafe { libc::getgrnam(name.as_ptr()) };
+    if group.is_null() {
+        return Err(format!("{s}: no such group"));
+    }
+    // SAFETY: getgrnam returned a valid entry.
+    Ok(unsafe { (*group).gr_gid })
 }

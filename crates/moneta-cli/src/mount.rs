@@ -1618,6 +1618,9 @@ fn start_daemon(
         .arg(&inst.image)
         .arg("--socket")
         .arg(&inst.socket)
+        // Every local user may reach the direct path of files the kernel
+        // lets them open on the mount (PostgreSQL runs as postgres).
+        .args(["--socket-mode", "0666"])
         .arg("--watch-fs")
         .arg(&inst.mount);
     if nbd {

@@ -122,6 +122,10 @@ fn bench_against_a_daemon_and_its_errors() {
             "null",
             "--set",
             "device.capacity_bytes=268435456",
+            // Open to every user (the default is the owner only), so that
+            // another user's refusal below is the daemon's, not the socket's.
+            "--socket-mode",
+            "0666",
         ],
     );
     let o = run(moneta()
@@ -542,4 +546,32 @@ fn a_sleeping_request_fails_soon_after_monetad_dies() {
         after < Duration::from_secs(5),
         "the read noticed monetad's death after {after:?}"
     );
+}
+
+#[test]
+fn the_control_socket_is_the_owners_alone_unless_opened() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |s: &Serve| std::fs::metadata(s.socket()).unwrap().permissions().mode() & 0o777;
+    let closed = Serve::start("closed", &["--preset", "null"]);
+    assert_eq!(mode(&closed), 0o600);
+    // Another user cannot even connect.
+    let o = run(moneta()
+        .args(["bench", "--daemon"])
+        .arg(closed.socket())
+        .args(["--ops", "10"])
+        .uid(65534)
+        .gid(65534));
+    assert_ne!(o.status.code(), Some(0));
+    let group = Serve::start(
+        "group",
+        &[
+            "--preset",
+            "null",
+            "--socket-mode",
+            "0660",
+            "--socket-group",
+            "0",
+        ],
+    );
+    assert_eq!(mode(&group), 0o660);
 }

@@ -17,6 +17,12 @@
 //!   extents (no extent: a *soft miss*, ask the control plane); the device
 //!   may still answer "no record" because its table evicted it (a *hard
 //!   miss*): ask the control plane to re-install, then retry.
+//! - A dead daemon: a request it never posted never completes, so every
+//!   poll that finds a request unfinished looks (at most once a millisecond
+//!   per channel) whether the daemon hung up the control connection; from
+//!   then on every unfinished request completes with `DeviceFailure`. No
+//!   way of waiting (`wait`, `poll`, `try_complete`, C `moneta_poll`) says
+//!   "in flight" forever.
 //! - Control: the control plane is a daemon behind a Unix socket, or one in
 //!   this process behind [`LocalPlane`] (libmoneta's embedded mode); this
 //!   crate never links the device itself.
@@ -34,7 +40,7 @@ use std::any::Any;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -70,6 +76,11 @@ impl CompletionMode {
 
 /// Hard-miss retries before a request is reported as failed.
 const MISS_RETRIES: u32 = 4;
+
+/// How often, at most, an unfinished poll looks whether the daemon died:
+/// a poll(2) costs about a microsecond, a dead daemon is noticed within
+/// about a millisecond.
+const LIVENESS_CHECK_NS: u64 = 1_000_000;
 
 /// How long a control-plane call may take before it is an error (the
 /// default; `MONETA_CONTROL_TIMEOUT_MS` overrides it). Generous: open-file
@@ -267,6 +278,10 @@ struct Inner {
     hard_misses: AtomicU64,
     /// COMPLETIONCOUNT as last seen by a forwarding thread.
     seen_count: AtomicU32,
+    /// When an unfinished poll last looked whether the daemon hung up
+    /// (CLOCK_MONOTONIC ns), and whether it had.
+    liveness_checked_ns: AtomicU64,
+    daemon_died: AtomicBool,
     /// Keeps an in-process device alive as long as the channel (embedded
     /// mode: libmoneta passes its `Arc<moneta_emu::engine::Engine>`).
     _keep_alive: Option<Arc<dyn Any + Send + Sync>>,
@@ -408,6 +423,8 @@ impl Moneta {
                 soft_misses: AtomicU64::new(0),
                 hard_misses: AtomicU64::new(0),
                 seen_count: AtomicU32::new(seen),
+                liveness_checked_ns: AtomicU64::new(0),
+                daemon_died: AtomicBool::new(false),
                 _keep_alive: keep_alive,
             }),
         })
@@ -776,11 +793,39 @@ impl Moneta {
             .load(Ordering::Acquire)
     }
 
-    /// The request's result if it has finished (never blocks).
+    /// The request's result if it has finished (never blocks). A request
+    /// of a daemon that died finishes with `DeviceFailure`.
     pub fn poll(&self, io: &Io) -> Option<ResultCode> {
-        let (code, due) = self.posted(io)?;
-        // Posted ahead of its model time: not finished until then.
-        clock_reached(due).then_some(code)
+        match self.posted(io) {
+            // Posted ahead of its model time: not finished until then.
+            Some((code, due)) => clock_reached(due).then_some(code),
+            None => self.daemon_died().then_some(ResultCode::DeviceFailure),
+        }
+    }
+
+    /// Whether the daemon behind this channel died: looked up at most once
+    /// per [`LIVENESS_CHECK_NS`] (a poll(2) of the control socket), then
+    /// remembered.
+    fn daemon_died(&self) -> bool {
+        let inner = &self.inner;
+        if inner.daemon_died.load(Ordering::Relaxed) {
+            return true;
+        }
+        let now = monotonic_ns();
+        let last = inner.liveness_checked_ns.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < LIVENESS_CHECK_NS
+            || inner
+                .liveness_checked_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        let died = self.device_gone();
+        if died {
+            inner.daemon_died.store(true, Ordering::Relaxed);
+        }
+        died
     }
 
     /// The request's result and its due time (CLOCK_MONOTONIC) once the
@@ -913,24 +958,11 @@ impl Moneta {
     }
 
     fn wait_once(&self, io: &Io) -> ResultCode {
-        // Every few milliseconds of waiting, make sure there is still a
-        // device to wait for (a daemon that died never completes): a spin
-        // turn takes nanoseconds, a sleeping one up to a millisecond (at
-        // 2^16 sleeping turns a program noticed monetad's death after
-        // about 65 s).
-        let check_every = if io.mode == CompletionMode::IssueSleep {
-            1 << 3
-        } else {
-            1 << 16
-        };
-        let mut turns = 0u32;
+        // `poll` also ends the wait when the daemon died (it looks every
+        // millisecond; a sleeping turn lasts at most one).
         loop {
             if let Some(code) = self.poll(io) {
                 return code;
-            }
-            turns = turns.wrapping_add(1);
-            if turns.is_multiple_of(check_every) && self.device_gone() {
-                return ResultCode::DeviceFailure;
             }
             if io.mode == CompletionMode::IssueSleep {
                 let m = &self.inner.memory;

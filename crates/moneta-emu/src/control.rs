@@ -40,6 +40,52 @@ pub const MAX_RUNS: usize = 256;
 /// Layout changes one session may announce at once.
 pub const MAX_CHANGES_PER_SESSION: usize = 64;
 
+/// How many channels local users may hold (issue 39: one user's `hello`s
+/// once took all 1,024 and root's `moneta stats` failed). Root and the
+/// daemon's owner are bounded only by the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChannelLimits {
+    /// Channels of one uid other than root's and the owner's.
+    pub per_uid: usize,
+    /// Channels only root and the owner may take (NBD connections are the
+    /// owner's).
+    pub reserve: usize,
+}
+
+impl Default for ChannelLimits {
+    fn default() -> Self {
+        ChannelLimits {
+            per_uid: 256,
+            reserve: 64,
+        }
+    }
+}
+
+impl ChannelLimits {
+    pub fn check(&self) -> Result<(), EmuError> {
+        let most = moneta_abi::channel::CHANNELS - 1;
+        if self.per_uid == 0 || self.reserve >= most {
+            return Err(EmuError::new(
+                ErrorKind::Config,
+                format!(
+                    "channel limits: per uid {} must be at least 1 and the reserve {} below {most}",
+                    self.per_uid, self.reserve
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Channels held, by uid, against [`ChannelLimits`].
+#[derive(Default)]
+struct ChannelAccounts {
+    limits: ChannelLimits,
+    by_uid: HashMap<u32, usize>,
+    /// Held by uids other than root and the owner, together.
+    unprivileged: usize,
+}
+
 /// One client connection's state on the trusted side.
 pub struct Session {
     pub peer: PeerCredentials,
@@ -89,6 +135,7 @@ pub struct ControlPlane {
     image_alias: Mutex<Option<std::path::PathBuf>>,
     /// Per run: its open channels, and what its ended connections did.
     runs: Mutex<Runs>,
+    accounts: Mutex<ChannelAccounts>,
 }
 
 /// The runs the plane counts, by (uid, run id), oldest first.
@@ -133,6 +180,66 @@ impl ControlPlane {
             san_faults: Mutex::new(None),
             image_alias: Mutex::new(None),
             runs: Mutex::new(Runs::default()),
+            accounts: Mutex::new(ChannelAccounts::default()),
+        }
+    }
+
+    /// The uid that may take raw grants (and, with root, is never bounded
+    /// per uid).
+    pub fn owner_uid(&self) -> u32 {
+        self.owner_uid
+    }
+
+    /// Bound the channels of local users (default [`ChannelLimits::default`]).
+    pub fn set_channel_limits(&self, limits: ChannelLimits) -> Result<(), EmuError> {
+        limits.check()?;
+        self.accounts.lock().expect("accounts").limits = limits;
+        Ok(())
+    }
+
+    fn privileged(&self, uid: u32) -> bool {
+        uid == 0 || uid == self.owner_uid
+    }
+
+    /// Count a channel for `uid`, or refuse it with the bound it hit.
+    fn take_channel(&self, uid: u32) -> Result<(), EmuError> {
+        let mut a = self.accounts.lock().expect("accounts");
+        let held = a.by_uid.get(&uid).copied().unwrap_or(0);
+        if !self.privileged(uid) {
+            if held >= a.limits.per_uid {
+                return Err(EmuError::new(
+                    ErrorKind::NoChannel,
+                    format!(
+                        "uid {uid} already holds {held} channels, the most one user may (monetad --channels-per-uid)"
+                    ),
+                ));
+            }
+            let most = moneta_abi::channel::CHANNELS - 1 - a.limits.reserve;
+            if a.unprivileged >= most {
+                return Err(EmuError::new(
+                    ErrorKind::NoChannel,
+                    format!(
+                        "local users hold {most} channels; the other {} are kept for root and the daemon's owner",
+                        a.limits.reserve
+                    ),
+                ));
+            }
+            a.unprivileged += 1;
+        }
+        *a.by_uid.entry(uid).or_default() += 1;
+        Ok(())
+    }
+
+    fn give_channel(&self, uid: u32) {
+        let mut a = self.accounts.lock().expect("accounts");
+        if let Some(n) = a.by_uid.get_mut(&uid) {
+            *n -= 1;
+            if *n == 0 {
+                a.by_uid.remove(&uid);
+            }
+            if !self.privileged(uid) {
+                a.unprivileged -= 1;
+            }
         }
     }
 
@@ -233,7 +340,14 @@ impl ControlPlane {
                     ));
                 }
             }
-            let (channel, memory) = self.engine.create_channel()?;
+            self.take_channel(session.peer.uid)?;
+            let (channel, memory) = match self.engine.create_channel() {
+                Ok(created) => created,
+                Err(e) => {
+                    self.give_channel(session.peer.uid);
+                    return Err(e);
+                }
+            };
             session.channel = Some(channel);
             if let Some(id) = &run {
                 let key = (session.peer.uid, id.clone());
@@ -524,6 +638,7 @@ impl ControlPlane {
                     record.ended.merge(&c);
                 }
             }
+            self.give_channel(session.peer.uid);
         }
         session.changes.clear();
     }

@@ -14,12 +14,15 @@
 //!   (issue 21).
 //! - [`protection`]: the model's permission table, re-exported for the control plane.
 //! - [`medium`]: anonymous memory or a memory-mapped image file.
-//! - [`control`], [`daemon`]: the trusted control plane and `monetad`.
+//! - [`control`], [`daemon`]: the trusted control plane and `monetad`;
+//!   [`accept`] and [`log_limit`]: its listeners at the descriptor limit
+//!   and its rate-limited log (shared with the NBD server).
 //! - [`files`]: file grants from the kernel (descriptor checks, FIEMAP).
 //! - [`layout_watch`], [`free_watch`]: what the kernel says of held files
 //!   (fanotify) and of freed blocks (the file systems' tracepoints, BPF).
 //! - [`wall_clock`]: the clock that makes it an emulator.
 
+pub mod accept;
 pub mod control;
 mod cover_keeper;
 pub mod daemon;
@@ -29,6 +32,7 @@ pub mod file_table;
 pub mod files;
 pub mod free_watch;
 pub mod layout_watch;
+pub mod log_limit;
 pub mod medium;
 pub mod reactor;
 pub mod replica_meta;

@@ -289,6 +289,13 @@ pub fn parse_simple_reply(b: &[u8; 16]) -> Result<(u32, u64), ProtoError> {
 /// answer it with an error right away (the payload of a write, if any, has
 /// to be read and dropped first). `size` is the export's, `read_only` its
 /// mode, `structured` whether structured replies were negotiated.
+///
+/// `FUA` is accepted on every command: the server always advertises
+/// `NBD_FLAG_SEND_FUA`, and the protocol (doc/proto.md, "Command flags")
+/// says a server that did MUST accept the bit on all commands, even by
+/// ignoring it. It matters only where the command writes (the reply then
+/// waits for the flush); on READ, FLUSH, CACHE, BLOCK_STATUS and DISC there
+/// is no write of the command's own to make durable.
 pub fn check_request(
     h: &RequestHeader,
     size: u64,
@@ -296,21 +303,21 @@ pub fn check_request(
     structured: bool,
     meta: bool,
 ) -> Result<(), u32> {
-    let allowed = match h.kind {
-        CMD_READ => {
-            if structured {
-                CMD_FLAG_DF
-            } else {
-                0
+    let allowed = CMD_FLAG_FUA
+        | match h.kind {
+            CMD_READ => {
+                if structured {
+                    CMD_FLAG_DF
+                } else {
+                    0
+                }
             }
-        }
-        CMD_WRITE => CMD_FLAG_FUA,
-        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
-        CMD_TRIM => CMD_FLAG_FUA,
-        CMD_FLUSH | CMD_CACHE | CMD_DISC => 0,
-        CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
-        _ => return Err(EINVAL),
-    };
+            CMD_WRITE | CMD_TRIM => 0,
+            CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            CMD_FLUSH | CMD_CACHE | CMD_DISC => 0,
+            CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
+            _ => return Err(EINVAL),
+        };
     if h.flags & !allowed != 0 {
         return Err(EINVAL);
     }
@@ -499,8 +506,24 @@ mod tests {
             check_request(&h(CMD_READ, 0, u64::MAX, 1), size, false, true, false),
             Err(EINVAL)
         );
+        // FUA is advertised, so every command accepts it (even CACHE and
+        // BLOCK_STATUS); other unknown bits are still refused.
+        for kind in [CMD_READ, CMD_WRITE, CMD_TRIM, CMD_CACHE, CMD_BLOCK_STATUS] {
+            assert_eq!(
+                check_request(&h(kind, CMD_FLAG_FUA, 0, 1), size, false, true, true),
+                Ok(()),
+                "command {kind}"
+            );
+        }
+        for kind in [CMD_FLUSH, CMD_DISC] {
+            assert_eq!(
+                check_request(&h(kind, CMD_FLAG_FUA, 0, 0), size, false, true, true),
+                Ok(()),
+                "command {kind}"
+            );
+        }
         assert_eq!(
-            check_request(&h(CMD_READ, CMD_FLAG_FUA, 0, 1), size, false, true, false),
+            check_request(&h(CMD_READ, 1 << 9, 0, 1), size, false, true, false),
             Err(EINVAL)
         );
         assert_eq!(

@@ -479,7 +479,14 @@ impl NbdServer {
             limits: self.limits,
             hand: inline.hand(),
         });
+        // Out of descriptors, a listener stays readable: the acceptor
+        // closes the waiting client and pauses instead of spinning.
+        let mut acceptor = moneta_emu::accept::Acceptor::new("NBD");
         while !stop.load(Ordering::Acquire) {
+            if let Some(pause) = acceptor.paused_for() {
+                std::thread::sleep(pause.min(Duration::from_millis(100)));
+                continue;
+            }
             // SAFETY: `fds` is a valid array of pollfd for the call.
             let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
             if ready <= 0 {
@@ -497,7 +504,13 @@ impl NbdServer {
                     }),
                     Listener::Unix(u, _) => u.accept().map(|(s, _)| Stream::Unix(s)),
                 };
-                let Ok(stream) = stream else { continue };
+                let stream = match stream {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        acceptor.failed(fd.fd, &e);
+                        continue;
+                    }
+                };
                 self.counters.connections.fetch_add(1, Ordering::Relaxed);
                 let max = shared.limits.max_connections;
                 let slot = match Slot::take(&self.counters, false, max) {

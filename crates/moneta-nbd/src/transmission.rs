@@ -837,9 +837,9 @@ impl Connection {
                 done: None,
             },
             // Trim is advisory and the device keeps every byte; cache has
-            // nothing to warm.
+            // nothing to warm. A FUA trim is a write: it waits for a flush.
             proto::CMD_TRIM | proto::CMD_CACHE => {
-                if h.flags & proto::CMD_FLAG_FUA != 0 {
+                if h.kind == proto::CMD_TRIM && h.flags & proto::CMD_FLAG_FUA != 0 {
                     Job::Flush {
                         cookie: h.cookie,
                         done: None,
@@ -937,7 +937,10 @@ impl Connection {
                     }
                     let h = command.header;
                     let mut error = command.error;
-                    if error == 0 && h.flags & proto::CMD_FLAG_FUA != 0 {
+                    // FUA makes the command's own writes durable; a read
+                    // has none (the protocol lets a server ignore the bit).
+                    if error == 0 && h.kind != proto::CMD_READ && h.flags & proto::CMD_FLAG_FUA != 0
+                    {
                         match flushed(&mut command.fua, tasks) {
                             Some(e) => error = e,
                             None => return any,

@@ -210,7 +210,7 @@ fn bad_requests_get_errors_and_change_nothing() {
     assert_eq!(c.reply().1, proto::EINVAL);
     c.request(77, 0, 4, 0, 1, &[]);
     assert_eq!(c.reply().1, proto::EINVAL);
-    c.request(proto::CMD_READ, proto::CMD_FLAG_FUA, 5, 0, 1, &[]);
+    c.request(proto::CMD_READ, 1 << 9, 5, 0, 1, &[]);
     assert_eq!(c.reply().1, proto::EINVAL);
     c.request(proto::CMD_READ, 0, 6, 0, 0, &[]);
     assert_eq!(c.reply().1, proto::EINVAL);
@@ -256,6 +256,52 @@ fn bad_requests_get_errors_and_change_nothing() {
     seen.sort();
     assert_eq!(seen, (1000..1100).collect::<Vec<_>>());
     c.request(proto::CMD_DISC, 0, 14, 0, 0, &[]);
+}
+
+/// The server advertises `SEND_FUA`, so it must accept the flag on every
+/// command (doc/proto.md, "Command flags": "the server MUST accept all
+/// commands with this bit set (even by ignoring the bit)"). libnbd refuses to
+/// send it on a read in its default strict mode and the kernel sends it on
+/// writes only, so this speaks the wire itself.
+#[test]
+fn fua_is_accepted_on_every_command() {
+    let s = Server::start_on(null(4 * MIB), &["moneta"], true, Limits::default());
+    let mut c = Client::hello(&s.socket);
+    assert_eq!(c.option(proto::OPT_STRUCTURED_REPLY, &[]), proto::REP_ACK);
+    let mut meta = proto::length_prefixed(None, "moneta");
+    meta.extend_from_slice(&1u32.to_be_bytes());
+    meta.extend_from_slice(&proto::length_prefixed(None, "base:allocation"));
+    assert_eq!(c.option(proto::OPT_SET_META_CONTEXT, &meta), proto::REP_ACK);
+    let (kind, message) = c.go("moneta");
+    assert_eq!(
+        kind,
+        proto::REP_ACK,
+        "{}",
+        String::from_utf8_lossy(&message)
+    );
+    let fua = proto::CMD_FLAG_FUA;
+    let data = vec![0x3Cu8; 4096];
+    c.request(proto::CMD_WRITE, fua, 1, 8192, 4096, &data);
+    assert_eq!(c.reply(), (1, 0, Vec::new()), "WRITE+FUA");
+    c.request(proto::CMD_READ, fua, 2, 8192, 4096, &[]);
+    assert_eq!(c.reply(), (2, 0, data.clone()), "READ+FUA");
+    c.request(proto::CMD_FLUSH, fua, 3, 0, 0, &[]);
+    assert_eq!(c.reply(), (3, 0, Vec::new()), "FLUSH+FUA");
+    c.request(proto::CMD_CACHE, fua, 4, 0, 4096, &[]);
+    assert_eq!(c.reply(), (4, 0, Vec::new()), "CACHE+FUA");
+    c.request(proto::CMD_TRIM, fua, 5, 0, 4096, &[]);
+    assert_eq!(c.reply(), (5, 0, Vec::new()), "TRIM+FUA");
+    c.request(proto::CMD_WRITE_ZEROES, fua, 6, 0, 4096, &[]);
+    assert_eq!(c.reply(), (6, 0, Vec::new()), "WRITE_ZEROES+FUA");
+    c.request(proto::CMD_BLOCK_STATUS, fua, 7, 0, 4096, &[]);
+    let (cookie, error, extents) = c.reply();
+    assert_eq!((cookie, error), (7, 0), "BLOCK_STATUS+FUA");
+    assert!(!extents.is_empty(), "BLOCK_STATUS+FUA returned no extents");
+    // The FUA write is in the image file when its reply is sent.
+    let image = std::fs::read(s.file("device.img")).unwrap();
+    assert!(image[8192..12288] == data[..], "FUA write not in the image");
+    c.request(proto::CMD_DISC, fua, 8, 0, 0, &[]);
+    assert!(closed_within(&mut c.s, Duration::from_secs(10)), "DISC+FUA");
 }
 
 #[test]
