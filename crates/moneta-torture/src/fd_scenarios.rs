@@ -105,7 +105,8 @@ fn run_step(mut cmd: Command) -> Result<String, String> {
         Instant::now().elapsed().as_nanos()
     ));
     let f = std::fs::File::create(&out).map_err(|e| e.to_string())?;
-    let mut child = cmd
+    // Its own process group: a hung step is killed with all it made.
+    let mut child = std::os::unix::process::CommandExt::process_group(&mut cmd, 0)
         .stdout(f.try_clone().map_err(|e| e.to_string())?)
         .stderr(f)
         .spawn()
@@ -116,7 +117,8 @@ fn run_step(mut cmd: Command) -> Result<String, String> {
             break Some(s);
         }
         if t0.elapsed() > STEP_DEADLINE {
-            let _ = child.kill();
+            // SAFETY: kill(2) of the step's own process group.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
             break None;
         }
