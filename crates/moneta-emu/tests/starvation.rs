@@ -62,6 +62,7 @@ fn hello(socket: &Path) -> std::io::Result<(UnixStream, Response)> {
     s.set_read_timeout(Some(Duration::from_secs(20)))?;
     let frame = control::encode(&Request::Hello {
         version: PROTOCOL_VERSION,
+        run: None,
     });
     sys::send_with_fds(s.as_raw_fd(), &frame, &[])?;
     let mut reader = FrameReader::new();
@@ -88,7 +89,13 @@ fn root_stats(socket: &Path) -> Result<u32, String> {
     if !matches!(r, Response::Channel(_)) {
         return Err(format!("hello: {r:?}"));
     }
-    match call(&s, &Request::Stats {}) {
+    match call(
+        &s,
+        &Request::Stats {
+            run: None,
+            channel: None,
+        },
+    ) {
         Response::Stats(stats) => Ok(stats.channels_open),
         r => Err(format!("stats: {r:?}")),
     }
