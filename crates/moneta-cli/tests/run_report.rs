@@ -208,6 +208,8 @@ fn the_readme_fio_example_keeps_its_device_share() {
             "--size=16m",
             "--verify=crc32c",
             "--do_verify=1",
+            // fio would leave local-v-0-verify.state in the working directory.
+            "--verify_state_save=0",
         ],
     );
     assert_eq!(code, 0, "fio failed (make setup installs it): {stderr}");
