@@ -227,4 +227,22 @@ fn the_readme_fio_example_keeps_its_device_share() {
         r["device"]["read"]["bytes"].as_u64().unwrap() >= FILE_BYTES,
         "{r:#}"
     );
+    // fio's job process ends with _exit: its shim report is still written,
+    // so the shim's own counts name the kernel's writes and why.
+    assert!(
+        r["shim_kernel"]["write"]["bytes"].as_u64().unwrap() >= FILE_BYTES,
+        "the shim's reports miss the job process's kernel writes: {r:#}"
+    );
+    assert!(
+        r["shim_device"]["read"]["bytes"].as_u64().unwrap() >= FILE_BYTES,
+        "{r:#}"
+    );
+    assert!(
+        r["kernel_reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["op"] == "write" && x["requests"].as_u64().unwrap() > 0),
+        "no reason for the kernel's writes: {r:#}"
+    );
 }

@@ -79,6 +79,7 @@ real_fns! {
     memfd_create: fn(*const c_char, libc::c_uint) -> c_int;
     epoll_create1: fn(c_int) -> c_int;
     execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;
+    _exit: fn(c_int) -> ();
     execv: fn(*const c_char, *const *const c_char) -> c_int;
     execvp: fn(*const c_char, *const *const c_char) -> c_int;
     execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int;

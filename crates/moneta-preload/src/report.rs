@@ -187,6 +187,28 @@ pub unsafe extern "C" fn execve(
     exec_with_report(|| unsafe { (real().execve)(path, argv, envp) })
 }
 
+/// `_exit` and `_Exit` skip the fini array (fio's job processes end this
+/// way, as many forking servers' children do): the report is written first.
+#[no_mangle]
+pub unsafe extern "C" fn _exit(status: c_int) -> ! {
+    at_exit();
+    // SAFETY: the C library's `_exit`; it does not return.
+    unsafe { (real()._exit)(status) };
+    // Not reached; exit_group ends every thread if it were.
+    loop {
+        // SAFETY: exit_group takes the status and does not return.
+        unsafe { libc::syscall(libc::SYS_exit_group, status as c_long) };
+    }
+}
+
+/// C99's name for `_exit`.
+#[no_mangle]
+#[allow(non_snake_case)]
+pub unsafe extern "C" fn _Exit(status: c_int) -> ! {
+    // SAFETY: as `_exit`.
+    unsafe { _exit(status) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
     exec_with_report(|| unsafe { (real().execv)(path, argv) })
