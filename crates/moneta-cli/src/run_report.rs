@@ -216,8 +216,8 @@ pub struct RunReport {
     /// The loop device under the mount, over the run (None: not found).
     pub loop_device: Option<PathBuf>,
     pub kernel_block: Option<BlockStat>,
-    /// Share of the run's bytes the kernel served (from the shim's
-    /// reports if any, else from the loop device), and whether that is
+    /// Share of the run's bytes the kernel served (the larger of the
+    /// shim's reports' and the loop device's counts), and whether that is
     /// most of them.
     pub kernel_share: Option<f64>,
     pub mostly_bypassed: bool,
@@ -283,10 +283,15 @@ pub fn build(i: Inputs) -> RunReport {
         ));
     }
     let device_bytes = i.device.read.bytes + i.device.write.bytes;
-    let kernel_bytes = if i.reports.is_empty() {
-        i.kernel_block.map(|b| b.read_bytes + b.write_bytes)
-    } else {
-        Some(shim_kernel.bytes())
+    // The shim's reports see what its processes sent to the kernel; IO past
+    // the shim (LD_PRELOAD cleared, a static binary) shows only on the loop
+    // device, which also carries the shim's kernel writes back. The larger
+    // of the two counts each byte once.
+    let from_shim = (!i.reports.is_empty()).then(|| shim_kernel.bytes());
+    let from_loop = i.kernel_block.map(|b| b.read_bytes + b.write_bytes);
+    let kernel_bytes = match (from_shim, from_loop) {
+        (Some(s), Some(l)) => Some(s.max(l)),
+        (s, l) => s.or(l),
     };
     let kernel_share = kernel_bytes
         .filter(|k| k + device_bytes > 0)
