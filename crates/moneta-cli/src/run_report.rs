@@ -287,7 +287,7 @@ pub fn build(i: Inputs) -> RunReport {
     // the shim (LD_PRELOAD cleared, a static binary) shows only on the loop
     // device, which also carries the shim's kernel writes back. The larger
     // of the two counts each byte once.
-    let from_shim = (!i.reports.is_empty()).then(|| shim_kernel.bytes());
+    let from_shim = (!i.reports.is_empty()).then_some(shim_kernel.bytes());
     let from_loop = i.kernel_block.map(|b| b.read_bytes + b.write_bytes);
     let kernel_bytes = match (from_shim, from_loop) {
         (Some(s), Some(l)) => Some(s.max(l)),
