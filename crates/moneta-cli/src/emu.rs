@@ -882,7 +882,8 @@ fn forward_signals() {
 }
 
 /// A private directory for the shim's reports, removed on drop.
-struct ReportDir(PathBuf);
+/// The shim reports' directory, and whether this run made it (and removes it).
+struct ReportDir(PathBuf, bool);
 
 impl ReportDir {
     fn create() -> Result<ReportDir, String> {
@@ -900,15 +901,18 @@ impl ReportDir {
             ));
         }
         bytes.pop();
-        Ok(ReportDir(PathBuf::from(
-            String::from_utf8(bytes).map_err(|e| e.to_string())?,
-        )))
+        Ok(ReportDir(
+            PathBuf::from(String::from_utf8(bytes).map_err(|e| e.to_string())?),
+            true,
+        ))
     }
 }
 
 impl Drop for ReportDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if self.1 {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 }
 
@@ -948,7 +952,12 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     );
-    let dir = ReportDir::create()?;
+    // A caller's own MONETA_RUN_REPORT_DIR is kept (and read); else a
+    // private one for this run.
+    let dir = match std::env::var_os("MONETA_RUN_REPORT_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => ReportDir(PathBuf::from(d), false),
+        None => ReportDir::create()?,
+    };
     let loop_device = crate::mount::loop_device_of(&mount);
     syncfs(&mount);
     let block_before = loop_device
