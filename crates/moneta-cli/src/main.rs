@@ -15,11 +15,13 @@
 //! - `moneta up`, `down`, `status`: the Moneta file system (an image, XFS or
 //!   ext4 on a loop device, monetad on the same image).
 
+mod docs;
 mod emu;
 mod mount;
 mod nvmm;
 mod output;
 mod plot;
+mod provenance;
 mod report;
 mod run_report;
 mod san;
@@ -29,7 +31,7 @@ mod san_sort;
 mod san_up;
 mod sort_worker;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};
 use moneta_model::experiment::{rate, run};
 use moneta_model::summary::{default_region_bytes, workload_point};
@@ -100,6 +102,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Write the documentation's reference pages (every command, every
+    /// configuration key, the C ABI) from the code; --check fails if stale.
+    Docs(docs::DocsArgs),
 }
 
 #[derive(Subcommand)]
@@ -432,6 +437,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::Status(a) => mount::status(a),
         Command::Run(a) => emu::run_program(a),
         Command::Calibrate { format } => calibrate(format),
+        Command::Docs(a) => docs::run(a, &Cli::command()),
         Command::Report(a) => report::report(a),
         Command::San(c) => san::dispatch(*c),
         Command::Nvmm(c) => nvmm::dispatch(*c),
@@ -646,14 +652,20 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         );
     }
     output::print_points(&points, a.model.format, true)?;
+    let mut provenance = provenance::Provenance::here()
+        .seed(a.model.seed)
+        .partial(points.len() < mine.len());
+    if let RunLimit::Ops(n) = limit {
+        provenance = provenance.requests_per_point(n);
+    }
     if let Some(path) = &a.plot {
         let svg = output::bandwidth_chart(&config, &points).to_svg(900, 480);
-        plot::write_file(path, &svg).map_err(|e| e.to_string())?;
+        plot::write_file_from(path, &svg, &provenance).map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &a.report {
         let html = output::sweep_report(&config, &points).to_html();
-        plot::write_file(path, &html).map_err(|e| e.to_string())?;
+        plot::write_file_from(path, &html, &provenance).map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
     }
     if points.len() < mine.len() {

@@ -994,11 +994,46 @@ impl Report {
 /// with `rsvg-convert` or a browser). No directory is created: a missing
 /// parent is an error naming it. Errors carry the path in their message.
 pub fn write_file(path: &Path, contents: &str) -> std::io::Result<()> {
+    write_file_from(path, contents, &crate::provenance::Provenance::here())
+}
+
+/// [`write_file`] with a provenance that knows more than the command line
+/// (the seed, requests per point, whether the run is partial).
+pub fn write_file_from(
+    path: &Path,
+    contents: &str,
+    provenance: &crate::provenance::Provenance,
+) -> std::io::Result<()> {
     let is_svg = contents.trim_start().starts_with("<svg") || contents.starts_with("<?xml");
     check_output(path, is_svg)
         .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidInput, m))?;
-    std::fs::write(path, contents)
+    std::fs::write(path, stamp(contents, &provenance.line()))
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+/// `contents` carrying where it came from: an SVG gets a `<metadata>`
+/// element right after its opening tag, an HTML page a
+/// footer before `</body>`.
+pub fn stamp(contents: &str, provenance: &str) -> String {
+    let text = escape(provenance);
+    if let Some(body_end) = contents.rfind("</body>") {
+        let mut s = String::with_capacity(contents.len() + text.len() + 64);
+        s.push_str(&contents[..body_end]);
+        let _ = writeln!(s, "<footer class=\"provenance\"><small>{text}</small></footer>");
+        s.push_str(&contents[body_end..]);
+        return s;
+    }
+    let Some(start) = contents.find("<svg") else {
+        return contents.to_string();
+    };
+    let Some(open_end) = contents[start..].find('>').map(|i| start + i + 1) else {
+        return contents.to_string();
+    };
+    let mut s = String::with_capacity(contents.len() + 2 * text.len() + 64);
+    s.push_str(&contents[..open_end]);
+    let _ = write!(s, "\n<metadata class=\"provenance\">{text}</metadata>");
+    s.push_str(&contents[open_end..]);
+    s
 }
 
 /// Whether [`write_file`] will accept `path` for an SVG (`svg`) or an HTML
