@@ -1,8 +1,9 @@
 # Moneta in software. `make run` and `make test` work on a fresh machine.
 CARGO ?= cargo
 MONETA := target/release/moneta
+MDBOOK_VERSION := 0.5.4
 
-.PHONY: all setup build run test bench fidelity calibrate torture san san-chaos nvmm clean
+.PHONY: all setup build run test docs bench fidelity calibrate torture san san-chaos nvmm clean
 
 all: build
 
@@ -30,6 +31,7 @@ setup:
 	@command -v nbdkit >/dev/null || (apt-get update && apt-get install -y nbdkit)
 	@command -v qemu-img >/dev/null || (apt-get update && apt-get install -y qemu-utils)
 	@command -v ip >/dev/null || (apt-get update && apt-get install -y iproute2)
+	@mdbook --version 2>/dev/null | grep -q 'v$(MDBOOK_VERSION)$$' || $(CARGO) install mdbook --locked --version $(MDBOOK_VERSION)
 
 build:
 	$(CARGO) build --release
@@ -53,6 +55,8 @@ test: setup
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(CARGO) build --release
 	$(CARGO) test --workspace --release
+	$(MONETA) docs --check --out docs/src
+	$(MAKE) --no-print-directory docs
 	$(MONETA) sim speed --preset moneta --ops 200000
 	$(MONETA) san sim latency --ops 200
 	$(MONETA) san sim bandwidth --ops 500 --sizes 512,262144 --op read,write
@@ -70,6 +74,15 @@ test: setup
 	$(CARGO) bench -p moneta-model --bench nvmm_speed -- --smoke
 	$(CARGO) bench -p libnvmm --bench nvmm -- --smoke
 	$(CARGO) bench -p libnvmm --bench model_vs_library -- --smoke
+
+# The documentation site (docs/src, mdBook): the reference pages from the
+# code, the calibration results page with its provenance, the book in
+# target/book/, and a check that every link and SPEC section resolves and
+# that README stays a user's README.
+docs: build
+	$(MONETA) docs --out docs/src --results
+	mdbook build docs
+	python3 scripts/check_docs.py
 
 # Simulator speed: simulated 4 KB requests per wall-clock second (target ≥ 2M);
 # emulator software overhead against pread(2) on tmpfs and against the raw

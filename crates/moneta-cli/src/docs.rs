@@ -221,18 +221,21 @@ fn command_section(out: &mut String, cmd: &Command, parents: &[&str]) {
     }
 }
 
-/// A table cell: one line, pipes escaped.
+/// A table cell: one line, pipes and angle brackets escaped.
 fn cell(text: &str) -> String {
-    text.split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .replace('|', "\\|")
+    html_text(&text.split_whitespace().collect::<Vec<_>>().join(" ")).replace('|', "\\|")
+}
+
+/// Text that Markdown passes through as HTML: `<preset>` in a help text
+/// must show, not open a tag.
+fn html_text(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 // ---------------------------------------------------------- configuration
 
 /// One `key = value  # comment` line of a preset's TOML.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct Key {
     section: String,
     name: String,
@@ -240,23 +243,61 @@ struct Key {
     comment: String,
 }
 
-/// The keys of a preset's TOML text, in order, with the comment on their
-/// line (continuation comments on the following lines are appended).
+/// The keys of a preset's TOML text, in order, with their source: the
+/// comment on their line (continuation comments on the following lines are
+/// appended), else that of their read/write sibling (`x_ns_read` documents
+/// `x_ns_write`), else their section header's.
 fn keys(toml_text: &str) -> Vec<Key> {
-    let mut out: Vec<Key> = Vec::new();
+    let with_sections = own_comments(toml_text);
+    let mut out: Vec<Key> = with_sections.iter().map(|(k, _)| k.clone()).collect();
+    for i in 0..out.len() {
+        if !out[i].comment.is_empty() {
+            continue;
+        }
+        let stem = sibling_stem(&out[i].name);
+        let sibling = out
+            .iter()
+            .find(|k| {
+                k.section == out[i].section
+                    && k.name != out[i].name
+                    && !k.comment.is_empty()
+                    && stem.is_some()
+                    && sibling_stem(&k.name) == stem
+            })
+            .map(|k| k.comment.clone());
+        out[i].comment = sibling.unwrap_or_else(|| with_sections[i].1.clone());
+    }
+    out
+}
+
+/// A key's name without its read/write (or technology) suffix.
+fn sibling_stem(name: &str) -> Option<&str> {
+    ["_read", "_write", "_slc", "_mlc", "_idle", "_peak"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+}
+
+/// Each key with its own comment, and its section header's comment.
+fn own_comments(toml_text: &str) -> Vec<(Key, String)> {
+    let mut out: Vec<(Key, String)> = Vec::new();
     let mut section = String::new();
+    let mut section_comment = String::new();
     let mut last_was_key = false;
     for line in toml_text.lines() {
         let trimmed = line.trim();
-        if let Some(name) = trimmed.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
-            section = name.trim().to_string();
-            last_was_key = false;
-            continue;
+        if trimmed.starts_with('[') {
+            let (header, comment) = split_comment(trimmed);
+            if let Some(name) = header.trim().strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+                section = name.trim().to_string();
+                section_comment = comment.trim().to_string();
+                last_was_key = false;
+                continue;
+            }
         }
         if let Some(rest) = trimmed.strip_prefix('#') {
             // A comment indented under a key's comment continues it.
             if last_was_key && line.starts_with(' ') {
-                if let Some(k) = out.last_mut() {
+                if let Some((k, _)) = out.last_mut() {
                     k.comment.push(' ');
                     k.comment.push_str(rest.trim());
                 }
@@ -270,12 +311,15 @@ fn keys(toml_text: &str) -> Vec<Key> {
             continue;
         };
         let (value, comment) = split_comment(rest);
-        out.push(Key {
-            section: section.clone(),
-            name: name.trim().to_string(),
-            value: value.trim().to_string(),
-            comment: comment.trim().to_string(),
-        });
+        out.push((
+            Key {
+                section: section.clone(),
+                name: name.trim().to_string(),
+                value: value.trim().to_string(),
+                comment: comment.trim().to_string(),
+            },
+            section_comment.clone(),
+        ));
         last_was_key = true;
     }
     out
@@ -518,7 +562,7 @@ pub fn c_abi_reference() -> String {
 /// Comment lines joined into paragraphs (blank lines separate them).
 fn paragraphs(text: &str) -> String {
     text.split("\n\n")
-        .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "))
+        .map(|p| html_text(&p.split_whitespace().collect::<Vec<_>>().join(" ")))
         .filter(|p| !p.is_empty())
         .collect::<Vec<_>>()
         .join("\n\n")
@@ -532,9 +576,12 @@ mod tests {
     fn keys_carry_section_value_and_comment() {
         let ks = keys(
             "name = \"x\"\n[device]\ntags = 64   # SPEC §1.2\n  # and more\n\
-             label = \"a#b\" # why\n",
+             label = \"a#b\" # why\n[costs]   # Table 3.1\nx_ns_read = 1 # r\nx_ns_write = 2\ny = 3\n",
         );
-        assert_eq!(ks.len(), 3);
+        assert_eq!(ks.len(), 6);
+        assert_eq!(ks[4].comment, "r", "a sibling's source");
+        assert_eq!(ks[5].comment, "Table 3.1", "the section's source");
+        assert_eq!(ks[5].section, "costs");
         assert_eq!(ks[1].section, "device");
         assert_eq!(ks[1].value, "64");
         assert_eq!(ks[1].comment, "SPEC §1.2 and more");
@@ -544,14 +591,15 @@ mod tests {
 
     #[test]
     fn every_root_key_is_documented_with_a_source() {
-        // Every key of the roots appears in the reference, and each has the
-        // comment its preset gives (a key without a source is a defect of the
-        // preset, caught here).
+        // Every key of the roots appears in the reference, and each number
+        // has the source its preset gives (a number without one is a defect
+        // of the preset, caught here; switches and names explain themselves).
         let page = config_reference();
         for root in ["moneta", "nvmm-mlc"] {
             for k in keys(preset_text(root).unwrap()) {
                 assert!(page.contains(&format!("| `{}` |", k.name)), "{}", k.name);
-                if !k.section.is_empty() {
+                let numeric = k.value.parse::<f64>().is_ok();
+                if !k.section.is_empty() && numeric {
                     assert!(
                         !k.comment.is_empty(),
                         "{root}: [{}] {} has no source comment",
@@ -586,6 +634,7 @@ mod tests {
         }
         assert!(page.contains("moneta_last_error"));
         assert!(page.contains("Why the last failing call"));
+        assert!(!page.contains("<preset>"), "angle brackets are escaped");
     }
 
     #[test]

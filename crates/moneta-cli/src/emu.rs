@@ -76,7 +76,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = moneta_emu::engine::DEFAULT_POST_AHEAD_NS)]
     post_ahead_ns: u64,
     /// Run the device thread under SCHED_FIFO, so that a busy host cannot
-    /// make it wait for a core (issue 21; needs root or CAP_SYS_NICE).
+    /// make it wait for a core (needs root or CAP_SYS_NICE).
     /// While it spins (busy, or idle for --idle-spin-us) ordinary threads
     /// on its core get only what real-time throttling leaves: best with
     /// one daemon per core at most.
@@ -142,7 +142,7 @@ pub struct ServeArgs {
 }
 
 /// `moneta serve-group`: several devices in one daemon, turned by shared
-/// reactors (issue 21; README "Reactors").
+/// reactors (docs: the emulator guide, "Reactors").
 #[derive(Args)]
 pub struct ServeGroupArgs {
     /// Reactor threads (each turns its share of the devices, round robin).

@@ -53,7 +53,7 @@ pub enum SanCommand {
     /// resyncs it (DRBD's discard-my-data).
     Resolve(crate::san_up::SanResolveArgs),
     /// Local against remote access on a SAN that is up, through node 0's
-    /// daemon, beside the simulator's prediction (issue 12 item 8).
+    /// daemon, beside the simulator's prediction.
     Bench(crate::san_bench::SanBenchArgs),
     /// The distributed sort (SPEC §4.4) for real: one worker per host on a
     /// SAN (or N workers on one daemon), validated, timed, and next to the

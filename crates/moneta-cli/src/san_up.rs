@@ -77,8 +77,8 @@ pub enum TransportArg {
 /// How the nodes' devices are hosted.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DaemonsArg {
-    /// One monetad for every node, its devices turned by shared reactors
-    /// (issue 21): a remote request crosses the wire without waiting for
+    /// One monetad for every node, its devices turned by shared reactors:
+    /// a remote request crosses the wire without waiting for
     /// the scheduler. A node cannot be killed alone.
     One,
     /// A monetad per node, each in its namespace: `kill -9` of one node
