@@ -309,7 +309,8 @@ fn pack(ns: u64, epoch: u64) -> u64 {
 
 /// A write found `of`'s attributes clean; `epoch` was read before it looked.
 pub fn attributes_seen(of: &crate::state::OpenFile, epoch: u64) {
-    of.attrs_clean.store(pack(now_ns(), epoch), Ordering::Release);
+    of.attrs_clean
+        .store(pack(now_ns(), epoch), Ordering::Release);
 }
 
 /// Whether the last clean look at `of`'s attributes still stands: less

@@ -47,9 +47,11 @@ fn parse(args: &[String]) -> Result<Args, String> {
         i += 1;
     }
     if a.file.as_os_str().is_empty() || a.bytes == 0 {
-        return Err("usage: moneta-torture io-cost --file F [--ops N] [--bytes B] [--write] \
+        return Err(
+            "usage: moneta-torture io-cost --file F [--ops N] [--bytes B] [--write] \
                     [--api]"
-            .into());
+                .into(),
+        );
     }
     Ok(a)
 }
@@ -120,12 +122,10 @@ pub fn main(args: &[String]) -> i32 {
 
 /// libmoneta's handle of the open file `fd` (MONETA_SOCKET names the
 /// daemon, as `moneta run` sets it).
-fn api_file(
-    fd: i32,
-) -> Result<(moneta_client::Moneta, moneta_client::file::MonetaFile), String> {
+fn api_file(fd: i32) -> Result<(moneta_client::Moneta, moneta_client::file::MonetaFile), String> {
     let socket = std::env::var("MONETA_SOCKET").map_err(|_| "MONETA_SOCKET is not set")?;
-    let m = moneta_client::Moneta::connect(std::path::Path::new(&socket))
-        .map_err(|e| e.to_string())?;
+    let m =
+        moneta_client::Moneta::connect(std::path::Path::new(&socket)).map_err(|e| e.to_string())?;
     let f = m.open_file(fd).map_err(|e| e.to_string())?;
     Ok((m, f))
 }

@@ -35,7 +35,11 @@ fn seed_file(p: &Path, id: u16, len: u64) -> Result<(), Failure> {
     if ok {
         Ok(())
     } else {
-        Err(Failure(format!("writing {}: errno {}", p.display(), sys::errno())))
+        Err(Failure(format!(
+            "writing {}: errno {}",
+            p.display(),
+            sys::errno()
+        )))
     }
 }
 
@@ -89,7 +93,11 @@ impl Worker {
     /// to it, C only its own units or (after the `dup2` of C) A's.
     pub(super) fn fd_reuse(&mut self, r: &mut Rng) -> Step {
         let w = self.cfg.worker;
-        let (a_id, b_id, c_id) = (private_id(w, 0x10), private_id(w, 0x11), private_id(w, 0x12));
+        let (a_id, b_id, c_id) = (
+            private_id(w, 0x10),
+            private_id(w, 0x11),
+            private_id(w, 0x12),
+        );
         let (pa, pb, pc) = (
             self.scratch("reuse-a"),
             self.scratch("reuse-b"),
@@ -123,8 +131,8 @@ impl Worker {
         }
         let null = sys::open(Path::new("/dev/null"), libc::O_RDWR)
             .map_err(|e| Failure(format!("/dev/null: errno {e}")))? as i32;
-        let c = sys::open(&pc, libc::O_RDWR).map_err(|e| Failure(format!("open C: errno {e}")))?
-            as i32;
+        let c =
+            sys::open(&pc, libc::O_RDWR).map_err(|e| Failure(format!("open C: errno {e}")))? as i32;
         let stop = Arc::new(AtomicBool::new(false));
         let busy = {
             let stop = stop.clone();
@@ -202,7 +210,9 @@ impl Worker {
                 (Err(e), _) | (_, Err(e)) => Err(e),
             }
         });
-        let log = writer.join().map_err(|_| Failure("fd_reuse: the writer panicked".into()))?;
+        let log = writer
+            .join()
+            .map_err(|_| Failure("fd_reuse: the writer panicked".into()))?;
         stop.store(true, Ordering::Release);
         let _ = busy.join();
         if variant != 0 {
@@ -263,7 +273,8 @@ impl Worker {
             return self.fail(format!(
                 "fd_reuse (variant {variant}): B holds other bytes than written from byte {i} \
                  (unit {:?}; {} bytes, {} written): another descriptor's data",
-                b.get(i / 16 * 16..i / 16 * 16 + 16).and_then(pattern::parse),
+                b.get(i / 16 * 16..i / 16 * 16 + 16)
+                    .and_then(pattern::parse),
                 b.len(),
                 new.len()
             ));
@@ -329,7 +340,13 @@ impl Worker {
                 let c = sys::cpath(&p);
                 // SAFETY: raw system calls (past the shim) on our own file.
                 let tfd = unsafe {
-                    libc::syscall(libc::SYS_openat, libc::AT_FDCWD, c.as_ptr(), libc::O_RDWR, 0)
+                    libc::syscall(
+                        libc::SYS_openat,
+                        libc::AT_FDCWD,
+                        c.as_ptr(),
+                        libc::O_RDWR,
+                        0,
+                    )
                 } as i32;
                 if tfd < 0 {
                     return;
