@@ -6,7 +6,9 @@
 //! kernel's otherwise) or through libmoneta's file API directly
 //! (`--api`: the same requests with no interposition, no per-call
 //! checks), and prints the mean nanoseconds per call. Run each side in the
-//! same session and quote ratios.
+//! same session and quote ratios. `--checks` times, on the same
+//! descriptor, each system call the shim's per-IO checks make (getpid,
+//! F_GETFL, statx, sysinfo) against the kernel's own pread of cached bytes.
 
 use crate::pattern::Rng;
 use crate::sys;
@@ -19,6 +21,7 @@ struct Args {
     bytes: u64,
     write: bool,
     api: bool,
+    checks: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -28,6 +31,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         bytes: 4096,
         write: false,
         api: false,
+        checks: false,
     };
     let mut i = 0;
     while i < args.len() {
@@ -42,6 +46,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--bytes" => a.bytes = value()?.parse().map_err(|_| "--bytes: a number")?,
             "--write" => a.write = true,
             "--api" => a.api = true,
+            "--checks" => a.checks = true,
             other => return Err(format!("io-cost: unknown option {other:?}")),
         }
         i += 1;
@@ -78,7 +83,11 @@ pub fn main(args: &[String]) -> i32 {
         eprintln!("io-cost: {} is smaller than one IO", a.file.display());
         return 2;
     }
-    let mut rng = Rng::new(0x10C0_57);
+    if a.checks {
+        checks(fd, a.ops, a.bytes);
+        return 0;
+    }
+    let mut rng = Rng::new(0x0010_C057);
     let mut buf = vec![0x5Au8; a.bytes as usize];
     let api = if a.api {
         match api_file(fd) {
@@ -128,4 +137,45 @@ fn api_file(fd: i32) -> Result<(moneta_client::Moneta, moneta_client::file::Mone
         moneta_client::Moneta::connect(std::path::Path::new(&socket)).map_err(|e| e.to_string())?;
     let f = m.open_file(fd).map_err(|e| e.to_string())?;
     Ok((m, f))
+}
+
+/// Mean nanoseconds of each system call of the shim's per-IO checks, and
+/// of a pread of `bytes` cached bytes, `ops` calls each.
+fn checks(fd: i32, ops: u64, bytes: u64) {
+    let time = |what: &str, f: &mut dyn FnMut()| {
+        let t0 = Instant::now();
+        for _ in 0..ops {
+            f();
+        }
+        println!(
+            "io-cost: {what}: {:.0} ns per call",
+            t0.elapsed().as_nanos() as f64 / ops as f64
+        );
+    };
+    // SAFETY (every closure): plain system calls on our descriptor and
+    // into zeroed structs of the right type.
+    time("getpid", &mut || unsafe {
+        libc::syscall(libc::SYS_getpid);
+    });
+    time("fcntl(F_GETFL)", &mut || unsafe {
+        libc::fcntl(fd, libc::F_GETFL);
+    });
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    time("statx", &mut || unsafe {
+        libc::statx(
+            fd,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_INO,
+            &mut sx,
+        );
+    });
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    time("sysinfo", &mut || unsafe {
+        libc::sysinfo(&mut si);
+    });
+    let mut buf = vec![0u8; bytes as usize];
+    time(&format!("pread of {bytes} cached bytes"), &mut || {
+        let _ = sys::pread(fd, &mut buf, 0);
+    });
 }
