@@ -12,8 +12,16 @@
 //!
 //! It also answers what the kernel would refuse a write to: active swap
 //! files (`/proc/swaps`, looked at only when the system has swap) and
-//! files marked immutable or append-only (`statx` attributes, read on every
-//! write: another process may `chattr` the file at any time).
+//! files marked immutable or append-only (`statx` attributes). Another
+//! process may `swapon` or `chattr` a file at any time and nothing tells
+//! this one: a write reads the attributes again (and checks that its
+//! descriptor still names the file) when the last clean look is older than
+//! [`RECHECK_NS`] or this process made an ioctl that may change them since,
+//! and looks at the system's swap at most every [`RECHECK_NS`]. So another
+//! process's change takes effect for the shim's writes within 1 ms (the
+//! kernel's: at once), this process's own at once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::real::real;
 use crate::state::{shim, OWN_FD_MIN};
@@ -208,6 +216,16 @@ pub unsafe extern "C" fn epoll_create1(flags: c_int) -> c_int {
 /// (ETXTBSY).
 pub fn follow_swap() {
     static SEEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = now_ns();
+    let next = NEXT.load(Ordering::Acquire);
+    if now < next
+        || NEXT
+            .compare_exchange(next, now + RECHECK_NS, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+    {
+        return; // looked less than RECHECK_NS ago, or another thread looks now
+    }
     // SAFETY: sysinfo into a zeroed struct.
     let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
     if unsafe { libc::sysinfo(&mut info) } != 0 {
@@ -251,6 +269,60 @@ pub fn is_swap_file(dev: u64, ino: u64) -> bool {
                 && std::os::unix::fs::MetadataExt::ino(&m) == ino
         })
     })
+}
+
+/// How long a look at what another process can change without telling
+/// this one (a file's attributes, the system's swap) stands: 1 ms.
+pub const RECHECK_NS: u64 = 1_000_000;
+
+/// Bumped after every ioctl of this process that may change attributes.
+static ATTR_EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// CLOCK_MONOTONIC in nanoseconds (the vDSO: no system call).
+fn now_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime into a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// After an ioctl that may have changed a file's attributes.
+pub fn attributes_may_have_changed() {
+    ATTR_EPOCH.fetch_add(1, Ordering::AcqRel);
+}
+
+/// The epoch to pass to [`attributes_seen`], read before the look.
+pub fn attribute_epoch() -> u64 {
+    ATTR_EPOCH.load(Ordering::Acquire)
+}
+
+/// Packed (microseconds << 16 | epoch's low 16 bits): one atomic word, so
+/// a time and an epoch from two different looks are never combined (48
+/// bits of microseconds: 8.9 years of uptime; past that a look never
+/// stands, which costs a statx, never a missed change).
+fn pack(ns: u64, epoch: u64) -> u64 {
+    ((ns / 1000) << 16) | (epoch & 0xFFFF)
+}
+
+/// A write found `of`'s attributes clean; `epoch` was read before it looked.
+pub fn attributes_seen(of: &crate::state::OpenFile, epoch: u64) {
+    of.attrs_clean
+        .store(pack(now_ns(), epoch), Ordering::Release);
+}
+
+/// Whether the last clean look at `of`'s attributes still stands: less
+/// than [`RECHECK_NS`] old and no attribute-changing ioctl since.
+pub fn attributes_fresh(of: &crate::state::OpenFile) -> bool {
+    let seen = of.attrs_clean.load(Ordering::Acquire);
+    if seen == 0 {
+        return false;
+    }
+    let epoch = attribute_epoch();
+    let now_us = now_ns() / 1000;
+    seen & 0xFFFF == epoch & 0xFFFF && now_us.saturating_sub(seen >> 16) < RECHECK_NS / 1000
 }
 
 /// ((st_dev, st_ino), statx attributes) of `fd`.

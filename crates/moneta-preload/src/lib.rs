@@ -166,6 +166,7 @@ fn adopt(fd: c_int, flags: c_int) -> c_int {
                 fd: std::sync::atomic::AtomicI32::new(-1),
                 identity: (st.st_dev, st.st_ino),
                 kernel_only: std::sync::atomic::AtomicU8::new(kernel_only),
+                attrs_clean: std::sync::atomic::AtomicU64::new(0),
             }),
         );
     });
@@ -265,7 +266,10 @@ fn ours<T>(fd: c_int, f: impl FnOnce(&Arc<OpenFile>) -> T) -> Option<T> {
 /// call, so a change by `fcntl(F_SETFL)` in any process sharing the open
 /// file description takes effect at once; writes also read the file's
 /// attributes (immutable, append-only: the kernel refuses or appends)
-/// and check that `fd` still names the file.
+/// and check that `fd` still names the file: at once after an
+/// attribute-changing ioctl of this process, else at most every
+/// [`descriptors::RECHECK_NS`] (another process's `chattr` or `swapon`
+/// takes effect within that).
 fn kernel_reason(
     of: &OpenFile,
     fd: c_int,
@@ -291,12 +295,14 @@ fn kernel_reason(
         of.direct_align
             .store(direct_alignment(fd, flags), Ordering::Release);
     }
-    if op == RouteOp::Write {
+    if op == RouteOp::Write && !descriptors::attributes_fresh(of) {
+        let epoch = descriptors::attribute_epoch();
         match descriptors::write_attributes(fd) {
             Some((id, attrs)) if id == of.identity => {
                 if attrs & (libc::STATX_ATTR_IMMUTABLE | libc::STATX_ATTR_APPEND) as u64 != 0 {
                     return Ok(Some(KernelReason::KernelRefusedAttr));
                 }
+                descriptors::attributes_seen(of, epoch);
             }
             _ => return Err(()),
         }
@@ -820,6 +826,13 @@ pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: usize) ->
     if READ_ONLY_IOCTLS.contains(&request) || clone_from_elsewhere(request, arg) {
         return real_call();
     }
+    // Any other ioctl may change a file's attributes (FS_IOC_SETFLAGS,
+    // FS_IOC_FSSETXATTR): the next write of every file reads them again.
+    let real_call = || {
+        let r = real_call();
+        descriptors::attributes_may_have_changed();
+        r
+    };
     let handled = ours(fd, |of| {
         let r = with_file(of, |m, f| {
             f.layout_change(m, 0, || {

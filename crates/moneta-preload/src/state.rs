@@ -61,6 +61,12 @@ pub struct OpenFile {
     /// Not 0: the kernel serves every request of this file, for the
     /// reason `KernelReason::ALL[kernel_only - 1]` (an active swap file).
     pub kernel_only: AtomicU8,
+    /// When a write last found the file's attributes clean through a
+    /// descriptor naming it, packed by [`crate::descriptors::attributes_seen`]
+    /// (0: never): within [`crate::descriptors::RECHECK_NS`] of it, and with
+    /// no attribute-changing ioctl of this process since, writes skip the
+    /// `statx`.
+    pub attrs_clean: AtomicU64,
 }
 
 impl Drop for OpenFile {

@@ -24,6 +24,7 @@
 //! kinds of operation) and prints the smallest that still fails.
 
 mod fd_scenarios;
+mod io_cost;
 mod pattern;
 mod scenario;
 mod sys;
@@ -46,6 +47,8 @@ usage:
   moneta-torture scenario NAME|all --mount DIR [--moneta PATH]: the scripted
                      schedules of the data-loss classes issue 20 found
   moneta-torture ops: the operation names (--skip takes them)
+  moneta-torture io-cost --file F [--ops N] [--bytes B] [--write] [--api]:
+                     N reads (writes) of an existing file, mean ns per call
 
 run: the schedule (seed S, N operations per worker, P workers of which the
 first K go through the shim; default K = P/2 rounded up) first through the
@@ -178,6 +181,7 @@ fn main() {
         Some("worker") => run_worker(&args[1..]),
         Some("exec-write") => worker::exec_write(&args[1..]),
         Some("step") => scenario::step(&args[1..]),
+        Some("io-cost") => io_cost::main(&args[1..]),
         Some("scenario") => run_scenarios(&args[1..]),
         Some("ops") => {
             for (name, _) in worker::OPS {

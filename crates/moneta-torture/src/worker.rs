@@ -23,6 +23,8 @@
 //! Lines of the log that start with `~` are not deterministic (they depend
 //! on other workers) and are left out of the differential comparison.
 
+mod races;
+
 use crate::pattern::{self, stamped, Rng, UNIT};
 use crate::sys::{self, show, Aligned, Sys};
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,6 +112,8 @@ pub const OPS: &[(&str, u64)] = &[
     ("setfl_flip", 8),
     ("clone_child", 4),
     ("chattr", 3),
+    ("fd_reuse", 4),
+    ("truncate_race", 4),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -423,6 +427,8 @@ impl Worker {
             "setfl_flip" => self.setfl_flip(k, r),
             "clone_child" => self.clone_child(k, r),
             "chattr" => self.chattr(k, r),
+            "fd_reuse" => self.fd_reuse(r),
+            "truncate_race" => self.truncate_race(r),
             "stripe_write" => self.stripe_write(r),
             "stripe_read" => self.stripe_read(r),
             "contested_write" => self.contested_write(r),
