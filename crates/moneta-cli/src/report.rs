@@ -465,7 +465,7 @@ fn moneta_page(a: &ReportArgs) -> Result<Report, String> {
         [summary, vec![commands(&[
             format!("moneta sim sweep --preset moneta --threads 16 --ops {} --seed {seed} --report moneta-sweep.html", a.ops),
             "moneta calibrate".into(),
-            "moneta sim fairness --preset moneta-micro10 --stack 2q   # §3.4.2, then --stack balance".into(),
+            "moneta sim fairness --preset moneta-micro10 --stack 2q --set device.transfer_buffers=8   # §3.4.2 on §V's 8 buffers (calibration::section_v), then --stack balance".into(),
         ])]]
         .concat(),
         after,

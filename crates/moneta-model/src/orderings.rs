@@ -173,8 +173,12 @@ pub fn stacks() -> Vec<Ordering> {
             )
         })
         .collect();
+    // Spin on the FIFO baseline's two buffers, 2Q as §V ran it.
     let peak = |stack| {
-        let c = preset("moneta-micro10", stack);
+        let c = match stack {
+            Stack::Spin => preset("moneta-micro10", stack),
+            _ => calibration::section_v(stack),
+        };
         [4096, 8192, 16384, 65536]
             .into_iter()
             .map(|size| bandwidth(&c, OpMix::Mixed(0.5), size, 16))
