@@ -1273,7 +1273,9 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
         }
     );
     let started = Instant::now();
-    let deadline = a.minutes.map(|m| started + Duration::from_secs_f64(m * 60.0));
+    let deadline = a
+        .minutes
+        .map(|m| started + Duration::from_secs_f64(m * 60.0));
     let (mut runs, mut ops, mut failed) = (0u64, 0u64, 0u64);
     let mut steps: BTreeMap<String, u64> = BTreeMap::new();
     let mut virtual_ns = 0u64;
@@ -1329,7 +1331,11 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
                 println!(
                     "  shrunk: --ops {} --skip-steps {} ({} of {} steps left): {}",
                     s.ops,
-                    if skip.is_empty() { "''".into() } else { skip.join(",") },
+                    if skip.is_empty() {
+                        "''".into()
+                    } else {
+                        skip.join(",")
+                    },
                     sr.steps_drawn.saturating_sub(s.skip_steps.len() as u64),
                     sr.steps_drawn,
                     sr.violations.first().cloned().unwrap_or_default()

@@ -274,9 +274,9 @@ struct Sim<'a> {
 }
 
 fn fnv_step(h: u64, bytes: &[u8]) -> u64 {
-    bytes.iter().fold(h, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3)
-    })
+    bytes
+        .iter()
+        .fold(h, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3))
 }
 
 fn san_text(nodes: u16) -> String {
@@ -423,7 +423,10 @@ impl<'a> Sim<'a> {
         .map_err(|e| format!("n{i}: {e}"))?;
         node.set_dirty_disk_full(n.disk_full);
         n.sim = Some(node);
-        self.trace(format!("start n{i} (epoch {})", self.nodes[i as usize].epoch));
+        self.trace(format!(
+            "start n{i} (epoch {})",
+            self.nodes[i as usize].epoch
+        ));
         Ok(())
     }
 
@@ -814,7 +817,10 @@ impl Sim<'_> {
             }
             Step::Heal(i) => {
                 let n = self.o.nodes;
-                match (0..n).map(|d| (i + d) % n).find(|&j| self.nodes[j as usize].faulted) {
+                match (0..n)
+                    .map(|d| (i + d) % n)
+                    .find(|&j| self.nodes[j as usize].faulted)
+                {
                     Some(j) => {
                         self.heal(j);
                         self.did("heal", format!("heal every link of n{j}"));
@@ -890,7 +896,10 @@ impl Sim<'_> {
                         self.start(i)?;
                     }
                 }
-                self.did("recover", "recover: every link healed, every node running".into());
+                self.did(
+                    "recover",
+                    "recover: every link healed, every node running".into(),
+                );
                 self.recover_resolve = Some((self.now + RECOVER_RESOLVE_NS, k));
             }
         }

@@ -321,7 +321,12 @@ pub fn capture_log(on: bool) {
 
 /// The lines captured since the last call.
 pub fn take_log() -> Vec<String> {
-    LOG_CAPTURE.with(|c| c.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default())
+    LOG_CAPTURE.with(|c| {
+        c.borrow_mut()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    })
 }
 
 /// A line of this node's log: which node says it (one daemon may serve

@@ -112,7 +112,10 @@ impl SimNode {
     pub fn submit(&mut self, tag: u8, op: Op, addr: u64, data: &[u8]) -> Result<(), EmuError> {
         let t = tag as usize;
         if t >= CHANNEL_TAGS || self.busy & (1 << t) != 0 || data.len() > SLICE_BYTES {
-            return Err(EmuError::new(ErrorKind::Protocol, "tag busy or request too big"));
+            return Err(EmuError::new(
+                ErrorKind::Protocol,
+                "tag busy or request too big",
+            ));
         }
         let command = command::Command {
             tag,
