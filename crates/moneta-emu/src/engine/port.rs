@@ -80,9 +80,6 @@
 //!   `MISSED_TAG` word); inconsistent is recorded before the first resync
 //!   write lands and ends only with `SYNC_DONE_TAG` (which carries the
 //!   source's generation), so it survives restarts and is never forced.
-//!   An outdated copy that takes a mirrored write is recorded inconsistent
-//!   before the write lands (it may hold that write without the ones
-//!   before it), or the write is refused.
 //! - a resolve of a split brain is decided once, by the slice's primary
 //!   holder (`RESOLVE_TAG`): the other holder asks it and acts on its
 //!   answer; a contradicting request is refused naming the decision.
@@ -1797,31 +1794,20 @@ impl<C: StampClock> DeviceThread<C> {
             }
             return false;
         }
-        // An outdated copy that takes a mirrored write holds it but perhaps
-        // not the writes before it: no longer the generation its metadata
-        // names, so it is recorded inconsistent first (`--force` then never
-        // takes it; the partner's resync makes it whole), or the write is
-        // refused.
-        let unrecorded = h.kind == PacketKind::WriteRequest
-            && h.ctrl & CTRL_DEGRADED == 0
-            && st == ReplicaState::Outdated
-            && !state.record_inconsistent(slice);
         // A degraded copy is the only live one only if this node cannot
         // reach its partner either: the sender lost the partner, but while
         // this node still counts it up the partner serves its own copy,
         // which would miss the write (a cut link between the sender and
         // the partner; found by `moneta san chaos --clients-on any`).
         let partner_up = routes.partner_of(slice).is_some_and(|p| !routes.is_down(p));
-        let refuse = unrecorded
-            || match h.kind {
-                PacketKind::ReadRequest => st != ReplicaState::UpToDate,
-                _ => {
-                    st == ReplicaState::SplitBrain
-                        || (h.ctrl & CTRL_DEGRADED != 0
-                            && (st != ReplicaState::UpToDate || partner_up))
-                        || routes.refusal(global, u64::from(h.size)).is_some()
-                }
-            };
+        let refuse = match h.kind {
+            PacketKind::ReadRequest => st != ReplicaState::UpToDate,
+            _ => {
+                st == ReplicaState::SplitBrain
+                    || (h.ctrl & CTRL_DEGRADED != 0 && (st != ReplicaState::UpToDate || partner_up))
+                    || routes.refusal(global, u64::from(h.size)).is_some()
+            }
+        };
         if !refuse {
             return false;
         }
