@@ -3,7 +3,7 @@ CARGO ?= cargo
 MONETA := target/release/moneta
 MDBOOK_VERSION := 0.5.4
 
-.PHONY: all setup build run test docs bench fidelity calibrate torture san san-chaos nvmm clean
+.PHONY: all setup build run test docs bench fidelity calibrate torture san san-chaos san-sim nvmm clean
 
 all: build
 
@@ -64,6 +64,7 @@ test: setup
 	$(MONETA) san sim replication --ops 500 --op read,write
 	$(MONETA) san sim sort --scale 0.0005 --measure-records 200000
 	$(MONETA) san sim energy --ops 500
+	$(MONETA) san sim-protocol --seed 1 --runs 4 --ops 3000
 	$(CARGO) bench -p libmoneta --bench overhead -- --smoke
 	$(CARGO) bench -p libmoneta --bench fidelity -- --smoke
 	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
@@ -158,6 +159,16 @@ nvmm: build
 clean:
 	$(CARGO) clean
 	rm -rf out
+
+# The deterministic simulator of the replica protocol (moneta san sim-protocol:
+# the daemons' replica logic on one thread, virtual clock, in-memory wire,
+# seeded nemesis, register checker) for SAN_SIM_MINUTES of wall clock, schedules
+# from SAN_SIM_SEED (default: from the clock; printed, with the command that
+# replays a failing one, shrunk).
+SAN_SIM_MINUTES ?= 60
+san-sim: build
+	$(MONETA) san sim-protocol --minutes $(SAN_SIM_MINUTES) --ops 20000 --shrink 40 \
+		$(if $(SAN_SIM_SEED),--seed $(SAN_SIM_SEED))
 
 # The SAN's randomized fault schedule with the register checker (issue 22
 # item 6; root): a mirrored SAN of its own, kill -9, restart, partitions,

@@ -63,6 +63,11 @@ pub enum SanCommand {
     /// links, resolve) against a mirrored SAN of its own, with a register
     /// checker on every read; the seed reproduces the schedule (root).
     Chaos(Box<crate::san_chaos::SanChaosArgs>),
+    /// The deterministic simulator of the replica protocol: the daemons'
+    /// own replica logic on one thread, a virtual clock and the in-memory
+    /// wire, under a seeded nemesis, checked by the chaos checker's
+    /// register model; a seed replays exactly.
+    SimProtocol(crate::san_chaos::SimProtocolArgs),
     /// One host's sort worker (started by `moneta san sort`).
     #[command(hide = true)]
     SortWorker(crate::sort_worker::SortWorkerArgs),
@@ -306,6 +311,7 @@ pub fn dispatch(command: SanCommand) -> Result<(), String> {
         SanCommand::Bench(a) => crate::san_bench::run(a),
         SanCommand::Sort(a) => crate::san_sort::run(*a),
         SanCommand::Chaos(a) => crate::san_chaos::run(*a),
+        SanCommand::SimProtocol(a) => crate::san_chaos::sim_protocol(a),
         SanCommand::SortWorker(a) => crate::sort_worker::run(a),
     }
 }

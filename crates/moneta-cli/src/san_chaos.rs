@@ -46,6 +46,7 @@
 use crate::mount::{catch_signals, need_root, signal_received};
 use clap::{Args, ValueEnum};
 use moneta::{CompletionMode, Moneta};
+use moneta_emu::register::{block_content, decode, judge, Floor, Verdict, BLOCK_BYTES};
 use moneta_model::kernel::rng::Rng;
 use moneta_model::units::Op;
 use serde::Serialize;
@@ -56,11 +57,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Every block is one request of this size.
-const BLOCK_BYTES: usize = 4096;
-const MAGIC: u64 = 0x4d6f_6e65_7461_4348; // "MonetaCH"
-/// Bytes of header before the payload: magic, block, version, seed, FNV-1a.
-const HEADER: usize = 40;
 /// Events kept per block for a failure's report.
 const HISTORY: usize = 40;
 /// Failures reported in full (all are counted).
@@ -180,59 +176,6 @@ impl SanChaosArgs {
     }
 }
 
-// ---------------------------------------------------------------- blocks
-
-/// The bytes of `block` at `version` in the run of `seed`: a header (magic,
-/// block, version, seed, FNV-1a of the payload) and a seeded payload.
-pub(crate) fn block_content(seed: u64, block: u64, version: u64) -> Vec<u8> {
-    let mut b = vec![0u8; BLOCK_BYTES];
-    Rng::new(seed ^ (block << 32) ^ version.rotate_left(17) ^ MAGIC).fill(&mut b[HEADER..]);
-    let sum = fnv(&b[HEADER..]);
-    for (i, word) in [MAGIC, block, version, seed, sum].into_iter().enumerate() {
-        b[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
-    }
-    b
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-/// What a read of a block returned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Decoded {
-    /// All zeros: never written (version 0).
-    Zero,
-    /// One whole version of this block.
-    Version(u64),
-    /// Anything else; the header's claim and where the bytes first differ
-    /// from the version it claims.
-    Mixed { claims: String, first_bad: usize },
-}
-
-pub(crate) fn decode(seed: u64, block: u64, got: &[u8]) -> Decoded {
-    if got.iter().all(|&x| x == 0) {
-        return Decoded::Zero;
-    }
-    let word = |i: usize| u64::from_le_bytes(got[i * 8..i * 8 + 8].try_into().unwrap());
-    let (magic, b, v, s, sum) = (word(0), word(1), word(2), word(3), word(4));
-    let claims = format!(
-        "magic {magic:#x} block {b} version {v} seed {s}, checksum {}",
-        if fnv(&got[HEADER..]) == sum {
-            "matches"
-        } else {
-            "BAD"
-        }
-    );
-    let expected = block_content(seed, block, v);
-    match got.iter().zip(&expected).position(|(x, y)| x != y) {
-        None => Decoded::Version(v),
-        Some(first_bad) => Decoded::Mixed { claims, first_bad },
-    }
-}
-
 // ---------------------------------------------------------------- checker
 
 /// What the checker knows of one block.
@@ -254,79 +197,6 @@ impl BlockState {
             self.history.pop_front();
         }
         self.history.push_back(format!("{t:9.3} s  {what}"));
-    }
-}
-
-/// A read's lower bound, taken when it begins.
-#[derive(Clone, Copy)]
-pub(crate) struct Floor {
-    acked: u64,
-    read: u64,
-}
-
-/// The verdict on one read of a block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    Fine(u64),
-    Stale {
-        got: u64,
-        acked: u64,
-    },
-    Lost {
-        acked: u64,
-    },
-    WentBack {
-        got: u64,
-        read: u64,
-    },
-    Mixed(String),
-    /// A version that was never started: another run's data or garbage
-    /// that happens to be a whole version (counted as mixed).
-    Future {
-        got: u64,
-        started: u64,
-    },
-}
-
-impl Verdict {
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            Verdict::Fine(_) => "fine",
-            Verdict::Stale { .. } => "stale",
-            Verdict::Lost { .. } => "lost",
-            Verdict::WentBack { .. } => "went-back",
-            Verdict::Mixed(_) | Verdict::Future { .. } => "mixed",
-        }
-    }
-}
-
-/// The register rule: a read that began at `floor` and ended when version
-/// `started` was the newest started returns one of `max(acked, read) ..=
-/// started`, else it is a failure.
-pub(crate) fn judge(floor: Floor, started: u64, decoded: &Decoded) -> Verdict {
-    let got = match decoded {
-        Decoded::Mixed { claims, first_bad } => {
-            return Verdict::Mixed(format!("{claims}; first differing byte at {first_bad}"))
-        }
-        Decoded::Zero => 0,
-        Decoded::Version(v) => *v,
-    };
-    if got > started {
-        Verdict::Future { got, started }
-    } else if got < floor.acked && got == 0 {
-        Verdict::Lost { acked: floor.acked }
-    } else if got < floor.acked {
-        Verdict::Stale {
-            got,
-            acked: floor.acked,
-        }
-    } else if got < floor.read {
-        Verdict::WentBack {
-            got,
-            read: floor.read,
-        }
-    } else {
-        Verdict::Fine(got)
     }
 }
 
@@ -1329,74 +1199,174 @@ fn print_summary(s: &Summary) {
     println!("  {}", s.verdict);
 }
 
+// ---------------------------------------------------------------- the simulator
+
+/// `moneta san sim-protocol`: schedules of the deterministic simulator
+/// (`moneta_emu::san_sim`), one after another from `--seed` (run k has
+/// seed `seed + k`), until `--runs` or `--minutes`; a failing seed is
+/// printed with the command that replays it (and, with `--shrink`, its
+/// shortest failing schedule found).
+#[derive(Args, Debug, Clone)]
+pub struct SimProtocolArgs {
+    /// The first schedule's seed [default: from the clock, printed].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Schedules to run.
+    #[arg(long, default_value_t = 1)]
+    runs: u64,
+    /// Run schedules for this long instead (wall clock), however many.
+    #[arg(long)]
+    minutes: Option<f64>,
+    /// Client operations per schedule.
+    #[arg(long, default_value_t = 2000)]
+    ops: u64,
+    #[arg(long, default_value_t = 3)]
+    nodes: u16,
+    /// Blocks of the register model.
+    #[arg(long, default_value_t = 24)]
+    blocks: u64,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 4)]
+    clients: u64,
+    /// Mean virtual milliseconds between nemesis steps (0: no nemesis).
+    #[arg(long, default_value_t = 200)]
+    step_ms: u64,
+    /// Mean virtual microseconds a client waits between its operations.
+    #[arg(long, default_value_t = 500)]
+    think_us: u64,
+    /// Nemesis steps to leave out, by index (a shrunk schedule's replay).
+    #[arg(long, value_delimiter = ',')]
+    skip_steps: Vec<u64>,
+    /// Print each schedule's trace (and the nodes' log).
+    #[arg(long)]
+    trace: bool,
+    /// On a failure, shrink it (at most this many more runs).
+    #[arg(long, default_value_t = 0)]
+    shrink: usize,
+    /// Where the nodes' media live [default: /dev/shm/moneta-simproto-PID].
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Keep going after a failing schedule.
+    #[arg(long)]
+    keep_going: bool,
+}
+
+pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
+    use moneta_emu::san_sim::{self, SimOptions};
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let dir = a.dir.clone().unwrap_or_else(|| {
+        PathBuf::from(format!("/dev/shm/moneta-simproto-{}", std::process::id()))
+    });
+    println!(
+        "sim-protocol: seed {seed}, {} node(s), {} ops per schedule, step {} ms{}",
+        a.nodes,
+        a.ops,
+        a.step_ms,
+        match a.minutes {
+            Some(m) => format!(", for {m} min"),
+            None => format!(", {} schedule(s)", a.runs),
+        }
+    );
+    let started = Instant::now();
+    let deadline = a
+        .minutes
+        .map(|m| started + Duration::from_secs_f64(m * 60.0));
+    let (mut runs, mut ops, mut failed) = (0u64, 0u64, 0u64);
+    let mut steps: BTreeMap<String, u64> = BTreeMap::new();
+    let mut virtual_ns = 0u64;
+    let mut reads = 0u64;
+    loop {
+        let done = match deadline {
+            Some(d) => Instant::now() >= d,
+            None => runs >= a.runs,
+        };
+        if done {
+            break;
+        }
+        let mut o = SimOptions::new(seed.wrapping_add(runs), a.ops, &dir);
+        o.nodes = a.nodes;
+        o.blocks = a.blocks;
+        o.clients = a.clients;
+        o.step_ms = a.step_ms;
+        o.think_us = a.think_us;
+        o.skip_steps = a.skip_steps.iter().copied().collect();
+        o.keep_trace = a.trace;
+        let r = san_sim::run(&o)?;
+        runs += 1;
+        ops += r.ops + r.final_reads;
+        reads += r.reads_ok + r.final_reads;
+        virtual_ns += r.virtual_ns;
+        for (k, n) in &r.steps {
+            *steps.entry(k.clone()).or_insert(0) += n;
+        }
+        for line in &r.trace {
+            println!("{line}");
+        }
+        if !r.violations.is_empty() {
+            failed += 1;
+            println!(
+                "seed {}: {} violation(s); replay: moneta san sim-protocol --seed {} --ops {} \
+                 --nodes {} --blocks {} --clients {} --step-ms {} --think-us {} --trace",
+                o.seed,
+                r.violations.len(),
+                o.seed,
+                o.ops,
+                o.nodes,
+                o.blocks,
+                o.clients,
+                o.step_ms,
+                o.think_us
+            );
+            for v in r.violations.iter().take(10) {
+                println!("  {v}");
+            }
+            if a.shrink > 0 {
+                let (s, sr) = san_sim::shrink(&o, a.shrink)?;
+                let skip: Vec<String> = s.skip_steps.iter().map(|x| x.to_string()).collect();
+                println!(
+                    "  shrunk: --ops {} --skip-steps {} ({} of {} steps left): {}",
+                    s.ops,
+                    if skip.is_empty() {
+                        "''".into()
+                    } else {
+                        skip.join(",")
+                    },
+                    sr.steps_drawn.saturating_sub(s.skip_steps.len() as u64),
+                    sr.steps_drawn,
+                    sr.violations.first().cloned().unwrap_or_default()
+                );
+            }
+            if !a.keep_going {
+                break;
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "sim-protocol: {runs} schedule(s) from seed {seed}, {failed} failing; {ops} operations \
+         ({reads} reads checked), {:.1} s of virtual time, {:.1} s wall: {:.0} schedules/hour, \
+         {:.0} operations/s",
+        virtual_ns as f64 / 1e9,
+        secs,
+        runs as f64 / secs * 3600.0,
+        ops as f64 / secs
+    );
+    let steps: Vec<String> = steps.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    println!("nemesis: {}", steps.join(", "));
+    if failed > 0 {
+        return Err(format!("{failed} failing schedule(s)"));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const SEED: u64 = 7;
-
-    fn floor(acked: u64, read: u64) -> Floor {
-        Floor { acked, read }
-    }
-
-    #[test]
-    fn a_whole_version_decodes_and_anything_else_is_mixed() {
-        let v3 = block_content(SEED, 5, 3);
-        assert_eq!(decode(SEED, 5, &v3), Decoded::Version(3));
-        assert_eq!(decode(SEED, 5, &[0u8; BLOCK_BYTES]), Decoded::Zero);
-        // Half of version 3, half of version 4.
-        let v4 = block_content(SEED, 5, 4);
-        let mut torn = v3.clone();
-        torn[2048..].copy_from_slice(&v4[2048..]);
-        assert!(matches!(
-            decode(SEED, 5, &torn),
-            Decoded::Mixed {
-                first_bad: 2048,
-                ..
-            }
-        ));
-        // One flipped bit.
-        let mut flipped = v3.clone();
-        flipped[1000] ^= 1;
-        assert!(matches!(decode(SEED, 5, &flipped), Decoded::Mixed { .. }));
-        // Another block's version, another run's.
-        assert!(matches!(decode(SEED, 6, &v3), Decoded::Mixed { .. }));
-        assert!(matches!(decode(SEED + 1, 5, &v3), Decoded::Mixed { .. }));
-        // Zeros over part of a block.
-        let mut holed = v3;
-        holed[4000..].fill(0);
-        assert!(matches!(decode(SEED, 5, &holed), Decoded::Mixed { .. }));
-    }
-
-    #[test]
-    fn the_register_rule() {
-        let v = Decoded::Version;
-        // The acknowledged version, or one started since (it may have landed).
-        assert_eq!(judge(floor(3, 0), 5, &v(3)), Verdict::Fine(3));
-        assert_eq!(judge(floor(3, 0), 5, &v(5)), Verdict::Fine(5));
-        // Older than acknowledged before the read began.
-        assert_eq!(
-            judge(floor(3, 0), 5, &v(2)),
-            Verdict::Stale { got: 2, acked: 3 }
-        );
-        assert_eq!(
-            judge(floor(3, 0), 5, &Decoded::Zero),
-            Verdict::Lost { acked: 3 }
-        );
-        // Zeros are fine before anything was acknowledged.
-        assert_eq!(judge(floor(0, 0), 1, &Decoded::Zero), Verdict::Fine(0));
-        // A failed write's version seen, then an older one: went back.
-        assert_eq!(
-            judge(floor(3, 4), 4, &v(3)),
-            Verdict::WentBack { got: 3, read: 4 }
-        );
-        // Never written.
-        assert_eq!(
-            judge(floor(0, 0), 2, &v(9)),
-            Verdict::Future { got: 9, started: 2 }
-        );
-        assert_eq!(Verdict::Future { got: 9, started: 2 }.kind(), "mixed");
-    }
 
     #[test]
     fn the_schedule_is_a_function_of_the_seed() {

@@ -85,6 +85,9 @@ pub struct DirtyMap {
     /// `flush`es done (each one write and one fdatasync) and their time.
     pub flushes: u64,
     pub flush_ns: u64,
+    /// The disk refuses every write (ENOSPC) while set: the replica
+    /// protocol's simulator fills a disk this way (`san_sim`).
+    refusing: bool,
 }
 
 impl DirtyMap {
@@ -219,6 +222,17 @@ impl DirtyMap {
             .any(|&(key, g)| key & UNSURE == 0 && granules.contains(&g))
     }
 
+    /// Make the disk refuse (ENOSPC) every write of the map from now on
+    /// (`full`), or take them again.
+    pub fn set_full(&mut self, full: bool) {
+        if full {
+            // What a refused append left is not known.
+            self.torn = true;
+            self.append = None;
+        }
+        self.refusing = full;
+    }
+
     /// Make the granules marked since the last flush durable: append them
     /// to the file and fdatasync it (module header). Without a file,
     /// nothing to do.
@@ -230,6 +244,10 @@ impl DirtyMap {
             self.unsaved.clear();
             return Ok(());
         };
+        if self.refusing {
+            self.torn = true;
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         let started = std::time::Instant::now();
         if self.torn {
             // Never append after a partial line: the whole map, atomically.
@@ -372,6 +390,9 @@ impl DirtyMap {
         };
         if !self.changed && !self.torn && self.unsaved.is_empty() {
             return Ok(());
+        }
+        if self.refusing {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let mut text = String::new();
         for (peer, set) in &self.missed {

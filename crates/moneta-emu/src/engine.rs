@@ -1675,6 +1675,7 @@ pub fn raw_record(channel: u16, start: u64, len: u64, perms: u8) -> Update {
 
 mod liveness;
 mod port;
+pub mod sim;
 pub use port::{PortStats, SanPort};
 
 #[cfg(test)]

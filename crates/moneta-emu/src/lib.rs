@@ -35,8 +35,10 @@ pub mod layout_watch;
 pub mod log_limit;
 pub mod medium;
 pub mod reactor;
+pub mod register;
 pub mod replica_meta;
 pub mod san_file;
+pub mod san_sim;
 pub mod sys;
 pub mod wall_clock;
 

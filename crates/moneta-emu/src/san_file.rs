@@ -360,24 +360,48 @@ impl SanFile {
         secret: Option<Secret>,
         now_ns: u64,
     ) -> Result<SanPort, SanFileError> {
-        let routes = self.route_table(node)?;
         let link = self.link(node)?;
         let transport = link
             .open(node)
             .map_err(|e| SanFileError(format!("node {node}: opening its link: {e}")))?;
+        let port = PortParts {
+            dirty,
+            meta,
+            secret,
+            epoch: None,
+        };
+        self.port_on(node, transport, faults, port, now_ns)
+    }
+
+    /// Node `node`'s port on `transport` (a real link: `open_port`; the
+    /// in-memory wire: the replica protocol's simulator, `san_sim`), with
+    /// `faults` injected, under `parts`'s secret and epoch.
+    pub fn port_on(
+        &self,
+        node: u16,
+        transport: Box<dyn moneta_wire::Transport + Send>,
+        faults: FaultHandle,
+        parts: PortParts,
+        now_ns: u64,
+    ) -> Result<SanPort, SanFileError> {
+        let routes = self.route_table(node)?;
+        let peers: Vec<u16> = (0..self.nodes.len() as u16)
+            .filter(|&j| j != node)
+            .collect();
         let transport: Box<dyn moneta_wire::Transport + Send> =
             Box::new(Faulty::new(transport, faults, 0x5A4E ^ u64::from(node)));
-        let mut config = WireConfig::new(node, &link.peer_nodes());
+        let mut config = WireConfig::new(node, &peers);
         config.rto_ns = DAEMON_MIN_RTO_NS;
-        config.secret = secret;
+        config.secret = parts.secret;
+        config.initial_epoch = parts.epoch;
         let endpoint = Endpoint::new(transport, config, now_ns)
             .map_err(|e| SanFileError(format!("node {node}: its endpoint: {e}")))?;
         Ok(SanPort {
             routes,
             endpoint,
             nodes: self.nodes.len() as u16,
-            dirty,
-            meta,
+            dirty: parts.dirty,
+            meta: parts.meta,
         })
     }
 
@@ -387,6 +411,16 @@ impl SanFile {
         let map = self.address_map().ok()?;
         (addr < map.capacity_bytes()).then(|| (map.primary(addr), map.replica(addr)))
     }
+}
+
+/// What a node's port is made of besides its link: the dirty map and
+/// replica metadata of its medium, the SAN's secret, and the wire epoch of
+/// this incarnation (None: from the real-time clock).
+pub struct PortParts {
+    pub dirty: DirtyMap,
+    pub meta: ReplicaMeta,
+    pub secret: Option<Secret>,
+    pub epoch: Option<u32>,
 }
 
 #[cfg(test)]

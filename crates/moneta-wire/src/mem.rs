@@ -2,16 +2,16 @@
 //! tests. Every port's frames go into the destination's inbox and arrive
 //! after a fixed latency of the caller's clock (a manual clock the test
 //! advances): same calls, same seed for the fault injector, same run.
-//! Single-threaded by design (`Rc`): a test drives all its endpoints from
-//! one loop. The wire itself is perfect; `fault::Faulty` around a port
-//! makes it lossy.
+//! A test drives all its endpoints from one loop (the wire is behind a
+//! mutex only so a port can be a daemon's `Box<dyn Transport + Send>`, as
+//! the replica protocol's simulator needs, `moneta_emu::san_sim`). The
+//! wire itself is perfect; `fault::Faulty` around a port makes it lossy.
 
 use crate::transport::{PeerId, Transport};
 use crate::WireError;
 use moneta_model::device::packet::Mac;
-use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Frames one inbox holds before the wire drops more (a switch's buffer).
 pub const INBOX_FRAMES: usize = 4096;
@@ -31,14 +31,14 @@ struct Shared {
 /// The wire: hands out one port per node.
 #[derive(Clone)]
 pub struct MemWire {
-    shared: Rc<RefCell<Shared>>,
+    shared: Arc<Mutex<Shared>>,
 }
 
 impl MemWire {
     /// A wire joining nodes `0..nodes` with `latency_ns` one way.
     pub fn new(nodes: u16, latency_ns: u64) -> MemWire {
         MemWire {
-            shared: Rc::new(RefCell::new(Shared {
+            shared: Arc::new(Mutex::new(Shared {
                 latency_ns,
                 inboxes: (0..nodes)
                     .map(|_| Inbox {
@@ -60,15 +60,24 @@ impl MemWire {
         }
     }
 
+    /// Drop every frame on its way to `node` (it died: what was in flight
+    /// to it is lost with its buffers).
+    pub fn drop_inbox(&self, node: PeerId) {
+        let mut s = lock(&self.shared);
+        if let Some(inbox) = s.inboxes.get_mut(usize::from(node)) {
+            let frames: Vec<_> = inbox.frames.drain(..).map(|(_, _, f)| f).collect();
+            s.spare.extend(frames);
+        }
+    }
+
     /// Frames dropped because an inbox was full.
     pub fn dropped_full(&self) -> u64 {
-        self.shared.borrow().dropped_full
+        lock(&self.shared).dropped_full
     }
 
     /// Frames on the wire now.
     pub fn in_flight(&self) -> usize {
-        self.shared
-            .borrow()
+        lock(&self.shared)
             .inboxes
             .iter()
             .map(|i| i.frames.len())
@@ -76,9 +85,14 @@ impl MemWire {
     }
 }
 
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    // A panic while holding it leaves plain frames: still usable.
+    shared.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One node's attachment to a [`MemWire`].
 pub struct MemPort {
-    shared: Rc<RefCell<Shared>>,
+    shared: Arc<Mutex<Shared>>,
     node: PeerId,
     mtu_bytes: usize,
 }
@@ -93,7 +107,7 @@ impl Transport for MemPort {
     }
 
     fn peer_mac(&self, peer: PeerId) -> Option<Mac> {
-        let nodes = self.shared.borrow().inboxes.len();
+        let nodes = lock(&self.shared).inboxes.len();
         (usize::from(peer) < nodes).then(|| Mac::of_node(peer))
     }
 
@@ -108,7 +122,7 @@ impl Transport for MemPort {
                 mtu_bytes: self.mtu_bytes,
             });
         }
-        let mut s = self.shared.borrow_mut();
+        let mut s = lock(&self.shared);
         let at = now_ns + s.latency_ns;
         let mut copy = s.spare.pop().unwrap_or_default();
         copy.clear();
@@ -129,7 +143,7 @@ impl Transport for MemPort {
         now_ns: u64,
         buf: &mut [u8],
     ) -> Result<Option<(PeerId, usize)>, WireError> {
-        let mut s = self.shared.borrow_mut();
+        let mut s = lock(&self.shared);
         let inbox = &mut s.inboxes[usize::from(self.node)];
         match inbox.frames.front() {
             Some((at, _, _)) if *at <= now_ns => {}

@@ -306,10 +306,46 @@ fn slice_range(routes: &RouteTable, slice: usize) -> (u64, u64) {
     (slice as u64 * b, (slice as u64 + 1) * b)
 }
 
+thread_local! {
+    /// Log lines of the ports this thread turns, when captured (the replica
+    /// protocol's simulator keeps them with its trace instead of stderr).
+    static LOG_CAPTURE: std::cell::RefCell<Option<Vec<String>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// From now on, this thread's ports log into a buffer (`take_log`), not
+/// stderr (`on`), or to stderr again.
+pub fn capture_log(on: bool) {
+    LOG_CAPTURE.with(|c| *c.borrow_mut() = on.then(Vec::new));
+}
+
+/// The lines captured since the last call.
+pub fn take_log() -> Vec<String> {
+    LOG_CAPTURE.with(|c| {
+        c.borrow_mut()
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    })
+}
+
 /// A line of this node's log: which node says it (one daemon may serve
 /// several: `moneta san up`) and when (UTC, to the millisecond, to line it
 /// up with a chaos run's schedule).
 fn port_log(node: u16, what: &str) {
+    let captured = LOG_CAPTURE.with(|c| {
+        let mut c = c.borrow_mut();
+        match c.as_mut() {
+            Some(lines) => {
+                lines.push(format!("node {node}: {what}"));
+                true
+            }
+            None => false,
+        }
+    });
+    if captured {
+        return;
+    }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -356,6 +392,11 @@ impl PortState {
             dirty_retry_ns: 0,
             marked_up: BTreeMap::new(),
         }
+    }
+
+    /// The dirty map of this node's medium (the simulator fills its disk).
+    pub(super) fn dirty_mut(&mut self) -> &mut DirtyMap {
+        &mut self.port.dirty
     }
 
     /// Record that `partner` missed global `[addr, addr + bytes)` (a key of
