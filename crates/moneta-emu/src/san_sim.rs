@@ -212,6 +212,10 @@ struct Block {
     /// Bumped by each `--force` of its slice (a read that began before
     /// has no floor).
     forced: u64,
+    /// The version the first final read returned, and through which node:
+    /// after the final recovery both copies are one (every other final
+    /// read must return it).
+    settled: Option<(u64, u16)>,
 }
 
 /// A client's operation in flight.
@@ -241,8 +245,9 @@ struct Node {
     pending: BTreeMap<u8, Pending>,
     /// Faults on its links (for heal).
     faulted: bool,
-    /// `resolve --discard` answers awaited.
-    resolves: Vec<mpsc::Receiver<Result<String, String>>>,
+    /// `resolve --discard` answers awaited, with the slices in split
+    /// brain here when it was asked.
+    resolves: Vec<(mpsc::Receiver<Result<String, String>>, Vec<u32>)>,
 }
 
 struct Sim<'a> {
@@ -608,6 +613,11 @@ impl Sim<'_> {
                 } else {
                     self.report.reads_ok += 1;
                 }
+                if let (true, Verdict::Fine(v) | Verdict::WentBack { got: v, .. }) =
+                    (p.final_read, &verdict)
+                {
+                    self.settle(p.block, *v, node);
+                }
                 match verdict {
                     Verdict::Fine(v) => {
                         let st = &mut self.blocks[b];
@@ -626,6 +636,19 @@ impl Sim<'_> {
                     )),
                 }
             }
+        }
+    }
+
+    /// After the final recovery both copies are one: every final read of
+    /// `block` returns the version the first returned.
+    fn settle(&mut self, block: u64, v: u64, node: u16) {
+        match self.blocks[block as usize].settled {
+            None => self.blocks[block as usize].settled = Some((v, node)),
+            Some((w, first)) if w != v => self.violation(format!(
+                "copies differ after the final recovery: block {block} reads v{w} through \
+                 n{first} and v{v} through n{node}"
+            )),
+            Some(_) => {}
         }
     }
 
@@ -669,12 +692,12 @@ impl Sim<'_> {
 
     fn resolves(&mut self) {
         for i in 0..self.o.nodes {
-            let answers: Vec<Result<String, String>> = {
+            let answers: Vec<(Result<String, String>, Vec<u32>)> = {
                 let n = &mut self.nodes[i as usize];
                 let mut got = Vec::new();
-                n.resolves.retain(|rx| match rx.try_recv() {
+                n.resolves.retain(|(rx, slices)| match rx.try_recv() {
                     Ok(a) => {
-                        got.push(a);
+                        got.push((a, slices.clone()));
                         false
                     }
                     Err(mpsc::TryRecvError::Empty) => true,
@@ -682,8 +705,14 @@ impl Sim<'_> {
                 });
                 got
             };
-            for a in answers {
-                self.trace(format!("n{i} resolve answered: {a:?}"));
+            for (a, slices) in answers {
+                // A granted `--discard` gives up what this side wrote alone
+                // on its split-brain slices (DRBD's discard-my-data): the
+                // other side's copy is resynced over it.
+                if a.is_ok() {
+                    self.give_up(&slices);
+                }
+                self.trace(format!("n{i} resolve answered: {a:?} (slices {slices:?})"));
             }
         }
     }
@@ -706,9 +735,10 @@ impl Sim<'_> {
             return;
         }
         let node = split[k % split.len()];
+        let slices = self.slices_in(node, "split-brain");
         let n = &mut self.nodes[node as usize];
         let rx = n.sim.as_mut().expect("alive").discard(None);
-        n.resolves.push(rx);
+        n.resolves.push((rx, slices));
         self.did("resolve", format!("resolve --discard n{node}"));
     }
 
@@ -763,6 +793,21 @@ impl Sim<'_> {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The operator gave up what the copies of `slices` held that the
+    /// copy now serving them lacks (`--force`, a granted `--discard`): the
+    /// blocks of those slices start again from no floor; a read that began
+    /// before has none either.
+    fn give_up(&mut self, slices: &[u32]) {
+        for b in 0..self.o.blocks as usize {
+            if slices.contains(&((self.addr[b] / self.slice_bytes) as u32)) {
+                let st = &mut self.blocks[b];
+                st.acked = 0;
+                st.read = 0;
+                st.forced += 1;
+            }
+        }
     }
 
     fn step(&mut self, step: Step) -> Result<(), String> {
@@ -860,25 +905,51 @@ impl Sim<'_> {
                 self.did("skipped", format!("force n{i}: it is down"))
             }
             Step::Force(i) => {
-                let before = self.slices_in(i, "outdated");
-                let r = self.nodes[i as usize]
+                // The operator forces a copy whose partner is down (the
+                // force's contract: "it may lack writes the partner
+                // acknowledged before it went down"). A partner that is
+                // alive behind a cut would go on writing too: two sides
+                // taking writes, a split brain by the operator's choice,
+                // which no single history of a block describes.
+                let outdated: Vec<(u32, u16)> = self.nodes[i as usize]
                     .sim
-                    .as_mut()
+                    .as_ref()
                     .expect("alive")
-                    .force(None);
-                let after: BTreeSet<u32> = self.slices_in(i, "up-to-date").into_iter().collect();
-                let forced: Vec<u32> = before.into_iter().filter(|s| after.contains(s)).collect();
-                // The operator accepted the loss of what those copies missed.
-                for b in 0..self.o.blocks as usize {
-                    if forced.contains(&((self.addr[b] / self.slice_bytes) as u32)) {
-                        let st = &mut self.blocks[b];
-                        st.acked = 0;
-                        st.read = 0;
-                        st.forced += 1;
-                    }
+                    .slices()
+                    .iter()
+                    .filter(|x| x.state == "outdated")
+                    .map(|x| (x.slice, x.partner))
+                    .collect();
+                let partner_down: Vec<u32> = outdated
+                    .iter()
+                    .filter(|&&(_, p)| !self.alive(p))
+                    .map(|&(s, _)| s)
+                    .collect();
+                if partner_down.is_empty() {
+                    self.did(
+                        "skipped",
+                        format!("force n{i}: no outdated copy whose partner is down"),
+                    );
+                    return Ok(());
                 }
+                let sim = self.nodes[i as usize].sim.as_mut().expect("alive");
+                let r: Vec<Result<String, String>> = partner_down
+                    .iter()
+                    .map(|&s| sim.force(Some(s as usize)))
+                    .collect();
+                let after: BTreeSet<u32> = self.slices_in(i, "up-to-date").into_iter().collect();
+                let forced: Vec<u32> = partner_down
+                    .into_iter()
+                    .filter(|s| after.contains(s))
+                    .collect();
+                // The operator accepted the loss of what those copies missed.
+                self.give_up(&forced);
                 self.did(
-                    if r.is_ok() { "force" } else { "force-refused" },
+                    if forced.is_empty() {
+                        "force-refused"
+                    } else {
+                        "force"
+                    },
                     format!("resolve --force n{i}: {r:?} (forced slices {forced:?})"),
                 );
             }
