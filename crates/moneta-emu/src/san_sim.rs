@@ -232,6 +232,9 @@ struct Pending {
     final_read: bool,
 }
 
+/// A `resolve --discard`'s answer, when it comes.
+type ResolveAnswer = mpsc::Receiver<Result<String, String>>;
+
 struct Node {
     sim: Option<SimNode>,
     faults: FaultHandle,
@@ -247,7 +250,7 @@ struct Node {
     faulted: bool,
     /// `resolve --discard` answers awaited, with the slices in split
     /// brain here when it was asked.
-    resolves: Vec<(mpsc::Receiver<Result<String, String>>, Vec<u32>)>,
+    resolves: Vec<(ResolveAnswer, Vec<u32>)>,
 }
 
 struct Sim<'a> {
@@ -1010,6 +1013,39 @@ impl Sim<'_> {
             }
             self.tick();
         }
+        if !self.all_in_sync() {
+            let behind: Vec<String> = (0..self.o.nodes)
+                .flat_map(|i| {
+                    self.nodes[i as usize]
+                        .sim
+                        .as_ref()
+                        .map(|s| s.slices())
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|x| !(x.state == "up-to-date" && x.partner_up && x.to_send == 0))
+                        .map(move |x| {
+                            format!(
+                                "n{i} slice {} {} (partner n{} {}, {} to send, {} of {} received)",
+                                x.slice,
+                                x.state,
+                                x.partner,
+                                if x.partner_up { "up" } else { "unreachable" },
+                                x.to_send,
+                                x.received,
+                                x.to_receive
+                            )
+                        })
+                })
+                .collect();
+            self.violation(format!(
+                "the copies are not in sync {} s after the SAN was healed: {}",
+                SETTLE_NS / 1_000_000_000,
+                behind.join("; ")
+            ));
+        }
+        // The reads have their own window: a SAN out of sync may still
+        // serve every block.
+        let deadline = self.now + SETTLE_NS;
         self.final_pending = (0..self.o.blocks)
             .flat_map(|b| (0..self.o.nodes).map(move |i| (b, i)))
             .collect();

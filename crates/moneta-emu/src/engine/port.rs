@@ -1696,6 +1696,13 @@ impl<C: StampClock> DeviceThread<C> {
             state.stats.packets_received += 1;
             state.stats.payload_bytes_received += n as u64;
             if h.kind == PacketKind::WriteCompletion && h.ctrl & CTRL_REFUSED != 0 {
+                if h.tag == RESYNC_TAG {
+                    // The target could not take it now: the granule stays
+                    // missed and goes again (held in flight, it would stall
+                    // the slice's resync for good).
+                    state.resyncing.remove(&(from, h.addr));
+                    continue;
+                }
                 if self.driver.refused(now, from, &h) {
                     state.refusal(format!(
                         "node {from} refused a request on its copy (its device address {}): \
