@@ -248,12 +248,6 @@ pub(super) struct PortState {
     retell: BTreeSet<(u16, usize)>,
     /// Granules this node discarded, to hand to the partner first.
     discards: BTreeMap<u16, VecDeque<u64>>,
-    /// Granules handed to the partner (sent with `DISCARD_TAG`) whose
-    /// resync back has not been said done: a frame sent into a session
-    /// that is then lost may never have arrived, so they are handed again
-    /// when the partner is lost or back (`forget_exchange`), until its
-    /// `SYNC_DONE_TAG` for their slice.
-    handed: BTreeMap<u16, Vec<u64>>,
     /// As a resync target, per slice: granules to come, and come.
     incoming: BTreeMap<usize, (u64, u64)>,
     /// Refusals to send (the window was full).
@@ -392,7 +386,6 @@ impl PortState {
             heard: BTreeMap::new(),
             retell: BTreeSet::new(),
             discards: BTreeMap::new(),
-            handed: BTreeMap::new(),
             incoming: BTreeMap::new(),
             refusals_out: VecDeque::new(),
             last_save_ns: 0,
@@ -761,15 +754,6 @@ impl<C: StampClock> DeviceThread<C> {
         state.heard.retain(|&(p, _), _| p != peer);
         state.retell.retain(|&(p, _)| p != peer);
         state.resyncing.retain(|&(p, _), _| p != peer);
-        // What was handed over in the session that ended may be lost with
-        // it: handed again first (a granule marked twice is resynced once
-        // more, harmlessly).
-        if let Some(handed) = state.handed.remove(&peer) {
-            let queue = state.discards.entry(peer).or_default();
-            for g in handed.into_iter().rev() {
-                queue.push_front(g);
-            }
-        }
         let routes = &self.driver.device().port().expect("a port").routes;
         for slice in routes.shared_slices(peer) {
             state.incoming.remove(&slice);
@@ -1402,7 +1386,6 @@ impl<C: StampClock> DeviceThread<C> {
                     }
                     worked = true;
                     queue.pop_front();
-                    state.handed.entry(peer).or_default().push(global);
                 }
                 if !queue.is_empty() {
                     continue;
@@ -1757,14 +1740,6 @@ impl<C: StampClock> DeviceThread<C> {
             if h.kind == PacketKind::WriteCompletion && h.tag == SYNC_DONE_TAG {
                 if let Some(routes) = self.driver.routes_mut() {
                     let slice = h.addr as usize;
-                    if routes.partner_of(slice) == Some(from) {
-                        // The partner resynced this slice here: what was
-                        // handed to it there has come back.
-                        let (lo, hi) = slice_range(routes, slice);
-                        if let Some(handed) = state.handed.get_mut(&from) {
-                            handed.retain(|&g| g < lo || g >= hi);
-                        }
-                    }
                     let generation = u64::from(h.offsets) | u64::from(h.size) << 16;
                     if routes.partner_of(slice) == Some(from)
                         && matches!(
