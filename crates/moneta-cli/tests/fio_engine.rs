@@ -200,3 +200,102 @@ fn the_engines_writes_leave_the_bytes_a_kernel_run_of_the_same_job_leaves() {
         );
     }
 }
+
+/// A monetad on an image of its own (no file system), stopped and its
+/// files removed on drop.
+struct Daemon {
+    child: std::process::Child,
+    image: PathBuf,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(name: &str) -> Daemon {
+        let dir = std::env::temp_dir();
+        let image = dir.join(format!("fioeng-{name}-{}.img", std::process::id()));
+        let socket = dir.join(format!("fioeng-{name}-{}.sock", std::process::id()));
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(256 << 20))
+            .unwrap();
+        let child = moneta()
+            .args(["serve", "--preset", "moneta-d", "--set"])
+            .arg("device.capacity_bytes=268435456")
+            .arg("--image")
+            .arg(&image)
+            .arg("--socket")
+            .arg(&socket)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child,
+            image,
+            socket,
+        };
+        for _ in 0..200 {
+            if std::os::unix::net::UnixStream::connect(&d.socket).is_ok() {
+                return d;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("monetad did not answer on {}", d.socket.display());
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// The raw device (--moneta_raw=1): fio's offsets are device addresses, on
+/// a daemon without a file system; verify at QD32, every request the
+/// device's.
+#[test]
+fn fio_verifies_on_the_raw_device() {
+    let d = Daemon::start("raw");
+    let run = format!("fioeng-raw-{}", std::process::id());
+    let o = Command::new("fio")
+        .env("MONETA_RUN_ID", &run)
+        .arg(format!("--name={run}"))
+        .arg(format!("--ioengine=external:{}", engine().display()))
+        .arg(format!("--moneta_socket={}", d.socket.display()))
+        .args([
+            "--moneta_raw=1",
+            "--filename=/dev/null",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=32",
+            "--size=16m",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_fatal=1",
+            "--verify_state_save=0",
+        ])
+        .output()
+        .expect("fio (make setup installs it)");
+    let text = ok(o, "fio on the raw device");
+    assert!(text.contains("err= 0"), "{text}");
+    let out = ok(
+        moneta()
+            .args(["stats", "--daemon"])
+            .arg(&d.socket)
+            .args(["--run", &run])
+            .output()
+            .unwrap(),
+        "moneta stats --run",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let c = &v["client"];
+    let (reads, writes) = (
+        c["read"]["requests"].as_u64().unwrap_or(0),
+        c["write"]["requests"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        writes >= BLOCKS && reads >= BLOCKS,
+        "{reads} reads, {writes} writes: {c}"
+    );
+}
