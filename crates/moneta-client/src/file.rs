@@ -51,6 +51,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
+mod asynchronous;
+pub use asynchronous::{FileIo, Prepared};
+
 /// What a request of a file did, for a run report (`moneta run`'s, from
 /// the shim): counted per process in plain atomics, never allocating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
