@@ -23,6 +23,9 @@
 //! Lines of the log that start with `~` are not deterministic (they depend
 //! on other workers) and are left out of the differential comparison.
 
+#[path = "growth_ops.rs"]
+mod growth_ops;
+
 use crate::pattern::{self, stamped, Rng, UNIT};
 use crate::sys::{self, show, Aligned, Sys};
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,6 +113,7 @@ pub const OPS: &[(&str, u64)] = &[
     ("setfl_flip", 8),
     ("clone_child", 4),
     ("chattr", 3),
+    ("prealloc_write", 20),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -335,6 +339,7 @@ impl Worker {
                 Ok(())
             }
             "fallocate" => self.fallocate(k, r),
+            "prealloc_write" => self.prealloc_write(k, r),
             "fsync" | "fdatasync" | "sync_range" => {
                 let fd = self.files[k].rw();
                 // SAFETY: plain syscalls.
