@@ -768,9 +768,11 @@ impl FileTable {
             if st.quiet.is_none() {
                 st.quiet = quiet;
             }
-            let extents = if grow && st.quiet.is_some() {
+            let extents = if (grow && st.quiet.is_some()) || !st.pending.is_empty() {
                 let end = file.grant_end(limit)?;
-                let (extents, zeroed) = self.grow(st, extents, end)?;
+                let zero = grow && st.quiet.is_some();
+                let reader = (!file.may_write()).then(|| file.access());
+                let (extents, zeroed) = self.grow(st, extents, end, zero, reader)?;
                 if zeroed > 0 {
                     // Their maps said "zeros" there; the device holds the data now.
                     for &(c, id) in st.holders.iter().filter(|&&h| h != (channel, file_id)) {
@@ -1161,43 +1163,64 @@ impl FileTable {
     }
 
     /// Make the unwritten extents of a soft miss's answer growth grants
-    /// below `end` ([`crate::growth`], step 2): their blocks zeroed on the
-    /// medium where not pending yet, and pending from now on. Returns the
-    /// extents as the client sees them (growth ones unwritten with the
-    /// access a grant allows; the rest of an unwritten extent `none`) and
-    /// the bytes zeroed.
+    /// below `end` ([`crate::growth`], step 2). Pending parts are granted
+    /// with the handle's access (another holder's data is there: a
+    /// read-only handle's `reader_access`); when
+    /// `zero` (a handle that may write), the other parts' blocks are
+    /// zeroed on the medium and become pending. Returns the extents as the
+    /// client sees them (growth ones unwritten with the access a grant
+    /// allows; the rest `none`) and the bytes zeroed.
     fn grow(
         &self,
         st: &mut InodeState,
         extents: Vec<FileExtent>,
         end: u64,
+        zero: bool,
+        reader_access: Option<DirectAccess>,
     ) -> Result<(Vec<FileExtent>, u64), EmuError> {
         let mut out = Vec::with_capacity(extents.len());
         let mut zeroed = 0;
         for e in extents {
-            if !e.unwritten || e.direct == DirectAccess::None {
-                out.push(no_growth(e));
-                continue;
-            }
             let grown_end = e.logical.saturating_add(e.len).min(end);
-            if grown_end <= e.logical {
+            if !e.unwritten || grown_end <= e.logical {
                 out.push(no_growth(e));
                 continue;
             }
-            for (a, b) in st.pending.missing(e.logical, grown_end) {
+            // A writer's extent carries what it may do there (`none` where
+            // shared or not on the medium); a reader's only its access.
+            let access = reader_access.unwrap_or(e.direct);
+            for (a, b, pending) in st.pending.pieces(e.logical, grown_end) {
                 let physical = e.physical + (a - e.logical);
-                growth::zero_on_medium(self.engine.medium(), physical, b - a)?;
-                st.pending.add(Pending {
+                let piece = FileExtent {
                     logical: a,
                     physical,
                     len: b - a,
-                });
-                zeroed += b - a;
+                    ..e
+                };
+                match pending {
+                    // Pending at these very blocks: the data is there.
+                    Some(p) if p == physical && access != DirectAccess::None => {
+                        out.push(FileExtent {
+                            direct: access,
+                            ..piece
+                        })
+                    }
+                    // Pending elsewhere: the extent moved, which no
+                    // revocation announced; grant nothing.
+                    Some(_) => out.push(no_growth(piece)),
+                    None if zero && e.direct != DirectAccess::None => {
+                        growth::zero_on_medium(self.engine.medium(), physical, b - a)?;
+                        st.pending.add(Pending {
+                            logical: a,
+                            physical,
+                            len: b - a,
+                        });
+                        zeroed += b - a;
+                        out.push(piece);
+                    }
+                    None => out.push(no_growth(piece)),
+                }
             }
-            out.push(FileExtent {
-                len: grown_end - e.logical,
-                ..e
-            });
             if grown_end < e.logical + e.len {
                 out.push(no_growth(FileExtent {
                     logical: grown_end,

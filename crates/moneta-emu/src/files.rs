@@ -371,6 +371,11 @@ impl GrantedFile {
         self.base.saturating_add(offset)
     }
 
+    /// What the descriptor allows the device to do.
+    pub fn access(&self) -> DirectAccess {
+        direct_access(self.perms)
+    }
+
     /// Whether the descriptor allows writing the file.
     pub fn may_write(&self) -> bool {
         self.perms & WRITE != 0

@@ -126,6 +126,30 @@ impl PendingSet {
         out
     }
 
+    /// `[from, to)` in order as pieces: pending ones with their device
+    /// address, and the rest (None).
+    pub fn pieces(&self, from: u64, to: u64) -> Vec<(u64, u64, Option<u64>)> {
+        let mut out = Vec::new();
+        let mut at = from;
+        for r in self
+            .ranges
+            .iter()
+            .filter(|r| r.end() > from && r.logical < to)
+        {
+            if r.logical > at {
+                out.push((at, r.logical, None));
+            }
+            let a = at.max(r.logical);
+            let b = r.end().min(to);
+            out.push((a, b, Some(r.physical + (a - r.logical))));
+            at = b;
+        }
+        if at < to {
+            out.push((at, to, None));
+        }
+        out
+    }
+
     /// Add a range (callers add only what [`PendingSet::missing`] named).
     pub fn add(&mut self, p: Pending) {
         let i = self.ranges.partition_point(|r| r.logical < p.logical);
@@ -337,6 +361,15 @@ mod tests {
         s.add(p(40, 2040, 20));
         assert_eq!(s.missing(0, 100), [(0, 10), (20, 40), (60, 100)]);
         assert_eq!(s.missing(12, 18), []);
+        assert_eq!(
+            s.pieces(5, 45),
+            [
+                (5, 10, None),
+                (10, 20, Some(1010)),
+                (20, 40, None),
+                (40, 45, Some(2040))
+            ]
+        );
         assert_eq!(s.take_from(50), [p(50, 2050, 10)]);
         assert_eq!(s.missing(0, 100), [(0, 10), (20, 40), (50, 100)]);
         assert!(s.forget_device(1012, 2));
