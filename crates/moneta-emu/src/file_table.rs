@@ -208,7 +208,7 @@ pub struct FileTable {
     /// system's watch; the reason if it could not start).
     frees: OnceLock<Result<FreeWatch, String>>,
     /// Whether soft misses make unwritten extents growth grants
-    /// ([`crate::growth`]; `MONETA_GROWTH=0` turns it off).
+    /// ([`crate::growth`]; off unless `MONETA_GROWTH=1`).
     growth: bool,
     me: Weak<FileTable>,
 }

@@ -59,11 +59,15 @@
 //! tracepoints) is forgotten, never settled: its bytes may be another
 //! file's by then.
 //!
-//! Growth grants are on unless monetad runs with `MONETA_GROWTH=0`.
-//! Residual (README, "Direct-path contract"): data written direct into a
+//! Growth grants are off unless monetad runs with `MONETA_GROWTH=1`
+//! (`MONETA_GROWTH=1 moneta up …`): data written direct into a
 //! preallocated range and not yet settled is lost to the file system if
-//! monetad dies (SIGKILL) before settling — as unsynced data is in a
-//! crash; `sync(2)`, `syncfs` and `sync_file_range` do not settle.
+//! monetad dies (SIGKILL) before settling, and only the writing handle's
+//! fsync settles — an fsync through another handle or process, `sync(2)`,
+//! `syncfs` and `sync_file_range` do not. So synced data can be lost to a
+//! killed daemon, which the kernel path never allows; until monetad
+//! records its pending ranges durably and settles them again at start,
+//! growth stays a choice the user makes (docs: "The direct-path contract").
 //! Writes past the end of a file and into holes still go through the
 //! kernel (the shim's `new-or-growing-file` and `hole` reasons).
 
@@ -72,11 +76,11 @@ use moneta_abi::error::EmuError;
 use moneta_abi::sys;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// Whether growth grants are on (`MONETA_GROWTH=0` turns them off).
+/// Whether growth grants are on (`MONETA_GROWTH=1` turns them on).
 pub fn enabled() -> bool {
-    !matches!(
+    matches!(
         std::env::var("MONETA_GROWTH").as_deref(),
-        Ok("0") | Ok("off") | Ok("no")
+        Ok("1") | Ok("on") | Ok("yes")
     )
 }
 
