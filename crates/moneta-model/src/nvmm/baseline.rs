@@ -30,10 +30,10 @@ use super::cache::BlockCache;
 use super::calendar::Calendar;
 use super::config::{NvmmConfig, WriteAllocation};
 use super::dram::DramTiming;
-use std::collections::HashMap;
 use super::flash::{FlashGeometry, FlashStats, FlashTiming};
 use super::workload::{Access, AccessKind};
 use crate::units::{transfer_ns, Ns};
+use std::collections::HashMap;
 
 /// All-DRAM main memory of the flash's capacity.
 pub struct AllDram {
