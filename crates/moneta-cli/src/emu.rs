@@ -401,7 +401,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
             if secret.is_none() {
                 eprintln!(
                     "monetad: {} names no secret_file: frames carry no MAC, and anyone on \
-                     the segment can speak for a node (README, \"Authenticated frames\")",
+                     the segment can speak for a node (docs/src/guide/san-wire.md, \"Authenticated frames\")",
                     path.display()
                 );
             }
@@ -440,7 +440,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
             }
             if let Err(e) = plane.file_table().watch_file_system(&dir) {
                 eprintln!(
-                    "monetad: watching {}: {e}; guarded by {} (README, \"Direct-path contract\")",
+                    "monetad: watching {}: {e}; guarded by {} (docs/src/guide/direct-path.md)",
                     dir.display(),
                     plane.file_table().guard()
                 );

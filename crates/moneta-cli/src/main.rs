@@ -486,7 +486,7 @@ fn config_dump(a: &DeviceArgs) -> Result<(), String> {
     println!(
         "# Moneta configuration \"{}\": every key, as `moneta config dump` resolved it.\n\
          # Load it with `--config FILE`, or keep `inherits = \"PRESET\"` and only the\n\
-         # keys you change. Units are in the key names; README \"Configuration files\".\n",
+         # keys you change. Units are in the key names; docs/src/guide/commands.md, \"Configuration files\".\n",
         c.name
     );
     print!("{}", c.to_toml());

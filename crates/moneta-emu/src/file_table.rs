@@ -317,7 +317,7 @@ impl FileTable {
                     Err(e) => {
                         eprintln!(
                             "monetad: {e}; layout changes by processes outside the shim are \
-                             not seen (README, \"Direct-path contract\")"
+                             not seen (docs/src/guide/direct-path.md)"
                         );
                         None
                     }
@@ -402,7 +402,7 @@ impl FileTable {
             }
             (false, Ok(tps)) => format!("block-free tracepoints only ({tps}; no fanotify)"),
             (false, Err(_)) => "none: no fanotify pre-content events and no block-free \
-                                tracepoints (README, \"Direct-path contract\")"
+                                tracepoints (docs/src/guide/direct-path.md)"
                 .into(),
         }
     }
