@@ -23,9 +23,9 @@
 //! Lines of the log that start with `~` are not deterministic (they depend
 //! on other workers) and are left out of the differential comparison.
 
-mod races;
 #[path = "growth_ops.rs"]
 mod growth_ops;
+mod races;
 
 use crate::pattern::{self, stamped, Rng, UNIT};
 use crate::sys::{self, show, Aligned, Sys};
