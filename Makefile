@@ -31,10 +31,20 @@ setup:
 	@command -v nbdkit >/dev/null || (apt-get update && apt-get install -y nbdkit)
 	@command -v qemu-img >/dev/null || (apt-get update && apt-get install -y qemu-utils)
 	@command -v ip >/dev/null || (apt-get update && apt-get install -y iproute2)
+	@command -v gcc >/dev/null && command -v dpkg-source >/dev/null || (apt-get update && apt-get install -y gcc dpkg-dev)
+	@# The fio engine is built against the installed fio's Debian source: deb-src of the mirror in use.
+	@apt-cache showsrc fio 2>/dev/null | grep -q '^Package: fio' || { \
+		if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
+			sed 's/^Types: deb$$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
+				> /etc/apt/sources.list.d/moneta-deb-src.sources; \
+		else \
+			sed -n 's/^deb /deb-src /p' /etc/apt/sources.list > /etc/apt/sources.list.d/moneta-deb-src.list; \
+		fi; apt-get update; }
 	@mdbook --version 2>/dev/null | grep -q 'v$(MDBOOK_VERSION)$$' || $(CARGO) install mdbook --locked --version $(MDBOOK_VERSION)
 
 build:
 	$(CARGO) build --release
+	$(MAKE) -C fio-engine
 
 # The main job: a simulated bandwidth-vs-request-size sweep of the default
 # preset, as a table, plus an SVG plot and an HTML report under out/; then
@@ -54,6 +64,7 @@ test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(CARGO) build --release
+	$(MAKE) -C fio-engine
 	$(CARGO) test --workspace --release
 	$(MONETA) docs --check --out docs/src
 	$(MAKE) --no-print-directory docs

@@ -66,6 +66,38 @@ int moneta_wait(moneta_t *m, moneta_io_t *io);
  * still be using it. */
 void moneta_release(moneta_t *m, moneta_io_t *io);
 
+/* Files on the Moneta file system (or the device's block device). The
+ * caller opens the file with open(2) (the kernel checks its right to it;
+ * the daemon checks the descriptor) and keeps it open until
+ * moneta_file_close. O_RDONLY allows reads, O_WRONLY writes, O_RDWR both. */
+typedef struct MonetaFile moneta_file_t;
+typedef struct FileIo moneta_file_io_t;
+
+moneta_file_t *moneta_file_open(moneta_t *m, int fd);
+/* Drops the kernel's stale cached pages (read(2) then sees direct writes),
+ * revokes the grant, frees f. Release every request of f first. */
+int moneta_file_close(moneta_t *m, moneta_file_t *f);
+/* Like pread/pwrite (bytes, or -1): growth, holes and data the device
+ * does not serve go through the kernel. */
+int64_t moneta_file_pread(moneta_t *m, moneta_file_t *f, void *buf, size_t len, uint64_t offset);
+int64_t moneta_file_pwrite(moneta_t *m, moneta_file_t *f, const void *buf, size_t len,
+                           uint64_t offset);
+int moneta_file_sync(moneta_t *m, moneta_file_t *f);
+
+/* Asynchronous file IO: one device request when the translation map sends
+ * the whole range to the device. *status: 0 a request (returned), 1 no
+ * free run of tags (complete and release one, retry), 2 not one device
+ * request (growth, a hole, several extents, the kernel's data: use
+ * moneta_file_pread/pwrite), -1 error. A request revoked or remapped while
+ * in flight is done again synchronously inside moneta_file_poll. */
+moneta_file_io_t *moneta_file_prepare(moneta_t *m, moneta_file_t *f, int op, uint64_t offset,
+                                      size_t len, int completion, int *status);
+void *moneta_file_io_buffer(moneta_t *m, moneta_file_io_t *io);
+int moneta_file_submit(moneta_t *m, moneta_file_t *f, moneta_file_io_t *io);
+/* 1 done, 0 in flight, -1 failed. */
+int moneta_file_poll(moneta_t *m, moneta_file_t *f, moneta_file_io_t *io);
+void moneta_file_release(moneta_t *m, moneta_file_io_t *io);
+
 #ifdef __cplusplus
 }
 #endif

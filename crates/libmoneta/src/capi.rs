@@ -3,7 +3,8 @@
 //! `moneta_last_error()` (per thread). No call panics across the boundary:
 //! a panic inside becomes an error return.
 
-use crate::{CompletionMode, Io, Moneta};
+use crate::{CompletionMode, Io, Moneta, MonetaFile};
+use moneta_client::file::{FileIo, Prepared};
 use moneta_emu::{engine::EngineOptions, medium::Medium};
 use moneta_model::config::Config;
 use moneta_model::units::Op;
@@ -294,6 +295,241 @@ pub unsafe extern "C" fn moneta_release(m: *mut Moneta, io: *mut Io) {
     let io = unsafe { Box::from_raw(io) };
     guard((), || {
         handle(m)?.release(*io);
+        Ok(())
+    })
+}
+
+// Files on the Moneta file system (SPEC §3.2, §3.4): the descriptor the
+// caller opened is the proof of its right to the file; the daemon checks
+// it and the device enforces the grant.
+
+fn file_handle<'a>(f: *mut MonetaFile) -> Result<&'a MonetaFile, String> {
+    // SAFETY: a non-NULL file came from moneta_file_open and is live until
+    // moneta_file_close (the header's contract).
+    unsafe { f.as_ref() }.ok_or_else(|| "moneta_file handle is NULL".to_string())
+}
+
+fn file_io_handle<'a>(io: *mut FileIo) -> Result<&'a mut FileIo, String> {
+    // SAFETY: a non-NULL io came from moneta_file_prepare and is live until
+    // moneta_file_release; one thread at a time uses it.
+    unsafe { io.as_mut() }.ok_or_else(|| "moneta_file_io handle is NULL".to_string())
+}
+
+/// Grant this channel the file open on `fd` (regular file on the device's
+/// file system, or the device's block device). The caller keeps `fd` open
+/// until moneta_file_close.
+///
+/// # Safety
+/// `m` must be a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_open(m: *mut Moneta, fd: c_int) -> *mut MonetaFile {
+    guard(std::ptr::null_mut(), || {
+        let f = handle(m)?.open_file(fd).map_err(|e| e.to_string())?;
+        Ok(Box::into_raw(Box::new(f)))
+    })
+}
+
+/// Drop the kernel's stale cached pages of the file (a later read(2) sees
+/// the direct writes), revoke the grant and free `f` (0, or -1: freed
+/// anyway). Every request of the file must have been released.
+///
+/// # Safety
+/// `m` must be a live handle; `f` NULL or a live file not used again.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_close(m: *mut Moneta, f: *mut MonetaFile) -> c_int {
+    if f.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's promise: f came from Box::into_raw.
+    let f = unsafe { Box::from_raw(f) };
+    guard(-1, || {
+        let m = handle(m)?;
+        f.sync(m).map_err(|e| e.to_string())?;
+        f.close(m).map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// Like pread(2): the bytes read (short at the end of the file), or -1.
+///
+/// # Safety
+/// `m`, `f` live handles; `buf` valid for `len` bytes of writes.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_pread(
+    m: *mut Moneta,
+    f: *mut MonetaFile,
+    buf: *mut c_void,
+    len: usize,
+    offset: u64,
+) -> i64 {
+    guard(-1, || {
+        if buf.is_null() && len > 0 {
+            return Err("buf is NULL".into());
+        }
+        // SAFETY: the caller's promise (and len 0 never dereferences).
+        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+        let n = file_handle(f)?
+            .read_at(handle(m)?, b, offset)
+            .map_err(|e| e.to_string())?;
+        Ok(n as i64)
+    })
+}
+
+/// Like pwrite(2) (growing the file through the kernel): `len`, or -1.
+///
+/// # Safety
+/// `m`, `f` live handles; `buf` valid for `len` bytes of reads.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_pwrite(
+    m: *mut Moneta,
+    f: *mut MonetaFile,
+    buf: *const c_void,
+    len: usize,
+    offset: u64,
+) -> i64 {
+    guard(-1, || {
+        if buf.is_null() && len > 0 {
+            return Err("buf is NULL".into());
+        }
+        // SAFETY: the caller's promise.
+        let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+        let n = file_handle(f)?
+            .write_at(handle(m)?, b, offset)
+            .map_err(|e| e.to_string())?;
+        Ok(n as i64)
+    })
+}
+
+/// Drop the kernel's stale cached pages after direct writes (not fsync:
+/// direct writes are durable when they complete).
+///
+/// # Safety
+/// `m`, `f` live handles.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_sync(m: *mut Moneta, f: *mut MonetaFile) -> c_int {
+    guard(-1, || {
+        file_handle(f)?
+            .sync(handle(m)?)
+            .map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// One asynchronous request of the file. `*status` says what happened:
+/// 0 a request (returned), 1 no free run of tags (complete and release a
+/// request, retry), 2 not one device request (growth, a hole, several
+/// extents, the kernel's data: use moneta_file_pread/pwrite), -1 an error
+/// (moneta_last_error). NULL unless 0.
+///
+/// # Safety
+/// `m`, `f` live handles; `status` valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_prepare(
+    m: *mut Moneta,
+    f: *mut MonetaFile,
+    operation: c_int,
+    offset: u64,
+    len: usize,
+    completion: c_int,
+    status: *mut c_int,
+) -> *mut FileIo {
+    let (io, code) = guard((std::ptr::null_mut(), -1), || {
+        let prepared = file_handle(f)?
+            .prepare_async(
+                handle(m)?,
+                op(operation)?,
+                offset,
+                len as u64,
+                mode(completion)?,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(match prepared {
+            Prepared::Device(io) => (Box::into_raw(Box::new(io)), 0),
+            Prepared::Busy => (std::ptr::null_mut(), 1),
+            Prepared::Synchronous => (std::ptr::null_mut(), 2),
+        })
+    });
+    // SAFETY: the caller's promise (NULL tolerated).
+    if let Some(s) = unsafe { status.as_mut() } {
+        *s = code;
+    }
+    io
+}
+
+/// The request's DMA slice (as moneta_io_buffer).
+///
+/// # Safety
+/// `m` and `io` live handles.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_io_buffer(m: *mut Moneta, io: *mut FileIo) -> *mut c_void {
+    guard(std::ptr::null_mut(), || {
+        let io = file_io_handle(io)?;
+        if io.io().is_in_flight() {
+            return Err(
+                "the buffer of a request in flight belongs to the device: wait for it first".into(),
+            );
+        }
+        Ok(handle(m)?.buffer_mut(io.io_mut()).as_mut_ptr().cast())
+    })
+}
+
+/// # Safety
+/// `m`, `f`, `io` live handles, `io` prepared on `f` and not in flight.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_submit(
+    m: *mut Moneta,
+    f: *mut MonetaFile,
+    io: *mut FileIo,
+) -> c_int {
+    guard(-1, || {
+        let io = file_io_handle(io)?;
+        if io.io().is_in_flight() {
+            return Err("moneta_file_io is in flight already".into());
+        }
+        file_handle(f)?
+            .submit_async(handle(m)?, io)
+            .map_err(|e| e.to_string())?;
+        Ok(0)
+    })
+}
+
+/// 1 if the request finished successfully (a read's data in its slice),
+/// 0 if still in flight, -1 on error.
+///
+/// # Safety
+/// `m`, `f`, `io` live handles, `io` submitted on `f`.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_poll(
+    m: *mut Moneta,
+    f: *mut MonetaFile,
+    io: *mut FileIo,
+) -> c_int {
+    guard(-1, || {
+        let io = file_io_handle(io)?;
+        if !io.io().is_submitted() {
+            return Err("moneta_file_io was not submitted".into());
+        }
+        match file_handle(f)?.try_complete_async(handle(m)?, io) {
+            None => Ok(0),
+            Some(Ok(())) => Ok(1),
+            Some(Err(e)) => Err(e.to_string()),
+        }
+    })
+}
+
+/// Give the request's tags back and free `io` (only once it finished).
+///
+/// # Safety
+/// `m` must be a live handle; `io` NULL or a live request not used again.
+#[no_mangle]
+pub unsafe extern "C" fn moneta_file_release(m: *mut Moneta, io: *mut FileIo) {
+    if io.is_null() {
+        return;
+    }
+    // SAFETY: the caller's promise: io came from Box::into_raw.
+    let io = unsafe { Box::from_raw(io) };
+    guard((), || {
+        handle(m)?.release(io.into_io());
         Ok(())
     })
 }

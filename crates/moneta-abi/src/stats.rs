@@ -207,6 +207,18 @@ pub struct FileTableStats {
     /// Soft misses that granted nothing because the page cache held pages
     /// of the range it could not drop (mapped, locked or dirtied meanwhile).
     pub grants_refused_cached: u64,
+    /// Soft misses that made unwritten extents growth grants, and the
+    /// bytes zeroed on the medium for them (moneta-emu `growth`).
+    #[serde(default)]
+    pub growth_grants: u64,
+    #[serde(default)]
+    pub growth_bytes: u64,
+    /// Settlings of growth grants (their data written through the kernel,
+    /// the extents made written), and the bytes settled.
+    #[serde(default)]
+    pub growth_settles: u64,
+    #[serde(default)]
+    pub growth_settled_bytes: u64,
     /// Whether the file systems' block-free tracepoints guard the mount
     /// (free_watch.rs): every freed block is revoked before reuse.
     #[serde(default)]

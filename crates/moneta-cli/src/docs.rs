@@ -24,7 +24,10 @@ const REFERENCE_DIR: &str = "reference";
 
 /// The headers of the C ABI, as shipped.
 const HEADERS: &[(&str, &str)] = &[
-    ("include/moneta.h", include_str!("../../../include/moneta.h")),
+    (
+        "include/moneta.h",
+        include_str!("../../../include/moneta.h"),
+    ),
     ("include/nvmm.h", include_str!("../../../include/nvmm.h")),
 ];
 
@@ -155,14 +158,9 @@ fn command_section(out: &mut String, cmd: &Command, parents: &[&str]) {
     if let Some(about) = about {
         let _ = writeln!(out, "{}\n", about.trim());
     }
+    // After `build`, a subcommand's usage names its whole path.
     let usage = cmd.clone().render_usage().to_string();
     let usage = usage.trim_start_matches("Usage: ").trim();
-    // The usage line names the command by its own name only; print the
-    // whole path so it can be pasted.
-    let usage = match usage.split_once(' ') {
-        Some((_, rest)) => format!("{} {rest}", path.join(" ")),
-        None => path.join(" "),
-    };
     let _ = writeln!(out, "```text\n{usage}\n```\n");
     let args: Vec<_> = cmd
         .get_arguments()
@@ -229,7 +227,9 @@ fn cell(text: &str) -> String {
 /// Text that Markdown passes through as HTML: `<preset>` in a help text
 /// must show, not open a tag.
 fn html_text(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 // ---------------------------------------------------------- configuration
@@ -287,7 +287,11 @@ fn own_comments(toml_text: &str) -> Vec<(Key, String)> {
         let trimmed = line.trim();
         if trimmed.starts_with('[') {
             let (header, comment) = split_comment(trimmed);
-            if let Some(name) = header.trim().strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+            if let Some(name) = header
+                .trim()
+                .strip_prefix('[')
+                .and_then(|s| s.strip_suffix(']'))
+            {
                 section = name.trim().to_string();
                 section_comment = comment.trim().to_string();
                 last_was_key = false;
@@ -430,7 +434,11 @@ pub fn config_reference() -> String {
     }
     let _ = writeln!(out, "## Presets and what each changes\n");
     let mut names: Vec<&str> = moneta_model::config::preset_names().collect();
-    names.extend(moneta_model::nvmm::config::NVMM_PRESETS.iter().map(|(n, _)| *n));
+    names.extend(
+        moneta_model::nvmm::config::NVMM_PRESETS
+            .iter()
+            .map(|(n, _)| *n),
+    );
     for name in names {
         let Some(text) = preset_text(name) else {
             continue;
@@ -612,6 +620,17 @@ mod tests {
     }
 
     #[test]
+    fn usage_lines_name_the_whole_command_once() {
+        use clap::CommandFactory;
+        let page = cli_reference(&crate::Cli::command());
+        assert!(
+            page.contains("```text\nmoneta sim run [OPTIONS]\n```"),
+            "{page}"
+        );
+        assert!(!page.contains("moneta sim run sim run"));
+    }
+
+    #[test]
     fn units_come_from_names() {
         assert_eq!(unit("latency_ns_read"), "");
         assert_eq!(unit("pipeline_ns"), "ns");
@@ -626,7 +645,13 @@ mod tests {
             for line in text.lines() {
                 let t = line.trim();
                 if t.contains('(') && t.ends_with(");") && !t.starts_with("/*") {
-                    let name = t.split('(').next().unwrap().split_whitespace().last().unwrap();
+                    let name = t
+                        .split('(')
+                        .next()
+                        .unwrap()
+                        .split_whitespace()
+                        .last()
+                        .unwrap();
                     let name = name.trim_start_matches('*');
                     assert!(page.contains(name), "{name} missing from the C ABI page");
                 }

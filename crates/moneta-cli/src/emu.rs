@@ -401,7 +401,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
             if secret.is_none() {
                 eprintln!(
                     "monetad: {} names no secret_file: frames carry no MAC, and anyone on \
-                     the segment can speak for a node (README, \"Authenticated frames\")",
+                     the segment can speak for a node (docs/src/guide/san-wire.md, \"Authenticated frames\")",
                     path.display()
                 );
             }
@@ -440,7 +440,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
             }
             if let Err(e) = plane.file_table().watch_file_system(&dir) {
                 eprintln!(
-                    "monetad: watching {}: {e}; guarded by {} (README, \"Direct-path contract\")",
+                    "monetad: watching {}: {e}; guarded by {} (docs/src/guide/direct-path.md)",
                     dir.display(),
                     plane.file_table().guard()
                 );
@@ -959,6 +959,15 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
         None => ReportDir::create()?,
     };
     let loop_device = crate::mount::loop_device_of(&mount);
+    // What monetad settles (growth grants written through the kernel)
+    // shows on the loop device but is no IO of the program's.
+    let settled = || {
+        Moneta::connect(&socket)
+            .and_then(|m| m.stats())
+            .map(|s| s.files.growth_settled_bytes)
+            .ok()
+    };
+    let settled_before = settled();
     syncfs(&mount);
     let block_before = loop_device
         .as_deref()
@@ -989,6 +998,10 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
         }
         _ => None,
     };
+    let settled_bytes = match (settled_before, settled()) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
     let device = Moneta::connect(&socket)
         .and_then(|m| m.stats_of(Some(&run_id), None))
         .map(|s| s.client.unwrap_or_default());
@@ -1013,6 +1026,7 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
         problems,
         loop_device,
         kernel_block,
+        settled_bytes,
     });
     eprintln!("{}", crate::run_report::render(&report));
     if let Some(path) = &a.report {

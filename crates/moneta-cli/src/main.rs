@@ -17,6 +17,7 @@
 
 mod docs;
 mod emu;
+mod fio_sweep;
 mod mount;
 mod nvmm;
 mod output;
@@ -85,6 +86,8 @@ enum Command {
     /// protection lookups, timing precision) as JSON; with --run or
     /// --channel also one client's (`client`).
     Stats(emu::StatsArgs),
+    /// fio through the Moneta ioengine at a sweep of queue depths, against the simulator's direct stack, with the verdict
+    FioSweep(fio_sweep::FioSweepArgs),
     /// Configuration files: print one to start from.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -432,6 +435,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         Command::ServeGroup(a) => emu::serve_group(a),
         Command::Bench(a) => emu::run_bench(*a),
         Command::Stats(a) => emu::stats(a),
+        Command::FioSweep(a) => fio_sweep::fio_sweep(a),
         Command::Up(a) => mount::up(*a),
         Command::Down(a) => mount::down(a),
         Command::Status(a) => mount::status(a),
@@ -482,7 +486,7 @@ fn config_dump(a: &DeviceArgs) -> Result<(), String> {
     println!(
         "# Moneta configuration \"{}\": every key, as `moneta config dump` resolved it.\n\
          # Load it with `--config FILE`, or keep `inherits = \"PRESET\"` and only the\n\
-         # keys you change. Units are in the key names; README \"Configuration files\".\n",
+         # keys you change. Units are in the key names; docs/src/guide/commands.md, \"Configuration files\".\n",
         c.name
     );
     print!("{}", c.to_toml());

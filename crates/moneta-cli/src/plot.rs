@@ -1019,7 +1019,10 @@ pub fn stamp(contents: &str, provenance: &str) -> String {
     if let Some(body_end) = contents.rfind("</body>") {
         let mut s = String::with_capacity(contents.len() + text.len() + 64);
         s.push_str(&contents[..body_end]);
-        let _ = writeln!(s, "<footer class=\"provenance\"><small>{text}</small></footer>");
+        let _ = writeln!(
+            s,
+            "<footer class=\"provenance\"><small>{text}</small></footer>"
+        );
         s.push_str(&contents[body_end..]);
         return s;
     }

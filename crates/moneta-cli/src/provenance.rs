@@ -90,8 +90,7 @@ impl Provenance {
 
 fn shell_quote(a: &str) -> String {
     let plain = !a.is_empty()
-        && a
-            .chars()
+        && a.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
     if plain {
         a.to_string()
@@ -150,7 +149,10 @@ mod tests {
         );
         let html = crate::plot::stamp("<html><body><svg></svg></body></html>", "p");
         assert!(html.contains("<footer class=\"provenance\"><small>p</small></footer>\n</body>"));
-        assert!(!html.contains("<metadata"), "the page carries it once: {html}");
+        assert!(
+            !html.contains("<metadata"),
+            "the page carries it once: {html}"
+        );
     }
 
     #[test]

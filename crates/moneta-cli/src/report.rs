@@ -299,7 +299,7 @@ fn checks_section(title: &str, checks: &[Check]) -> Vec<ReportSection> {
     vec![
         ReportSection::Heading(title.into()),
         ReportSection::Paragraph(format!(
-            "{} published numbers, {} within the project's tolerance, {missed} not (each miss is explained in README \"Calibration\" / \"Fidelity\").",
+            "{} published numbers, {} within the project's tolerance, {missed} not (each miss is explained in the documentation's fidelity chapter, docs/src/fidelity/).",
             checks.len(),
             checks.len() - missed
         )),
@@ -387,7 +387,7 @@ fn reproduces_section(checks: &[Check], orderings: &[Ordering]) -> Vec<ReportSec
     vec![
         ReportSection::Heading("What reproduces and what does not".into()),
         ReportSection::Paragraph(format!(
-            "{within} of {} published numbers on this page are within the project's tolerance; {holding} of {} published orderings hold. Per figure or table of the paper (the check's source), the numbers the model meets and the ones it misses; README \"Fidelity\" gives each miss's reason and the unpublished number it needs.",
+            "{within} of {} published numbers on this page are within the project's tolerance; {holding} of {} published orderings hold. Per figure or table of the paper (the check's source), the numbers the model meets and the ones it misses; The documentation's fidelity chapter (docs/src/fidelity/) gives each miss's reason and the unpublished number it needs.",
             checks.len(),
             orderings.len()
         )),
@@ -489,7 +489,7 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
     let mut after = vec![
         ReportSection::Heading("Completion techniques (Figs. 4.5 and 4.6)".into()),
         ReportSection::Paragraph(format!(
-            "DMA completion, interrupt forwarding and issue-sleep (SPEC §3.5) with {} threads of 50/50 random requests, as §4.3.4 measured them. Bandwidth per CPU is the bandwidth over the host cores the threads kept busy (spinning counts as busy, sleeping does not). The dma line lies under the forwarding line: the model charges each completion its Table 4.2 latency, and a 50/50 mix averages DMA's 2.32 / 2.68 µs and forwarding's 2.71 / 2.36 µs to the same 5.0 µs (README \"Calibration\" says why the published 21–171% gap is missed). No published points are drawn: the seeds give the figures' statements (tabled below), not their points.",
+            "DMA completion, interrupt forwarding and issue-sleep (SPEC §3.5) with {} threads of 50/50 random requests, as §4.3.4 measured them. Bandwidth per CPU is the bandwidth over the host cores the threads kept busy (spinning counts as busy, sleeping does not). The dma line lies under the forwarding line: the model charges each completion its Table 4.2 latency, and a 50/50 mix averages DMA's 2.32 / 2.68 µs and forwarding's 2.71 / 2.36 µs to the same 5.0 µs (docs/src/fidelity/calibration.md says why the published 21–171% gap is missed). No published points are drawn: the seeds give the figures' statements (tabled below), not their points.",
             calibration::COMPLETION_THREADS
         )),
     ];
@@ -526,7 +526,7 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
         "Asynchronous IO (Figs. 4.11 and 4.12)".into(),
     ));
     after.push(ReportSection::Paragraph(format!(
-        "The library's asynchronous pread/pwrite (SPEC §3.2) against the synchronous calls, 1 and 8 threads of 50/50 random requests (the op is our assumption). An asynchronous thread keeps {} requests in flight alone and {} each of 8 (the channel's 64 tags shared, our assumption: §4.4.4 speaks of contention for tags with 8 threads); it keeps its core and polls, so its bandwidth per CPU is its bandwidth over one core. The model has no cost for the library's asynchronous bookkeeping, which §4.4.4 names but does not quantify; README \"Calibration\" gives what that leaves out.",
+        "The library's asynchronous pread/pwrite (SPEC §3.2) against the synchronous calls, 1 and 8 threads of 50/50 random requests (the op is our assumption). An asynchronous thread keeps {} requests in flight alone and {} each of 8 (the channel's 64 tags shared, our assumption: §4.4.4 speaks of contention for tags with 8 threads); it keeps its core and polls, so its bandwidth per CPU is its bandwidth over one core. The model has no cost for the library's asynchronous bookkeeping, which §4.4.4 names but does not quantify; docs/src/fidelity/calibration.md gives what that leaves out.",
         calibration::async_queue_depth(1),
         calibration::async_queue_depth(8)
     )));

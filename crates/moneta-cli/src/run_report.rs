@@ -216,6 +216,10 @@ pub struct RunReport {
     /// The loop device under the mount, over the run (None: not found).
     pub loop_device: Option<PathBuf>,
     pub kernel_block: Option<BlockStat>,
+    /// Bytes monetad wrote through the kernel over the run to settle
+    /// growth grants (direct writes into preallocated extents, made
+    /// written data): on the loop device, but not the program's IO.
+    pub settled_bytes: Option<u64>,
     /// Share of the run's bytes the kernel served (the larger of the
     /// shim's reports' and the loop device's counts), and whether that is
     /// most of them.
@@ -238,6 +242,7 @@ pub struct Inputs<'a> {
     pub problems: Vec<String>,
     pub loop_device: Option<PathBuf>,
     pub kernel_block: Option<BlockStat>,
+    pub settled_bytes: Option<u64>,
 }
 
 pub fn build(i: Inputs) -> RunReport {
@@ -288,7 +293,10 @@ pub fn build(i: Inputs) -> RunReport {
     // device, which also carries the shim's kernel writes back. The larger
     // of the two counts each byte once.
     let from_shim = (!i.reports.is_empty()).then_some(shim_kernel.bytes());
-    let from_loop = i.kernel_block.map(|b| b.read_bytes + b.write_bytes);
+    let settled = i.settled_bytes.unwrap_or(0);
+    let from_loop = i
+        .kernel_block
+        .map(|b| b.read_bytes + b.write_bytes.saturating_sub(settled));
     let kernel_bytes = match (from_shim, from_loop) {
         (Some(s), Some(l)) => Some(s.max(l)),
         (s, l) => s.or(l),
@@ -337,6 +345,7 @@ pub fn build(i: Inputs) -> RunReport {
         notes,
         loop_device: i.loop_device,
         kernel_block: i.kernel_block,
+        settled_bytes: i.settled_bytes,
         kernel_share,
         mostly_bypassed,
         faithful,
@@ -428,6 +437,14 @@ pub fn render(r: &RunReport) -> String {
         )),
         _ => out.push("kernel: the mount's loop device was not found".to_string()),
     }
+    if let Some(b) = r.settled_bytes.filter(|&b| b > 0) {
+        out.push(format!(
+            "  settled: {} of the device's writes into preallocated (unwritten) extents \
+             written through the kernel by monetad to make them written data \
+             (counted on the loop device above, not in the kernel's share)",
+            mib(b)
+        ));
+    }
     for n in &r.notes {
         out.push(format!("  note: {n}"));
     }
@@ -484,7 +501,22 @@ mod tests {
                 write_bytes: 1 << 20,
                 ..BlockStat::default()
             }),
+            settled_bytes: None,
         }
+    }
+
+    #[test]
+    fn what_monetad_settled_is_not_the_kernels_share() {
+        let mut device = ClientStats::default();
+        device.write.requests = 256;
+        device.write.bytes = 1 << 20;
+        let mut i = inputs(device.clone(), Vec::new());
+        let plain = build(inputs(device, Vec::new())).kernel_share.unwrap();
+        assert!((plain - 0.5).abs() < 1e-9);
+        i.settled_bytes = Some(1 << 20);
+        let r = build(i);
+        assert_eq!(r.kernel_share, Some(0.0));
+        assert!(render(&r).contains("settled: 1.0 MiB"), "{}", render(&r));
     }
 
     #[test]

@@ -757,7 +757,8 @@ impl Moneta {
         self.issue(io)
     }
 
-    fn issue(&self, io: &mut Io) -> Result<(), EmuError> {
+    /// Issue without the soft-miss check (a file's mapped blocks).
+    pub(crate) fn issue(&self, io: &mut Io) -> Result<(), EmuError> {
         // The tag belongs to `io`, so no other thread updates its sequence.
         let slot = &self.inner.sequences[io.tag as usize];
         let sequence = slot.load(Ordering::Relaxed).wrapping_add(1);

@@ -51,6 +51,9 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
+mod asynchronous;
+pub use asynchronous::{FileIo, Prepared};
+
 /// What a request of a file did, for a run report (`moneta run`'s, from
 /// the shim): counted per process in plain atomics, never allocating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,7 +285,11 @@ impl Segment {
 
     fn from_extent(e: &FileExtent) -> Segment {
         let kind = match (e.unwritten, e.direct) {
-            (true, _) => Kind::Unwritten,
+            (true, DirectAccess::None) => Kind::Unwritten,
+            // A growth grant (monetad's `growth`): allocated, unwritten in
+            // the file system's eyes until monetad settles it, and served
+            // by the device meanwhile (its blocks were zeroed first).
+            (true, access) => Kind::Direct(access),
             (false, DirectAccess::None) => Kind::Kernel,
             (false, access) => Kind::Direct(access),
         };
@@ -371,6 +378,9 @@ pub struct MonetaFile {
     /// Whether this handle ever wrote to the device directly (then the
     /// kernel's cached pages may be stale).
     wrote_directly: AtomicBool,
+    /// Whether a map of this handle held a growth grant since its last
+    /// settling: its fsync then has monetad settle the file first.
+    grew: AtomicBool,
     /// Direct writes share it; the kernel's writes take it alone: the
     /// kernel rewrites whole pages, and must not rewrite one a direct
     /// write is changing.
@@ -438,6 +448,7 @@ impl Moneta {
             epoch: AtomicU64::new(0),
             kernel_pages: Mutex::new(Vec::new()),
             wrote_directly: AtomicBool::new(false),
+            grew: AtomicBool::new(false),
             kernel_writes: RwLock::new(()),
         })
     }
@@ -801,6 +812,20 @@ impl MonetaFile {
         self.drop_stale_cache()
     }
 
+    /// Before the kernel's fsync or fdatasync of the descriptor: if this
+    /// handle was granted growth (direct writes into unwritten extents),
+    /// monetad settles the file (writes what the device holds there
+    /// through the kernel, making the extents written), so that the sync
+    /// makes it durable. Announced as a layout change of the whole file,
+    /// which revokes every channel's grants first.
+    pub fn settle(&self, m: &Moneta) -> Result<(), EmuError> {
+        self.check_channel(m)?;
+        if !self.access.can_write() || !self.grew.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.layout_change(m, 0, || Ok(()))
+    }
+
     /// Everything in the file so far was written through the kernel by
     /// this handle's open file (the shim serves a file being created
     /// through the kernel until its first fsync): it stays on the kernel
@@ -1081,6 +1106,12 @@ impl MonetaFile {
                 ErrorKind::Protocol,
                 format!("map-file of [{from}, {to}) answered up to {end}"),
             ));
+        }
+        if extents
+            .iter()
+            .any(|e| e.unwritten && e.direct != DirectAccess::None)
+        {
+            self.grew.store(true, Ordering::Release);
         }
         self.insert(from, end, &extents);
         Ok(())

@@ -51,10 +51,11 @@
 use crate::engine::Engine;
 use crate::files::GrantedFile;
 use crate::free_watch::{FreeHandler, FreeWatch, FreedRange};
+use crate::growth::{self, Pending, PendingSet};
 use crate::layout_watch::{Handler, LayoutEvent, LayoutWatch};
 use crate::protection::Update;
 use crate::sys;
-use moneta_abi::control::FileExtent;
+use moneta_abi::control::{DirectAccess, FileExtent};
 use moneta_abi::error::{EmuError, ErrorKind};
 use moneta_abi::InodeId;
 use std::collections::{BTreeSet, HashMap};
@@ -132,11 +133,18 @@ struct InodeState {
     /// window is dropped when it is made), so only then does a kernel
     /// access drop the cache first.
     maybe_stale: bool,
+    /// Growth grants whose data is on the device but whose extents the
+    /// file system still calls unwritten ([`crate::growth`]).
+    pending: PendingSet,
+    /// The descriptor pending ranges are settled through (no fanotify
+    /// events of its own).
+    quiet: Option<OwnedFd>,
 }
 
 impl InodeState {
     fn unused(&self) -> bool {
         self.holders.is_empty()
+            && self.pending.is_empty()
             && self.changes.is_empty()
             && self.mapped.is_none()
             && self.foreign_writer.is_none()
@@ -199,11 +207,18 @@ pub struct FileTable {
     /// The file systems' reports of freed blocks (started with the file
     /// system's watch; the reason if it could not start).
     frees: OnceLock<Result<FreeWatch, String>>,
+    /// Whether soft misses make unwritten extents growth grants
+    /// ([`crate::growth`]; off unless `MONETA_GROWTH=1`).
+    growth: bool,
     me: Weak<FileTable>,
 }
 
 impl FileTable {
     pub fn new(engine: Arc<Engine>) -> Arc<FileTable> {
+        // Growth writes zeros to the medium itself, so only where the
+        // medium is the whole address space (not a SAN's global one).
+        let growth =
+            growth::enabled() && engine.address_space_bytes() == engine.medium().capacity_bytes();
         Arc::new_cyclic(|me| FileTable {
             engine,
             table: Mutex::new(Table::default()),
@@ -213,6 +228,7 @@ impl FileTable {
             session_pids: Mutex::new(HashMap::new()),
             mount_root: Mutex::new(None),
             frees: OnceLock::new(),
+            growth,
             me: me.clone(),
         })
     }
@@ -301,7 +317,7 @@ impl FileTable {
                     Err(e) => {
                         eprintln!(
                             "monetad: {e}; layout changes by processes outside the shim are \
-                             not seen (README, \"Direct-path contract\")"
+                             not seen (docs/src/guide/direct-path.md)"
                         );
                         None
                     }
@@ -386,7 +402,7 @@ impl FileTable {
             }
             (false, Ok(tps)) => format!("block-free tracepoints only ({tps}; no fanotify)"),
             (false, Err(_)) => "none: no fanotify pre-content events and no block-free \
-                                tracepoints (README, \"Direct-path contract\")"
+                                tracepoints (docs/src/guide/direct-path.md)"
                 .into(),
         }
     }
@@ -418,6 +434,18 @@ impl FileTable {
         for (inode, st) in inodes.iter_mut() {
             if frees.iter().any(|r| r.dev == inode.dev) {
                 st.generation += 1;
+            }
+            if st.pending.is_empty() {
+                continue;
+            }
+            // A freed block's bytes may be another file's soon: never settled.
+            let Some(f) = st.holders.iter().find_map(|h| files.get(h)) else {
+                continue;
+            };
+            for r in frees.iter().filter(|r| r.dev == inode.dev) {
+                if st.pending.forget_device(f.medium_address(r.start), r.len) {
+                    eprintln!("monetad: blocks of inode {inode:?} written direct were freed before settling");
+                }
             }
         }
         if !updates.is_empty() {
@@ -684,6 +712,29 @@ impl FileTable {
             let (window_from, window_len) = folio_window(offset, len);
             let _ = sys::write_back_range(reader.raw_fd(), window_from, window_len);
             let (extents, covered) = reader.read_extents(offset, len, capacity)?;
+            // Without the kernel's access reports nothing would settle
+            // before another process reads.
+            let grow = self.growth
+                && self.watcher().is_some()
+                && reader.may_write()
+                && reader.device_bytes().is_none()
+                && extents
+                    .iter()
+                    .any(|e| e.unwritten && e.direct != DirectAccess::None);
+            let quiet = if grow && !self.has_quiet(inode) {
+                // Outside the lock: the reopen's permission event is
+                // answered by the layout watcher's thread, which may be
+                // waiting for the lock.
+                match growth::quiet_writer(reader.raw_fd()) {
+                    Ok(q) => Some(q),
+                    Err(e) => {
+                        eprintln!("monetad: no growth grants for inode {inode:?}: {e}");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
             drop(reader);
             let mut t = self.lock();
             let Table { files, inodes } = &mut *t;
@@ -714,6 +765,27 @@ impl FileTable {
                     }
                 }
             }
+            if st.quiet.is_none() {
+                st.quiet = quiet;
+            }
+            let extents = if (grow && st.quiet.is_some()) || !st.pending.is_empty() {
+                let end = file.grant_end(limit)?;
+                let zero = grow && st.quiet.is_some();
+                let reader = (!file.may_write()).then(|| file.access());
+                let (extents, zeroed) = self.grow(st, extents, end, zero, reader)?;
+                if zeroed > 0 {
+                    // Their maps said "zeros" there; the device holds the data now.
+                    for &(c, id) in st.holders.iter().filter(|&&h| h != (channel, file_id)) {
+                        self.bump_epoch(c, id);
+                    }
+                    let mut stats = self.stats.lock().expect("stats");
+                    stats.growth_grants += 1;
+                    stats.growth_bytes += zeroed;
+                }
+                extents
+            } else {
+                extents.into_iter().map(no_growth).collect()
+            };
             let (extents, updates) = file.grant(channel, offset, covered, extents, limit)?;
             st.maybe_stale |= file.has_write_grants();
             // Applied under the lock: a revocation cannot slip between.
@@ -754,6 +826,10 @@ impl FileTable {
         let inode = file.inode();
         if let Some(st) = t.inodes.get_mut(&inode) {
             st.holders.remove(&(channel, file_id));
+            if st.holders.is_empty() {
+                // No grant is left: what was written direct becomes written data.
+                self.settle(st, 0);
+            }
             if st.holders.is_empty() && st.maybe_stale {
                 // Unwatched from now on: no stale page may outlive the grants.
                 drop_stale_pages(file.raw_fd());
@@ -812,6 +888,7 @@ impl FileTable {
         });
         st.generation += 1;
         let revoked = self.revoke(files, st, from)?;
+        self.settle(st, from);
         let dropped = st.maybe_stale
             && st
                 .holders
@@ -947,6 +1024,7 @@ impl FileTable {
             let st = inodes.entry(inode).or_default();
             st.generation += 1;
             let revoked = self.revoke(files, st, 0)?;
+            self.settle(st, 0);
             self.stats.lock().expect("stats").revocations += revoked;
             if st.mapped.is_none() {
                 let keep = sys::dup(fd.as_raw_fd())
@@ -1077,11 +1155,146 @@ impl FileTable {
         Ok(revoked)
     }
 
+    fn has_quiet(&self, inode: InodeId) -> bool {
+        self.lock()
+            .inodes
+            .get(&inode)
+            .is_some_and(|st| st.quiet.is_some())
+    }
+
+    /// Make the unwritten extents of a soft miss's answer growth grants
+    /// below `end` ([`crate::growth`], step 2). Pending parts are granted
+    /// with the handle's access (another holder's data is there: a
+    /// read-only handle's `reader_access`); when
+    /// `zero` (a handle that may write), the other parts' blocks are
+    /// zeroed on the medium and become pending. Returns the extents as the
+    /// client sees them (growth ones unwritten with the access a grant
+    /// allows; the rest `none`) and the bytes zeroed.
+    fn grow(
+        &self,
+        st: &mut InodeState,
+        extents: Vec<FileExtent>,
+        end: u64,
+        zero: bool,
+        reader_access: Option<DirectAccess>,
+    ) -> Result<(Vec<FileExtent>, u64), EmuError> {
+        let mut out = Vec::with_capacity(extents.len());
+        let mut zeroed = 0;
+        for e in extents {
+            let grown_end = e.logical.saturating_add(e.len).min(end);
+            if !e.unwritten || grown_end <= e.logical {
+                out.push(no_growth(e));
+                continue;
+            }
+            // A writer's extent carries what it may do there (`none` where
+            // shared or not on the medium); a reader's only its access.
+            let access = reader_access.unwrap_or(e.direct);
+            for (a, b, pending) in st.pending.pieces(e.logical, grown_end) {
+                let physical = e.physical + (a - e.logical);
+                let piece = FileExtent {
+                    logical: a,
+                    physical,
+                    len: b - a,
+                    ..e
+                };
+                match pending {
+                    // Pending at these very blocks: the data is there.
+                    Some(p) if p == physical && access != DirectAccess::None => {
+                        out.push(FileExtent {
+                            direct: access,
+                            ..piece
+                        })
+                    }
+                    // Pending elsewhere: the extent moved, which no
+                    // revocation announced; grant nothing.
+                    Some(_) => out.push(no_growth(piece)),
+                    None if zero && e.direct != DirectAccess::None => {
+                        growth::zero_on_medium(self.engine.medium(), physical, b - a)?;
+                        st.pending.add(Pending {
+                            logical: a,
+                            physical,
+                            len: b - a,
+                        });
+                        zeroed += b - a;
+                        out.push(piece);
+                    }
+                    None => out.push(no_growth(piece)),
+                }
+            }
+            if grown_end < e.logical + e.len {
+                out.push(no_growth(FileExtent {
+                    logical: grown_end,
+                    physical: e.physical + (grown_end - e.logical),
+                    len: e.logical + e.len - grown_end,
+                    ..e
+                }));
+            }
+        }
+        Ok((out, zeroed))
+    }
+
+    /// Settle the inode's pending ranges from `from` on ([`crate::growth`],
+    /// step 3); the caller revoked every grant there.
+    fn settle(&self, st: &mut InodeState, from: u64) {
+        if st.pending.is_empty() {
+            return;
+        }
+        let Some(quiet) = &st.quiet else {
+            return;
+        };
+        let ranges = st.pending.take_from(from);
+        if ranges.is_empty() {
+            return;
+        }
+        // A soft miss whose FIEMAP ran before this saw the ranges
+        // unwritten and, with them no longer pending, would zero them:
+        // it must start again.
+        st.generation += 1;
+        match growth::settle(self.engine.medium(), quiet.as_raw_fd(), &ranges) {
+            Ok(bytes) => {
+                let mut stats = self.stats.lock().expect("stats");
+                stats.growth_settles += 1;
+                stats.growth_settled_bytes += bytes;
+            }
+            Err(e) => {
+                eprintln!("monetad: settling what was written direct into unwritten extents: {e}");
+                for r in ranges {
+                    st.pending.add(r);
+                }
+            }
+        }
+    }
+
+    /// Settle every inode (monetad is stopping).
+    pub fn settle_all(&self) {
+        let mut t = self.lock();
+        let Table { files, inodes } = &mut *t;
+        for st in inodes.values_mut() {
+            if st.pending.is_empty() {
+                continue;
+            }
+            let _ = self.revoke(files, st, 0);
+            self.settle(st, 0);
+        }
+    }
+
     fn bump_epoch(&self, channel: u16, file_id: u32) {
         if let Some(m) = self.engine.channel_memory(channel) {
             m.layout_epoch(file_id)
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
+    }
+}
+
+/// An extent as granted without growth: unwritten ones allow nothing.
+fn no_growth(e: FileExtent) -> FileExtent {
+    if e.unwritten {
+        FileExtent {
+            direct: DirectAccess::None,
+            ..e
+        }
+    } else {
+        e
     }
 }
 

@@ -341,12 +341,7 @@ impl GrantedFile {
         mut extents: Vec<FileExtent>,
         limit: u64,
     ) -> Result<(Vec<FileExtent>, Vec<Update>), EmuError> {
-        let mut end = limit;
-        if self.device_bytes.is_none() {
-            let size = sys::file_len(self.fd.as_raw_fd())
-                .map_err(|e| EmuError::io("fstat of the file", e))?;
-            end = end.min(size.div_ceil(self.block_bytes) * self.block_bytes);
-        }
+        let end = self.grant_end(limit)?;
         if end < u64::MAX {
             extents = clip_to(extents, end);
         }
@@ -358,6 +353,32 @@ impl GrantedFile {
             .map_or(covered, |e| e.logical.saturating_add(e.len).max(covered));
         let updates = self.replace(channel, span_start, span_end, &extents);
         Ok((extents, updates))
+    }
+
+    /// Where grants end: `limit`, or the end of the block holding the end
+    /// of the file if that comes first.
+    pub fn grant_end(&self, limit: u64) -> Result<u64, EmuError> {
+        if self.device_bytes.is_some() {
+            return Ok(limit);
+        }
+        let size =
+            sys::file_len(self.fd.as_raw_fd()).map_err(|e| EmuError::io("fstat of the file", e))?;
+        Ok(limit.min(size.div_ceil(self.block_bytes) * self.block_bytes))
+    }
+
+    /// The medium address of block-device byte `offset`.
+    pub fn medium_address(&self, offset: u64) -> u64 {
+        self.base.saturating_add(offset)
+    }
+
+    /// What the descriptor allows the device to do.
+    pub fn access(&self) -> DirectAccess {
+        direct_access(self.perms)
+    }
+
+    /// Whether the descriptor allows writing the file.
+    pub fn may_write(&self) -> bool {
+        self.perms & WRITE != 0
     }
 
     /// Whether some grant allows the device to write the file.
@@ -492,13 +513,21 @@ impl GrantedFile {
         let unwritten = flags & sys::FIEMAP_EXTENT_UNWRITTEN != 0;
         let on_medium = physical.checked_add(len).is_some_and(|e| e <= capacity);
         let mut perms = self.perms;
-        if unwritten || flags & NOT_DIRECT != 0 || !on_medium {
+        if flags & NOT_DIRECT != 0 || !on_medium {
             perms = 0;
         }
         if flags & sys::FIEMAP_EXTENT_SHARED != 0 {
             // Shared with another file (reflink): a direct write would
-            // change both, bypassing the file system's copy-on-write.
-            perms &= READ;
+            // change both, bypassing the file system's copy-on-write. An
+            // unwritten one is not grown either (the other file's growth
+            // would zero it under this one's data).
+            perms &= if unwritten { 0 } else { READ };
+        }
+        // An unwritten extent carries what a growth grant of it would allow
+        // (`crate::growth`); the file table grants it only as such, and
+        // answers `none` otherwise.
+        if unwritten && perms & WRITE == 0 {
+            perms = 0;
         }
         FileExtent {
             logical,

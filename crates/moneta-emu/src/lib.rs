@@ -31,6 +31,7 @@ pub mod engine;
 pub mod file_table;
 pub mod files;
 pub mod free_watch;
+pub mod growth;
 pub mod layout_watch;
 pub mod log_limit;
 pub mod medium;

@@ -1250,6 +1250,13 @@ fn do_fallocate(fd: c_int, mode: c_int, offset: i64, len: i64) -> c_int {
         (r, unsafe { *libc::__errno_location() })
     };
     let handled = ours(fd, |of| {
+        // A file being created that holds no block yet (nothing was
+        // written to it: delayed allocations count in st_blocks) and is
+        // now preallocated leaves the kernel path: its unwritten extents
+        // are growth grants (moneta-emu `growth`), written direct.
+        let unwritten_only = mode & LAYOUT_MODES == 0
+            && of.fresh.load(Ordering::Acquire)
+            && moneta_abi::sys::fstat(fd).is_ok_and(|st| st.st_blocks == 0);
         let r = if mode & LAYOUT_MODES != 0 {
             let from = (offset.max(0) as u64) / 4096 * 4096;
             with_file(of, |m, f| {
@@ -1261,6 +1268,9 @@ fn do_fallocate(fd: c_int, mode: c_int, offset: i64, len: i64) -> c_int {
         };
         match r {
             Ok((0, _)) => {
+                if unwritten_only {
+                    of.fresh.store(false, Ordering::Release);
+                }
                 // Holes may have become unwritten extents: ask again.
                 let _ = with_file(of, |m, f| f.refresh(m).map_err(io_error));
                 0
@@ -1291,6 +1301,14 @@ pub unsafe extern "C" fn fallocate64(
 /// device), then its cached pages of the file are dropped, so a later
 /// read(2) by any process sees the direct writes (SPEC §3.4).
 fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
+    // What went direct into unwritten extents becomes written data first
+    // (monetad settles it), so the kernel's sync makes it durable.
+    let settled = ours(fd, |of| {
+        with_file(of, |m, f| f.settle(m).map_err(io_error)).map_or_else(fail, |_| 0)
+    });
+    if settled.is_some_and(|r| r != 0) {
+        return -1;
+    }
     let r = real_sync();
     if r == 0 {
         let _ = ours(fd, |of| {

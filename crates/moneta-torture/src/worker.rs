@@ -23,6 +23,8 @@
 //! Lines of the log that start with `~` are not deterministic (they depend
 //! on other workers) and are left out of the differential comparison.
 
+#[path = "growth_ops.rs"]
+mod growth_ops;
 mod races;
 
 use crate::pattern::{self, stamped, Rng, UNIT};
@@ -114,6 +116,7 @@ pub const OPS: &[(&str, u64)] = &[
     ("chattr", 3),
     ("fd_reuse", 4),
     ("truncate_race", 4),
+    ("prealloc_write", 20),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -339,6 +342,7 @@ impl Worker {
                 Ok(())
             }
             "fallocate" => self.fallocate(k, r),
+            "prealloc_write" => self.prealloc_write(k, r),
             "fsync" | "fdatasync" | "sync_range" => {
                 let fd = self.files[k].rw();
                 // SAFETY: plain syscalls.

@@ -15,21 +15,25 @@
 //!   (`file_readahead_pages`), forward when faults are sequential, and
 //!   stops after `mmap_miss_limit` faults without a readahead hit (Linux's
 //!   `mmap_miss`). Evicted dirty pages are written to the SSD in the
-//!   background.
+//!   background, in place or (`ssd.write_allocation = "log"`, the presets)
+//!   out of place at the next page of a log striped over the planes, as
+//!   the report's SSD "allocates a new physical page slot" for an evicted
+//!   page.
 //!
 //! Left out (the report ran Linux in MARSSx86): the SSD's own FTL garbage
-//! collection, the page cache's two-list LRU (approximated by 64-way LRU
+//! collection (the log wraps around without erases), the page cache's two-list LRU (approximated by 64-way LRU
 //! sets), software time on evictions, variance of the software time (the
 //! report: software adds ~5× the hardware's standard deviation), the swap
 //! token, CPU contention between threads (one core per thread).
 
 use super::cache::BlockCache;
 use super::calendar::Calendar;
-use super::config::NvmmConfig;
+use super::config::{NvmmConfig, WriteAllocation};
 use super::dram::DramTiming;
 use super::flash::{FlashGeometry, FlashStats, FlashTiming};
 use super::workload::{Access, AccessKind};
 use crate::units::{transfer_ns, Ns};
+use std::collections::HashMap;
 
 /// All-DRAM main memory of the flash's capacity.
 pub struct AllDram {
@@ -103,6 +107,11 @@ pub struct SsdSystem {
     mmap_miss: u32,
     last_fault_page: Option<u64>,
     footprint_pages: u64,
+    write_allocation: WriteAllocation,
+    /// Log allocation: the next log position, and where each OS page
+    /// written during the run now is.
+    log_next: u64,
+    written: HashMap<u64, u64>,
     stats: SsdStats,
 }
 
@@ -131,6 +140,9 @@ impl SsdSystem {
             mmap_miss: 0,
             last_fault_page: None,
             footprint_pages: footprint_bytes.div_ceil(s.page_bytes).max(1),
+            write_allocation: s.write_allocation,
+            log_next: 0,
+            written: HashMap::new(),
             stats: SsdStats::default(),
         }
     }
@@ -205,18 +217,17 @@ impl SsdSystem {
         let submitted = now + self.software_before_ns;
         let device = submitted + self.controller_ns;
         // Read the window's non-resident pages, a flash page at a time.
-        let per_flash_page = (self.flash_page_bytes / self.page_bytes).max(1);
         let mut flash_done = device;
         let mut bytes = 0;
         let mut wanted = Vec::with_capacity(count as usize);
-        let mut group: Option<(u64, u64)> = None; // (flash page, bytes)
+        let mut group: Option<(u64, u64)> = None; // (physical flash page, bytes)
         for p in first..first + count {
             if p != page && self.cache.contains(p) {
                 continue;
             }
             wanted.push(p);
             bytes += self.page_bytes;
-            let fp = p / per_flash_page;
+            let fp = self.physical(p);
             match group {
                 Some((g, b)) if g == fp => group = Some((g, b + self.page_bytes)),
                 Some((g, b)) => {
@@ -253,18 +264,35 @@ impl SsdSystem {
         (in_memory + self.software_after_ns, way)
     }
 
-    fn read_flash(&mut self, now: Ns, at: Ns, logical_flash_page: u64, bytes: u64) -> Ns {
-        let physical = self.geometry.striped(logical_flash_page);
+    fn read_flash(&mut self, now: Ns, at: Ns, physical: u64, bytes: u64) -> Ns {
         self.flash.read_page_at(now, at, physical, bytes).done_ns
+    }
+
+    /// The physical flash page holding OS page `page`: where it was last
+    /// written (`ssd.write_allocation = "log"`), else its home, the
+    /// striped flash page its offset falls in.
+    fn physical(&self, page: u64) -> u64 {
+        if let Some(&p) = self.written.get(&page) {
+            return p;
+        }
+        let per_flash_page = (self.flash_page_bytes / self.page_bytes).max(1);
+        self.geometry.striped(page / per_flash_page)
     }
 
     /// Swap-out or write-back of a dirty page, in the background.
     fn write_out(&mut self, now: Ns, page: u64) {
         self.stats.pages_written += 1;
-        let per_flash_page = (self.flash_page_bytes / self.page_bytes).max(1);
         let transfer = transfer_ns(self.page_bytes, self.link_bytes_per_s);
         let link_done = self.link.reserve(now, now, transfer) + transfer;
-        let physical = self.geometry.striped(page / per_flash_page);
+        let physical = match self.write_allocation {
+            WriteAllocation::Home => self.physical(page),
+            WriteAllocation::Log => {
+                let p = self.geometry.striped(self.log_next % self.geometry.pages());
+                self.log_next += 1;
+                self.written.insert(page, p);
+                p
+            }
+        };
         self.flash.program_page_at(
             now,
             link_done + self.controller_ns,

@@ -140,6 +140,42 @@ pub enum CommandPriority {
     Interrupt,
 }
 
+/// How the flash controller queues reads against programs (`flash.rs`,
+/// step 1).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Queues {
+    /// One FTL queue and one queue per die for every operation, in order.
+    Shared,
+    /// Reads in an FTL queue and die queues of their own, programs and
+    /// erases in another pair (NVDIMMSim's `readQueues` / `writeQueues`,
+    /// `FTL_READ_QUEUE_LENGTH` / `FTL_WRITE_QUEUE_LENGTH`: the report's
+    /// authors' flash simulator).
+    Split,
+}
+
+/// What a warm workload finds in NVMM's DRAM cache (`controller.start_blocks`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartBlocks {
+    Footprint,
+    Other,
+}
+
+/// Where the SSD writes a page it is given.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteAllocation {
+    /// Every logical page at a fixed striped physical page (in place).
+    Home,
+    /// Out of place: each write goes to the next page of a log striped
+    /// over the planes, and the page is read from where it was last
+    /// written ("For the virtual page that is evicted from the main
+    /// memory, the SSD allocates a new physical page slot and issues a
+    /// write to the appropriate device", the report).
+    Log,
+}
+
 /// Where the pages of one flash block are.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -203,6 +239,8 @@ pub struct FlashConfig {
     pub layout: Layout,
     /// Whether a command waits for return data on its channel.
     pub command_priority: CommandPriority,
+    /// Whether reads queue apart from programs and erases.
+    pub queues: Queues,
     pub channels: u32,
     pub volumes_per_channel: u32,
     pub dies_per_volume: u32,
@@ -227,6 +265,21 @@ pub struct ControllerConfig {
     pub prefetch_pages: u32,
     /// Write back the next-to-evict page of a set when it is dirty.
     pub early_writeback: bool,
+    /// Return a missed line once its 64 B have crossed the flash channel
+    /// (true), or once the whole flash page has (false: HybridSim answers
+    /// the CPU when the page's read has completed, NVDIMMSim's
+    /// `CRIT_LINE_FIRST = 0`).
+    pub critical_word_first: bool,
+    /// Whether the blocks a workload starts with in the DRAM cache are
+    /// dirty (true) or clean (false: HybridSim's `PREFILL_CACHE` fills
+    /// the cache before the measured run with `PREFILL_CACHE_DIRTY = 0`).
+    pub start_dirty: bool,
+    /// Which blocks those are: the footprint's last (`"footprint"`: the
+    /// data the workload just wrote) or blocks of other data
+    /// (`"other"`, always clean: a prefill of addresses the workload does
+    /// not touch, as HybridSim's prefill of "the first CACHE_PAGES pages
+    /// of the address space" would be if the workload's data lay above).
+    pub start_blocks: StartBlocks,
     /// Tag check and hit/miss decision in the controller.
     pub controller_ns: u64,
     /// Entries of the TLB-like cache of page-table entries.
@@ -276,6 +329,8 @@ pub struct SsdConfig {
     pub file_readahead_pages: u32,
     /// mmap faults missing readahead after which read-around stops.
     pub mmap_miss_limit: u32,
+    /// Where the SSD writes evicted pages.
+    pub write_allocation: WriteAllocation,
     pub ways: u32,
 }
 

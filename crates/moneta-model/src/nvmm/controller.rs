@@ -8,8 +8,9 @@
 //! multiply the writes in flight); translate the
 //! address (the page table's chain, through a small TLB-like mapping cache;
 //! a miss there reads each chain entry from the mapping DRAM); read the
-//! flash page; return the requested 64 B as soon as they cross the channel
-//! (critical word first); fill the DRAM block. Optional: prefetch the next
+//! flash page; return the requested 64 B once the whole page has crossed
+//! the channel (HybridSim's miss path, `controller.critical_word_first =
+//! false`), or as soon as they cross it (`true`); fill the DRAM block. Optional: prefetch the next
 //! `prefetch_pages` flash pages, and early write-back of the set's next
 //! victim when it is dirty.
 //!
@@ -24,7 +25,7 @@
 //! simulator's face of it (`MissFace`): reservations in virtual time.
 
 use super::cache::BlockCache;
-use super::config::NvmmConfig;
+use super::config::{NvmmConfig, StartBlocks};
 use super::dram::DramTiming;
 use super::flash::{FlashStats, FlashTiming};
 use super::journal::{Journal, JournalStats, OutOfSpace, VIRTUAL_PAGE_BYTES};
@@ -56,6 +57,9 @@ pub struct HybridController {
     controller_ns: Ns,
     prefetch_pages: u64,
     early_writeback: bool,
+    critical_word_first: bool,
+    start_dirty: bool,
+    start_blocks: StartBlocks,
     mapping_tags: Vec<u64>,
     mapping_read_ns: Ns,
     footprint_blocks: u64,
@@ -84,6 +88,9 @@ impl HybridController {
             controller_ns: config.controller.controller_ns,
             prefetch_pages: config.controller.prefetch_pages.into(),
             early_writeback: config.controller.early_writeback,
+            critical_word_first: config.controller.critical_word_first,
+            start_dirty: config.controller.start_dirty,
+            start_blocks: config.controller.start_blocks,
             mapping_tags: vec![0; config.controller.mapping_cache_entries.max(1) as usize],
             mapping_read_ns: dram.idle_read_ns(16),
             footprint_blocks: virtual_pages * (VIRTUAL_PAGE_BYTES / page_bytes),
@@ -96,13 +103,22 @@ impl HybridController {
         })
     }
 
-    /// The footprint's last blocks resident and dirty (just written).
+    /// Fill the DRAM cache before the run: the footprint's last blocks
+    /// (just written), dirty or clean as `controller.start_dirty` says, or
+    /// with `controller.start_blocks = "other"` as many clean blocks of
+    /// addresses above the footprint (data the workload never touches).
     pub fn warm(&mut self) {
-        let n = self.cache.blocks().min(self.footprint_blocks);
-        for block in self.footprint_blocks - n..self.footprint_blocks {
+        let (first, n, dirty) = match self.start_blocks {
+            StartBlocks::Footprint => {
+                let n = self.cache.blocks().min(self.footprint_blocks);
+                (self.footprint_blocks - n, n, self.start_dirty)
+            }
+            StartBlocks::Other => (self.footprint_blocks, self.cache.blocks(), false),
+        };
+        for block in first..first + n {
             let (w, old) = self.cache.victim(block);
             if old.block().is_none() {
-                self.cache.install(w, block, 0, true);
+                self.cache.install(w, block, 0, dirty);
             }
         }
     }
@@ -258,7 +274,11 @@ impl MissFace for HybridController {
                     .flash
                     .read_page_at(self.now_ns, translated, page, self.page_bytes);
                 Fetched {
-                    critical_ns: r.critical_ns,
+                    critical_ns: if self.critical_word_first {
+                        r.critical_ns
+                    } else {
+                        r.done_ns
+                    },
                     done_ns: r.done_ns,
                 }
             }
@@ -305,7 +325,13 @@ mod tests {
 
     #[test]
     fn a_miss_returns_the_line_when_it_crosses_the_channel_and_then_hits() {
-        let c = small();
+        let mut c = small();
+        // Whole page first (HybridSim): the line comes after the page.
+        c.controller.critical_word_first = false;
+        let mut n = HybridController::new(&c, 1 << 20, 1).unwrap();
+        let t = n.access(0, read(8192 * 3 + 64)).unwrap();
+        assert!(t >= FlashTiming::new(&c).idle_read_ns(8192), "{t}");
+        c.controller.critical_word_first = true;
         let mut n = HybridController::new(&c, 1 << 20, 1).unwrap();
         let t = n.access(0, read(8192 * 3 + 64)).unwrap();
         let flash = FlashTiming::new(&c);

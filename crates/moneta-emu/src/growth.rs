@@ -1,0 +1,385 @@
+//! Growth on the device: direct writes into allocated-but-unwritten
+//! extents (SPEC §3.2–3.4, dissertation ch. 4: the kernel allocates and
+//! says which blocks, the data goes direct).
+//!
+//! A file the program preallocated (fallocate, posix_fallocate: what fio,
+//! databases and `cp --preallocate` do) has *unwritten* extents: blocks the
+//! file owns, which the file system reads as zeros whatever the device
+//! holds there. Before this, every write into one went through the kernel,
+//! whose write was a reported kernel access of the file: every channel's
+//! grants from its offset on were revoked, the cache dropped, the library's
+//! map forgotten — the next write mapped again and met the same unwritten
+//! extent (fio randwrite on a laid-out file: ~6,000 layout changes,
+//! revocations and cache drops per 3 s, 4% direct). The cause of the
+//! thrash was the kernel path itself; the cure is not sending those writes
+//! there.
+//!
+//! How an unwritten extent becomes a *growth grant* (all in monetad, under
+//! the file table's lock, which every kernel access's report also takes):
+//!
+//! 1. A soft miss (`map-file`) of a handle that may write first writes the
+//!    window's page cache back and waits (both XFS and ext4 convert an
+//!    unwritten extent before the page's writeback ends), then FIEMAPs it;
+//!    under the lock it checks that no revocation raced (the inode's
+//!    generation) and that no page of the window is cached (cachestat),
+//!    and grants nothing from a pending kernel access's offset on. An
+//!    extent FIEMAP still calls unwritten then holds no one's data: no
+//!    cached page, no write in progress (its report would be pending), no
+//!    writeback outstanding.
+//! 2. Its device blocks are zeroed **on the medium** (not through the
+//!    kernel: no page cache, no file-size change, no write a concurrent
+//!    writer could lose — the kernel reads the extent as zeros anyway, so
+//!    zeroing it changes nothing anyone can see), except where the inode
+//!    already has a pending range (another holder's direct data lives
+//!    there). The range becomes *pending* on the inode and is granted like
+//!    written data (reads and writes direct, for every holder: the other
+//!    holders' epochs are bumped so their libraries forget maps that said
+//!    "zeros"). A stale or foreign byte never becomes readable: the blocks
+//!    held zeros before any grant allowed a read.
+//! 3. **Settling** makes pending ranges written in the file system's eyes:
+//!    monetad reads the device's bytes and writes them through the kernel
+//!    (buffered, clipped to the file's size, so i_size never moves), waits
+//!    for the writeback (which converts the extent) and drops those pages.
+//!    It writes through a descriptor the kernel opened for a notification
+//!    fanotify group (FMODE_NONOTIFY), so settling raises no access event
+//!    of its own (the layout watcher's thread settles, and would otherwise
+//!    wait for itself). Settling happens, from the accessed offset on,
+//!    *after* the grants there are revoked (the device has applied it, so
+//!    no direct write lands under the copy) and before the kernel access
+//!    goes on, for:
+//!    - every kernel access of the file by any process (read, write,
+//!      truncate, fallocate, mmap: the reports of `layout_watch`, and the
+//!      shim's own announcements) — so every process sees what was written;
+//!    - the shim's fsync/fdatasync of a handle that mapped a growth extent
+//!      (it announces a layout change of the whole file before the
+//!      kernel's sync, so synced data is written data);
+//!    - the last holder's close, a session's end, and monetad's stop.
+//!
+//! A block freed under a pending range (reported by the block-free
+//! tracepoints) is forgotten, never settled: its bytes may be another
+//! file's by then.
+//!
+//! Growth grants are off unless monetad runs with `MONETA_GROWTH=1`
+//! (`MONETA_GROWTH=1 moneta up …`): data written direct into a
+//! preallocated range and not yet settled is lost to the file system if
+//! monetad dies (SIGKILL) before settling, and only the writing handle's
+//! fsync settles — an fsync through another handle or process, `sync(2)`,
+//! `syncfs` and `sync_file_range` do not. So synced data can be lost to a
+//! killed daemon, which the kernel path never allows; until monetad
+//! records its pending ranges durably and settles them again at start,
+//! growth stays a choice the user makes (docs: "The direct-path contract").
+//! Writes past the end of a file and into holes still go through the
+//! kernel (the shim's `new-or-growing-file` and `hole` reasons).
+
+use crate::medium::Medium;
+use moneta_abi::error::EmuError;
+use moneta_abi::sys;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Whether growth grants are on (`MONETA_GROWTH=1` turns them on).
+pub fn enabled() -> bool {
+    matches!(
+        std::env::var("MONETA_GROWTH").as_deref(),
+        Ok("1") | Ok("on") | Ok("yes")
+    )
+}
+
+/// One pending range: file bytes `[logical, logical + len)` whose data is
+/// on the device at `physical` but whose extent is still unwritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pending {
+    pub logical: u64,
+    pub physical: u64,
+    pub len: u64,
+}
+
+impl Pending {
+    pub fn end(&self) -> u64 {
+        self.logical + self.len
+    }
+}
+
+/// An inode's pending ranges (sorted by logical offset, disjoint).
+#[derive(Debug, Default)]
+pub struct PendingSet {
+    ranges: Vec<Pending>,
+}
+
+impl PendingSet {
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The parts of `[from, to)` not pending yet, in order.
+    pub fn missing(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = from;
+        for r in self
+            .ranges
+            .iter()
+            .filter(|r| r.end() > from && r.logical < to)
+        {
+            if r.logical > at {
+                out.push((at, r.logical));
+            }
+            at = at.max(r.end());
+        }
+        if at < to {
+            out.push((at, to));
+        }
+        out
+    }
+
+    /// `[from, to)` in order as pieces: pending ones with their device
+    /// address, and the rest (None).
+    pub fn pieces(&self, from: u64, to: u64) -> Vec<(u64, u64, Option<u64>)> {
+        let mut out = Vec::new();
+        let mut at = from;
+        for r in self
+            .ranges
+            .iter()
+            .filter(|r| r.end() > from && r.logical < to)
+        {
+            if r.logical > at {
+                out.push((at, r.logical, None));
+            }
+            let a = at.max(r.logical);
+            let b = r.end().min(to);
+            out.push((a, b, Some(r.physical + (a - r.logical))));
+            at = b;
+        }
+        if at < to {
+            out.push((at, to, None));
+        }
+        out
+    }
+
+    /// Add a range (callers add only what [`PendingSet::missing`] named).
+    pub fn add(&mut self, p: Pending) {
+        let i = self.ranges.partition_point(|r| r.logical < p.logical);
+        self.ranges.insert(i, p);
+    }
+
+    /// Remove and return the parts at or past `from`.
+    pub fn take_from(&mut self, from: u64) -> Vec<Pending> {
+        let mut taken = Vec::new();
+        self.ranges.retain_mut(|r| {
+            if r.end() <= from {
+                return true;
+            }
+            if r.logical >= from {
+                taken.push(*r);
+                return false;
+            }
+            let cut = from - r.logical;
+            taken.push(Pending {
+                logical: from,
+                physical: r.physical + cut,
+                len: r.len - cut,
+            });
+            r.len = cut;
+            true
+        });
+        taken
+    }
+
+    /// Forget the parts whose device bytes lie in `[start, start + len)`
+    /// (freed blocks: never settled). Whether any was forgotten.
+    pub fn forget_device(&mut self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len);
+        let mut out = Vec::with_capacity(self.ranges.len());
+        let mut hit = false;
+        for r in self.ranges.drain(..) {
+            let (a, b) = (r.physical, r.physical + r.len);
+            if b <= start || a >= end {
+                out.push(r);
+                continue;
+            }
+            hit = true;
+            if a < start {
+                out.push(Pending {
+                    len: start - a,
+                    ..r
+                });
+            }
+            if b > end {
+                let cut = end - a;
+                out.push(Pending {
+                    logical: r.logical + cut,
+                    physical: end,
+                    len: r.len - cut,
+                });
+            }
+        }
+        self.ranges = out;
+        hit
+    }
+}
+
+/// Zero `[addr, addr + len)` on the medium (the blocks of an unwritten
+/// extent, before a growth grant lets anyone read them directly).
+pub fn zero_on_medium(medium: &Medium, addr: u64, len: u64) -> Result<(), EmuError> {
+    const CHUNK: u64 = 1 << 20;
+    let zeros = vec![0u8; CHUNK.min(len) as usize];
+    let mut at = 0;
+    while at < len {
+        let n = CHUNK.min(len - at);
+        medium
+            .write(addr + at, &zeros[..n as usize])
+            .map_err(|e| EmuError::io("zeroing an unwritten extent on the medium", e))?;
+        at += n;
+    }
+    Ok(())
+}
+
+/// A writable descriptor of the file open on `fd` whose accesses raise no
+/// fanotify event (FMODE_NONOTIFY): the kernel opens it for a notification
+/// group's FAN_OPEN event, caused here by reopening the file read-only.
+/// The call must not run on the layout watcher's thread (the reopen's
+/// permission event is answered there).
+pub fn quiet_writer(fd: RawFd) -> Result<OwnedFd, EmuError> {
+    let flags = (libc::O_RDWR | libc::O_LARGEFILE | libc::O_CLOEXEC) as u32;
+    // SAFETY: plain syscall; the result is a new descriptor or -1.
+    let g = unsafe {
+        libc::fanotify_init(
+            libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK,
+            flags,
+        )
+    };
+    if g < 0 {
+        return Err(EmuError::io(
+            "fanotify_init for a settling descriptor",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: a descriptor we just made and own.
+    let group = unsafe { OwnedFd::from_raw_fd(g) };
+    // SAFETY: marks the inode of `fd` (dirfd with a NULL path).
+    let r = unsafe {
+        libc::fanotify_mark(
+            group.as_raw_fd(),
+            libc::FAN_MARK_ADD,
+            libc::FAN_OPEN,
+            fd,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(EmuError::io(
+            "fanotify_mark for a settling descriptor",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    let opened = sys::reopen(fd, libc::O_RDONLY)
+        .map_err(|e| EmuError::io("reopening a file for its settling descriptor", e))?;
+    drop(opened);
+    let mut buf = [0u8; 4096];
+    // SAFETY: reading event records into our buffer.
+    let n = unsafe { libc::read(group.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    let meta_len = std::mem::size_of::<libc::fanotify_event_metadata>();
+    let mut found: Option<OwnedFd> = None;
+    let mut at = 0usize;
+    while n > 0 && at + meta_len <= n as usize {
+        // SAFETY: the kernel wrote a whole metadata record at `at`.
+        let meta: libc::fanotify_event_metadata =
+            unsafe { std::ptr::read_unaligned(buf.as_ptr().add(at).cast()) };
+        if (meta.event_len as usize) < meta_len {
+            break;
+        }
+        if meta.fd >= 0 {
+            // SAFETY: the event's descriptor is ours to own.
+            let owned = unsafe { OwnedFd::from_raw_fd(meta.fd) };
+            if found.is_none() && same_file(owned.as_raw_fd(), fd) {
+                found = Some(owned);
+            }
+        }
+        at += meta.event_len as usize;
+    }
+    found.ok_or_else(|| {
+        EmuError::new(
+            moneta_abi::error::ErrorKind::Io,
+            "no fanotify event came for the settling descriptor's reopen",
+        )
+    })
+}
+
+fn same_file(a: RawFd, b: RawFd) -> bool {
+    match (sys::fstat(a), sys::fstat(b)) {
+        (Ok(x), Ok(y)) => x.st_dev == y.st_dev && x.st_ino == y.st_ino,
+        _ => false,
+    }
+}
+
+/// Settle `ranges` (taken from an inode's pending set): write the device's
+/// bytes through `quiet` (buffered, clipped to the file's size), wait for
+/// the writeback, which makes the extents written, and drop those pages.
+/// The caller has revoked every grant over them (the device applied it).
+pub fn settle(medium: &Medium, quiet: RawFd, ranges: &[Pending]) -> Result<u64, EmuError> {
+    if ranges.is_empty() {
+        return Ok(0);
+    }
+    let size = sys::file_len(quiet).map_err(|e| EmuError::io("fstat while settling", e))?;
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut bytes = 0;
+    for r in ranges {
+        let end = r.end().min(size);
+        let mut at = r.logical;
+        while at < end {
+            let n = CHUNK.min(end - at);
+            let piece = &mut buf[..n as usize];
+            medium
+                .read(r.physical + (at - r.logical), piece)
+                .map_err(|e| EmuError::io("reading a pending range from the medium", e))?;
+            sys::pwrite_all(quiet, piece, at)
+                .map_err(|e| EmuError::io("settling a pending range", e))?;
+            at += n;
+            bytes += n;
+        }
+        if end > r.logical {
+            sys::write_back_range(quiet, r.logical, end - r.logical)
+                .map_err(|e| EmuError::io("writing back a settled range", e))?;
+            let _ = sys::drop_cached_pages(quiet, r.logical, end - r.logical);
+        }
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(logical: u64, physical: u64, len: u64) -> Pending {
+        Pending {
+            logical,
+            physical,
+            len,
+        }
+    }
+
+    #[test]
+    fn pending_ranges_split_and_forget() {
+        let mut s = PendingSet::default();
+        assert_eq!(s.missing(0, 100), [(0, 100)]);
+        s.add(p(10, 1010, 10));
+        s.add(p(40, 2040, 20));
+        assert_eq!(s.missing(0, 100), [(0, 10), (20, 40), (60, 100)]);
+        assert_eq!(s.missing(12, 18), []);
+        assert_eq!(
+            s.pieces(5, 45),
+            [
+                (5, 10, None),
+                (10, 20, Some(1010)),
+                (20, 40, None),
+                (40, 45, Some(2040))
+            ]
+        );
+        assert_eq!(s.take_from(50), [p(50, 2050, 10)]);
+        assert_eq!(s.missing(0, 100), [(0, 10), (20, 40), (50, 100)]);
+        assert!(s.forget_device(1012, 2));
+        assert_eq!(s.ranges, [p(10, 1010, 2), p(14, 1014, 6), p(40, 2040, 10)]);
+        assert!(!s.forget_device(5000, 10));
+        assert_eq!(s.take_from(0).len(), 3);
+        assert!(s.is_empty());
+    }
+}
