@@ -401,7 +401,10 @@ pub unsafe extern "C" fn moneta_file_pwrite(
 }
 
 /// Drop the kernel's stale cached pages after direct writes (not fsync:
-/// direct writes are durable when they complete).
+/// direct writes into written extents are durable when they complete;
+/// with monetad's growth grants on (`MONETA_GROWTH=1`), writes into
+/// preallocated extents are not until monetad settles them, which this
+/// call does not ask for yet).
 ///
 /// # Safety
 /// `m`, `f` live handles.
