@@ -114,10 +114,7 @@ pub const OPS: &[(&str, u64)] = &[
     ("setfl_flip", 8),
     ("clone_child", 4),
     ("chattr", 3),
-    // fd_reuse is out of the random mix until its oracle is fixed: a plain
-    // (kernel-only) worker failed it (seed 740493087, variant 2: a unit of A
-    // at a version its log did not record as attempted). The scripted
-    // fd-reuse scenario still runs.
+    ("fd_reuse", 4),
     ("truncate_race", 4),
     ("prealloc_write", 20),
 ];

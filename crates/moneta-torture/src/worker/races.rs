@@ -60,20 +60,55 @@ fn whole(p: &Path) -> Result<Vec<u8>, Failure> {
     }
 }
 
-/// What the racing writer of [`Worker::fd_reuse`] saw.
+/// What the racing writer of [`Worker::fd_reuse`] saw: per write (write
+/// `i` is version `base | (i + 1)` of block `i % REUSE_BLOCKS`), its answer.
 #[derive(Default)]
 struct WriterLog {
-    /// Per block: the highest version whose write returned before the
-    /// number was closed or replaced (it must be in the file).
-    confirmed: Vec<Option<u32>>,
-    /// Per block: the versions attempted.
-    attempted: Vec<Vec<u32>>,
-    ok: u64,
-    ebadf: u64,
-    /// The first answer that is neither success nor EBADF.
-    other: Option<i32>,
-    /// A success after an EBADF on a number nobody reopened.
-    ok_after_ebadf: bool,
+    /// `None`: the whole block was written; `Some(0)`: a short write;
+    /// `Some(e)`: errno `e`.
+    answers: Vec<Option<i32>>,
+    /// Writes `0..before` returned before the number was closed or
+    /// replaced: each reached A.
+    before: usize,
+}
+
+impl WriterLog {
+    fn count(&self, answer: Option<i32>) -> usize {
+        self.answers.iter().filter(|&&a| a == answer).count()
+    }
+}
+
+/// What a 4 KiB block of A or C holds after [`Worker::fd_reuse`]: what it
+/// held before the operation, or the block of racing write `i`.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Held {
+    Before,
+    Write(usize),
+}
+
+/// Classify each block of `now` against what it held `before` and the
+/// racing writes (`None`: neither, which no schedule explains).
+fn classify(now: &[u8], before: &[u8], writes: &[Vec<u8>]) -> Vec<Option<Held>> {
+    (0..REUSE_BLOCKS as usize)
+        .map(|b| {
+            let got = now.get(b * 4096..(b + 1) * 4096)?;
+            if before.get(b * 4096..(b + 1) * 4096) == Some(got) {
+                return Some(Held::Before);
+            }
+            (b..writes.len())
+                .step_by(REUSE_BLOCKS as usize)
+                .find(|&i| writes[i] == got)
+                .map(Held::Write)
+        })
+        .collect()
+}
+
+/// What block `b` holds when the writes of `range` (in order) reached it.
+fn last_write(b: usize, range: std::ops::Range<usize>) -> Held {
+    range
+        .rev()
+        .find(|i| i % REUSE_BLOCKS as usize == b)
+        .map_or(Held::Before, Held::Write)
 }
 
 impl Worker {
@@ -86,11 +121,19 @@ impl Worker {
     /// /dev/null or file C onto it, then opens file B (which gets another
     /// number: N is above every number the worker uses) and writes and
     /// reads it; a third thread keeps the control plane busy (opens, reads
-    /// and closes of the private files). What the kernel allows: A's
-    /// writes succeed or (once N is closed) fail with EBADF, never another
-    /// error; every write that returned before the close began is in A;
-    /// A holds only A's units at their places, B exactly what was written
-    /// to it, C only its own units or (after the `dup2` of C) A's.
+    /// and closes of the private files).
+    ///
+    /// The oracle is exact. The writer's calls are sequential and the
+    /// kernel resolves the number once per call, so there is one cut-over
+    /// `k`: writes `0..k` reached A, writes `k..` reached what replaced N
+    /// (nothing, /dev/null or C). `k` is at least the number of writes that
+    /// returned before the close began. A close answers writes `0..k` in
+    /// full and `k..` with EBADF (then `k` is known); a replacement answers
+    /// every write in full. A must hold, block by block, what it held
+    /// before with writes `0..k` applied; C what it held before with writes
+    /// `k..` applied (after the `dup2` of C) or exactly what it held; B
+    /// exactly what was written to it. Some `k` must explain A and C
+    /// together.
     pub(super) fn fd_reuse(&mut self, r: &mut Rng) -> Step {
         let w = self.cfg.worker;
         let (a_id, b_id, c_id) = (
@@ -104,7 +147,8 @@ impl Worker {
             self.scratch("reuse-c"),
         );
         // Made once per worker (A keeps older versions of its own units;
-        // C is made again after it was the replacement).
+        // C is made again after it was the replacement), at version 1:
+        // below every version a racing write uses.
         for (p, id, len) in [
             (&pa, a_id, REUSE_BLOCKS * 4096),
             (&pb, b_id, 64 << 10),
@@ -114,10 +158,18 @@ impl Worker {
                 seed_file(p, id, len)?;
             }
         }
+        let (a_before, c_before) = (whole(&pa)?, whole(&pc)?);
         let variant = r.below(3);
         let delay = 10 + r.below(400);
-        let writes = 16 + r.below(240);
-        let base = (self.op as u32) << 8;
+        let writes = 16 + r.below(240) as usize;
+        // Above every version an earlier operation wrote (and the seed's 1).
+        let base = (self.op as u32 + 1) << 8;
+        let blocks: Vec<Vec<u8>> = (0..writes)
+            .map(|i| {
+                let off = (i as u64 % REUSE_BLOCKS) * 4096;
+                stamped(4096, a_id, off, base | (i as u32 + 1))
+            })
+            .collect();
         // Above the numbers the worker's dup operations use (up to 325),
         // below the shim's own (512).
         let n = 430 + w as i32 * 2;
@@ -152,30 +204,18 @@ impl Worker {
         let closing = Arc::new(AtomicBool::new(false));
         let writer = {
             let closing = closing.clone();
+            let blocks = blocks.clone();
             std::thread::spawn(move || {
-                let mut log = WriterLog {
-                    confirmed: vec![None; REUSE_BLOCKS as usize],
-                    attempted: vec![Vec::new(); REUSE_BLOCKS as usize],
-                    ..WriterLog::default()
-                };
-                for i in 0..writes {
-                    let b = (i % REUSE_BLOCKS) as usize;
-                    let off = b as u64 * 4096;
-                    let v = base | (i as u32 + 1);
-                    log.attempted[b].push(v);
-                    match sys::pwrite(n, &stamped(4096, a_id, off, v), off) {
-                        Ok(4096) => {
-                            log.ok += 1;
-                            if log.ebadf > 0 && variant == 0 {
-                                log.ok_after_ebadf = true;
-                            }
-                            if !closing.load(Ordering::SeqCst) {
-                                log.confirmed[b] = Some(v);
-                            }
-                        }
-                        Err(libc::EBADF) if variant == 0 => log.ebadf += 1,
-                        Ok(_) => log.other = log.other.or(Some(0)),
-                        Err(e) => log.other = log.other.or(Some(e)),
+                let mut log = WriterLog::default();
+                for (i, data) in blocks.iter().enumerate() {
+                    let off = (i as u64 % REUSE_BLOCKS) * 4096;
+                    log.answers.push(match sys::pwrite(n, data, off) {
+                        Ok(4096) => None,
+                        Ok(_) => Some(0),
+                        Err(e) => Some(e),
+                    });
+                    if !closing.load(Ordering::SeqCst) {
+                        log.before = i + 1;
                     }
                 }
                 log
@@ -220,22 +260,49 @@ impl Worker {
         }
         sys::close(null);
         sys::close(c);
+        let (ok, ebadf) = (log.count(None), log.count(Some(libc::EBADF)));
         self.say(format_args!(
-            "~fd_reuse {variant} {delay} ok {} ebadf {} other {:?}",
-            log.ok, log.ebadf, log.other
+            "~fd_reuse {variant} {delay} ok {ok} ebadf {ebadf} before {}",
+            log.before
         ));
-        if let Some(e) = log.other {
-            return self.fail(format!(
-                "fd_reuse (variant {variant}): a write through the racing number answered \
-                 errno {e}; the kernel answers success or EBADF"
-            ));
-        }
-        if log.ok_after_ebadf {
-            return self.fail(format!(
-                "fd_reuse: a write through number {n} succeeded after it was closed \
-                 (nothing reopened it)"
-            ));
-        }
+        // The answers: all in full after a replacement; in full, then
+        // EBADF after a close.
+        let answered = if variant == 0 {
+            let k = log.answers.iter().take_while(|a| a.is_none()).count();
+            log.answers[k..]
+                .iter()
+                .position(|&a| a != Some(libc::EBADF))
+                .map_or(Ok(k), |j| Err(k + j))
+        } else {
+            log.answers
+                .iter()
+                .position(|a| a.is_some())
+                .map_or(Ok(writes), Err)
+        };
+        let cut = match answered {
+            Ok(k) if k >= log.before => k,
+            Ok(k) => {
+                return self.fail(format!(
+                    "fd_reuse (variant {variant}): {k} writes through number {n} succeeded,                      but {} returned before it was closed",
+                    log.before
+                ))
+            }
+            Err(i) => {
+                return self.fail(format!(
+                    "fd_reuse (variant {variant}): write {i} of {writes} through the racing                      number answered {}; the kernel answers {} ({ok} in full, {ebadf} EBADF)",
+                    match log.answers[i] {
+                        Some(0) => "a short count".to_string(),
+                        Some(e) => format!("errno {e}"),
+                        None => "in full".to_string(),
+                    },
+                    if variant == 0 {
+                        "in full until the close, then EBADF"
+                    } else {
+                        "in full"
+                    }
+                ))
+            }
+        };
         if let Err(e) = b_res {
             return self.fail(format!(
                 "fd_reuse (variant {variant}): the newly opened file B: {}",
@@ -246,25 +313,61 @@ impl Worker {
                 }
             ));
         }
-        let a = whole(&pa)?;
-        for (i, u) in a.chunks(UNIT as usize).enumerate() {
-            let b = i * UNIT as usize / 4096;
-            let ok = match pattern::parse(u) {
-                Some((f, at, v)) if f == a_id && at as usize == i => {
-                    log.confirmed[b].is_none_or(|c| v >= c)
-                        && (v < base || log.attempted[b].contains(&v))
-                }
-                _ => false,
+        let (a, cnow) = (whole(&pa)?, whole(&pc)?);
+        let (a_held, c_held) = (
+            classify(&a, &a_before, &blocks),
+            classify(&cnow, &c_before, &blocks),
+        );
+        let size = (REUSE_BLOCKS * 4096) as usize;
+        // The cut-overs that explain A, then C too.
+        let explains_a = |k: usize| {
+            a.len() == size
+                && (0..REUSE_BLOCKS as usize).all(|b| a_held[b] == Some(last_write(b, 0..k)))
+        };
+        let explains_c = |k: usize| {
+            cnow.len() == size
+                && (0..REUSE_BLOCKS as usize).all(|b| {
+                    c_held[b]
+                        == Some(if variant == 2 {
+                            last_write(b, k..writes)
+                        } else {
+                            Held::Before
+                        })
+                })
+        };
+        let range = if variant == 0 {
+            cut..cut + 1
+        } else {
+            log.before..writes + 1
+        };
+        let Some(k) = range.clone().find(|&k| explains_a(k) && explains_c(k)) else {
+            let a_only = range.clone().find(|&k| explains_a(k));
+            let (file, held, bytes) = if a_only.is_none() {
+                ("A", &a_held, &a)
+            } else {
+                ("C", &c_held, &cnow)
             };
-            if !ok {
-                return self.fail(format!(
-                    "fd_reuse (variant {variant}): unit {i} of A holds {:?}; the last write \
-                     that returned before the close was version {:?}",
-                    pattern::parse(u),
-                    log.confirmed[b]
-                ));
-            }
-        }
+            let k = a_only.unwrap_or(range.start);
+            let b = (0..REUSE_BLOCKS as usize)
+                .find(|&b| {
+                    held[b]
+                        != Some(if file == "A" {
+                            last_write(b, 0..k)
+                        } else if variant == 2 {
+                            last_write(b, k..writes)
+                        } else {
+                            Held::Before
+                        })
+                })
+                .unwrap_or(0);
+            return self.fail(format!(
+                "fd_reuse (variant {variant}): no cut-over in {range:?} of {writes} writes                  explains {file} ({} bytes): with {k}, block {b} holds {:?}, first unit {:?}                  ({} writes returned before the close)",
+                bytes.len(),
+                held.get(b),
+                bytes.get(b * 4096..b * 4096 + 16).and_then(pattern::parse),
+                log.before
+            ));
+        };
         let b = whole(&pb)?;
         if b != new {
             let i = (0..b.len().min(new.len()))
@@ -279,21 +382,10 @@ impl Worker {
                 new.len()
             ));
         }
-        for (i, u) in whole(&pc)?.chunks(UNIT as usize).enumerate() {
-            let ok = match pattern::parse(u) {
-                Some((f, at, _)) if at as usize == i => f == c_id || (variant == 2 && f == a_id),
-                _ => false,
-            };
-            if !ok {
-                return self.fail(format!(
-                    "fd_reuse (variant {variant}): unit {i} of C holds {:?}",
-                    pattern::parse(u)
-                ));
-            }
-        }
-        if variant == 2 {
+        if variant == 2 && k < writes {
             let _ = std::fs::remove_file(&pc);
         }
+        self.say(format_args!("~fd_reuse cut-over {k} of {writes}"));
         self.say(format_args!("fd_reuse {variant} ok"));
         Ok(())
     }
