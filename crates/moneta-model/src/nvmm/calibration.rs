@@ -31,9 +31,14 @@ pub const KNOWN_MISSES: &[(&str, &str)] = &[
     ("MMAP 8 threads, prefetch: NVMM over SSD", "prefetch now helps (hit rate 0.245 → 0.481, NVMM 1.36× faster; the report: 7/3 = 2.3×) since the report's 1000 devices carry the 17 reads per miss (0.79× before), but the SSD scales with threads as NVMM does (see MMAP 8 threads without prefetch): 2.35×"),
     ("MMAP 1 thread at 150 µs: SSD over NVMM (passed: > 1)", "the SSD pays the flash latency per fault too, plus its software, and random MMAP reads turn Linux's read-around off (mmap_miss), so it cannot pass NVMM (0.69, 0.61 with critical word first); the report's crossover implies NVMM costs per miss the model does not have (as for MMAP ≈ SSD at MLC)"),
     ("mean over workloads (SLC, MLC): NVMM over SSD", "misread kept as a check: the report averages over the benchmarks of its Performance Comparison figure (single- and multithreaded programs, DD, mmap, Videoserver, a light mix), which a model without a CPU cannot run; GUPS is not among them (it is the latency-sensitivity study's). Our three workloads include a sequential stream where the SSD's readahead wins (0.23–0.28×): 1.07×. Needs the figure's per-benchmark values, which the text does not give"),
-    ("mean over workloads (SLC, MLC): NVMM / all-DRAM", "misread kept as a check: the report's average is over programs whose working sets mostly fit in the DRAM; for the two file-system benchmarks whose files exceed it the report itself says neither NVMM nor the SSD approaches all-DRAM. Our workloads all miss by design (109×); the hit-path check is the part we can check. Needs the figure's per-benchmark values"),
     ("wear: worn out / half retired", "with a quarter of the flash live, writes stop fitting (a page's segments need good pages at +0/+8/+16/+24 of one block, and collection needs free blocks) when about half the pages are retired, so the end comes with the half; the report does not say how full its devices were"),
 ];
+
+/// The report's statement about the file-system benchmarks, which replaces
+/// a misread check (see [`FILE_SYSTEM_VS_DRAM_SOURCE`]).
+pub const FILE_SYSTEM_VS_DRAM: &str =
+    "file-system workloads (sequential, MMAP; SLC, MLC): NVMM / all-DRAM fails to approach (> 2)";
+const FILE_SYSTEM_VS_DRAM_SOURCE: &str = "NVMM report §5 (SPEC §7), Performance Comparisons: \"Both NVMM and SSD architectures fail to approach the performance of all-DRAM systems for the file system workloads ... The file-system benchmarks (DD and mmap) both use files that exceed the size of the DRAM system\". Re-audit: this replaces \"mean over workloads (SLC, MLC): NVMM / all-DRAM\" (1 … 2, measured 109×), which set the report's \"averaging across all of the benchmarks ... comes within a factor of 2 of an all-DRAM system\" against GUPS, MMAP and a sequential stream, all 2× the DRAM. That average is over the IPC of the Performance Comparison figure's programs, whose working sets mostly fit in the DRAM (the model has no CPU to run them; the fitting case is the check \"working set fits in the DRAM\"); GUPS is the latency study's benchmark, not the figure's. For the two benchmarks the model does run, the report says the opposite of \"within 2×\"";
 
 /// One point of the sweep on the calibration's set-up: NVMM, the SSD
 /// system and all-DRAM on the same workload.
@@ -282,7 +287,9 @@ pub fn checks() -> Vec<Check> {
         ),
     );
     let mut speedups = Vec::new();
-    let mut slowdowns = Vec::new();
+    // NVMM / all-DRAM of the report's two file-system benchmarks, DD (a
+    // sequential stream) and mmap (MMAP), files larger than the DRAM.
+    let mut file_system_slowdowns = Vec::new();
     for kind in [
         WorkloadKind::Gups,
         WorkloadKind::Mmap,
@@ -291,7 +298,9 @@ pub fn checks() -> Vec<Check> {
         for read_ns in [25_000, 50_000] {
             let p = compare(kind, read_ns, 1, 0);
             speedups.push(p.speedup_over_ssd);
-            slowdowns.push(p.slowdown_vs_dram);
+            if kind != WorkloadKind::Gups {
+                file_system_slowdowns.push(p.slowdown_vs_dram);
+            }
         }
     }
     let geomean = |v: &[f64]| (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp();
@@ -315,13 +324,15 @@ pub fn checks() -> Vec<Check> {
         1.5,
         2.0,
     ));
-    v.push(ranged(
-        "mean over workloads (SLC, MLC): NVMM / all-DRAM",
+    let mut file_system = ranged(
+        FILE_SYSTEM_VS_DRAM,
         2.0,
-        geomean(&slowdowns),
-        1.0,
+        geomean(&file_system_slowdowns),
         2.0,
-    ));
+        f64::INFINITY,
+    );
+    file_system.source = FILE_SYSTEM_VS_DRAM_SOURCE;
+    v.push(file_system);
     // The report measured 38.9 µs (SLC, 25 µs) and 88.8 µs (MLC, 75 µs) of
     // hardware time per MMAP access. Not independent evidence:
     // `ssd.controller_ns` (2 µs, an assumption) was chosen with these
