@@ -809,7 +809,7 @@ pub struct CompletionPoint {
 /// Figs. 4.6 and 4.12's "bandwidth per CPU": MB/s over the host cores the
 /// point kept busy (spinning and polling count, sleeping does not).
 fn per_cpu(c: &Config, p: &crate::summary::PointSummary) -> f64 {
-    let cpus = p.cpu_utilization * c.host.cores as f64;
+    let cpus = p.cpu_utilization * c.host.contexts() as f64;
     if cpus > 0.0 {
         p.bandwidth_mb_per_s / cpus
     } else {

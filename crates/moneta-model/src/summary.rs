@@ -58,7 +58,7 @@ impl PointSummary {
         let g = &workload.groups[0];
         let op = g.op;
         let power = crate::device::power_of_run(config, r);
-        let cores_ns = config.host.cores as f64 * r.elapsed_ns as f64;
+        let cores_ns = config.host.contexts() as f64 * r.elapsed_ns as f64;
         PointSummary {
             preset: config.name.clone(),
             stack: config.host.stack.name().to_string(),

@@ -291,7 +291,14 @@ pub struct OnyxConfig {
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
     pub stack: Stack,
+    /// Physical cores.
     pub cores: u32,
+    /// Hardware thread contexts per core (SMT; Intel Hyper-Threading). A
+    /// thread holds a context while it computes, spins or polls; a core's
+    /// contexts share its execution: one context's software runs while its
+    /// sibling's waits, and a context that spins holds the context, not
+    /// the core. 1 = no SMT.
+    pub threads_per_core: u32,
     /// Spinning stacks spin for requests up to this size and sleep above it.
     pub spin_max_bytes: u64,
     /// Add the file-system cost to every request.
@@ -304,6 +311,13 @@ pub struct HostConfig {
     /// Extra serialized section per request (HASTE's driver lock).
     pub driver_lock_ns: u64,
     pub costs: KernelCosts,
+}
+
+impl HostConfig {
+    /// Hardware thread contexts: what a running, spinning or polling thread holds.
+    pub fn contexts(&self) -> u32 {
+        self.cores * self.threads_per_core
+    }
 }
 
 /// Table 3.1 software costs; `_read` / `_write` pairs in ns.
@@ -598,6 +612,7 @@ impl layer::Layered for Config {
         }
         let h = &self.host;
         range("host.cores", h.cores as u64, 1, 1024)?;
+        range("host.threads_per_core", h.threads_per_core as u64, 1, 8)?;
         let x = &self.direct;
         range(
             "direct.permission_records",
