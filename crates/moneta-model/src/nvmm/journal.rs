@@ -222,10 +222,15 @@ impl Journal {
     /// (data that existed before the measured run).
     pub fn preload(&mut self) -> Result<(), OutOfSpace> {
         let all = (1u32 << self.segments_per_page) - 1;
+        let mut written = Ok(());
         for vpn in 0..u64::from(self.virtual_pages) {
-            self.write_back(0, 0, vpn, all, None)?;
+            if let Err(e) = self.write_version(self.now_ns, vpn, all, None) {
+                written = Err(e);
+                break;
+            }
         }
-        Ok(())
+        self.debug_check();
+        written
     }
 
     /// Write the segments of `vpn` in `dirty_mask` (bit s = segment s) as a
@@ -240,7 +245,19 @@ impl Journal {
         flash: Option<&mut FlashTiming>,
     ) -> Result<Ns, OutOfSpace> {
         self.now_ns = self.now_ns.max(now_ns);
-        self.write_version(start_ns.max(self.now_ns), vpn, dirty_mask, flash)
+        let durable = self.write_version(start_ns.max(self.now_ns), vpn, dirty_mask, flash);
+        self.debug_check();
+        durable
+    }
+
+    /// Debug builds check the bookkeeping after every change
+    /// ([`Self::check_invariants`]); release builds do nothing.
+    #[inline]
+    fn debug_check(&self) {
+        #[cfg(debug_assertions)]
+        if let Err(e) = self.check_invariants() {
+            panic!("journal invariant broken: {e}");
+        }
     }
 
     fn write_version(
