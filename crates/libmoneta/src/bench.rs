@@ -230,7 +230,7 @@ impl HostLoad {
 }
 
 /// Whether a run kept the emulator's promise, the model's timing (issue
-/// 21, [`moneta_emu::fidelity`]): a request is behind by the time from its
+/// 21, [`moneta_abi::fidelity`]): a request is behind by the time from its
 /// model completion until its client saw it (the device thread's posting,
 /// the hop back, the client's detection).
 #[derive(Debug, Clone, Serialize)]

@@ -11,7 +11,6 @@ use moneta_emu::engine::{Engine, EngineOptions};
 use moneta_emu::medium::Medium;
 use moneta_emu::EmuError;
 use moneta_model::config::Config;
-use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,21 +35,10 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// Whether `tool` can be run; if not, says that `what` is skipped.
+/// Whether `tool` is installed: fails the test if not, unless skipping was
+/// asked for (`moneta_testkit`).
 fn have(tool: &str, what: &str) -> bool {
-    match Command::new(tool).arg("--version").output() {
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            // Straight to stderr: the test harness captures println!/eprintln!
-            // of passing tests, and a skip must not look like a silent pass.
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED: {what} ({tool} is not installed)"
-            );
-            false
-        }
-        Err(e) => panic!("running {tool}: {e}"),
-    }
+    moneta_testkit::require_tool(tool, what)
 }
 
 fn output_text(out: &Output) -> String {

@@ -52,17 +52,15 @@ fn run(cmd: &mut Command) {
     );
 }
 
+/// Whether the test may go on: it needs root (mkfs, losetup, mount); fails
+/// without it unless skipping was asked for (`moneta_testkit`).
 fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        eprintln!("skipped: file system tests need root (mkfs, losetup, mount)");
-    }
-    root
+    moneta_testkit::require_root("the file system tests run mkfs, losetup and mount")
 }
 
 impl Fs {
-    /// A fresh file system of `kind` and a device on its image; None when not root.
+    /// A fresh file system of `kind` and a device on its image; None when not root and
+    /// skipping was asked for (`moneta_testkit`).
     fn new(name: &str, kind: FsKind, permission_records: Option<u32>) -> Option<Fs> {
         if !root() {
             return None;
@@ -827,12 +825,10 @@ fn malformed_file_requests_get_errors() {
         extents[0].direct,
         DirectAccess::ReadWrite,
         "{extents:?}: kernel path because {:?}; {:?}",
-        plane
-            .file_table()
-            .kernel_path_reasons(moneta_emu::files::InodeId {
-                dev: st.dev(),
-                ino: st.ino()
-            }),
+        plane.file_table().kernel_path_reasons(moneta_abi::InodeId {
+            dev: st.dev(),
+            ino: st.ino()
+        }),
         plane.file_table().stats()
     );
     assert!(fs.records() > 0);

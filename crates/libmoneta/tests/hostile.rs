@@ -16,12 +16,13 @@
 //! choices, not the interleaving.
 
 use moneta::{CompletionMode, Io, Moneta, ResultCode};
-use moneta_emu::channel::{
+use moneta_abi::channel::{
     ChannelMemory, CHANNEL_BYTES, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES, STATUS_DONE,
 };
+use moneta_abi::stats::EngineStats;
 use moneta_emu::control::{ControlPlane, Request, Response, Session, PROTOCOL_VERSION};
 use moneta_emu::daemon::Daemon;
-use moneta_emu::engine::{Engine, EngineOptions, EngineStats};
+use moneta_emu::engine::{Engine, EngineOptions};
 use moneta_emu::medium::Medium;
 use moneta_emu::sys::{Mapping, PeerCredentials};
 use moneta_model::config::Config;
@@ -264,7 +265,7 @@ impl RawChannel {
     /// flip the tag's SUBMITTED bit.
     /// (The attack scribbles on the stamps like on every other register.)
     fn submit(&self, tag: usize, addr: u64, control: u64) {
-        self.submit_stamped(tag, moneta_emu::wall_clock::monotonic_ns(), addr, control);
+        self.submit_stamped(tag, moneta_abi::sys::monotonic_ns(), addr, control);
     }
 
     fn submit_stamped(&self, tag: usize, stamp: u64, addr: u64, control: u64) {

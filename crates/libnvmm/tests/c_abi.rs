@@ -5,7 +5,6 @@
 //! them the test says it was skipped.
 
 use nvmm::testkit::{fast_dir, TempPath};
-use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -20,18 +19,10 @@ fn target_dir() -> PathBuf {
     }
 }
 
+/// Whether `tool` is installed: fails the test if not, unless skipping was
+/// asked for (`moneta_testkit`).
 fn have(tool: &str) -> bool {
-    match Command::new(tool).arg("--version").output() {
-        Ok(_) => true,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED: the C ABI test ({tool} is not installed)"
-            );
-            false
-        }
-        Err(e) => panic!("running {tool}: {e}"),
-    }
+    moneta_testkit::require_tool(tool, "the C ABI test compiles the C example")
 }
 
 fn run(command: &mut Command) -> Output {

@@ -91,10 +91,8 @@ fn a_character_device_node_is_refused_and_left_alone() {
         )
     };
     if made != 0 {
-        println!(
-            "skipped: mknod needs CAP_MKNOD here ({})",
-            std::io::Error::last_os_error()
-        );
+        let e = std::io::Error::last_os_error();
+        moneta_testkit::unavailable(&format!("mknod needs CAP_MKNOD ({e})"), "run as root");
         return;
     }
     refused(

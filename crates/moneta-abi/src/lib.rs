@@ -3,7 +3,8 @@
 //! libmoneta re-exports), the shim and the `moneta` commands need to speak
 //! to a device, and nothing of the device itself, so a client never links
 //! the engine (STYLE 14: protocols stand apart). The daemon (`moneta_emu`)
-//! depends on this crate too and re-exports each item at its old path.
+//! depends on this crate too; only its `control` and `sys` modules still
+//! re-export this crate's modules of those names beside their own items.
 //!
 //! - [`channel`]: a channel's shared pages (SPEC §3.1, Table 4.1): command
 //!   slots, tag status, the doorbell, the DMA buffer, and the result codes

@@ -216,7 +216,7 @@ pub fn serve_group(a: ServeGroupArgs) -> Result<(), String> {
     eprintln!(
         "monetad: {} devices on {count} reactor(s) (cores: {})",
         devices.len(),
-        moneta_emu::fidelity::cores()
+        moneta_abi::fidelity::cores()
     );
     let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = devices

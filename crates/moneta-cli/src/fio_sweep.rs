@@ -10,7 +10,7 @@
 use crate::output::{self, Format};
 use clap::Args;
 use moneta::Moneta;
-use moneta_emu::fidelity;
+use moneta_abi::fidelity;
 use moneta_model::config::{Config, Stack};
 use moneta_model::summary::workload_point;
 use moneta_model::workload::{OpMix, RunLimit, Workload};

@@ -165,16 +165,14 @@ pub struct StatusArgs {
 /// (the one parser, `moneta_model::units::parse_size`).
 pub(crate) use moneta_model::units::parse_size;
 
+/// `bytes` for messages: in the largest binary unit that divides it ("3 GiB"),
+/// else to a tenth of a MiB, else in bytes.
 pub(crate) fn human(bytes: u64) -> String {
-    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
-        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
-            return format!("{} {unit}", bytes >> shift);
-        }
-    }
-    if bytes >= 1 << 20 {
+    use moneta_model::units::{format_size, IEC_UNITS};
+    if bytes >= 1 << 20 && !bytes.is_multiple_of(1 << 10) {
         format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
     } else {
-        format!("{bytes} B")
+        format_size(bytes as f64, true, &IEC_UNITS)
     }
 }
 
@@ -290,14 +288,8 @@ fn instance_name(mount: &Path) -> String {
     if name.len() <= MAX_NAME {
         return name;
     }
-    // FNV-1a: collisions need 2^32 long paths, and no dependency.
-    let hash = mount
-        .as_os_str()
-        .as_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
+    // FNV-1a: collisions need 2^32 long paths.
+    let hash = moneta_model::kernel::hash::fnv1a(mount.as_os_str().as_bytes());
     let keep = MAX_NAME - 17;
     format!("{}-{hash:016x}", &name[..keep])
 }

@@ -143,7 +143,7 @@ impl Axis {
                     break;
                 }
                 let label = if m == 1.0 || few {
-                    trim_float(v)
+                    moneta_model::units::format_number(v)
                 } else {
                     String::new()
                 };
@@ -270,23 +270,7 @@ fn format_tick(v: f64, step: f64, max_abs: f64) -> String {
 
 /// Label for a power-of-two size: 512, 1K, 2K, …, 1M, 1G.
 pub fn format_pow2(v: f64) -> String {
-    const UNITS: [(u32, &str); 4] = [(40, "T"), (30, "G"), (20, "M"), (10, "K")];
-    for (shift, suffix) in UNITS {
-        let n = f64::from(shift).exp2();
-        if v >= n {
-            return format!("{}{suffix}", trim_float(v / n));
-        }
-    }
-    trim_float(v)
-}
-
-fn trim_float(v: f64) -> String {
-    if v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    }
+    moneta_model::units::format_size(v, false, &moneta_model::units::SHORT_UNITS)
 }
 
 /// Escapes `&`, `<`, `>`, `"` and `'` for XML/HTML text and attributes.

@@ -21,6 +21,7 @@ use moneta_model::orderings::{self, Ordering};
 use moneta_model::san::experiments::{self, Setup};
 use moneta_model::san::interfaces::Interface;
 use moneta_model::summary::{xdd_point, PointSummary};
+use moneta_model::units;
 use moneta_model::workload::{OpMix, RunLimit};
 use std::path::{Path, PathBuf};
 
@@ -68,11 +69,7 @@ const SCALING_SIZES: [u64; 2] = [512, 4096];
 
 /// The size a legend calls a request: "512 B", "4 KB".
 fn size_name(bytes: u64) -> String {
-    if bytes >= 1024 {
-        format!("{} KB", bytes / 1024)
-    } else {
-        format!("{bytes} B")
-    }
+    units::format_size(bytes as f64, false, &units::LEGEND_UNITS)
 }
 
 /// Sizes as `--sizes` takes them: "512,1k,…,256k", so a printed command
@@ -80,13 +77,7 @@ fn size_name(bytes: u64) -> String {
 fn sizes_arg(sizes: &[u64]) -> String {
     sizes
         .iter()
-        .map(|&b| {
-            if b >= 1024 && b % 1024 == 0 {
-                format!("{}k", b / 1024)
-            } else {
-                b.to_string()
-            }
-        })
+        .map(|&b| units::format_size(b as f64, true, &units::ARG_UNITS))
         .collect::<Vec<_>>()
         .join(",")
 }

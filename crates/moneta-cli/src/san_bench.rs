@@ -14,7 +14,7 @@
 //! request at a time; bandwidth keeps `--qd` requests of `--bw-size` in
 //! flight from one thread.
 //!
-//! Every point carries the verdict of `moneta_emu::fidelity` (issue 21): how
+//! Every point carries the verdict of `moneta_abi::fidelity` (issue 21): how
 //! far behind the model it ran (against the simulator's prediction where
 //! there is one) and, when that is beyond the limit, why (more runnable
 //! threads than cores, or a host too slow), and a point faster than the
@@ -79,7 +79,7 @@ struct Row {
     behind_us_p99: f64,
     /// Threads of the machine runnable during the point, on average.
     runnable_threads_mean: f64,
-    /// The verdict (`moneta_emu::fidelity`): faithful, or why not.
+    /// The verdict (`moneta_abi::fidelity`): faithful, or why not.
     faithful: bool,
     verdict: String,
 }
@@ -184,11 +184,11 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                         (mean_us * 1e3 - r.due_to_seen_ns_mean).max(0.0),
                     ),
                 };
-                let (faithful, verdict) = moneta_emu::fidelity::judge_predicted(
+                let (faithful, verdict) = moneta_abi::fidelity::judge_predicted(
                     behind_ns,
                     modeled_ns,
                     r.runnable_mean,
-                    moneta_emu::fidelity::cores(),
+                    moneta_abi::fidelity::cores(),
                     mean_us * 1e3,
                     sim_mean_us.map(|us| us * 1e3),
                 );

@@ -278,7 +278,7 @@ struct SortRun {
     /// workers' and everything else's), against its cores.
     runnable_threads_mean: f64,
     cores: usize,
-    /// `moneta_emu::fidelity`'s verdict on the run: behind = how much the
+    /// `moneta_abi::fidelity`'s verdict on the run: behind = how much the
     /// measured total exceeds the prediction for the same records, hosts,
     /// requests and (measured) CPU per record.
     faithful: bool,
@@ -656,8 +656,8 @@ fn run_once(
     let total_s = stage1_s + stage2_s;
     let bytes = a.records * RECORD_BYTES as u64;
     let per_record = |s: f64| s * 1e9 / a.records as f64;
-    let cores = moneta_emu::fidelity::cores();
-    let (faithful, verdict) = moneta_emu::fidelity::judge_of(
+    let cores = moneta_abi::fidelity::cores();
+    let (faithful, verdict) = moneta_abi::fidelity::judge_of(
         "the sort was",
         (total_s - prediction.total_s).max(0.0) * 1e9,
         prediction.total_s * 1e9,

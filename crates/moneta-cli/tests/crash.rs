@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{moneta, ok, root, Mounted};
+use common::{moneta, ok, Mounted};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,8 +45,7 @@ except Exception as e:
 
 #[test]
 fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("crash", "xfs", "512M");
@@ -210,7 +209,7 @@ fn monetad_killed_under_sqlite_and_fio_loses_nothing_committed() {
 
 #[test]
 fn a_client_killed_mid_write_changes_nothing_outside_its_own_file() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("killed-client", "xfs", "512M");
@@ -296,8 +295,8 @@ fn kernel_waits(pid: i32) -> String {
 /// both stayed in D state until the writer was killed by hand.
 #[test]
 fn a_writer_waiting_on_monetad_goes_on_when_monetad_is_killed() {
-    if !root() {
-        panic!("needs root (fanotify pre-content events and loop devices)");
+    if !moneta_testkit::require_root("fanotify pre-content events and loop devices") {
+        return;
     }
     let m = Mounted::up("perm-kill", "xfs", "320M");
     let file = m.path("held");

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{moneta, ok, root, Mounted};
+use common::{moneta, ok, Mounted};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -92,7 +92,9 @@ fn lay_out(path: &Path) {
 
 #[test]
 fn fio_verifies_through_the_engine_on_the_device_at_qd1_and_qd32() {
-    assert!(root(), "needs root: it mounts a file system");
+    if !moneta_testkit::require_root("it mounts a file system") {
+        return;
+    }
     let m = Mounted::up("fioeng-verify", "xfs", "512M");
     lay_out(&m.path("f"));
     for qd in [1u32, 32] {
@@ -127,7 +129,9 @@ fn fio_verifies_through_the_engine_on_the_device_at_qd1_and_qd32() {
 
 #[test]
 fn a_queue_depth_above_the_channels_tags_is_a_clear_error() {
-    assert!(root(), "needs root: it mounts a file system");
+    if !moneta_testkit::require_root("it mounts a file system") {
+        return;
+    }
     let m = Mounted::up("fioeng-depth", "xfs", "512M");
     lay_out(&m.path("f"));
     // 4 KiB takes one of the 64 tags; 64 KiB four.
@@ -159,7 +163,9 @@ fn a_queue_depth_above_the_channels_tags_is_a_clear_error() {
 /// the depth, not on the engine).
 #[test]
 fn the_engines_writes_leave_the_bytes_a_kernel_run_of_the_same_job_leaves() {
-    assert!(root(), "needs root: it mounts a file system");
+    if !moneta_testkit::require_root("it mounts a file system") {
+        return;
+    }
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{moneta, ok, root, Mounted};
+use common::{moneta, ok, Mounted};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -182,8 +182,7 @@ impl Drop for Server {
 
 #[test]
 fn postgres_through_the_shim_survives_pgbench_and_a_killed_device() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("it mounts a file system and runs PostgreSQL as its user") {
         return;
     }
     let Some(bin) = pg_bin() else {

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{moneta, ok, root, Mounted};
+use common::{moneta, ok, Mounted};
 use std::path::Path;
 use std::process::Command;
 
@@ -36,7 +36,9 @@ fn run_with_report(m: &Mounted, report: &Path, program: &str, args: &[&str]) -> 
 
 #[test]
 fn a_run_reports_what_the_device_and_the_kernel_served() {
-    assert!(root(), "needs root: it mounts a file system");
+    if !moneta_testkit::require_root("it mounts a file system") {
+        return;
+    }
     let m = Mounted::up("direct-run", "xfs", "512M");
     let dir = std::env::temp_dir().join(format!("direct-run-report-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -158,7 +160,9 @@ fn a_run_reports_what_the_device_and_the_kernel_served() {
 
 #[test]
 fn a_run_exits_with_its_programs_status_and_passes_signals_on() {
-    assert!(root(), "needs root: it mounts a file system");
+    if !moneta_testkit::require_root("it mounts a file system") {
+        return;
+    }
     let m = Mounted::up("direct-sig", "xfs", "512M");
     // The exit code, and 128 + the signal that killed the program.
     let code = |args: &[&str]| {
@@ -198,7 +202,9 @@ fn a_run_exits_with_its_programs_status_and_passes_signals_on() {
 /// shim: the kernel must read what went direct (monetad settled it).
 #[test]
 fn the_readme_fio_example_keeps_its_device_share() {
-    assert!(root(), "needs root: it mounts a file system");
+    if !moneta_testkit::require_root("it mounts a file system") {
+        return;
+    }
     // Growth grants are the user's choice (MONETA_GROWTH=1), as README's
     // example makes it.
     let m = Mounted::up_with("direct-fio", "xfs", "512M", &[("MONETA_GROWTH", "1")], &[]);

@@ -14,7 +14,7 @@
 
 mod common;
 
-use common::{ok, root, Mounted};
+use common::{ok, Mounted};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -164,8 +164,7 @@ fn layout_change_then_reuse_with(
     seen: bool,
     guard: Guard,
 ) {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     // ext4 spreads a new file over its block groups: a small file system
@@ -350,7 +349,7 @@ fn a_plain_truncate_of_a_held_file_on_ext4_revokes_the_holder() {
 
 #[test]
 fn a_forked_child_shares_the_file_offset() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("fork", "xfs", "512M");
@@ -389,7 +388,7 @@ os.fsync(fd)
 
 #[test]
 fn mappings_see_direct_writes_and_lose_nothing() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("mmap", "xfs", "512M");
@@ -432,7 +431,7 @@ os.close(fd)
 
 #[test]
 fn a_plain_mapping_sees_a_shim_writers_fsynced_data() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("mmap-plain", "xfs", "512M");
@@ -469,7 +468,7 @@ print(mp[4096:12288] == b"W" * 8192)
 
 #[test]
 fn o_direct_writes_fill_holes_and_grow_files() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("odirect", "xfs", "512M");
@@ -546,7 +545,7 @@ fn o_direct_writes_fill_holes_and_grow_files() {
 
 #[test]
 fn a_full_file_system_says_enospc() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("enospc", "ext4", "64M");
@@ -662,7 +661,7 @@ os.fsync(fd)
 
 #[test]
 fn a_plain_mapping_and_a_direct_holder_see_each_others_writes() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("mmap-mixed", "xfs", "512M");
@@ -734,7 +733,7 @@ print(mp[8192:8196].decode(), flush=True)
 
 #[test]
 fn forking_while_another_thread_does_direct_io_does_not_hang_the_child() {
-    if !root() {
+    if !moneta_testkit::require_root("it mounts a file system and runs monetad") {
         return;
     }
     let m = Mounted::up("fork-threads", "xfs", "512M");

@@ -57,8 +57,7 @@ fn bad_arguments_are_errors_not_panics() {
 /// block that no node serves after recovery, fails the test.
 #[test]
 fn a_short_chaos_run_finds_no_stale_or_mixed_read() {
-    if !common::root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("network namespaces for the SAN") {
         return;
     }
     let seed = moneta_model::kernel::rng::seed_from_env("MONETA_SEED").to_string();

@@ -267,8 +267,7 @@ impl Drop for San {
 
 #[test]
 fn a_three_node_san_sorts_over_nbd_and_directly() {
-    if !common::root() {
-        eprintln!("skipped: needs root (network namespaces)");
+    if !moneta_testkit::require_root("network namespaces") {
         return;
     }
     let san = San(format!("so{}", std::process::id() % 100_000));

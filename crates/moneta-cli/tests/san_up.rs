@@ -28,7 +28,6 @@ fn refused(o: &Output, needle: &str) {
     assert!(err.contains(needle), "expected '{needle}' in: {err}");
 }
 
-use common::root;
 use moneta_model::kernel::rng::Rng;
 
 /// A SAN name unique to this test and process; `down --purge` on drop.
@@ -133,8 +132,7 @@ fn udp_across(san: &San, from: u16, to: u16, bytes: usize) -> String {
 
 #[test]
 fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("network namespaces for the SAN") {
         return;
     }
     let san = San::new("a");
@@ -354,8 +352,7 @@ fn a_san_in_one_daemon_serves_every_node_from_shared_reactors() {
 
 #[test]
 fn down_cleans_up_after_a_crash_that_lost_the_state() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("network namespaces for the SAN") {
         return;
     }
     let san = San::new("b");
@@ -390,8 +387,7 @@ fn down_cleans_up_after_a_crash_that_lost_the_state() {
 
 #[test]
 fn bad_requests_are_refused_and_leave_nothing() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("network namespaces for the SAN") {
         return;
     }
     let san = San::new("c");
@@ -474,8 +470,7 @@ fn cut_link(san: &San, node: &str, peer: &str) {
 
 /// Three 16 MiB nodes up (with `extra` arguments), or None without root.
 fn up_three(tag: &str, extra: &[&str]) -> Option<San> {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("network namespaces for the SAN") {
         return None;
     }
     let san = San::new(tag);
@@ -494,7 +489,7 @@ fn client(san: &San, node: u16) -> moneta::Moneta {
     m
 }
 
-fn port_stats(m: &moneta::Moneta) -> moneta_emu::engine::PortStats {
+fn port_stats(m: &moneta::Moneta) -> moneta_abi::stats::PortStats {
     m.stats().unwrap().san.expect("a SAN node reports its port")
 }
 
@@ -1679,8 +1674,7 @@ fn an_interrupted_resync_stays_inconsistent_across_a_restart_and_is_never_forced
 /// load) and the first one's winner lost its acknowledged writes.
 #[test]
 fn contradictory_resolves_of_one_split_brain_are_decided_once() {
-    if !root() {
-        eprintln!("skipped: needs root");
+    if !moneta_testkit::require_root("network namespaces for the SAN") {
         return;
     }
     let san = San::new("cr");
@@ -1809,7 +1803,9 @@ fn contradictory_resolves_of_one_split_brain_are_decided_once() {
 /// on load; how far above it a loaded host ran is printed, not asserted.
 #[test]
 fn the_emulated_san_path_holds_to_its_simulation() {
-    assert!(root(), "needs root: network namespaces for the SAN");
+    if !moneta_testkit::require_root("network namespaces for the SAN") {
+        return;
+    }
     // Names are at most 8 characters (they are part of link names).
     let san = San(format!("directx{}", std::process::id() % 10));
     ok(&moneta(&[
@@ -1870,7 +1866,7 @@ fn the_emulated_san_path_holds_to_its_simulation() {
                 "{locality} read: the bench predicts {predicted:.2} µs, san sim latency {alone:.2} µs"
             );
         }
-        let floor = predicted * (1.0 - moneta_emu::fidelity::FASTER_FRACTION);
+        let floor = predicted * (1.0 - moneta_abi::fidelity::FASTER_FRACTION);
         assert!(
             p50 >= floor,
             "{locality} {op}: the emulated SAN path ran faster than its simulation: \

@@ -140,14 +140,12 @@ pub struct EngineOptions {
     pub populate_bytes: u64,
     /// A SAN node's `idle_spin_ns` (several daemons share the cores).
     pub san_idle_spin_ns: u64,
-    /// Run the device thread under SCHED_FIFO ([`REALTIME_PRIORITY`]): on a
+    /// Run the device thread under SCHED_FIFO ([`moneta_abi::sys::REALTIME_PRIORITY`]): on a
     /// host with more runnable threads than cores it is not made to wait
     /// for one (issue 21). Off by default: spinning real-time threads
     /// starve everything else on their core while they spin.
     pub realtime: bool,
 }
-
-pub use moneta_abi::sys::REALTIME_PRIORITY;
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -164,9 +162,9 @@ impl Default for EngineOptions {
 }
 
 use moneta_abi::stats::ClientStats;
-/// What the device thread has done so far (the `stats` reply, so it is
-/// defined with the protocol).
-pub use moneta_abi::stats::EngineStats;
+// What the device thread has done so far (the `stats` reply, so it is
+// defined with the protocol).
+use moneta_abi::stats::EngineStats;
 
 enum ControlOp {
     AddChannel {
@@ -1676,7 +1674,7 @@ pub fn raw_record(channel: u16, start: u64, len: u64, perms: u8) -> Update {
 mod liveness;
 mod port;
 pub mod sim;
-pub use port::{PortStats, SanPort};
+pub use port::SanPort;
 
 #[cfg(test)]
 mod twin;

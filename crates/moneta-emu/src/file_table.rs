@@ -184,7 +184,7 @@ struct Table {
     inodes: HashMap<InodeId, InodeState>,
 }
 
-pub use moneta_abi::stats::FileTableStats;
+use moneta_abi::stats::FileTableStats;
 
 /// Every channel's file grants, by inode.
 pub struct FileTable {

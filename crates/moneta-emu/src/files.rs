@@ -42,7 +42,7 @@ const NOT_DIRECT: u32 = sys::FIEMAP_EXTENT_UNKNOWN
     | sys::FIEMAP_EXTENT_DATA_INLINE
     | sys::FIEMAP_EXTENT_DATA_TAIL;
 
-pub use moneta_abi::InodeId;
+use moneta_abi::InodeId;
 
 /// The direct access a record with permission bits `perms` allows.
 fn direct_access(perms: u8) -> DirectAccess {

@@ -4,10 +4,10 @@
 //!
 //! Along the data path:
 //!
-//! - [`channel`]: a channel's shared pages (command slots, tag status, DMA
-//!   buffer); with the control protocol's messages, the error type and
-//!   the stats, it is the ABI clients share with the daemon (`moneta_abi`,
-//!   re-exported here at the old paths).
+//! - [`moneta_abi::channel`]: a channel's shared pages (command slots, tag
+//!   status, DMA buffer); with the control protocol's messages, the error
+//!   type and the stats, it is the ABI clients share with the daemon, used
+//!   from `moneta_abi` under its own paths.
 //! - [`engine`]: the device (retag → protection → the model's pipeline →
 //!   medium) and the kernel role that forwards interrupts.
 //! - [`reactor`]: the event loops that turn devices, several per thread
@@ -43,8 +43,7 @@ pub mod san_sim;
 pub mod sys;
 pub mod wall_clock;
 
-pub use error::{EmuError, ErrorKind};
-pub use moneta_abi::{channel, error, fidelity};
+pub use moneta_abi::error::{EmuError, ErrorKind};
 /// The device's permission table lives in the model (SPEC §3.3); re-exported
 /// for the control plane's callers.
 pub use moneta_model::device::protection;

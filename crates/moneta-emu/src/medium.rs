@@ -216,7 +216,9 @@ impl Medium {
         let huge = 2usize << 20;
         let base = self.map.as_ptr() as usize;
         let huge_start = (base + start).div_ceil(huge) * huge - base;
-        let huge_end = (base + end) / huge * huge - base;
+        // Below `base` (a small range inside the mapping's first huge page):
+        // no aligned part (this wrapped before, and madvise got a bogus range).
+        let huge_end = ((base + end) / huge * huge).saturating_sub(base);
         if self.image.is_none() && huge_start < huge_end {
             // SAFETY: the range is page-aligned and inside our mapping;
             // MADV_HUGEPAGE is advice about backing, never about contents.

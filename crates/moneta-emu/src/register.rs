@@ -12,6 +12,7 @@
 //! version are **mixed**; a version older than one a read already returned
 //! is allowed by the rule ("went back") and counted apart.
 
+use moneta_model::kernel::hash::fnv1a;
 use moneta_model::kernel::rng::Rng;
 
 /// Every block is one request of this size.
@@ -25,17 +26,11 @@ const HEADER: usize = 40;
 pub fn block_content(seed: u64, block: u64, version: u64) -> Vec<u8> {
     let mut b = vec![0u8; BLOCK_BYTES];
     Rng::new(seed ^ (block << 32) ^ version.rotate_left(17) ^ MAGIC).fill(&mut b[HEADER..]);
-    let sum = fnv(&b[HEADER..]);
+    let sum = fnv1a(&b[HEADER..]);
     for (i, word) in [MAGIC, block, version, seed, sum].into_iter().enumerate() {
         b[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
     }
     b
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3)
-    })
 }
 
 /// What a read of a block returned.
@@ -58,7 +53,7 @@ pub fn decode(seed: u64, block: u64, got: &[u8]) -> Decoded {
     let (magic, b, v, s, sum) = (word(0), word(1), word(2), word(3), word(4));
     let claims = format!(
         "magic {magic:#x} block {b} version {v} seed {s}, checksum {}",
-        if fnv(&got[HEADER..]) == sum {
+        if fnv1a(&got[HEADER..]) == sum {
             "matches"
         } else {
             "BAD"

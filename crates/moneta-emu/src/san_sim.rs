@@ -46,6 +46,7 @@ use crate::register::{block_content, decode, judge, Floor, Verdict, BLOCK_BYTES}
 use crate::replica_meta::ReplicaMeta;
 use crate::san_file::{PortParts, SanFile};
 use moneta_model::config::Config;
+use moneta_model::kernel::hash::{fnv1a_extend, FNV1A_OFFSET};
 use moneta_model::kernel::rng::Rng;
 use moneta_model::units::{Ns, Op};
 use moneta_wire::mem::MemWire;
@@ -281,12 +282,6 @@ struct Sim<'a> {
     recover_resolve: Option<(Ns, usize)>,
 }
 
-fn fnv_step(h: u64, bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(h, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3))
-}
-
 fn san_text(nodes: u16) -> String {
     let mut s = format!(
         "name = \"replsimx\"\ntopology = \"distributed\"\nmirror = true\ntransport = \"udp\"\n\
@@ -349,7 +344,7 @@ impl<'a> Sim<'a> {
             issued: 0,
             report: SimReport {
                 seed: o.seed,
-                trace_hash: 0xcbf2_9ce4_8422_2325,
+                trace_hash: FNV1A_OFFSET,
                 ..SimReport::default()
             },
             buf: vec![0; BLOCK_BYTES],
@@ -363,8 +358,8 @@ impl<'a> Sim<'a> {
 
     fn trace(&mut self, line: String) {
         let line = format!("{:>14} {line}", self.now);
-        self.report.trace_hash = fnv_step(self.report.trace_hash, line.as_bytes());
-        self.report.trace_hash = fnv_step(self.report.trace_hash, b"\n");
+        self.report.trace_hash = fnv1a_extend(self.report.trace_hash, line.as_bytes());
+        self.report.trace_hash = fnv1a_extend(self.report.trace_hash, b"\n");
         if self.o.keep_trace {
             self.report.trace.push(line);
         }

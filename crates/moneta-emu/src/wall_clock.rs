@@ -10,8 +10,8 @@
 use moneta_model::kernel::Clock;
 use moneta_model::units::Ns;
 
-/// The clock a channel's stamps are read on (part of the channel ABI).
-pub use moneta_abi::sys::monotonic_ns;
+// The clock a channel's stamps are read on (part of the channel ABI).
+use moneta_abi::sys::monotonic_ns;
 
 /// Nanoseconds of real time since the clock was made.
 #[derive(Debug, Clone, Copy)]

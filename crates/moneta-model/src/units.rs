@@ -38,6 +38,45 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     }
 }
 
+/// The spellings of the binary units for [`format_size`]: bytes, then
+/// 2^10, 2^20, 2^30 and 2^40 (each name is written right after the number).
+pub type SizeUnits = [&'static str; 5];
+/// `4 KiB`, `16 MiB`: what people read in messages.
+pub const IEC_UNITS: SizeUnits = [" B", " KiB", " MiB", " GiB", " TiB"];
+/// `4K`, `1M`: axis and table labels.
+pub const SHORT_UNITS: SizeUnits = ["", "K", "M", "G", "T"];
+/// `4k`, `1m`: what [`parse_size`] reads back (printed commands).
+pub const ARG_UNITS: SizeUnits = ["", "k", "m", "g", "t"];
+/// `4 KB`: figure legends, as the papers name request sizes.
+pub const LEGEND_UNITS: SizeUnits = [" B", " KB", " MB", " GB", " TB"];
+
+/// The one size formatter: `bytes` in the largest binary unit it reaches
+/// (with `exact`, the largest that divides it), as a number with at most
+/// three decimals and no trailing zeros, spelled with `units`. `exact`
+/// sizes are always whole numbers: `1536` is `1.5K` inexact, `1536` exact.
+pub fn format_size(bytes: f64, exact: bool, units: &SizeUnits) -> String {
+    let mut unit = 0;
+    for shift in (1..units.len()).rev() {
+        let n = (10.0 * shift as f64).exp2();
+        if bytes >= n && (!exact || (bytes / n).fract() == 0.0) {
+            unit = shift;
+            break;
+        }
+    }
+    let number = format_number(bytes / (10.0 * unit as f64).exp2());
+    format!("{number}{}", units[unit])
+}
+
+/// `v` with at most three decimals and no trailing zeros (`1.5`, `2`).
+pub fn format_number(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
 /// A comma-separated list of sizes (`--sizes 512,4k,1M`); `what` names
 /// the option in errors.
 pub fn parse_size_list(what: &str, list: &str) -> Result<Vec<u64>, String> {
@@ -161,6 +200,22 @@ pub fn us(microseconds: f64) -> Ns {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn sizes_are_written_in_the_largest_unit_they_reach_or_divide() {
+        use super::*;
+        assert_eq!(format_size(512.0, false, &SHORT_UNITS), "512");
+        assert_eq!(format_size(1536.0, false, &SHORT_UNITS), "1.5K");
+        assert_eq!(format_size(1536.0, true, &ARG_UNITS), "1536");
+        assert_eq!(format_size(262_144.0, true, &ARG_UNITS), "256k");
+        assert_eq!(format_size((3u64 << 30) as f64, true, &IEC_UNITS), "3 GiB");
+        assert_eq!(format_size(4096.0, false, &LEGEND_UNITS), "4 KB");
+        assert_eq!(format_size(0.5, false, &SHORT_UNITS), "0.5");
+        for n in [1u64, 512, 4096, 1 << 20, 3 << 40, 12_345 << 10] {
+            let arg = format_size(n as f64, true, &ARG_UNITS);
+            assert_eq!(parse_size(&arg), Ok(n), "{arg}");
+        }
+    }
 
     #[test]
     fn sizes_take_binary_suffixes_and_refuse_guesses() {

@@ -12,7 +12,7 @@
 //! run, `-- --json PATH` to write the results, `-- --completion M` for the
 //! device's completion signal: dma (the default), forwarding or issue-sleep).
 //!
-//! The device's verdict (`moneta_emu::fidelity`, issue 21) follows the
+//! The device's verdict (`moneta_abi::fidelity`, issue 21) follows the
 //! table: were completions posted on their model time over the whole run,
 //! and if not, why; `faithful`/`verdict` in the JSON, a warning on stderr.
 
@@ -188,7 +188,7 @@ fn main() -> Result<(), String> {
             qd16_ours / qd16_kit,
             verdict(qd16_ours > qd16_kit)
         );
-        // The device's verdict (moneta_emu::fidelity, issue 21): were its
+        // The device's verdict (moneta_abi::fidelity, issue 21): were its
         // completions posted on model time, over the whole run?
         let device = engine.stats().map_err(|e| e.to_string())?;
         println!("device: {}", device.verdict);

@@ -15,10 +15,8 @@ pub struct Rng(u64);
 impl Rng {
     pub fn new(seed: u64) -> Rng {
         // splitmix64 of the seed, never zero.
-        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng((z ^ (z >> 31)) | 1)
+        let mut state = seed;
+        Rng(moneta_model::kernel::rng::splitmix64(&mut state) | 1)
     }
 
     pub fn next(&mut self) -> u64 {
@@ -104,11 +102,7 @@ pub fn parse(u: &[u8]) -> Option<(u16, u32, u32)> {
 
 /// FNV-1a of a byte string (results logged by the workers).
 pub fn digest(b: &[u8]) -> u64 {
-    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
-    for &x in b {
-        h = (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    h
+    moneta_model::kernel::hash::fnv1a(b)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ mod common;
 use common::{serve, write_then_read, BLOCK_STRIDE};
 use moneta_model::device::packet::{Mac, PacketKind};
 use moneta_wire::frame::QUICKSAN_ETHERTYPE;
-use moneta_wire::netns::{is_root, VethPair};
+use moneta_wire::netns::VethPair;
 use moneta_wire::packet_socket::PacketSocket;
 use moneta_wire::{Endpoint, FaultHandle, Faulty, LinkFaults, Transport, WireConfig, WireError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,8 +59,7 @@ fn the_same_through_a_packet_mmap_receive_ring() {
 }
 
 fn lossy_exchange(rx_ring: bool) {
-    if !is_root() {
-        eprintln!("SKIPPED: AF_PACKET and network namespaces need root");
+    if !moneta_testkit::require_root("AF_PACKET and network namespaces") {
         return;
     }
     let seed: u64 = std::env::var("WIRE_SEED")
@@ -113,8 +112,7 @@ fn lossy_exchange(rx_ring: bool) {
 
 #[test]
 fn another_ethertype_and_a_small_mtu() {
-    if !is_root() {
-        eprintln!("SKIPPED: AF_PACKET and network namespaces need root");
+    if !moneta_testkit::require_root("AF_PACKET and network namespaces") {
         return;
     }
     let pair = VethPair::create(1500, [Mac::of_node(0), Mac::of_node(1)]).unwrap();
@@ -153,8 +151,7 @@ fn another_ethertype_and_a_small_mtu() {
 
 #[test]
 fn the_namespaces_go_away_even_when_a_test_fails() {
-    if !is_root() {
-        eprintln!("SKIPPED: network namespaces need root");
+    if !moneta_testkit::require_root("network namespaces") {
         return;
     }
     let names = std::sync::Mutex::new(Vec::new());
@@ -177,8 +174,7 @@ fn the_namespaces_go_away_even_when_a_test_fails() {
 
 #[test]
 fn a_partition_fails_requests_cleanly_and_healing_makes_them_work() {
-    if !is_root() {
-        eprintln!("SKIPPED: AF_PACKET and network namespaces need root");
+    if !moneta_testkit::require_root("AF_PACKET and network namespaces") {
         return;
     }
     let pair = VethPair::create(9000, [Mac::of_node(0), Mac::of_node(1)]).unwrap();

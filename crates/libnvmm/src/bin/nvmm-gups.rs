@@ -4,17 +4,10 @@
 //!
 //!   nvmm-gups nvmm|mmap|mmap-random FILE TABLE_BYTES DRAM_BYTES OPS SEED gups|randread
 
+use moneta_model::kernel::rng::splitmix64 as splitmix;
 use nvmm::Nvmm;
 use std::ffi::CString;
 use std::time::Instant;
-
-fn splitmix(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
 
 enum Table {
     Nvmm(Nvmm),

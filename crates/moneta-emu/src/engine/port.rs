@@ -209,7 +209,7 @@ pub(super) fn initial_states(san: &mut SanPort, routes: &mut RouteTable) {
     }
 }
 
-pub use moneta_abi::stats::{PortStats, SliceStatus};
+use moneta_abi::stats::{PortStats, SliceStatus};
 
 /// Where a resolve's answer goes (the control plane waits on it).
 pub(super) type Reply = std::sync::mpsc::SyncSender<Result<String, String>>;

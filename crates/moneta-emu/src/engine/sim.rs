@@ -14,7 +14,7 @@
 //! medium's files (image, replica metadata, dirty map) do.
 
 use super::*;
-use moneta_abi::stats::SliceStatus;
+use moneta_abi::stats::{PortStats, SliceStatus};
 use moneta_model::kernel::VirtualClock;
 
 /// The id of a simulated node's client channel.

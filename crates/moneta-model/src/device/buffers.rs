@@ -85,14 +85,34 @@ impl BufferPool {
         }
     }
 
+    /// A free buffer, now owned by the caller's segment until it releases it
+    /// (SPEC §1.4: allocated before the segment starts, freed after its
+    /// last transfer); None while every buffer is owned.
     pub fn allocate(&mut self, now_ns: Ns) -> Option<u16> {
         let b = self.free.pop()?;
+        debug_assert!(
+            usize::from(b) < self.allocated_at_ns.len(),
+            "free list holds buffer {b}, outside the pool"
+        );
         self.allocated_at_ns[b as usize] = now_ns;
         Some(b)
     }
 
+    /// The owner gives `buffer` back. Ownership is asserted in debug builds:
+    /// only an allocated buffer of this pool is released, once, and not
+    /// before it was allocated.
     pub fn release(&mut self, now_ns: Ns, buffer: u16) {
+        debug_assert!(
+            usize::from(buffer) < self.allocated_at_ns.len(),
+            "released buffer {buffer}, outside the pool of {}",
+            self.allocated_at_ns.len()
+        );
         debug_assert!(!self.free.contains(&buffer), "buffer {buffer} freed twice");
+        debug_assert!(
+            now_ns >= self.allocated_at_ns[buffer as usize],
+            "buffer {buffer} released at {now_ns} ns, before its allocation at {} ns",
+            self.allocated_at_ns[buffer as usize]
+        );
         self.busy_ns_total += now_ns - self.allocated_at_ns[buffer as usize];
         self.free.push(buffer);
     }

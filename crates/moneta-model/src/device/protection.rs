@@ -247,7 +247,15 @@ impl PermissionTable {
     }
 
     /// Applies one control-plane update. A rejected update changes nothing.
+    /// Debug builds check every invariant after it ([`Self::check_invariants`]).
     pub fn apply(&mut self, update: &Update) -> Result<(), UpdateError> {
+        let applied = self.apply_unchecked(update);
+        #[cfg(debug_assertions)]
+        self.check_invariants();
+        applied
+    }
+
+    fn apply_unchecked(&mut self, update: &Update) -> Result<(), UpdateError> {
         match *update {
             Update::Install(spec) => self.install(spec),
             Update::ClearChannel(channel) => {

@@ -17,6 +17,7 @@
 use crate::config::QueuePolicy;
 use crate::units::{Op, PhysTag};
 use std::collections::VecDeque;
+use std::fmt::Debug;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Lane {
@@ -37,7 +38,7 @@ pub struct RequestQueues<T = PhysTag> {
     peeked: Option<Lane>,
 }
 
-impl<T: Copy> RequestQueues<T> {
+impl<T: Copy + PartialEq + Debug> RequestQueues<T> {
     pub fn new(policy: QueuePolicy, tags: u32) -> Self {
         Self {
             policy,
@@ -53,6 +54,10 @@ impl<T: Copy> RequestQueues<T> {
     }
 
     pub fn push(&mut self, tag: T, op: Op) {
+        debug_assert!(
+            !self.read_lane.contains(&tag) && !self.write_lane.contains(&tag),
+            "request {tag:?} queued twice"
+        );
         match (self.policy, op) {
             (QueuePolicy::Fifo, _) | (_, Op::Read) => self.read_lane.push_back(tag),
             (_, Op::Write) => self.write_lane.push_back(tag),
@@ -124,6 +129,8 @@ enum GateState {
 pub struct BarrierGate {
     held: VecDeque<(PhysTag, bool)>,
     state: GateState,
+    /// The tag count: no more requests than tags are ever held.
+    tags: usize,
 }
 
 impl BarrierGate {
@@ -131,12 +138,53 @@ impl BarrierGate {
         Self {
             held: VecDeque::with_capacity(tags as usize),
             state: GateState::Open,
+            tags: tags as usize,
+        }
+    }
+
+    /// Debug builds assert the gate's accounting after each change: at most
+    /// one held request per tag, none of them the running barrier, and a
+    /// draining gate has its barrier at the head of the held requests.
+    #[inline]
+    fn debug_check(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(
+            self.held.len() <= self.tags,
+            "{} requests held behind a barrier, more than the {} tags",
+            self.held.len(),
+            self.tags
+        );
+        for (i, (tag, _)) in self.held.iter().enumerate() {
+            assert!(
+                self.held.iter().skip(i + 1).all(|(t, _)| t != tag),
+                "tag {} held twice",
+                tag.0
+            );
+            assert!(
+                self.state != GateState::BarrierRunning(*tag),
+                "tag {} held while it runs as the barrier",
+                tag.0
+            );
+        }
+        if self.state == GateState::Draining {
+            assert!(
+                matches!(self.held.front(), Some((_, true))),
+                "a draining gate without its barrier at the head"
+            );
         }
     }
 
     /// A request arrives; `outstanding` counts admitted, uncompleted requests.
     /// Returns true if it is admitted now.
     pub fn arrive(&mut self, tag: PhysTag, barrier: bool, outstanding: u32) -> bool {
+        let admitted = self.arrive_unchecked(tag, barrier, outstanding);
+        self.debug_check();
+        admitted
+    }
+
+    fn arrive_unchecked(&mut self, tag: PhysTag, barrier: bool, outstanding: u32) -> bool {
         if self.state != GateState::Open || !self.held.is_empty() {
             self.held.push_back((tag, barrier));
             return false;
@@ -156,6 +204,11 @@ impl BarrierGate {
     /// A request completed (`outstanding` already excludes it). Pushes newly
     /// admitted requests into `admitted`.
     pub fn complete(&mut self, tag: PhysTag, outstanding: u32, admitted: &mut Vec<PhysTag>) {
+        self.complete_unchecked(tag, outstanding, admitted);
+        self.debug_check();
+    }
+
+    fn complete_unchecked(&mut self, tag: PhysTag, outstanding: u32, admitted: &mut Vec<PhysTag>) {
         match self.state {
             GateState::BarrierRunning(b) if b == tag => self.state = GateState::Open,
             GateState::Draining if outstanding == 0 => self.state = GateState::Open,

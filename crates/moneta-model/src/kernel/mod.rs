@@ -1,5 +1,6 @@
 //! The discrete-event kernel: a clock, a time-ordered event queue and seeded
-//! randomness (DESIGN.md "One model, two clocks").
+//! randomness (DESIGN.md "One model, two clocks"), and the one FNV-1a hash
+//! of the workspace ([`hash`]).
 //!
 //! Components never read time or randomness from anywhere else. The kernel
 //! hands them `now` and an [`Rng`]; the clock decides what "advancing to the
@@ -10,6 +11,7 @@
 
 pub mod clock;
 pub mod event_queue;
+pub mod hash;
 pub mod rng;
 
 pub use clock::{Clock, VirtualClock};

@@ -10,7 +10,12 @@ pub struct Rng {
     s: [u64; 4],
 }
 
-fn splitmix64(state: &mut u64) -> u64 {
+/// SplitMix64 (Steele, Lea and Flood 2014): advances `state` by the golden
+/// gamma and returns its mix. The one copy: it seeds [`Rng`] here and is the
+/// whole generator of the torture schedules' seeds, libnvmm's workloads and
+/// `nvmm-gups`.
+#[inline]
+pub fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

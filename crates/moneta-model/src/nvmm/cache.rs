@@ -135,7 +135,8 @@ impl BlockCache {
         for (i, &t) in self.tags[start..start + self.ways].iter().enumerate() {
             found = if t == tag { i } else { found };
         }
-        (found != usize::MAX).then_some(start + found)
+        // Wrapping: `then_some` computes its value even when nothing was found.
+        (found != usize::MAX).then_some(start.wrapping_add(found))
     }
 
     /// Whether `block` is present, without touching LRU state.

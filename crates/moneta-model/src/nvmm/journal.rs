@@ -112,7 +112,14 @@ pub struct Journal {
     /// The caller's current time: flash bookings are made at it.
     now_ns: Ns,
     stats: JournalStats,
+    /// Changes so far, for the debug builds' checks ([`Self::debug_check`]).
+    changes: u64,
 }
+
+/// Up to this many pages and virtual pages, debug builds check the whole
+/// journal after every change; a larger one (a wear run writes millions of
+/// times) after changes 1, 2, 4, 8, … so the check stays O(n log n).
+const CHECK_EVERY_CHANGE_UP_TO: usize = 1 << 14;
 
 impl Journal {
     /// A journal over the configured flash for `virtual_pages` 64 KB pages
@@ -183,6 +190,7 @@ impl Journal {
             in_gc: false,
             now_ns: 0,
             stats: JournalStats::default(),
+            changes: 0,
         })
     }
 
@@ -222,10 +230,15 @@ impl Journal {
     /// (data that existed before the measured run).
     pub fn preload(&mut self) -> Result<(), OutOfSpace> {
         let all = (1u32 << self.segments_per_page) - 1;
+        let mut written = Ok(());
         for vpn in 0..u64::from(self.virtual_pages) {
-            self.write_back(0, 0, vpn, all, None)?;
+            if let Err(e) = self.write_version(self.now_ns, vpn, all, None) {
+                written = Err(e);
+                break;
+            }
         }
-        Ok(())
+        self.debug_check();
+        written
     }
 
     /// Write the segments of `vpn` in `dirty_mask` (bit s = segment s) as a
@@ -240,7 +253,30 @@ impl Journal {
         flash: Option<&mut FlashTiming>,
     ) -> Result<Ns, OutOfSpace> {
         self.now_ns = self.now_ns.max(now_ns);
-        self.write_version(start_ns.max(self.now_ns), vpn, dirty_mask, flash)
+        let durable = self.write_version(start_ns.max(self.now_ns), vpn, dirty_mask, flash);
+        self.debug_check();
+        durable
+    }
+
+    /// Debug builds check the bookkeeping ([`Self::check_invariants`])
+    /// after every change of a small journal, and after changes 1, 2, 4, …
+    /// of a large one ([`CHECK_EVERY_CHANGE_UP_TO`]); release builds do
+    /// nothing.
+    #[inline]
+    fn debug_check(&mut self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        self.changes += 1;
+        let small = self.page_state.len() + self.virtual_pages as usize <= CHECK_EVERY_CHANGE_UP_TO;
+        if small || self.changes.is_power_of_two() {
+            if let Err(e) = self.check_invariants() {
+                panic!(
+                    "journal invariant broken after change {}: {e}",
+                    self.changes
+                );
+            }
+        }
     }
 
     fn write_version(

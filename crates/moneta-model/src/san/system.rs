@@ -1280,6 +1280,9 @@ mod tests {
         let mut s = san(Topology::Distributed { nodes: 2 }, false, 6);
         let mut rng = crate::kernel::Rng::new(0xBAD);
         for i in 0..2000u32 {
+            // Every 10 µs, or later if the last one's drain ran past that:
+            // the system's events run in time order.
+            let at = (u64::from(i) * 10_000).max(s.model_time_ns);
             let kinds = [
                 PacketKind::ReadRequest,
                 PacketKind::WriteRequest,
@@ -1307,11 +1310,11 @@ mod tests {
                 header,
                 from_node: 1,
                 to_node: 0,
-                chain: Chain::starting(u64::from(i) * 10_000),
+                chain: Chain::starting(at),
                 release_buffer: None,
             };
             let device = &mut s.devices[0].device;
-            let ready = device.port_arrive(u64::from(i) * 10_000, &mut packet);
+            let ready = device.port_arrive(at, &mut packet);
             device.receive(ready, packet);
             s.collect(ready, 0);
             drain(&mut s);
