@@ -59,7 +59,7 @@ fn growth_data_synced_elsewhere_survives_a_killed_monetad(fs: &str) {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| u64::from(std::process::id()) * 7919 % 1_000_003);
     eprintln!("GROWTH_SEED={seed} ({fs})");
-    let m = Mounted::up(&format!("growth-{fs}"), fs, "256M");
+    let m = Mounted::up(&format!("growth-{fs}"), fs, "320M");
     let file = m.path("grown.dat");
     let mut writer = m
         .run(

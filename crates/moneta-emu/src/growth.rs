@@ -50,9 +50,11 @@
 //!    - every kernel access of the file by any process (read, write,
 //!      truncate, fallocate, mmap: the reports of `layout_watch`, and the
 //!      shim's own announcements) — so every process sees what was written;
-//!    - the shim's fsync/fdatasync of a handle that mapped a growth extent
-//!      (it announces a layout change of the whole file before the
-//!      kernel's sync, so synced data is written data);
+//!    - the shim's fsync/fdatasync of a handle that mapped a growth extent,
+//!      and its sync(2)/syncfs for every such handle of the process (it
+//!      announces a layout change of the whole file before the kernel's
+//!      sync, so synced data is written data; a sync no shim sees is
+//!      covered by the journal below);
 //!    - the last holder's close, a session's end, and monetad's stop.
 //!
 //! A block freed under a pending range (reported by the block-free
