@@ -563,6 +563,11 @@ impl Journal {
     }
 }
 
+/// A recovered file's extents over a range, as `(logical, medium address,
+/// len, unwritten)`.
+pub type ExtentsOf<'a> =
+    dyn Fn(&OwnedFd, u64, u64) -> Result<Vec<(u64, u64, u64, bool)>, EmuError> + 'a;
+
 /// What settling a journal's ranges at start did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Recovery {
@@ -585,7 +590,7 @@ pub fn recover(
     medium: &Medium,
     mount_fd: RawFd,
     recorded: &Recorded,
-    extents: &dyn Fn(&OwnedFd, u64, u64) -> Result<Vec<(u64, u64, u64, bool)>, EmuError>,
+    extents: &ExtentsOf<'_>,
 ) -> Recovery {
     let mut out = Recovery::default();
     for (handle, ranges) in recorded {
