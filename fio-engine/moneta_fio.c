@@ -278,13 +278,17 @@ static enum fio_q_status mfio_queue(struct thread_data *td, struct io_u *io_u)
 	fio_ro_check(td, io_u);
 
 	if (ddir_sync(io_u->ddir)) {
-		/* Direct writes are durable once complete; what libmoneta
-		 * wrote through the kernel is not until fsync. */
+		/* Direct writes into written extents are on the medium once
+		 * complete; growth grants (direct writes into preallocated,
+		 * unwritten extents) become the file system's data when
+		 * monetad settles them, which moneta_file_sync asks for; then
+		 * the kernel's fsync makes that, and what libmoneta wrote
+		 * through the kernel, durable. */
 		drain(d);
-		if (!d->raw && fsync(io_u->file->fd) < 0)
-			io_u->error = errno;
-		else if (!d->raw && moneta_file_sync(d->m, mf) < 0)
+		if (!d->raw && moneta_file_sync(d->m, mf) < 0)
 			io_u->error = EIO;
+		else if (!d->raw && fsync(io_u->file->fd) < 0)
+			io_u->error = errno;
 		return FIO_Q_COMPLETED;
 	}
 	if (io_u->ddir != DDIR_READ && io_u->ddir != DDIR_WRITE) {

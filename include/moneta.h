@@ -82,6 +82,9 @@ int moneta_file_close(moneta_t *m, moneta_file_t *f);
 int64_t moneta_file_pread(moneta_t *m, moneta_file_t *f, void *buf, size_t len, uint64_t offset);
 int64_t moneta_file_pwrite(moneta_t *m, moneta_file_t *f, const void *buf, size_t len,
                            uint64_t offset);
+/* Makes direct writes the file system's data: growth grants (direct writes
+ * into preallocated extents) are settled by monetad, stale cached pages
+ * dropped. fsync(2) the descriptor afterwards, as for a kernel write. */
 int moneta_file_sync(moneta_t *m, moneta_file_t *f);
 
 /* Asynchronous file IO: one device request when the translation map sends

@@ -350,6 +350,73 @@ pub unsafe extern "C" fn moneta_file_close(m: *mut Moneta, f: *mut MonetaFile) -
     })
 }
 
+/// Every call on a file: `fail` unless `body` succeeds with the live
+/// handles.
+fn on_file<T>(
+    fail: T,
+    m: *mut Moneta,
+    f: *mut MonetaFile,
+    body: impl FnOnce(&Moneta, &MonetaFile) -> Result<T, String>,
+) -> T {
+    guard(fail, || body(handle(m)?, file_handle(f)?))
+}
+
+/// Every call on a file's request: as [`on_file`], with the request, which
+/// must have been submitted (`submitted`) or must not be in flight.
+fn on_file_io<T>(
+    fail: T,
+    m: *mut Moneta,
+    f: *mut MonetaFile,
+    io: *mut FileIo,
+    submitted: bool,
+    body: impl FnOnce(&Moneta, &MonetaFile, &mut FileIo) -> Result<T, String>,
+) -> T {
+    on_file(fail, m, f, |m, f| {
+        let io = file_io_handle(io)?;
+        if submitted && !io.io().is_submitted() {
+            return Err("moneta_file_io was not submitted".into());
+        }
+        if !submitted && io.io().is_in_flight() {
+            return Err("moneta_file_io is in flight already".into());
+        }
+        body(m, f, io)
+    })
+}
+
+/// A caller's buffer may be NULL only when it is empty.
+fn non_null(null: bool, len: usize) -> Result<(), String> {
+    if null && len > 0 {
+        return Err("buf is NULL".into());
+    }
+    Ok(())
+}
+
+/// `len` bytes to read from at `buf`.
+///
+/// # Safety
+/// `buf` valid for `len` bytes of reads (or NULL).
+unsafe fn bytes_in<'a>(buf: *const c_void, len: usize) -> Result<&'a [u8], String> {
+    non_null(buf.is_null(), len)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: the caller's promise.
+    Ok(unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) })
+}
+
+/// `len` bytes to write into at `buf`.
+///
+/// # Safety
+/// `buf` valid for `len` bytes of writes (or NULL).
+unsafe fn bytes_out<'a>(buf: *mut c_void, len: usize) -> Result<&'a mut [u8], String> {
+    non_null(buf.is_null(), len)?;
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    // SAFETY: the caller's promise.
+    Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) })
+}
+
 /// Like pread(2): the bytes read (short at the end of the file), or -1.
 ///
 /// # Safety
@@ -362,15 +429,10 @@ pub unsafe extern "C" fn moneta_file_pread(
     len: usize,
     offset: u64,
 ) -> i64 {
-    guard(-1, || {
-        if buf.is_null() && len > 0 {
-            return Err("buf is NULL".into());
-        }
-        // SAFETY: the caller's promise (and len 0 never dereferences).
-        let b = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
-        let n = file_handle(f)?
-            .read_at(handle(m)?, b, offset)
-            .map_err(|e| e.to_string())?;
+    on_file(-1, m, f, |m, f| {
+        // SAFETY: the caller's promise.
+        let b = unsafe { bytes_out(buf, len) }?;
+        let n = f.read_at(m, b, offset).map_err(|e| e.to_string())?;
         Ok(n as i64)
     })
 }
@@ -387,33 +449,31 @@ pub unsafe extern "C" fn moneta_file_pwrite(
     len: usize,
     offset: u64,
 ) -> i64 {
-    guard(-1, || {
-        if buf.is_null() && len > 0 {
-            return Err("buf is NULL".into());
-        }
+    on_file(-1, m, f, |m, f| {
         // SAFETY: the caller's promise.
-        let b = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
-        let n = file_handle(f)?
-            .write_at(handle(m)?, b, offset)
-            .map_err(|e| e.to_string())?;
+        let b = unsafe { bytes_in(buf, len) }?;
+        let n = f.write_at(m, b, offset).map_err(|e| e.to_string())?;
         Ok(n as i64)
     })
 }
 
-/// Drop the kernel's stale cached pages after direct writes (not fsync:
-/// direct writes into written extents are durable when they complete;
-/// with monetad's growth grants on (`MONETA_GROWTH=1`), writes into
-/// preallocated extents are not until monetad settles them, which this
-/// call does not ask for yet).
+/// Make the file's direct writes the file system's data: what went direct
+/// into preallocated (unwritten) extents as growth grants is settled first
+/// (monetad writes it through the kernel, so the extents become written;
+/// until then monetad's growth journal keeps it across a daemon crash),
+/// then the kernel's stale cached pages are dropped, so a later read(2)
+/// sees the direct writes. Direct writes into written extents are on the
+/// medium when they complete. As for any kernel write, the caller's
+/// fsync(2) of its descriptor afterwards makes the file system's metadata
+/// durable.
 ///
 /// # Safety
 /// `m`, `f` live handles.
 #[no_mangle]
 pub unsafe extern "C" fn moneta_file_sync(m: *mut Moneta, f: *mut MonetaFile) -> c_int {
-    guard(-1, || {
-        file_handle(f)?
-            .sync(handle(m)?)
-            .map_err(|e| e.to_string())?;
+    on_file(-1, m, f, |m, f| {
+        f.settle(m).map_err(|e| e.to_string())?;
+        f.sync(m).map_err(|e| e.to_string())?;
         Ok(0)
     })
 }
@@ -436,15 +496,9 @@ pub unsafe extern "C" fn moneta_file_prepare(
     completion: c_int,
     status: *mut c_int,
 ) -> *mut FileIo {
-    let (io, code) = guard((std::ptr::null_mut(), -1), || {
-        let prepared = file_handle(f)?
-            .prepare_async(
-                handle(m)?,
-                op(operation)?,
-                offset,
-                len as u64,
-                mode(completion)?,
-            )
+    let (io, code) = on_file((std::ptr::null_mut(), -1), m, f, |m, f| {
+        let prepared = f
+            .prepare_async(m, op(operation)?, offset, len as u64, mode(completion)?)
             .map_err(|e| e.to_string())?;
         Ok(match prepared {
             Prepared::Device(io) => (Box::into_raw(Box::new(io)), 0),
@@ -484,14 +538,8 @@ pub unsafe extern "C" fn moneta_file_submit(
     f: *mut MonetaFile,
     io: *mut FileIo,
 ) -> c_int {
-    guard(-1, || {
-        let io = file_io_handle(io)?;
-        if io.io().is_in_flight() {
-            return Err("moneta_file_io is in flight already".into());
-        }
-        file_handle(f)?
-            .submit_async(handle(m)?, io)
-            .map_err(|e| e.to_string())?;
+    on_file_io(-1, m, f, io, false, |m, f, io| {
+        f.submit_async(m, io).map_err(|e| e.to_string())?;
         Ok(0)
     })
 }
@@ -507,12 +555,8 @@ pub unsafe extern "C" fn moneta_file_poll(
     f: *mut MonetaFile,
     io: *mut FileIo,
 ) -> c_int {
-    guard(-1, || {
-        let io = file_io_handle(io)?;
-        if !io.io().is_submitted() {
-            return Err("moneta_file_io was not submitted".into());
-        }
-        match file_handle(f)?.try_complete_async(handle(m)?, io) {
+    on_file_io(-1, m, f, io, true, |m, f, io| {
+        match f.try_complete_async(m, io) {
             None => Ok(0),
             Some(Ok(())) => Ok(1),
             Some(Err(e)) => Err(e.to_string()),

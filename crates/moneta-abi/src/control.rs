@@ -147,6 +147,11 @@ pub struct ChannelInfo {
     pub preset: String,
     /// The device's whole configuration (a `Config` as JSON).
     pub config: serde_json::Value,
+    /// Whether the daemon makes growth grants (direct writes into
+    /// preallocated, unwritten extents): a client serves a file
+    /// preallocated while new directly only then.
+    #[serde(default)]
+    pub growth: bool,
 }
 
 /// A range this channel may access.

@@ -425,6 +425,13 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
         }
         plane.set_image_alias(alias.clone());
     }
+    if let (Some(image), Some(_)) = (&a.image, &a.watch_fs) {
+        // Pending growth ranges are recorded beside the image and settled
+        // at the next start on it (crates/moneta-emu/src/growth.rs).
+        let mut journal = image.clone().into_os_string();
+        journal.push(".growth");
+        plane.set_growth_journal(journal.into());
+    }
     if let Some(dir) = &a.watch_fs {
         // With the kernel path through NBD (`moneta up --kernel-path
         // device`) the file system is mounted after the daemon starts:

@@ -277,12 +277,12 @@ fn strace_calls(summary: &str, name: &str) -> u64 {
 #[test]
 fn a_kernel_path_device_mount_with_an_odd_path_keeps_the_direct_path() {
     // fio preallocates its file: its writes into the unwritten extents go
-    // direct only with growth grants, which are the user's choice.
+    // direct as growth grants (on by default).
     let m = Mounted::up_with(
         "kpath dev_x",
         "xfs",
         "512M",
-        &[("MONETA_GROWTH", "1")],
+        &[],
         &["--kernel-path", "device"],
     );
     let summary = std::env::temp_dir().join(format!("moneta-strace-{}", std::process::id()));

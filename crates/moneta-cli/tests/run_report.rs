@@ -205,9 +205,8 @@ fn the_readme_fio_example_keeps_its_device_share() {
     if !moneta_testkit::require_root("it mounts a file system") {
         return;
     }
-    // Growth grants are the user's choice (MONETA_GROWTH=1), as README's
-    // example makes it.
-    let m = Mounted::up_with("direct-fio", "xfs", "512M", &[("MONETA_GROWTH", "1")], &[]);
+    // Growth grants are on by default, as in README's example.
+    let m = Mounted::up("direct-fio", "xfs", "512M");
     let report = std::env::temp_dir().join(format!("direct-fio-{}.json", std::process::id()));
     let filename = format!("--filename={}", m.path("f").display());
     let (code, stderr) = run_with_report(

@@ -251,6 +251,13 @@ impl ControlPlane {
         *self.image_alias.lock().expect("alias") = Some(path);
     }
 
+    /// Keep the growth journal at `path` (next to the image): pending
+    /// growth ranges are recorded there and settled at the next start
+    /// ([`crate::growth`]). Call after [`ControlPlane::set_image_alias`].
+    pub fn set_growth_journal(&self, path: std::path::PathBuf) {
+        self.files.set_growth_journal(path, self.medium_files());
+    }
+
     /// (st_dev, st_ino) of every file whose loop devices carry the medium.
     fn medium_files(&self) -> Vec<(u64, u64)> {
         use std::os::unix::fs::MetadataExt;
@@ -369,6 +376,7 @@ impl ControlPlane {
                 dma_buffer_bytes: DMA_BUFFER_BYTES as u64,
                 preset: c.name.clone(),
                 config: c.to_json(),
+                growth: self.files.growth_on(),
             };
             return Ok((Response::Channel(info), Some(memory)));
         }

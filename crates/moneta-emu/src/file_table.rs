@@ -60,6 +60,7 @@ use moneta_abi::error::{EmuError, ErrorKind};
 use moneta_abi::InodeId;
 use std::collections::{BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -139,6 +140,8 @@ struct InodeState {
     /// The descriptor pending ranges are settled through (no fanotify
     /// events of its own).
     quiet: Option<OwnedFd>,
+    /// The file's handle, by which the growth journal names it.
+    handle: Option<growth::FileHandle>,
 }
 
 impl InodeState {
@@ -208,8 +211,14 @@ pub struct FileTable {
     /// system's watch; the reason if it could not start).
     frees: OnceLock<Result<FreeWatch, String>>,
     /// Whether soft misses make unwritten extents growth grants
-    /// ([`crate::growth`]; off unless `MONETA_GROWTH=1`).
-    growth: bool,
+    /// ([`crate::growth`]; on unless `MONETA_GROWTH=0`, and only with a
+    /// journal that could be recovered at start).
+    growth: AtomicBool,
+    /// Where the growth journal lives, and the (st_dev, st_ino) of the
+    /// files carrying the medium (to read a recovered file's extents).
+    journal_at: OnceLock<(std::path::PathBuf, Vec<(u64, u64)>)>,
+    /// The durable record of pending ranges (taken after the table's lock).
+    journal: Mutex<Option<growth::Journal>>,
     me: Weak<FileTable>,
 }
 
@@ -228,13 +237,127 @@ impl FileTable {
             session_pids: Mutex::new(HashMap::new()),
             mount_root: Mutex::new(None),
             frees: OnceLock::new(),
-            growth,
+            growth: AtomicBool::new(growth),
+            journal_at: OnceLock::new(),
+            journal: Mutex::new(None),
             me: me.clone(),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Table> {
         self.table.lock().expect("file table")
+    }
+
+    /// Keep the growth journal at `path` ([`crate::growth`], "Durable
+    /// pending ranges"); `images` are the files that carry the medium.
+    /// Without one no growth grant is made. What an earlier run left in it
+    /// is settled when the file system is first watched.
+    pub fn set_growth_journal(&self, path: std::path::PathBuf, images: Vec<(u64, u64)>) {
+        let _ = self.journal_at.set((path, images));
+    }
+
+    /// Whether growth grants are on (clients follow it: a file preallocated
+    /// while new leaves the kernel path only then).
+    pub fn growth_on(&self) -> bool {
+        self.growth.load(Ordering::Acquire) && self.journal_at.get().is_some()
+    }
+
+    /// Settle what the growth journal still records (monetad's start, before
+    /// the file system holding `dir` is watched), and keep the journal for
+    /// this run if growth is on. Growth goes off if files cannot be opened
+    /// by handle here (no CAP_DAC_READ_SEARCH, or a file system without
+    /// handles): a later start could not settle them.
+    fn recover_growth(&self, dir: &std::path::Path) {
+        let Some((path, images)) = self.journal_at.get() else {
+            self.growth.store(false, Ordering::Release);
+            return;
+        };
+        let mount = match std::fs::File::open(dir) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("monetad: no growth grants: opening {}: {e}", dir.display());
+                self.growth.store(false, Ordering::Release);
+                return;
+            }
+        };
+        let mount_fd = mount.as_raw_fd();
+        let (mut journal, recorded) = match growth::Journal::open(path) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("monetad: no growth grants: {e}");
+                self.growth.store(false, Ordering::Release);
+                return;
+            }
+        };
+        if !recorded.is_empty() {
+            let capacity = self.engine.config().device.capacity_bytes;
+            let extents = |fd: &OwnedFd, logical: u64, len: u64| {
+                let dup = sys::dup(fd.as_raw_fd())
+                    .map_err(|e| EmuError::io("duplicating a recovered file's descriptor", e))?;
+                let (file, _) = GrantedFile::open(dup, 0, images)?;
+                let mut out = Vec::new();
+                let (mut at, end) = (logical, logical + len);
+                while at < end {
+                    let (found, covered) = file.read_extents(at, end - at, capacity)?;
+                    out.extend(
+                        found
+                            .iter()
+                            .map(|e| (e.logical, e.physical, e.len, e.unwritten)),
+                    );
+                    at = covered;
+                }
+                Ok(out)
+            };
+            let r = growth::recover(self.engine.medium(), mount_fd, &recorded, &extents);
+            eprintln!(
+                "monetad: growth journal {}: settled {} bytes written direct in {} files before the last stop; {} recorded bytes left alone (file gone, or those blocks no longer unwritten there)",
+                path.display(),
+                r.settled_bytes,
+                r.files,
+                r.left_bytes
+            );
+            let mut stats = self.stats.lock().expect("stats");
+            stats.growth_settled_bytes += r.settled_bytes;
+        }
+        if let Err(e) = journal.clear() {
+            eprintln!("monetad: no growth grants: {e}");
+            self.growth.store(false, Ordering::Release);
+            return;
+        }
+        if !self.growth.load(Ordering::Acquire) {
+            return;
+        }
+        // A later start must open files by handle: try it on the mount.
+        let probe = growth::FileHandle::of(mount_fd).and_then(|h| h.open(mount_fd, libc::O_RDONLY));
+        if let Err(e) = probe {
+            eprintln!(
+                "monetad: no growth grants: files on {} cannot be opened by handle ({e}), so a restart could not settle them",
+                dir.display()
+            );
+            self.growth.store(false, Ordering::Release);
+            return;
+        }
+        *self.journal.lock().expect("journal") = Some(journal);
+    }
+
+    /// Record a change of the pending ranges in the journal.
+    fn journal(
+        &self,
+        f: impl FnOnce(&mut growth::Journal) -> Result<(), EmuError>,
+    ) -> Result<(), EmuError> {
+        match self.journal.lock().expect("journal").as_mut() {
+            Some(j) => f(j),
+            None => Err(EmuError::new(ErrorKind::Io, "no growth journal")),
+        }
+    }
+
+    /// Start the journal afresh when nothing is pending anywhere.
+    fn journal_maybe_clear(&self, inodes: &HashMap<InodeId, InodeState>) {
+        if inodes.values().all(|st| st.pending.is_empty()) {
+            if let Some(j) = self.journal.lock().expect("journal").as_mut() {
+                let _ = j.clear();
+            }
+        }
     }
 
     /// Why nothing of `inode` would be granted now (empty: nothing keeps
@@ -357,6 +480,7 @@ impl FileTable {
         })?;
         let mut covered = self.covered.lock().expect("covered");
         if covered.is_none() {
+            self.recover_growth(dir);
             watcher.cover_file_system(dir)?;
             let root = mount_point_of(dir);
             *covered = Some(sys::inodes_open_under(&root));
@@ -443,8 +567,14 @@ impl FileTable {
                 continue;
             };
             for r in frees.iter().filter(|r| r.dev == inode.dev) {
-                if st.pending.forget_device(f.medium_address(r.start), r.len) {
+                let at = f.medium_address(r.start);
+                if st.pending.forget_device(at, r.len) {
                     eprintln!("monetad: blocks of inode {inode:?} written direct were freed before settling");
+                    if let Some(h) = &st.handle {
+                        if let Err(e) = self.journal(|j| j.forgotten(h, at, r.len)) {
+                            eprintln!("monetad: {e}");
+                        }
+                    }
                 }
             }
         }
@@ -714,7 +844,7 @@ impl FileTable {
             let (extents, covered) = reader.read_extents(offset, len, capacity)?;
             // Without the kernel's access reports nothing would settle
             // before another process reads.
-            let grow = self.growth
+            let grow = self.growth.load(Ordering::Acquire)
                 && self.watcher().is_some()
                 && reader.may_write()
                 && reader.device_bytes().is_none()
@@ -725,7 +855,11 @@ impl FileTable {
                 // Outside the lock: the reopen's permission event is
                 // answered by the layout watcher's thread, which may be
                 // waiting for the lock.
-                match growth::quiet_writer(reader.raw_fd()) {
+                match growth::quiet_writer(reader.raw_fd()).and_then(|q| {
+                    let h = growth::FileHandle::of(reader.raw_fd())
+                        .map_err(|e| EmuError::io("name_to_handle_at of the file", e))?;
+                    Ok((q, h))
+                }) {
                     Ok(q) => Some(q),
                     Err(e) => {
                         eprintln!("monetad: no growth grants for inode {inode:?}: {e}");
@@ -766,7 +900,10 @@ impl FileTable {
                 }
             }
             if st.quiet.is_none() {
-                st.quiet = quiet;
+                if let Some((q, h)) = quiet {
+                    st.quiet = Some(q);
+                    st.handle = Some(h);
+                }
             }
             let extents = if (grow && st.quiet.is_some()) || !st.pending.is_empty() {
                 let end = file.grant_end(limit)?;
@@ -844,6 +981,7 @@ impl FileTable {
                 t.inodes.remove(&inode);
             }
         }
+        self.journal_maybe_clear(&t.inodes);
         drop(t);
         drop(file);
         Ok(())
@@ -1209,12 +1347,19 @@ impl FileTable {
                     // revocation announced; grant nothing.
                     Some(_) => out.push(no_growth(piece)),
                     None if zero && e.direct != DirectAccess::None => {
+                        let Some(handle) = &st.handle else {
+                            out.push(no_growth(piece));
+                            continue;
+                        };
                         growth::zero_on_medium(self.engine.medium(), physical, b - a)?;
-                        st.pending.add(Pending {
+                        let p = Pending {
                             logical: a,
                             physical,
                             len: b - a,
-                        });
+                        };
+                        // Durable before anyone may write there directly.
+                        self.journal(|j| j.added(handle, &p))?;
+                        st.pending.add(p);
                         zeroed += b - a;
                         out.push(piece);
                     }
@@ -1252,6 +1397,13 @@ impl FileTable {
         st.generation += 1;
         match growth::settle(self.engine.medium(), quiet.as_raw_fd(), &ranges) {
             Ok(bytes) => {
+                if let Some(h) = &st.handle {
+                    // Settled data is written data: a restart leaves it be
+                    // (FIEMAP says written) even if this record is lost.
+                    if let Err(e) = self.journal(|j| j.settled(h, from)) {
+                        eprintln!("monetad: {e}");
+                    }
+                }
                 let mut stats = self.stats.lock().expect("stats");
                 stats.growth_settles += 1;
                 stats.growth_settled_bytes += bytes;
@@ -1276,6 +1428,7 @@ impl FileTable {
             let _ = self.revoke(files, st, 0);
             self.settle(st, 0);
         }
+        self.journal_maybe_clear(inodes);
     }
 
     fn bump_epoch(&self, channel: u16, file_id: u32) {

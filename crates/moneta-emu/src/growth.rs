@@ -50,24 +50,37 @@
 //!    - every kernel access of the file by any process (read, write,
 //!      truncate, fallocate, mmap: the reports of `layout_watch`, and the
 //!      shim's own announcements) — so every process sees what was written;
-//!    - the shim's fsync/fdatasync of a handle that mapped a growth extent
-//!      (it announces a layout change of the whole file before the
-//!      kernel's sync, so synced data is written data);
+//!    - the shim's fsync/fdatasync of a handle that mapped a growth extent,
+//!      and its sync(2)/syncfs for every such handle of the process (it
+//!      announces a layout change of the whole file before the kernel's
+//!      sync, so synced data is written data; a sync no shim sees is
+//!      covered by the journal below);
 //!    - the last holder's close, a session's end, and monetad's stop.
 //!
 //! A block freed under a pending range (reported by the block-free
 //! tracepoints) is forgotten, never settled: its bytes may be another
 //! file's by then.
 //!
-//! Growth grants are off unless monetad runs with `MONETA_GROWTH=1`
-//! (`MONETA_GROWTH=1 moneta up …`): data written direct into a
-//! preallocated range and not yet settled is lost to the file system if
-//! monetad dies (SIGKILL) before settling, and only the writing handle's
-//! fsync settles — an fsync through another handle or process, `sync(2)`,
-//! `syncfs` and `sync_file_range` do not. So synced data can be lost to a
-//! killed daemon, which the kernel path never allows; until monetad
-//! records its pending ranges durably and settles them again at start,
-//! growth stays a choice the user makes (docs: "The direct-path contract").
+//! **Durable pending ranges.** A pending range's data is on the medium
+//! (the image's page cache, which outlives monetad) but the file system
+//! reads it as zeros until it is settled. So before a growth grant is
+//! answered, the range is recorded in a journal next to the image
+//! ([`Journal`]: the file's handle — `name_to_handle_at`, which names the
+//! inode and its generation across remounts — the logical range and the
+//! medium address), written and `fdatasync`ed; each settle and each freed
+//! pending block is recorded too. When monetad starts on that file system
+//! again (`moneta up` after a crash), before it watches or grants anything,
+//! it replays the journal and settles what is still recorded — **only where
+//! the file (opened by its handle: a deleted or reused inode fails) still
+//! maps those very medium blocks at those offsets as unwritten** (FIEMAP).
+//! Anywhere else the range is left alone: a block written since holds
+//! someone's written data, a block moved or freed is not the file's. So an
+//! fsync through any handle or process, `sync(2)` or `syncfs`, followed by
+//! a SIGKILL of monetad, loses nothing: the data is on the medium and the
+//! record says where it belongs. Growth grants are on by default
+//! (`MONETA_GROWTH=0` turns them off) wherever monetad serves an image,
+//! can keep the journal, and can open files by handle at start.
+//!
 //! Writes past the end of a file and into holes still go through the
 //! kernel (the shim's `new-or-growing-file` and `hole` reasons).
 
@@ -76,11 +89,12 @@ use moneta_abi::error::EmuError;
 use moneta_abi::sys;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-/// Whether growth grants are on (`MONETA_GROWTH=1` turns them on).
+/// Whether growth grants are wanted: on unless `MONETA_GROWTH` is `0`,
+/// `off` or `no`.
 pub fn enabled() -> bool {
-    matches!(
+    !matches!(
         std::env::var("MONETA_GROWTH").as_deref(),
-        Ok("1") | Ok("on") | Ok("yes")
+        Ok("0") | Ok("off") | Ok("no")
     )
 }
 
@@ -112,22 +126,11 @@ impl PendingSet {
 
     /// The parts of `[from, to)` not pending yet, in order.
     pub fn missing(&self, from: u64, to: u64) -> Vec<(u64, u64)> {
-        let mut out = Vec::new();
-        let mut at = from;
-        for r in self
-            .ranges
-            .iter()
-            .filter(|r| r.end() > from && r.logical < to)
-        {
-            if r.logical > at {
-                out.push((at, r.logical));
-            }
-            at = at.max(r.end());
-        }
-        if at < to {
-            out.push((at, to));
-        }
-        out
+        self.pieces(from, to)
+            .into_iter()
+            .filter(|p| p.2.is_none())
+            .map(|(a, b, _)| (a, b))
+            .collect()
     }
 
     /// `[from, to)` in order as pieces: pending ones with their device
@@ -345,6 +348,304 @@ pub fn settle(medium: &Medium, quiet: RawFd, ranges: &[Pending]) -> Result<u64, 
     Ok(bytes)
 }
 
+/// A file's persistent identity: what `name_to_handle_at` returns (it
+/// names the inode and its generation, and stays valid across remounts of
+/// XFS and ext4), opened again with `open_by_handle_at`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FileHandle {
+    kind: i32,
+    bytes: Vec<u8>,
+}
+
+/// `struct file_handle` with room for MAX_HANDLE_SZ bytes.
+#[repr(C)]
+struct RawHandle {
+    handle_bytes: u32,
+    handle_type: i32,
+    f_handle: [u8; 128],
+}
+
+impl FileHandle {
+    /// The handle of the file open on `fd`.
+    pub fn of(fd: RawFd) -> std::io::Result<FileHandle> {
+        let mut raw = RawHandle {
+            handle_bytes: 128,
+            handle_type: 0,
+            f_handle: [0; 128],
+        };
+        let mut mount_id: libc::c_int = 0;
+        // SAFETY: name_to_handle_at with an empty path names `fd` itself;
+        // the kernel writes at most `handle_bytes` bytes into `f_handle`.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_name_to_handle_at,
+                fd,
+                c"".as_ptr(),
+                &mut raw as *mut RawHandle,
+                &mut mount_id as *mut libc::c_int,
+                libc::AT_EMPTY_PATH,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let n = (raw.handle_bytes as usize).min(128);
+        Ok(FileHandle {
+            kind: raw.handle_type,
+            bytes: raw.f_handle[..n].to_vec(),
+        })
+    }
+
+    /// The file again, opened read-write through any descriptor `mount_fd`
+    /// of the same file system (needs CAP_DAC_READ_SEARCH). ESTALE: the
+    /// inode is gone (deleted, or its number reused by another file).
+    pub fn open(&self, mount_fd: RawFd, flags: i32) -> std::io::Result<OwnedFd> {
+        let mut raw = RawHandle {
+            handle_bytes: self.bytes.len() as u32,
+            handle_type: self.kind,
+            f_handle: [0; 128],
+        };
+        raw.f_handle[..self.bytes.len()].copy_from_slice(&self.bytes);
+        // SAFETY: open_by_handle_at reads the handle we built; the result
+        // is a new descriptor or -1.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_by_handle_at,
+                mount_fd,
+                &raw as *const RawHandle,
+                flags | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a descriptor the kernel just gave us.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    }
+
+    fn key(&self) -> String {
+        let hex: String = self.bytes.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}:{hex}", self.kind)
+    }
+
+    fn parse(key: &str) -> Option<FileHandle> {
+        let (kind, hex) = key.split_once(':')?;
+        if hex.len() % 2 != 0 || hex.len() > 256 {
+            return None;
+        }
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(FileHandle {
+            kind: kind.parse().ok()?,
+            bytes,
+        })
+    }
+}
+
+/// The durable record of every inode's pending ranges (module header):
+/// one line per change of a [`PendingSet`] — `+ H L P N` (added), `- H F`
+/// (settled from F on), `f H P N` (medium bytes freed) — each written and
+/// `fdatasync`ed before the change takes effect outside monetad. Replaying
+/// the lines through a [`PendingSet`] per handle gives what was pending
+/// when monetad stopped.
+pub struct Journal {
+    file: std::fs::File,
+    /// Written since it was last cleared.
+    written: bool,
+}
+
+/// What a journal still records as pending, by file.
+pub type Recorded = Vec<(FileHandle, Vec<Pending>)>;
+
+impl Journal {
+    /// Open (or create) the journal at `path`; returns it and what it
+    /// records as pending (unreadable lines, a torn last one, are skipped).
+    pub fn open(path: &std::path::Path) -> Result<(Journal, Recorded), EmuError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(EmuError::io("reading the growth journal", e)),
+        };
+        let mut sets: Vec<(String, PendingSet)> = Vec::new();
+        for line in text.lines() {
+            let w: Vec<&str> = line.split(' ').collect();
+            let num = |i: usize| w.get(i).and_then(|x| x.parse::<u64>().ok());
+            let Some(&key) = w.get(1) else { continue };
+            let at = match sets.iter().position(|(k, _)| k == key) {
+                Some(i) => i,
+                None => {
+                    sets.push((key.to_string(), PendingSet::default()));
+                    sets.len() - 1
+                }
+            };
+            let set = &mut sets[at].1;
+            match (w[0], num(2), num(3), num(4)) {
+                ("+", Some(logical), Some(physical), Some(len)) if len > 0 => {
+                    for (a, b) in set.missing(logical, logical.saturating_add(len)) {
+                        set.add(Pending {
+                            logical: a,
+                            physical: physical + (a - logical),
+                            len: b - a,
+                        });
+                    }
+                }
+                ("-", Some(from), None, None) => {
+                    set.take_from(from);
+                }
+                ("f", Some(physical), Some(len), None) => {
+                    set.forget_device(physical, len);
+                }
+                _ => {}
+            }
+        }
+        let recorded = sets
+            .into_iter()
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(k, s)| Some((FileHandle::parse(&k)?, s.ranges)))
+            .collect();
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| EmuError::io("opening the growth journal", e))?;
+        Ok((
+            Journal {
+                file,
+                written: true,
+            },
+            recorded,
+        ))
+    }
+
+    fn record(&mut self, line: String) -> Result<(), EmuError> {
+        use std::io::Write;
+        self.written = true;
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| EmuError::io("writing the growth journal", e))
+    }
+
+    /// `p` of the file `h` becomes pending (before it is granted).
+    pub fn added(&mut self, h: &FileHandle, p: &Pending) -> Result<(), EmuError> {
+        self.record(format!(
+            "+ {} {} {} {}\n",
+            h.key(),
+            p.logical,
+            p.physical,
+            p.len
+        ))
+    }
+
+    /// The pending ranges of `h` from `from` on are settled.
+    pub fn settled(&mut self, h: &FileHandle, from: u64) -> Result<(), EmuError> {
+        self.record(format!("- {} {from}\n", h.key()))
+    }
+
+    /// The medium bytes `[physical, physical + len)` of `h`'s pending
+    /// ranges were freed (never to be settled).
+    pub fn forgotten(&mut self, h: &FileHandle, physical: u64, len: u64) -> Result<(), EmuError> {
+        self.record(format!("f {} {physical} {len}\n", h.key()))
+    }
+
+    /// Nothing is pending anywhere: start the journal afresh.
+    pub fn clear(&mut self) -> Result<(), EmuError> {
+        if !self.written {
+            return Ok(());
+        }
+        self.written = false;
+        self.file
+            .set_len(0)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| EmuError::io("clearing the growth journal", e))
+    }
+}
+
+/// A recovered file's extents over a range, as `(logical, medium address,
+/// len, unwritten)`.
+pub type ExtentsOf<'a> =
+    dyn Fn(&OwnedFd, u64, u64) -> Result<Vec<(u64, u64, u64, bool)>, EmuError> + 'a;
+
+/// What settling a journal's ranges at start did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    /// Bytes written through the kernel (clipped to the files' sizes).
+    pub settled_bytes: u64,
+    /// Files with something settled.
+    pub files: u64,
+    /// Recorded bytes left alone: the file is gone, or no longer maps
+    /// those blocks there as unwritten.
+    pub left_bytes: u64,
+}
+
+/// Settle what a journal recorded (monetad's start, before anything on the
+/// file system is watched or granted): each file opened by its handle
+/// through `mount_fd`; `extents` answers FIEMAP for it as
+/// `(logical, medium address, len, unwritten)`. A recorded range is
+/// written through the kernel only where the file still maps the very
+/// medium blocks recorded there as unwritten.
+pub fn recover(
+    medium: &Medium,
+    mount_fd: RawFd,
+    recorded: &Recorded,
+    extents: &ExtentsOf<'_>,
+) -> Recovery {
+    let mut out = Recovery::default();
+    for (handle, ranges) in recorded {
+        let total: u64 = ranges.iter().map(|r| r.len).sum();
+        let fd = match handle.open(mount_fd, libc::O_RDWR) {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("monetad: growth journal: a file with {total} pending bytes is gone ({e}); nothing to settle");
+                out.left_bytes += total;
+                continue;
+            }
+        };
+        let mut still = Vec::new();
+        for r in ranges {
+            let found = match extents(&fd, r.logical, r.len) {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("monetad: growth journal: FIEMAP: {e}");
+                    Vec::new()
+                }
+            };
+            for (logical, physical, len, unwritten) in found {
+                let a = logical.max(r.logical);
+                let b = logical.saturating_add(len).min(r.end());
+                if a >= b || !unwritten || physical + (a - logical) != r.physical + (a - r.logical)
+                {
+                    continue;
+                }
+                still.push(Pending {
+                    logical: a,
+                    physical: r.physical + (a - r.logical),
+                    len: b - a,
+                });
+            }
+        }
+        let kept: u64 = still.iter().map(|r| r.len).sum();
+        out.left_bytes += total - kept;
+        if still.is_empty() {
+            continue;
+        }
+        match settle(medium, fd.as_raw_fd(), &still).and_then(|n| {
+            sys::fdatasync(fd.as_raw_fd())
+                .map(|()| n)
+                .map_err(|e| EmuError::io("fdatasync after settling", e))
+        }) {
+            Ok(n) => {
+                out.settled_bytes += n;
+                out.files += 1;
+            }
+            Err(e) => eprintln!("monetad: growth journal: settling {kept} bytes: {e}"),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,5 +682,48 @@ mod tests {
         assert!(!s.forget_device(5000, 10));
         assert_eq!(s.take_from(0).len(), 3);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn the_journal_replays_to_what_is_still_pending() {
+        let dir = std::env::temp_dir().join(format!("growth-journal-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        let h = FileHandle {
+            kind: 1,
+            bytes: vec![0xab, 0x01, 0xff],
+        };
+        let g = FileHandle {
+            kind: 2,
+            bytes: vec![7],
+        };
+        {
+            let (mut j, recorded) = Journal::open(&dir).unwrap();
+            assert!(recorded.is_empty());
+            j.added(&h, &p(0, 1000, 100)).unwrap();
+            j.added(&h, &p(200, 5000, 100)).unwrap();
+            j.added(&g, &p(0, 9000, 10)).unwrap();
+            j.settled(&h, 250).unwrap();
+            j.forgotten(&h, 1010, 10).unwrap();
+            j.settled(&g, 0).unwrap();
+        }
+        // A torn last line is skipped.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&dir)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"+ 1:ab01ff 900 9"))
+            .unwrap();
+        let (mut j, recorded) = Journal::open(&dir).unwrap();
+        assert_eq!(
+            recorded,
+            [(
+                h.clone(),
+                vec![p(0, 1000, 10), p(20, 1020, 80), p(200, 5000, 50)]
+            )]
+        );
+        j.clear().unwrap();
+        assert!(Journal::open(&dir).unwrap().1.is_empty());
+        assert_eq!(FileHandle::parse(&h.key()), Some(h));
+        assert_eq!(FileHandle::parse("1:abc"), None);
+        let _ = std::fs::remove_file(&dir);
     }
 }

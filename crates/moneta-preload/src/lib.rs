@@ -1252,10 +1252,14 @@ fn do_fallocate(fd: c_int, mode: c_int, offset: i64, len: i64) -> c_int {
     let handled = ours(fd, |of| {
         // A file being created that holds no block yet (nothing was
         // written to it: delayed allocations count in st_blocks) and is
-        // now preallocated leaves the kernel path: its unwritten extents
-        // are growth grants (moneta-emu `growth`), written direct.
+        // now preallocated leaves the kernel path when the daemon makes
+        // growth grants (it says so when the channel opens): its unwritten
+        // extents are written direct (moneta-emu `growth`). Without them
+        // every write there would go through the kernel, one revocation
+        // each, so the file stays on the kernel path until its first fsync.
         let unwritten_only = mode & LAYOUT_MODES == 0
             && of.fresh.load(Ordering::Acquire)
+            && shim().moneta().is_some_and(|m| m.info().growth)
             && moneta_abi::sys::fstat(fd).is_ok_and(|st| st.st_blocks == 0);
         let r = if mode & LAYOUT_MODES != 0 {
             let from = (offset.max(0) as u64) / 4096 * 4096;
@@ -1295,6 +1299,32 @@ pub unsafe extern "C" fn fallocate64(
     len: off64_t,
 ) -> c_int {
     do_fallocate(fd, mode, offset, len)
+}
+
+/// posix_fallocate as fallocate mode 0 (what glibc does first), so a file
+/// preallocated this way is announced and may leave the kernel path as
+/// above; where the file system cannot (EOPNOTSUPP), glibc's own
+/// emulation runs. Returns the error number, as POSIX says.
+fn do_posix_fallocate(fd: c_int, offset: i64, len: i64) -> c_int {
+    if do_fallocate(fd, 0, offset, len) == 0 {
+        return 0;
+    }
+    // SAFETY: this thread's errno, right after the call.
+    match unsafe { *libc::__errno_location() } {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        libc::EOPNOTSUPP => unsafe { (real().posix_fallocate64)(fd, offset, len) },
+        e => e,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_fallocate(fd: c_int, offset: off_t, len: off_t) -> c_int {
+    do_posix_fallocate(fd, offset, len)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off64_t, len: off64_t) -> c_int {
+    do_posix_fallocate(fd, offset, len)
 }
 
 /// fsync/fdatasync: the kernel's own sync first (its dirty pages reach the
@@ -1339,6 +1369,35 @@ fn sync_then_drop(fd: c_int, real_sync: impl FnOnce() -> c_int) -> c_int {
         });
     }
     r
+}
+
+/// sync(2) and syncfs: every file this process has open on the mount that
+/// was granted growth is settled first (monetad writes what went direct
+/// into unwritten extents through the kernel), so the kernel's sync makes
+/// it durable. Another process's growth data is covered by monetad's growth
+/// journal (docs: "The direct-path contract").
+fn settle_all_open() {
+    for fd in shim().known() {
+        let _ = ours(fd, |of| {
+            if let Err(e) = with_file(of, |m, f| f.settle(m).map_err(io_error)) {
+                warn(&format!(
+                    "settling descriptor {fd} before a sync: errno {e}"
+                ));
+            }
+        });
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sync() {
+    settle_all_open();
+    unsafe { (real().sync)() }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn syncfs(fd: c_int) -> c_int {
+    settle_all_open();
+    unsafe { (real().syncfs)(fd) }
 }
 
 #[no_mangle]

@@ -59,6 +59,7 @@ real_fns! {
     ftruncate: fn(c_int, off_t) -> c_int;
     ftruncate64: fn(c_int, off64_t) -> c_int;
     fallocate64: fn(c_int, c_int, off64_t, off64_t) -> c_int;
+    posix_fallocate64: fn(c_int, off64_t, off64_t) -> c_int;
     truncate: fn(*const c_char, off_t) -> c_int;
     truncate64: fn(*const c_char, off64_t) -> c_int;
     mmap: fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void;
@@ -67,6 +68,8 @@ real_fns! {
     mremap: fn(*mut c_void, size_t, size_t, c_int, *mut c_void) -> *mut c_void;
     fsync: fn(c_int) -> c_int;
     fdatasync: fn(c_int) -> c_int;
+    sync: fn() -> ();
+    syncfs: fn(c_int) -> c_int;
     close_range: fn(libc::c_uint, libc::c_uint, c_int) -> c_int;
     closefrom: fn(c_int) -> ();
     socket: fn(c_int, c_int, c_int) -> c_int;
