@@ -874,3 +874,35 @@ fn queue_depth_is_asynchronous_io_on_moneta_d_and_refused_elsewhere() {
         assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     }
 }
+
+#[test]
+fn unknown_names_suggest_the_nearest_and_a_missing_san_is_an_error() {
+    for (args, says) in [
+        (
+            &["sim", "run", "--preset", "Moneta"][..],
+            "did you mean 'moneta'?",
+        ),
+        (
+            &["sim", "run", "--stack", "Spin"][..],
+            "did you mean 'spin'?",
+        ),
+        (&["sim", "run", "--op", "reed"][..], "did you mean 'read'?"),
+        (&["sim", "run", "--tech", "Pcm"][..], "did you mean 'pcm'?"),
+    ] {
+        let o = moneta(args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+    let o = moneta(&["sim", "run", "--preset", "zzzz"]);
+    assert!(!stderr(&o).contains("did you mean"), "{}", stderr(&o));
+    let o = moneta(&["san", "status", "--name", "nosan0"]);
+    assert!(
+        !o.status.success(),
+        "a SAN that does not exist is not 'down'"
+    );
+    assert!(
+        stderr(&o).contains("no SAN named 'nosan0'"),
+        "{}",
+        stderr(&o)
+    );
+}
