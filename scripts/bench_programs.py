@@ -253,7 +253,7 @@ def predict(preset, rw, bs):
                "--threads", "1", "--ops", "3000", "--format", "json"]
         for kv in sets:
             cmd += ["--set", kv]
-        out[name] = json.loads(run(cmd))["latency_us_mean"]
+        out[name] = json.loads(run(cmd))["results"]["latency_us_mean"]
     return out
 
 

@@ -37,6 +37,12 @@ FAMILIES = [
 ]
 
 
+def checks(doc):
+    """The checks of a calibrate JSON document: `{"provenance", "results"}`,
+    or the bare list older builds printed (a baseline may be one)."""
+    return doc["results"] if isinstance(doc, dict) else doc
+
+
 def family(source):
     for name, markers in FAMILIES:
         if any(m in source for m in markers):
@@ -138,9 +144,9 @@ def main():
     parser.add_argument("--nvmm-log", help="the baseline's nvmm_calibration test output")
     args = parser.parse_args()
     with open(args.before) as f:
-        before = {c["name"]: c for c in json.load(f)}
+        before = {c["name"]: c for c in checks(json.load(f))}
     with open(args.after) as f:
-        after = json.load(f)
+        after = checks(json.load(f))
     if args.nvmm_log:
         before.update(nvmm_before(args.nvmm_log, after))
     gone = [name for name in before if name not in {c["name"] for c in after}]

@@ -26,7 +26,7 @@ def load(name, out=None):
     if not os.path.exists(path):
         sys.exit(f"san_tables: {path} is missing; run `make san` first")
     with open(path) as f:
-        return json.load(f)
+        return json.load(f)["results"]
 
 
 def latency():

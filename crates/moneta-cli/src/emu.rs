@@ -719,6 +719,14 @@ fn warn_if_threads_exceed_cores(client_threads: u32) {
     }
 }
 
+/// An emulator run's provenance: its seed, requests and verdict.
+fn bench_provenance(s: &BenchSummary) -> crate::provenance::Provenance {
+    crate::provenance::Provenance::here()
+        .seed(s.seed)
+        .requests_per_point(s.ops)
+        .verdict(&s.verdict)
+}
+
 fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
     if !s.faithful {
         // On stderr whatever the format: the numbers are the host's, not
@@ -726,8 +734,8 @@ fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
         eprintln!("moneta: warning: {}", s.verdict);
     }
     match format {
-        Format::Json => output::print_json(s),
-        Format::Csv => output::print_csv(std::slice::from_ref(s)),
+        Format::Json => output::print_result_json(s, &bench_provenance(s)),
+        Format::Csv => output::print_result_csv(std::slice::from_ref(s), &bench_provenance(s)),
         Format::Table => {
             println!(
                 "emulator: preset {}  {}  {} {} B  threads {}  qd {}  completion {}  seed {}",
@@ -1037,7 +1045,7 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
     });
     eprintln!("{}", crate::run_report::render(&report));
     if let Some(path) = &a.report {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        let text = crate::output::result_json(&report, &crate::provenance::Provenance::here())?;
         std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
     }
     drop(dir);

@@ -206,8 +206,8 @@ fn fio(
 
 fn print(a: &FioSweepArgs, cells: &[Cell]) -> Result<(), String> {
     match a.format {
-        Format::Json => output::print_json(cells),
-        Format::Csv => output::print_csv(cells),
+        Format::Json => output::print_result_json(cells, &crate::provenance::Provenance::here()),
+        Format::Csv => output::print_result_csv(cells, &crate::provenance::Provenance::here()),
         Format::Table => {
             println!(
                 "fio through the Moneta engine on {} ({} B, {} s per cell) against `moneta sim` \

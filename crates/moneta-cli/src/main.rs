@@ -533,7 +533,13 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
         .pattern
         .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
     let point = workload_point(&config, &w)?;
-    output::print_points(std::slice::from_ref(&point), a.model.format, false)?;
+    let provenance = sim_provenance(a.model.seed, limit);
+    output::print_points(
+        std::slice::from_ref(&point),
+        a.model.format,
+        false,
+        &provenance,
+    )?;
     if a.breakdown && a.model.format == Format::Table {
         output::print_breakdown(&point);
     }
@@ -571,18 +577,29 @@ fn sim_compare(a: CompareArgs) -> Result<(), String> {
             labels.push(label);
         }
     }
-    output::print_comparison(&points, &labels, a.model.format)?;
+    let provenance = sim_provenance(a.model.seed, limit);
+    output::print_comparison(&points, &labels, a.model.format, &provenance)?;
     let report = output::compare_report(&points, &labels);
     if let Some(path) = &a.plot {
         let svg = output::compare_bars(&points, &labels).to_svg(900, 520);
-        plot::write_file(path, &svg).map_err(|e| e.to_string())?;
+        plot::write_file_from(path, &svg, &provenance).map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &a.report {
-        plot::write_file(path, &report.to_html()).map_err(|e| e.to_string())?;
+        plot::write_file_from(path, &report.to_html(), &provenance).map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// A simulation's provenance: its seed and, when the run is bounded by a
+/// count, the requests per point.
+fn sim_provenance(seed: u64, limit: RunLimit) -> provenance::Provenance {
+    let p = provenance::Provenance::here().seed(seed);
+    match limit {
+        RunLimit::Ops(n) => p.requests_per_point(n),
+        _ => p,
+    }
 }
 
 /// `i/n` with i < n.
@@ -655,13 +672,8 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
             ""
         );
     }
-    output::print_points(&points, a.model.format, true)?;
-    let mut provenance = provenance::Provenance::here()
-        .seed(a.model.seed)
-        .partial(points.len() < mine.len());
-    if let RunLimit::Ops(n) = limit {
-        provenance = provenance.requests_per_point(n);
-    }
+    let provenance = sim_provenance(a.model.seed, limit).partial(points.len() < mine.len());
+    output::print_points(&points, a.model.format, true, &provenance)?;
     if let Some(path) = &a.plot {
         let svg = output::bandwidth_chart(&config, &points).to_svg(900, 480);
         plot::write_file_from(path, &svg, &provenance).map_err(|e| e.to_string())?;
@@ -720,9 +732,10 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
         "preset": config.name, "stack": config.host.stack.name(), "seed": a.model.seed,
         "aggregate_mb_per_s": r.bandwidth_mb_per_s(), "groups": rows,
     });
+    let provenance = sim_provenance(a.model.seed, limit);
     match a.model.format {
-        Format::Json => output::print_json(&doc)?,
-        Format::Csv => output::print_csv(&[doc])?,
+        Format::Json => output::print_result_json(&doc, &provenance)?,
+        Format::Csv => output::print_result_csv(&[doc], &provenance)?,
         Format::Table => {
             println!(
                 "{} / {}  seed {}  aggregate {:.1} MB/s",
@@ -769,9 +782,10 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
         "threads": a.threads, "simulated_requests": r.ops, "events": r.events, "wall_s": wall_s,
         "simulated_requests_per_s": per_s, "events_per_s": r.events as f64 / wall_s,
     });
+    let provenance = sim_provenance(a.model.seed, RunLimit::Ops(a.ops));
     match a.model.format {
-        Format::Json => output::print_json(&doc)?,
-        Format::Csv => output::print_csv(&[doc])?,
+        Format::Json => output::print_result_json(&doc, &provenance)?,
+        Format::Csv => output::print_result_csv(&[doc], &provenance)?,
         Format::Table => println!(
             "{} simulated {} B {} requests in {:.3} s wall: {:.2} M requests/s ({:.1} M events/s)",
             r.ops,
@@ -803,9 +817,10 @@ fn calibrate(format: Format) -> Result<(), String> {
     if std::io::stderr().is_terminal() {
         eprint!("\r{:60}\r", "");
     }
+    let provenance = provenance::Provenance::here().partial(done < groups.len());
     match format {
-        Format::Json => output::print_json(&checks)?,
-        Format::Csv => output::print_csv(&checks)?,
+        Format::Json => output::print_result_json(&checks, &provenance)?,
+        Format::Csv => output::print_result_csv(&checks, &provenance)?,
         Format::Table => print!("{}", moneta_model::calibration::markdown(&checks)),
     }
     let missed = checks.iter().filter(|c| !c.within()).count();

@@ -1289,6 +1289,16 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         ));
     }
 
+    // Checked before anything is made: a mount point that cannot be one.
+    if let Some(p) = inst.mount.ancestors().find(|p| p.exists()) {
+        if !p.is_dir() {
+            return Err(format!(
+                "{}: exists and is not a directory; choose another --mount",
+                p.display()
+            ));
+        }
+    }
+
     catch_signals();
     let mut rb = Rollback::default();
     if !inst.dir.exists() {
@@ -1309,7 +1319,14 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         // Sparse: the medium costs only what is written.
         fs::File::create_new(&inst.image)
             .and_then(|f| f.set_len(want.size))
-            .map_err(|e| format!("creating {}: {e}", inst.image.display()))?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::EFBIG) => format!(
+                    "--size {}: larger than the largest file the file system under {RUN_DIR} \
+                     can hold (the device's image lives there); choose a smaller --size",
+                    human(want.size)
+                ),
+                _ => format!("creating {}: {e}", inst.image.display()),
+            })?;
         let (image, record) = (inst.image.clone(), inst.record.clone());
         rb.push(format!("removed {}", image.display()), move || {
             let _ = fs::remove_file(&record);

@@ -7,8 +7,9 @@
 //! of them as crosses (`moneta report` puts the same figures on its NVMM
 //! page).
 
-use crate::output::{print_csv, print_json, Format};
+use crate::output::{print_result_csv, print_result_json, Format};
 use crate::plot::{self, Chart, Series};
+use crate::provenance::Provenance;
 use crate::san::{table, Meter};
 use clap::{Args, Subcommand};
 use moneta_model::nvmm::calibration::{
@@ -219,8 +220,8 @@ fn emit<T: Serialize>(
     columns: &[&str],
 ) -> Result<(), String> {
     match common.format {
-        Format::Json => print_json(rows),
-        Format::Csv => print_csv(rows),
+        Format::Json => print_result_json(rows, &Provenance::here().seed(common.seed)),
+        Format::Csv => print_result_csv(rows, &Provenance::here().seed(common.seed)),
         Format::Table => {
             let (header, cells) = table(rows, columns)?;
             println!("{title}  (preset {}, seed {})", config.name, common.seed);

@@ -3,6 +3,7 @@
 //! breakdown table, stacked bars and latency CDFs.
 
 use crate::plot::{Chart, Report, ReportSection, Series, StackedBars, PUBLISHED_PREFIX};
+use crate::provenance::Provenance;
 use clap::ValueEnum;
 use moneta_model::breakdown::Component;
 use moneta_model::calibration::published_bandwidth;
@@ -58,12 +59,18 @@ fn row(p: &PointSummary) -> [String; 13] {
     ]
 }
 
-/// Print points; `array` makes JSON an array even for one point (sweeps).
-pub fn print_points(points: &[PointSummary], format: Format, array: bool) -> Result<(), String> {
+/// Print points; `array` makes JSON's results an array even for one point
+/// (sweeps).
+pub fn print_points(
+    points: &[PointSummary],
+    format: Format,
+    array: bool,
+    provenance: &Provenance,
+) -> Result<(), String> {
     match format {
-        Format::Json if array || points.len() != 1 => print_json(points),
-        Format::Json => print_json(&points[0]),
-        Format::Csv => print_csv(points),
+        Format::Json if array || points.len() != 1 => print_result_json(points, provenance),
+        Format::Json => print_result_json(&points[0], provenance),
+        Format::Csv => print_result_csv(points, provenance),
         Format::Table => {
             if let Some(first) = points.first() {
                 let depth = match first.queue_depth {
@@ -131,6 +138,46 @@ pub fn print_aligned(header: &[String], cells: &[Vec<String>]) {
 pub fn print_json<T: Serialize + ?Sized>(value: &T) -> Result<(), String> {
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
     print_text(&text)
+}
+
+/// A result as JSON, in fio's shape: what ran, then what it found —
+/// `{"provenance": {...}, "results": ...}`.
+pub fn print_result_json<T: Serialize + ?Sized>(
+    results: &T,
+    provenance: &Provenance,
+) -> Result<(), String> {
+    print_text(&result_json(results, provenance)?)
+}
+
+pub fn result_json<T: Serialize + ?Sized>(
+    results: &T,
+    provenance: &Provenance,
+) -> Result<String, String> {
+    #[derive(Serialize)]
+    struct Doc<'a, T: ?Sized> {
+        provenance: &'a Provenance,
+        results: &'a T,
+    }
+    serde_json::to_string_pretty(&Doc {
+        provenance,
+        results,
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Results as CSV after one comment line, `# <provenance>` (pandas reads
+/// it with `comment="#"`).
+pub fn print_result_csv<T: Serialize>(
+    records: &[T],
+    provenance: &Provenance,
+) -> Result<(), String> {
+    print_text(&csv_provenance(provenance))?;
+    print_csv(records)
+}
+
+/// The CSV comment line: one line, whatever the command line held.
+pub fn csv_provenance(provenance: &Provenance) -> String {
+    format!("# {}", provenance.line().replace(['\r', '\n'], " "))
 }
 
 /// `text` and a newline on stdout. A reader that went away (`moneta stats |
@@ -466,12 +513,14 @@ pub fn print_comparison(
     points: &[PointSummary],
     labels: &[String],
     format: Format,
+    provenance: &Provenance,
 ) -> Result<(), String> {
     let refs: Vec<&PointSummary> = points.iter().collect();
     let components = components_of(&refs);
     match format {
-        Format::Json => print_points(points, format, true),
+        Format::Json => print_points(points, format, true, provenance),
         Format::Csv => {
+            println!("{}", csv_provenance(provenance));
             println!("component,{}", labels.join(","));
             for c in &components {
                 let row: Vec<String> = points

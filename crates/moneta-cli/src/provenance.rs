@@ -1,8 +1,8 @@
 //! Where a result came from: the command line, the tool's version and the
 //! commit it was built from, when it ran, and, where they apply, the seed,
-//! the requests per point and whether the result is partial. Every figure
-//! and page the tool writes carries it, so a number lifted from one can be
-//! traced and re-run.
+//! the requests per point, the emulator's verdict and whether the result is
+//! partial. Every figure, page, JSON and CSV result the tool writes carries
+//! it, so a number lifted from one can be traced and re-run.
 
 use serde::Serialize;
 
@@ -22,6 +22,11 @@ pub struct Provenance {
     pub seed: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requests_per_point: Option<u64>,
+    /// An emulator result's verdict: whether the host kept up with the
+    /// modeled device (a result the host could not keep up with is the
+    /// host's, not the device's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<String>,
     /// The run stopped before it finished (a signal, a failed point).
     pub partial: bool,
 }
@@ -37,8 +42,14 @@ impl Provenance {
             date: utc_now(),
             seed: None,
             requests_per_point: None,
+            verdict: None,
             partial: false,
         }
+    }
+
+    pub fn verdict(mut self, verdict: &str) -> Self {
+        self.verdict = Some(verdict.to_string());
+        self
     }
 
     pub fn seed(mut self, seed: u64) -> Self {
@@ -80,6 +91,9 @@ impl Provenance {
         }
         if let Some(n) = self.requests_per_point {
             s.push_str(&format!("; {n} requests per point"));
+        }
+        if let Some(v) = &self.verdict {
+            s.push_str(&format!("; verdict: {v}"));
         }
         if self.partial {
             s.push_str("; PARTIAL: the run stopped before it finished");

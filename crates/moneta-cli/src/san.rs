@@ -10,8 +10,9 @@
 //! kernels on generated records; `--partition-ns`/`--sort-ns` give them
 //! instead, for reproducible output.
 
-use crate::output::{print_csv, print_json, Format};
+use crate::output::{print_result_csv, print_result_json, Format};
 use crate::plot::{self, Chart, Report, ReportSection, Series, StackedBars};
+use crate::provenance::Provenance;
 use crate::DeviceArgs;
 use clap::{Args, Subcommand};
 use moneta_model::config::Config;
@@ -420,8 +421,8 @@ fn emit<T: Serialize>(
 ) -> Result<(), String> {
     let (header, cells) = table(rows, columns)?;
     match common.format {
-        Format::Json => print_json(rows)?,
-        Format::Csv => print_csv(rows)?,
+        Format::Json => print_result_json(rows, &Provenance::here().seed(common.seed))?,
+        Format::Csv => print_result_csv(rows, &Provenance::here().seed(common.seed))?,
         Format::Table => {
             println!("{title}  (seed {})", common.seed);
             crate::output::print_aligned(&header, &cells);

@@ -240,10 +240,10 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                 "verdict": verdict,
                 "rows": rows,
             });
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-            );
+            crate::output::print_result_json(
+                &out,
+                &crate::provenance::Provenance::here().verdict(&verdict),
+            )?;
         }
         _ => {
             println!(

@@ -1064,10 +1064,12 @@ pub fn run(a: SanChaosArgs) -> Result<(), String> {
         verdict: verdict.clone(),
     };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?
-        );
+        crate::output::print_result_json(
+            &summary,
+            &crate::provenance::Provenance::here()
+                .seed(summary.seed)
+                .verdict(&verdict),
+        )?;
     } else {
         print_summary(&summary);
     }

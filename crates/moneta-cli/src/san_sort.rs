@@ -776,7 +776,10 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
         runs,
     };
     if a.json {
-        crate::output::print_json(&report)?;
+        crate::output::print_result_json(
+            &report,
+            &crate::provenance::Provenance::here().seed(a.seed),
+        )?;
     } else {
         println!(
             "Distributed sort (SPEC §4.4): {} records ({}), {} hosts, {} B requests, seed {}; {}",

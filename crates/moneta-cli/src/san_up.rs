@@ -1170,6 +1170,12 @@ pub fn status(a: SanStatusArgs) -> Result<(), String> {
     let names: Vec<String> = match &a.name {
         Some(n) => {
             check_name(n)?;
+            if !san_dir(n).exists() {
+                return Err(format!(
+                    "no SAN named '{n}' (none was brought up with `moneta san up --name {n}`; \
+                     `moneta san status` lists every SAN)"
+                ));
+            }
             vec![n.clone()]
         }
         None => fs::read_dir(RUN_DIR)

@@ -14,6 +14,29 @@ fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// A result's JSON document: its provenance says what ran; its results
+/// are returned.
+fn results(o: &Output) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&stdout(o)).expect("JSON");
+    let p = &v["provenance"];
+    assert_eq!(p["tool"], "moneta", "{v}");
+    assert!(
+        p["command"].as_array().is_some_and(|c| c.len() > 1)
+            && p["commit"].as_str().is_some_and(|c| !c.is_empty())
+            && p["date"].as_str().is_some_and(|d| d.ends_with('Z')),
+        "provenance: {p}"
+    );
+    v["results"].clone()
+}
+
+/// CSV without its `# provenance` first line (checked).
+fn csv_rows(o: &Output) -> String {
+    let text = stdout(o);
+    let (first, rest) = text.split_once('\n').expect("CSV lines");
+    assert!(first.starts_with("# moneta "), "provenance line: {first}");
+    rest.to_string()
+}
+
 #[test]
 fn run_prints_the_documented_json_fields() {
     let o = moneta(&[
@@ -33,7 +56,7 @@ fn run_prints_the_documented_json_fields() {
         "json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = results(&o);
     for key in [
         "op",
         "size_bytes",
@@ -72,12 +95,12 @@ fn same_seed_same_output_different_seed_different_output() {
         "--format",
         "csv",
     ];
-    let a = stdout(&moneta(&args));
-    let b = stdout(&moneta(&args));
+    let a = csv_rows(&moneta(&args));
+    let b = csv_rows(&moneta(&args));
     assert_eq!(a, b);
     let mut other = args.to_vec();
     other.extend(["--seed", "99"]);
-    assert_ne!(a, stdout(&moneta(&other)));
+    assert_ne!(a, csv_rows(&moneta(&other)));
 }
 
 #[test]
@@ -129,13 +152,13 @@ fn shards_partition_the_sweep() {
         "--format",
         "json",
     ];
-    let all: Vec<serde_json::Value> = serde_json::from_str(&stdout(&moneta(&base))).unwrap();
+    let all: Vec<serde_json::Value> = serde_json::from_value(results(&moneta(&base))).unwrap();
     assert_eq!(all.len(), 6);
     let mut parts = Vec::new();
     for shard in ["0/2", "1/2"] {
         let mut args = base.to_vec();
         args.extend(["--shard", shard]);
-        let v: Vec<serde_json::Value> = serde_json::from_str(&stdout(&moneta(&args))).unwrap();
+        let v: Vec<serde_json::Value> = serde_json::from_value(results(&moneta(&args))).unwrap();
         parts.extend(v);
     }
     assert_eq!(parts.len(), 6);
@@ -236,7 +259,7 @@ fn results_report_p99_9_and_max_in_json_and_csv_alike() {
         "4",
     ];
     let json = moneta(&[&args[..], &["--format", "json"]].concat());
-    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let v = results(&json);
     let (p99, p99_9, max) = (
         v["latency_us_p99"].as_f64().unwrap(),
         v["latency_us_p99_9"].as_f64().unwrap(),
@@ -244,7 +267,7 @@ fn results_report_p99_9_and_max_in_json_and_csv_alike() {
     );
     assert!(p99 <= p99_9 && p99_9 <= max, "{p99} {p99_9} {max}");
     // CSV: one column per JSON field, nested ones dotted, same numbers.
-    let csv = stdout(&moneta(&[&args[..], &["--format", "csv"]].concat()));
+    let csv = csv_rows(&moneta(&[&args[..], &["--format", "csv"]].concat()));
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
     let row = lines.next().unwrap();
@@ -285,10 +308,10 @@ fn config_dump_round_trips_to_identical_simulation_output() {
             .concat();
             let o = moneta(&args);
             assert!(o.status.success(), "{args:?}: {}", stderr(&o));
-            stdout(&o)
+            results(&o).to_string()
         };
         let from_preset = run(&["--preset", preset]);
-        assert!(from_preset.contains(&format!("\"preset\": \"{preset}\"")));
+        assert!(from_preset.contains(&format!("\"preset\":\"{preset}\"")));
         assert_eq!(from_preset, run(&["--config", file.to_str().unwrap()]));
     }
 }
@@ -303,7 +326,7 @@ fn the_example_configuration_loads() {
         "sim", "run", "--config", example, "--ops", "2000", "--format", "json",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = results(&o);
     assert_eq!(v["preset"], "moneta-stt-mram");
     assert_eq!(v["config"]["memory"]["controllers"], 4);
     assert_eq!(v["config"]["memory"]["latency_ns_write"], 95);
@@ -470,7 +493,7 @@ fn breakdown_sums_to_the_mean_latency_for_every_stack() {
             "{stack}: {}",
             String::from_utf8_lossy(&json.stderr)
         );
-        let v: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+        let v = results(&json);
         let parts = v["breakdown_us"].as_object().expect("breakdown_us object");
         assert!(!parts.is_empty(), "{stack}");
         let sum: f64 = parts.values().map(|x| x.as_f64().unwrap()).sum();
@@ -534,7 +557,7 @@ fn bench_and_fairness_report_where_time_goes() {
         "json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = results(&o);
     let spans = v["breakdown_us"].as_object().expect("breakdown_us");
     assert!(spans["device: dma"].as_f64().unwrap() > 0.0);
     let sum: f64 = spans.values().map(|x| x.as_f64().unwrap()).sum();
@@ -543,7 +566,7 @@ fn bench_and_fairness_report_where_time_goes() {
 
     let o = moneta(&["sim", "fairness", "--ops", "2000", "--format", "json"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = results(&o);
     for g in v["groups"].as_array().unwrap() {
         let sum: f64 = g["breakdown_us"]
             .as_object()
@@ -615,7 +638,7 @@ fn compare_puts_stacks_side_by_side_with_a_bar_each() {
         "json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = results(&o);
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert!(v[1]["breakdown_us"]["array"].as_f64().unwrap() > 0.0);
     std::fs::remove_dir_all(&dir).ok();
@@ -627,7 +650,7 @@ fn sizes_take_suffixes_and_plots_are_svg_in_existing_directories_only() {
         "sim", "run", "--size", "4k", "--ops", "200", "--format", "json",
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let v = results(&o);
     assert_eq!(v["size_bytes"], 4096);
     let bad = moneta(&["sim", "run", "--size", "4GB", "--ops", "10"]);
     assert!(!bad.status.success());
@@ -809,7 +832,7 @@ fn queue_depth_is_asynchronous_io_on_moneta_d_and_refused_elsewhere() {
         stderr(&deep)
     );
     let field = |o: &Output, key: &str| -> f64 {
-        let v: serde_json::Value = serde_json::from_str(&stdout(o)).expect("JSON");
+        let v = results(o);
         v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
     };
     assert_eq!(field(&sync, "queue_depth"), 1.0);
@@ -850,4 +873,36 @@ fn queue_depth_is_asynchronous_io_on_moneta_d_and_refused_elsewhere() {
         assert!(stderr(&o).contains(says), "{extra:?}: {}", stderr(&o));
         assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     }
+}
+
+#[test]
+fn unknown_names_suggest_the_nearest_and_a_missing_san_is_an_error() {
+    for (args, says) in [
+        (
+            &["sim", "run", "--preset", "Moneta"][..],
+            "did you mean 'moneta'?",
+        ),
+        (
+            &["sim", "run", "--stack", "Spin"][..],
+            "did you mean 'spin'?",
+        ),
+        (&["sim", "run", "--op", "reed"][..], "did you mean 'read'?"),
+        (&["sim", "run", "--tech", "Pcm"][..], "did you mean 'pcm'?"),
+    ] {
+        let o = moneta(args);
+        assert!(!o.status.success(), "{args:?}");
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+    let o = moneta(&["sim", "run", "--preset", "zzzz"]);
+    assert!(!stderr(&o).contains("did you mean"), "{}", stderr(&o));
+    let o = moneta(&["san", "status", "--name", "nosan0"]);
+    assert!(
+        !o.status.success(),
+        "a SAN that does not exist is not 'down'"
+    );
+    assert!(
+        stderr(&o).contains("no SAN named 'nosan0'"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -17,9 +17,15 @@ fn run(cmd: &mut Command) -> Output {
     cmd.output().expect("moneta runs")
 }
 
+/// A bench result's JSON: its provenance carries the run's seed, requests
+/// and verdict; its results are returned.
 fn json(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).expect("JSON on stdout")
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    let (p, r) = (&v["provenance"], &v["results"]);
+    assert_eq!(p["verdict"], r["verdict"], "{v}");
+    assert_eq!(p["seed"], r["seed"], "{v}");
+    r.clone()
 }
 
 /// `moneta serve` in the background; stopped (SIGTERM, then SIGKILL) on drop.

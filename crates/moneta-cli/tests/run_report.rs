@@ -15,8 +15,11 @@ use std::process::Command;
 const FILE_BYTES: u64 = 16 << 20;
 
 fn report_of(path: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(path).expect("the report file"))
-        .expect("the report is JSON")
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("the report file"))
+            .expect("the report is JSON");
+    assert_eq!(v["provenance"]["tool"], "moneta", "{v}");
+    v["results"].clone()
 }
 
 fn run_with_report(m: &Mounted, report: &Path, program: &str, args: &[&str]) -> (i32, String) {

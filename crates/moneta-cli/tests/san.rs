@@ -48,11 +48,17 @@ fn every_command_prints_json_csv_and_a_table_from_the_same_rows() {
     for c in COMMANDS {
         let args = quick(c);
         let json = ok(run(&[&args[..], &["--format", "json"]].concat()), c);
-        let rows: serde_json::Value = serde_json::from_str(&json).unwrap();
-        let rows = rows.as_array().expect("an array of rows");
+        let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert!(doc["provenance"]["seed"].is_u64(), "{c}: {doc}");
+        let rows = doc["results"].as_array().expect("an array of rows");
         assert!(!rows.is_empty(), "{c}");
         let csv = ok(run(&[&args[..], &["--format", "csv"]].concat()), c);
-        assert_eq!(csv.lines().count(), rows.len() + 1, "{c}: header + rows");
+        assert!(csv.starts_with("# moneta "), "{c}: provenance line: {csv}");
+        assert_eq!(
+            csv.lines().count(),
+            rows.len() + 2,
+            "{c}: provenance, header + rows"
+        );
         let table = ok(run(&args), c);
         assert!(table.lines().count() >= rows.len() + 2, "{c}: {table}");
     }
@@ -64,9 +70,10 @@ fn latency_rows_cover_interfaces_localities_and_ops_with_their_breakdown() {
         run(&[&quick("latency")[..], &["--format", "json"]].concat()),
         "latency",
     );
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rows = doc["results"].as_array().expect("rows");
     assert_eq!(rows.len(), 4 * 2 * 2);
-    for r in &rows {
+    for r in rows {
         let mean = r["latency_us_mean"].as_f64().unwrap();
         let sum: f64 = r["breakdown_us"]
             .as_object()
@@ -92,10 +99,11 @@ fn latency_rows_cover_interfaces_localities_and_ops_with_their_breakdown() {
 fn same_seed_same_output_other_seed_other_output() {
     let args = quick("bandwidth");
     let with_seed = |s: &str| {
-        ok(
+        let json = ok(
             run(&[&args[..], &["--format", "json", "--seed", s]].concat()),
             "bandwidth",
-        )
+        );
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["results"].clone()
     };
     assert_eq!(with_seed("5"), with_seed("5"));
     assert_ne!(with_seed("5"), with_seed("6"));

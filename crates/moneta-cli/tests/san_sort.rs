@@ -115,7 +115,8 @@ impl Drop for Daemon {
 fn runs(o: &Output) -> Vec<serde_json::Value> {
     let out = common::ok(o.clone(), "moneta san sort");
     let v: serde_json::Value = serde_json::from_str(&out).expect("sort JSON");
-    v["runs"].as_array().expect("runs").clone()
+    assert!(v["provenance"]["seed"].is_u64(), "{v}");
+    v["results"]["runs"].as_array().expect("runs").clone()
 }
 
 #[track_caller]

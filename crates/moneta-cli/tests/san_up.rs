@@ -181,7 +181,8 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
         "--format",
         "json",
     ]));
-    let b: serde_json::Value = serde_json::from_str(&bench).unwrap();
+    let b: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&bench).unwrap()["results"].clone();
     assert!(b["ops"].as_u64().unwrap_or(0) > 0, "{b:#}");
 
     // `san bench` gives every point its verdict and the run one: faithful
@@ -190,6 +191,11 @@ fn a_mirrored_san_of_three_comes_up_serves_each_host_and_goes_away() {
         "san", "bench", "--name", &san.0, "--ops", "200", "--format", "json",
     ]);
     let sbj: serde_json::Value = serde_json::from_str(&ok(&sb)).unwrap();
+    assert_eq!(
+        sbj["provenance"]["verdict"], sbj["results"]["verdict"],
+        "{sbj:#}"
+    );
+    let sbj = &sbj["results"];
     let rows = sbj["rows"].as_array().unwrap();
     assert_eq!(
         rows.len(),
@@ -1814,7 +1820,9 @@ fn the_emulated_san_path_holds_to_its_simulation() {
     let bench = ok(&moneta(&[
         "san", "bench", "--name", &san.0, "--ops", "2000", "--format", "json",
     ]));
-    let b: serde_json::Value = serde_json::from_str(&bench).expect("san bench JSON");
+    let b: serde_json::Value = serde_json::from_str::<serde_json::Value>(&bench)
+        .expect("san bench JSON")["results"]
+        .clone();
     // The simulator alone, for the same SAN shape (unmirrored reads are
     // the same requests: the copy read is the primary).
     let sim = ok(&moneta(&[
@@ -1830,7 +1838,8 @@ fn the_emulated_san_path_holds_to_its_simulation() {
         "--format",
         "json",
     ]));
-    let sim: serde_json::Value = serde_json::from_str(&sim).expect("san sim JSON");
+    let sim: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(&sim).expect("san sim JSON")["results"].clone();
     let sim_rows = sim
         .as_array()
         .or_else(|| sim["rows"].as_array())

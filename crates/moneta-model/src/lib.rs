@@ -38,6 +38,7 @@ pub mod nvmm;
 pub mod orderings;
 pub mod san;
 pub mod stats;
+pub mod suggest;
 pub mod summary;
 pub mod units;
 pub mod workload;

@@ -90,8 +90,9 @@ impl Layering {
                 err(
                     key,
                     format!(
-                        "unknown {} '{name}' (expected one of {})",
+                        "unknown {} '{name}'{} (expected one of {})",
                         self.what,
+                        crate::suggest::did_you_mean(name, names.iter().copied()),
                         names.join(", ")
                     ),
                 )

@@ -121,7 +121,17 @@ impl Stack {
             .iter()
             .copied()
             .find(|st| st.name() == s)
-            .ok_or_else(|| err("host.stack", format!("unknown stack '{s}' (expected one of base, nosched, atomic, spin, 2q, balance, direct, ramdisk, raw)")))
+            .ok_or_else(|| {
+                let names = Stack::ALL.iter().map(|st| st.name());
+                err(
+                    "host.stack",
+                    format!(
+                        "unknown stack '{s}'{} (expected one of {})",
+                        crate::suggest::did_you_mean(s, names.clone()),
+                        names.collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            })
     }
 
     /// The queue policy a kernel-stack step implies for the device, if any:
@@ -565,8 +575,9 @@ impl layer::Layered for Config {
             return Err(err(
                 "memory.technology",
                 format!(
-                    "unknown technology '{}' (expected one of {})",
+                    "unknown technology '{}'{} (expected one of {})",
                     m.technology,
+                    crate::suggest::did_you_mean(&m.technology, technology::names()),
                     technology::names().join(", ")
                 ),
             ));

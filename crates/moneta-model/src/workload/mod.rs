@@ -39,7 +39,10 @@ impl OpMix {
             "read" => Ok(OpMix::Read),
             "write" => Ok(OpMix::Write),
             "mixed" => Ok(OpMix::Mixed(0.5)),
-            _ => Err(format!("unknown op '{s}' (expected read, write or mixed)")),
+            _ => Err(format!(
+                "unknown op '{s}'{} (expected read, write or mixed)",
+                crate::suggest::did_you_mean(s, ["read", "write", "mixed"])
+            )),
         }
     }
 
