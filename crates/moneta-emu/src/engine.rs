@@ -342,19 +342,7 @@ impl Engine {
         port: Option<SanPort>,
         reactor: Arc<Reactor>,
     ) -> Result<Engine, EmuError> {
-        config
-            .validate()
-            .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
-        if medium.capacity_bytes() != config.device.capacity_bytes {
-            return Err(EmuError::new(
-                ErrorKind::Config,
-                format!(
-                    "medium holds {} bytes, device.capacity_bytes is {}",
-                    medium.capacity_bytes(),
-                    config.device.capacity_bytes
-                ),
-            ));
-        }
+        check_device(&config, &medium)?;
         medium
             .populate(0, options.populate_bytes)
             .map_err(|e| EmuError::io("populating the medium", e))?;
@@ -1609,6 +1597,25 @@ impl<C: StampClock> DeviceThread<C> {
         ch.in_flight_count += 1;
         self.in_flight_total += 1;
     }
+}
+
+/// Whether `config` is valid and `medium` is its device's capacity (an
+/// engine's and a simulated node's start).
+fn check_device(config: &Config, medium: &Medium) -> Result<(), EmuError> {
+    config
+        .validate()
+        .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
+    if medium.capacity_bytes() != config.device.capacity_bytes {
+        return Err(EmuError::new(
+            ErrorKind::Config,
+            format!(
+                "medium holds {} bytes, device.capacity_bytes is {}",
+                medium.capacity_bytes(),
+                config.device.capacity_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A SAN node's wire watcher: rings the doorbell when a frame comes
