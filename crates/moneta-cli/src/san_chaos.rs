@@ -46,7 +46,9 @@
 use crate::mount::{catch_signals, need_root, signal_received};
 use clap::{Args, ValueEnum};
 use moneta::{CompletionMode, Moneta};
-use moneta_emu::register::{block_content, decode, judge, Floor, Verdict, BLOCK_BYTES};
+use moneta_emu::register::{
+    block_content, decode, judge, resolve_target, Floor, Verdict, BLOCK_BYTES,
+};
 use moneta_model::kernel::rng::Rng;
 use moneta_model::units::Op;
 use serde::Serialize;
@@ -673,12 +675,10 @@ impl Nemesis<'_> {
     }
 
     fn resolve(&mut self, k: usize) {
-        let split = self.split_brain_nodes();
-        if split.is_empty() {
+        let Some(node) = resolve_target(&self.split_brain_nodes(), k) else {
             self.did("resolve-none", "resolve: no split brain".into());
             return;
-        }
-        let node = split[k % split.len()];
+        };
         let n = Self::node(node);
         match self.moneta(&["resolve", "--name", &self.name, "--discard", &n]) {
             Ok(out) => self.did("resolve", format!("resolve --discard {n}: {out}")),

@@ -1398,8 +1398,9 @@ fn within<T: Send + 'static>(secs: u64, what: &str, f: impl FnOnce() -> T + Send
 /// directory of n0's dirty map is a full tmpfs: such a write is never
 /// acknowledged while its record is not durable; it fails at once with an
 /// error (before: it hung, and so did every other request to n0), while n0
-/// still serves reads of slice 0, reads and writes of slice 2 (whose
-/// copies, n2's and n0's, are both up) and its peers' reads; its port stats (what `san status` shows) name the
+/// still serves reads of slice 0 and of slice 2 (whose copies, n2's and
+/// n0's, are both up; its own client's writes there fail: the activity
+/// log), n2 writes of slice 2, and its peers' reads; its port stats (what `san status` shows) name the
 /// error. Once space is freed the write goes through, and the heal resyncs
 /// it to n1.
 #[test]
@@ -1456,12 +1457,23 @@ fn a_full_disk_under_the_dirty_map_fails_the_writes_it_cannot_record_and_serves_
             );
         }
     }
+    // A write of slice 2 by n0's own client fails too: its activity log
+    // (the granules marked unsure before the bytes reach n0's copy) cannot
+    // be made durable, and a kill of n0 could otherwise leave its copy
+    // holding a write n2's never got, unrecorded. Through n2 (whose map
+    // has room) it goes to both copies.
     let c = c0.clone();
     let data = block_content(seed, other, 2);
     within(5, "a write of slice 2 through n0", move || {
         c.write(other * BLOCK, &data)
     })
-    .expect("a write of slice 2 (both copies up) while n0's dirty map is full");
+    .expect_err("a write on n0's copy acknowledged while its activity log is not durable");
+    let c = c2.clone();
+    let data = block_content(seed, other, 2);
+    within(5, "a write of slice 2 through n2", move || {
+        c.write(other * BLOCK, &data)
+    })
+    .expect("a write of slice 2 through n2 (both copies up) while n0's dirty map is full");
     std::fs::remove_file(&filler).unwrap();
     let tries = write_eventually(&c0, BLOCK, &block_content(seed, 1, 2), 20);
     eprintln!("the write went through after {tries} tries once space was freed");

@@ -357,6 +357,18 @@ impl DirtyMap {
         }
     }
 
+    /// Forget the unsure granule at global `addr` with respect to
+    /// `partner`: the write that marked it was acknowledged (the activity
+    /// log, engine/port.rs). The file keeps it until the next `save`.
+    pub fn forget_unsure(&mut self, partner: u16, addr: u64) {
+        self.remove(unsure(partner), addr / GRANULE_BYTES);
+    }
+
+    /// Whether the map holds nothing at all (unsure granules included).
+    pub fn is_empty(&self) -> bool {
+        self.missed.is_empty()
+    }
+
     /// Granules `node` is still to get (strong and weak claims).
     pub fn granules(&self, node: u16) -> u64 {
         self.granules_in(node, 0, u64::MAX - GRANULE_BYTES)

@@ -340,19 +340,7 @@ impl Engine {
         port: Option<SanPort>,
         reactor: Arc<Reactor>,
     ) -> Result<Engine, EmuError> {
-        config
-            .validate()
-            .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
-        if medium.capacity_bytes() != config.device.capacity_bytes {
-            return Err(EmuError::new(
-                ErrorKind::Config,
-                format!(
-                    "medium holds {} bytes, device.capacity_bytes is {}",
-                    medium.capacity_bytes(),
-                    config.device.capacity_bytes
-                ),
-            ));
-        }
+        check_device(&config, &medium)?;
         medium
             .populate(0, options.populate_bytes)
             .map_err(|e| EmuError::io("populating the medium", e))?;
@@ -1075,7 +1063,12 @@ impl<C: StampClock> DeviceThread<C> {
                 ch.free_at[tag as usize] = posted.max(due);
             }
             self.device_time.record_device(&f.completion.parts);
+            let write = self.write_of(channel, tag);
             if f.completion.refused && self.hold_again(posted, channel, tag) {
+                if let Some((addr, len)) = write {
+                    // Taken again later: its activity begins again then.
+                    self.activity_end(addr, len, false);
+                }
                 continue;
             }
             let code = if f.completion.refused {
@@ -1090,6 +1083,9 @@ impl<C: StampClock> DeviceThread<C> {
             } else {
                 ResultCode::Ok
             };
+            if let Some((addr, len)) = write {
+                self.activity_end(addr, len, code == ResultCode::Ok);
+            }
             self.count_for_client(channel, tag, code, &f, posted);
             self.finish(channel, tag, code, due);
         }
@@ -1110,6 +1106,17 @@ impl<C: StampClock> DeviceThread<C> {
         match command::decode_channel(flight.words, &self.limits) {
             Ok((cmd, _)) => cmd.op == Op::Write && port.unrecorded(cmd.addr.0, cmd.len_bytes),
             Err(_) => false,
+        }
+    }
+
+    /// The global range of the write in flight on (channel, tag) of a SAN
+    /// node, if it is one (its activity log entry, engine/port.rs).
+    fn write_of(&self, channel: u16, tag: u8) -> Option<(u64, u64)> {
+        self.port.as_ref()?;
+        let flight = self.channels[channel as usize].as_ref()?.in_flight[tag as usize].as_ref()?;
+        match command::decode_channel(flight.words, &self.limits) {
+            Ok((cmd, _)) if cmd.op == Op::Write => Some((cmd.addr.0, cmd.len_bytes)),
+            _ => None,
         }
     }
 
@@ -1513,6 +1520,14 @@ impl<C: StampClock> DeviceThread<C> {
             }
             return fail(self, ResultCode::NoUpToDateCopy);
         }
+        // The activity log is durable before the bytes reach this node's
+        // copies (engine/port.rs, `activity_begin`).
+        if cmd.op == Op::Write && !self.activity_begin(now, cmd.addr.0, cmd.len_bytes) {
+            if let Some(p) = self.port.as_mut() {
+                p.unrecorded_write(channel);
+            }
+            return fail(self, ResultCode::DeviceFailure);
+        }
         let request = ChannelRequest {
             op: cmd.op,
             addr: DeviceAddr(cmd.addr.0),
@@ -1550,6 +1565,9 @@ impl<C: StampClock> DeviceThread<C> {
         });
         self.runs = runs;
         if let Err(refusal) = accepted {
+            if cmd.op == Op::Write {
+                self.activity_end(cmd.addr.0, cmd.len_bytes, false);
+            }
             let code = match refusal {
                 ChannelRefusal::MissingRecord { .. } => ResultCode::MissingRecord,
                 ChannelRefusal::PermissionDenied { .. } => ResultCode::PermissionDenied,
@@ -1577,6 +1595,25 @@ impl<C: StampClock> DeviceThread<C> {
         ch.in_flight_count += 1;
         self.in_flight_total += 1;
     }
+}
+
+/// Whether `config` is valid and `medium` is its device's capacity (an
+/// engine's and a simulated node's start).
+fn check_device(config: &Config, medium: &Medium) -> Result<(), EmuError> {
+    config
+        .validate()
+        .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
+    if medium.capacity_bytes() != config.device.capacity_bytes {
+        return Err(EmuError::new(
+            ErrorKind::Config,
+            format!(
+                "medium holds {} bytes, device.capacity_bytes is {}",
+                medium.capacity_bytes(),
+                config.device.capacity_bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A SAN node's wire watcher: rings the doorbell when a frame comes

@@ -21,6 +21,13 @@ const MAGIC: u64 = 0x4d6f_6e65_7461_4348; // "MonetaCH"
 /// Bytes of header before the payload: magic, block, version, seed, FNV-1a.
 const HEADER: usize = 40;
 
+/// The nemesis's `resolve --discard` step, in the chaos checker and the
+/// simulator alike: the `k`-th of the nodes reporting a split brain
+/// (`k` is drawn with the step), or none (counted `resolve-none`).
+pub fn resolve_target<T: Copy>(split_brain: &[T], k: usize) -> Option<T> {
+    (!split_brain.is_empty()).then(|| split_brain[k % split_brain.len()])
+}
+
 /// The bytes of `block` at `version` in the run of `seed`: a header (magic,
 /// block, version, seed, FNV-1a of the payload) and a seeded payload.
 pub fn block_content(seed: u64, block: u64, version: u64) -> Vec<u8> {

@@ -42,7 +42,7 @@
 use crate::dirty::DirtyMap;
 use crate::engine::sim::{self, SimNode, SimResult};
 use crate::medium::Medium;
-use crate::register::{block_content, decode, judge, Floor, Verdict, BLOCK_BYTES};
+use crate::register::{block_content, decode, judge, resolve_target, Floor, Verdict, BLOCK_BYTES};
 use crate::replica_meta::ReplicaMeta;
 use crate::san_file::{PortParts, SanFile};
 use moneta_model::config::Config;
@@ -60,10 +60,15 @@ const DEVICE_BYTES: u64 = 1 << 20;
 /// One way on the in-memory wire.
 const WIRE_LATENCY_NS: Ns = 5_000;
 const MTU_BYTES: usize = 9000;
-/// Virtual time per turn of every node while anything moves, and when
-/// nothing does (no request in flight, no frame on the wire, no node
-/// worked): the ports' timers run at ≥ 1 ms (retransmission) and 10 ms
-/// (heartbeats), so a quiet SAN is stepped a millisecond at a time.
+/// Virtual time per turn of every node after a turn in which any node
+/// worked or while a frame is on the wire (it arrives `WIRE_LATENCY_NS`
+/// later). After a turn in which none worked, the next step doubles, up
+/// to `QUIET_TICK_NS` (the ports' timers run at ≥ 1 ms, retransmission,
+/// and 10 ms, heartbeats: a timer fires at most that late, as on a busy
+/// host), and never past the next thing due that the simulator knows of
+/// (a node's model event or held command, a client's next operation, the
+/// nemesis's next step, a final read's retry). So a request that waits
+/// out the 1 s silence bound costs thousands of turns, not 100,000.
 const TICK_NS: Ns = 10_000;
 const QUIET_TICK_NS: Ns = 1_000_000;
 /// A request unanswered this long on a node that stayed up hangs.
@@ -136,6 +141,8 @@ pub struct SimReport {
     pub steps_drawn: u64,
     pub violations: Vec<String>,
     pub virtual_ns: Ns,
+    /// Turns of every node (steps of the virtual clock).
+    pub turns: u64,
     /// FNV-1a of every trace line: equal for equal (seed, options).
     pub trace_hash: u64,
     pub trace: Vec<String>,
@@ -280,6 +287,10 @@ struct Sim<'a> {
     final_retry: Ns,
     /// A recovery's resolve, due then.
     recover_resolve: Option<(Ns, usize)>,
+    /// The nemesis's next step, due then (`u64::MAX`: none).
+    step_at: Ns,
+    /// The last step of the virtual clock (`advance`).
+    step_ns: Ns,
 }
 
 fn san_text(nodes: u16) -> String {
@@ -353,6 +364,8 @@ impl<'a> Sim<'a> {
             final_pending: Vec::new(),
             final_retry: 0,
             recover_resolve: None,
+            step_at: u64::MAX,
+            step_ns: TICK_NS,
         })
     }
 
@@ -675,17 +688,40 @@ impl Sim<'_> {
 }
 
 impl Sim<'_> {
-    fn anything_moves(&self) -> bool {
-        self.wire.in_flight() > 0 || self.nodes.iter().any(|n| !n.pending.is_empty())
+    /// The next time something the simulator knows of is due.
+    fn next_due(&self) -> Ns {
+        let mut due = self.step_at;
+        for n in &self.nodes {
+            if let Some(t) = n.sim.as_ref().and_then(SimNode::next_due) {
+                due = due.min(t);
+            }
+        }
+        if self.issued < self.o.ops {
+            for (c, &busy) in self.client_busy.iter().enumerate() {
+                if !busy {
+                    due = due.min(self.client_next[c]);
+                }
+            }
+        }
+        if !self.final_pending.is_empty() {
+            due = due.min(self.final_retry);
+        }
+        if let Some((t, _)) = self.recover_resolve {
+            due = due.min(t);
+        }
+        due
     }
 
+    /// Move the virtual clock on (`TICK_NS`).
     fn advance(&mut self, worked: bool) {
-        let tick = if worked || self.anything_moves() {
+        self.report.turns += 1;
+        self.step_ns = if worked || self.wire.in_flight() > 0 {
             TICK_NS
         } else {
-            QUIET_TICK_NS
+            (self.step_ns * 2).min(QUIET_TICK_NS)
         };
-        self.now += tick;
+        let due = self.next_due().max(self.now + TICK_NS);
+        self.now = (self.now + self.step_ns).min(due);
     }
 
     fn resolves(&mut self) {
@@ -727,12 +763,10 @@ impl Sim<'_> {
     }
 
     fn resolve(&mut self, k: usize) {
-        let split = self.split_brain_nodes();
-        if split.is_empty() {
+        let Some(node) = resolve_target(&self.split_brain_nodes(), k) else {
             self.did("resolve-none", "resolve: no split brain".into());
             return;
-        }
-        let node = split[k % split.len()];
+        };
         let slices = self.slices_in(node, "split-brain");
         let n = &mut self.nodes[node as usize];
         let rx = n.sim.as_mut().expect("alive").discard(None);
@@ -999,6 +1033,7 @@ impl Sim<'_> {
         self.trace("final: heal, restart, resolve, read everything".into());
         self.step(Step::Recover(0))?;
         self.recover_resolve = None;
+        self.step_at = u64::MAX;
         let deadline = self.now + SETTLE_NS;
         let mut next_resolve = self.now + RECOVER_RESOLVE_NS;
         while self.now < deadline && !self.all_in_sync() {
@@ -1108,9 +1143,11 @@ fn run_in(o: &SimOptions) -> Result<SimReport, String> {
     let mut schedule = schedule(o.seed, o.nodes, o.step_ms);
     let mut index = 0u64;
     let (pause, mut step) = schedule.next().expect("endless");
-    let mut step_at = pause;
+    if o.step_ms > 0 {
+        s.step_at = pause;
+    }
     loop {
-        if o.step_ms > 0 && s.now >= step_at {
+        if s.now >= s.step_at {
             if o.skip_steps.contains(&index) {
                 s.trace(format!("nemesis step {index} skipped (shrunk)"));
             } else {
@@ -1119,7 +1156,7 @@ fn run_in(o: &SimOptions) -> Result<SimReport, String> {
             index += 1;
             let (pause, next) = schedule.next().expect("endless");
             step = next;
-            step_at = s.now + pause;
+            s.step_at = s.now + pause;
         }
         if let Some((t, k)) = s.recover_resolve {
             if s.now >= t {

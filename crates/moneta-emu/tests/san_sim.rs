@@ -97,7 +97,7 @@ fn a_seed_replays_exactly() {
 /// stayed in flight (`engine/port.rs` now sends it again).
 #[test]
 fn the_triaged_seeds_pass() {
-    for seed in [20261263, 20261275, 20261303] {
+    for seed in [20261263, 20261275, 20261303, 20261446] {
         let o = SimOptions::new(seed, 20000, &dir(&format!("triaged-{seed}")));
         let r = san_sim::run(&o).unwrap();
         assert!(

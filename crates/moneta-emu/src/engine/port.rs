@@ -278,6 +278,14 @@ pub(super) struct PortState {
     /// Granules marked missed by a partner this node counts up, by why,
     /// since the last log line of that kind (`mark`).
     marked_up: BTreeMap<&'static str, (u64, Option<std::time::Instant>)>,
+    /// The activity log (DRBD's): (partner, granule) of this node's
+    /// clients' mirrored writes in flight here, with how many and whether
+    /// one failed. Each is marked `unsure(partner)` in the dirty map, made
+    /// durable before its bytes reach this copy (`activity_begin`), and
+    /// forgotten when the last write on it is acknowledged: a node killed
+    /// with a write on its copy that its partner never got brings the
+    /// granule back as unsure, settled at the next meeting (`settle_unsure`).
+    active: BTreeMap<(u16, u64), (u32, bool)>,
 }
 
 fn state_code(s: ReplicaState) -> u64 {
@@ -390,6 +398,7 @@ impl PortState {
             refusals_out: VecDeque::new(),
             last_save_ns: 0,
             dirty_retry_ns: 0,
+            active: BTreeMap::new(),
             marked_up: BTreeMap::new(),
         }
     }
@@ -439,6 +448,26 @@ impl PortState {
         for (global, again) in self.resyncing.values_mut() {
             if (first..=last).contains(&(*global / GRANULE_BYTES)) {
                 *again = true;
+            }
+        }
+    }
+
+    /// Writes on `granules` (the activity log's) finished: each granule
+    /// whose last write is done leaves the log, and is forgotten as unsure
+    /// unless one of its writes failed.
+    fn activity_done(&mut self, granules: &[(u16, u64)], ok: bool) {
+        for &(partner, g) in granules {
+            let Some(e) = self.active.get_mut(&(partner, g)) else {
+                continue;
+            };
+            e.0 = e.0.saturating_sub(1);
+            e.1 |= !ok;
+            if e.0 == 0 {
+                let failed = e.1;
+                self.active.remove(&(partner, g));
+                if !failed {
+                    self.port.dirty.forget_unsure(partner, g * GRANULE_BYTES);
+                }
             }
         }
     }
@@ -714,7 +743,7 @@ impl<C: StampClock> DeviceThread<C> {
         worked |= self.send_refusals(&mut state, now);
         worked |= self.send_asks(&mut state, now);
         worked |= self.resync(&mut state, now);
-        if now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.bytes() == 0 {
+        if now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.is_empty() {
             state.save_dirty(now);
         }
         self.port = Some(state);
@@ -768,7 +797,17 @@ impl<C: StampClock> DeviceThread<C> {
     fn settle_unsure(&mut self, state: &mut PortState, partner: u16, slice: usize, wins: bool) {
         let routes = &self.driver.device().port().expect("a port").routes;
         let (lo, hi) = slice_range(routes, slice);
-        let granules = state.port.dirty.take_in(unsure(partner), lo, hi);
+        let mut granules = state.port.dirty.take_in(unsure(partner), lo, hi);
+        // A write still in flight here keeps its granules unsure: its own
+        // outcome settles them (`activity_end`); handed over now, the
+        // partner's older version could come over an acknowledged write.
+        granules.retain(|&g| {
+            let busy = state.active.contains_key(&(partner, g / GRANULE_BYTES));
+            if busy {
+                state.port.dirty.mark(unsure(partner), g, GRANULE_BYTES);
+            }
+            !busy
+        });
         if granules.is_empty() {
             return;
         }
@@ -1521,6 +1560,13 @@ impl<C: StampClock> DeviceThread<C> {
     /// header).
     fn heard_missed(&mut self, state: &mut PortState, from: u16, word: u64) {
         let slice = (word >> 48) as usize;
+        // Unsure granules this copy came up with (a node killed with
+        // writes in flight: the activity log) are settled as at a regain.
+        let routes = &self.driver.device().port().expect("a port").routes;
+        if routes.partner_of(slice) == Some(from) {
+            let wins = self.copy_wins(state, from, slice);
+            self.settle_unsure(state, from, slice, wins);
+        }
         let theirs_state = state_of_code((word >> 40) & STATE_MASK);
         let theirs = word & COUNT_MASK;
         let key = (from, slice);
@@ -1627,6 +1673,52 @@ impl<C: StampClock> DeviceThread<C> {
                 size,
             },
         )
+    }
+
+    /// The activity log before a client's write of global `[addr, addr +
+    /// len)` reaches this node's copies (DRBD's activity log; `PortState::
+    /// active`): each granule of a mirrored copy held here is marked
+    /// unsure with respect to its partner, durably. Returns false when the
+    /// marks cannot be made durable (a full disk): the write then fails
+    /// before it touches the copy, or a kill could leave this copy holding
+    /// a write its partner never got, unrecorded.
+    pub(super) fn activity_begin(&mut self, now: Ns, addr: u64, len: u64) -> bool {
+        let Some(state) = self.port.as_mut() else {
+            return true;
+        };
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let granules = active_granules(routes, addr, len);
+        if granules.is_empty() {
+            return true;
+        }
+        for &(partner, g) in &granules {
+            state.active.entry((partner, g)).or_insert((0, false)).0 += 1;
+            state
+                .port
+                .dirty
+                .mark(unsure(partner), g * GRANULE_BYTES, GRANULE_BYTES);
+        }
+        if state.flush_dirty(now) {
+            return true;
+        }
+        state.activity_done(&granules, false);
+        false
+    }
+
+    /// A client's write of global `[addr, addr + len)` begun with
+    /// `activity_begin` finished: acknowledged (`ok`: both copies have it,
+    /// or this one alone with the partner's miss recorded) or not (its
+    /// granules stay unsure until the partners meet or one is lost).
+    pub(super) fn activity_end(&mut self, addr: u64, len: u64, ok: bool) {
+        let Some(state) = self.port.as_mut() else {
+            return;
+        };
+        if state.active.is_empty() {
+            return;
+        }
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let granules = active_granules(routes, addr, len);
+        state.activity_done(&granules, ok);
     }
 
     /// Model output of the last events: packets to send, missed copies.
@@ -2006,6 +2098,29 @@ impl<C: StampClock> DeviceThread<C> {
         }
         worked
     }
+}
+
+/// The (partner, granule) pairs of the mirrored copies held here that a
+/// write of global `[addr, addr + len)` touches (the activity log).
+fn active_granules(routes: &RouteTable, addr: u64, len: u64) -> Vec<(u16, u64)> {
+    let mut out = Vec::new();
+    if !routes.mirrored() || len == 0 {
+        return out;
+    }
+    let end = addr.saturating_add(len);
+    let mut at = addr;
+    while at < end {
+        let slice = routes.slice_of(at);
+        let stop = slice_range(routes, slice).1.min(end);
+        if stop <= at {
+            break;
+        }
+        if let Some(partner) = routes.partner_of(slice) {
+            out.extend((at / GRANULE_BYTES..=(stop - 1) / GRANULE_BYTES).map(|g| (partner, g)));
+        }
+        at = stop;
+    }
+    out
 }
 
 /// `DeviceThread::copy_wins` on a route table and dirty map.

@@ -42,15 +42,7 @@ impl SimNode {
         seed: u64,
         now: Ns,
     ) -> Result<SimNode, EmuError> {
-        config
-            .validate()
-            .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
-        if medium.capacity_bytes() != config.device.capacity_bytes {
-            return Err(EmuError::new(
-                ErrorKind::Config,
-                "the medium is not the device's capacity",
-            ));
-        }
+        check_device(&config, &medium)?;
         let global = port.routes.global_bytes();
         let shared = Shared::new(config, medium, global, Wake::new()?)?;
         let options = EngineOptions {
@@ -99,6 +91,18 @@ impl SimNode {
     pub fn turn(&mut self, now: Ns) -> bool {
         self.core.clock.advance_to(now);
         self.core.turn(now)
+    }
+
+    /// The earliest time this node has something due of its own: its
+    /// model's next event, or a held command's retry (its port's timers
+    /// apart). The simulator's clock does not jump past it.
+    pub fn next_due(&self) -> Option<Ns> {
+        let model = self.core.driver.next_event_time();
+        let held = self.core.held.iter().map(|h| h.next).min();
+        match (model, held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A free tag of the client channel, if any.
