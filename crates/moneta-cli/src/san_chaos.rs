@@ -885,12 +885,19 @@ pub fn run(a: SanChaosArgs) -> Result<(), String> {
         .args(["san", "status", "--name", &a.name, "--format", "json"])
         .output()
         .map_err(|e| format!("running moneta: {e}"))?;
-    let st: serde_json::Value = serde_json::from_slice(&status.stdout).map_err(|e| {
-        format!(
-            "san status: {e}: {}",
-            String::from_utf8_lossy(&status.stderr)
-        )
-    })?;
+    // A SAN of that name that does not exist at all is as good as one down.
+    let absent = !status.status.success()
+        && String::from_utf8_lossy(&status.stderr).contains("no SAN named");
+    let st: serde_json::Value = if absent {
+        serde_json::json!([{ "state": "down" }])
+    } else {
+        serde_json::from_slice(&status.stdout).map_err(|e| {
+            format!(
+                "san status: {e}: {}",
+                String::from_utf8_lossy(&status.stderr)
+            )
+        })?
+    };
     if st[0]["state"] != "down" {
         return Err(format!(
             "SAN '{}' is up already: the chaos run brings up its own (--name)",
