@@ -262,14 +262,29 @@ impl DirtyMap {
                     text += &format!("{peer} {g}\n");
                 }
                 let file = self.append.as_mut().expect("opened");
+                // An open file that was unlinked takes appends no one reads.
+                if std::os::unix::fs::MetadataExt::nlink(&file.metadata()?) == 0 {
+                    return Err(io::Error::from(io::ErrorKind::NotFound));
+                }
                 file.write_all(text.as_bytes())?;
                 file.sync_data()
             })();
-            if let Err(e) = appended {
-                // What was written is not known: rewrite it all next time.
-                self.torn = true;
-                self.append = None;
-                return Err(e);
+            match appended {
+                // The map file is gone (removed, or a mount hides it):
+                // appending to a new one would lose what the old one held,
+                // so the whole map is written anew, atomically.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.append = None;
+                    self.torn = true;
+                    self.save()?;
+                }
+                Err(e) => {
+                    // What was written is not known: rewrite it all next time.
+                    self.torn = true;
+                    self.append = None;
+                    return Err(e);
+                }
+                Ok(()) => {}
             }
             self.unsaved.clear();
         }
@@ -533,5 +548,23 @@ mod tests {
         let again = DirtyMap::load(&path).unwrap();
         assert_eq!(again.pending(1, 10), vec![0, 8192]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_map_file_that_vanished_is_written_whole_not_appended_to() {
+        let dir = std::env::temp_dir().join(format!("moneta-dirty-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dirty");
+        let g = GRANULE_BYTES;
+        let mut m = DirtyMap::load(&path).unwrap();
+        m.mark(1, 0, g);
+        m.flush().unwrap();
+        // Removed (or hidden by a mount) while the daemon runs.
+        std::fs::remove_file(&path).unwrap();
+        m.mark(1, 3 * g, g);
+        m.flush().unwrap();
+        let again = DirtyMap::load(&path).unwrap();
+        assert_eq!(again.pending(1, 10), vec![0, 3 * g], "both granules kept");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }
