@@ -391,7 +391,7 @@ impl<'a> Simulation<'a> {
             .sum();
         if asynchronous_threads > cores.len() as u64 {
             return Err(format!(
-                "{asynchronous_threads} asynchronous threads each keep a core (they poll for their completions); the host has {} thread contexts",
+                "{asynchronous_threads} asynchronous threads each keep a core's thread context (they poll for their completions); the host has {} (host.cores × host.threads_per_core)",
                 cores.len()
             ));
         }
