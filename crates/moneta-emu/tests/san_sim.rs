@@ -108,3 +108,25 @@ fn the_triaged_seeds_pass() {
         assert!(r.final_reads >= 24 * 3, "seed {seed}: every block read");
     }
 }
+
+/// Seed 82494783 (open, not yet triaged to a cause): n1 is killed while
+/// the link n1–n2 is cut, restarts on its image ("missed 0 granules" both
+/// ways, every copy up to date), then the writes v399 (n1), v400 (n0),
+/// v401 (n2), v402 (n0) of block 0 (slice 0, held by n0 and n1) are each
+/// acknowledged in turn, and two reads through n2 (not a holder) return
+/// v402 and then v401: one copy missed an acknowledged write, or took
+/// v401 again after v402. Ignored until fixed so that `make test` stays
+/// green; run with `--ignored` (it fails today).
+#[test]
+#[ignore = "open violation: stale read of block 0 through n2 (v401 after v402 acked)"]
+fn seed_82494783_keeps_every_acknowledged_write() {
+    let seed = 82494783;
+    let o = SimOptions::new(seed, 20000, &dir(&format!("triaged-{seed}")));
+    let r = san_sim::run(&o).unwrap();
+    assert!(
+        r.violations.is_empty(),
+        "seed {seed}: {:#?}\nreplay: moneta san sim-protocol --seed {seed} --ops 20000 --trace",
+        r.violations
+    );
+    assert!(r.final_reads >= 24 * 3, "seed {seed}: every block read");
+}
