@@ -1,5 +1,7 @@
 //! The commit a `moneta` binary was built from, for the provenance every
-//! output carries (`MONETA_COMMIT`; "unknown" outside a git checkout).
+//! output carries (`MONETA_COMMIT`; "unknown" outside a git checkout). A
+//! tree with uncommitted changes to tracked files is marked `-dirty`, as
+//! `git describe --dirty` does: such a binary is not the commit it names.
 
 use std::process::Command;
 
@@ -12,7 +14,11 @@ fn main() {
             .filter(|o| o.status.success())
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
-    let commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let mut commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty && commit != "unknown" {
+        commit.push_str("-dirty");
+    }
     println!("cargo:rustc-env=MONETA_COMMIT={commit}");
     // Rebuild when HEAD moves: HEAD itself (a branch switch) and the ref it
     // names (a commit on that branch).
@@ -23,6 +29,11 @@ fn main() {
             println!("cargo:rerun-if-changed={common}/{reference}");
             println!("cargo:rerun-if-changed={common}/packed-refs");
         }
+    }
+    // And when a tracked file changes, so that `-dirty` comes and goes with
+    // the tree (cargo scans a directory recursively).
+    for path in ["../../crates", "../../fio-engine", "../../Cargo.toml", "../../Cargo.lock"] {
+        println!("cargo:rerun-if-changed={path}");
     }
     println!("cargo:rerun-if-changed=build.rs");
 }
