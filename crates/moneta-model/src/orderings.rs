@@ -344,7 +344,11 @@ pub fn quicksan() -> Vec<Ordering> {
     let mut v = Vec::new();
     for op in ["read", "write"] {
         for (winner, loser, label) in [
-            (Interface::QuicksanD, Interface::Iscsi, "QuickSAN-D beats iSCSI"),
+            (
+                Interface::QuicksanD,
+                Interface::Iscsi,
+                "QuickSAN-D beats iSCSI",
+            ),
             (
                 Interface::QuicksanD,
                 Interface::QuicksanOs,

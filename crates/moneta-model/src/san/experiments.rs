@@ -533,10 +533,10 @@ impl<'a> Engine<'a> {
 
     /// Software time before thread `t`'s request takes its host's file
     /// write lock, if it takes it: a write through GFS2 when
-    /// `san.fs_write_atomicity` is on — QuickSAN-OS (`host_config`), iSCSI
-    /// and Fibre Channel (`transport_path`: §5.1.1 "Both run under Linux
-    /// and GFS2"). §5.2.2: the direct path relaxes POSIX atomicity, the
-    /// file system keeps it for every access through it.
+    /// `san.fs_write_atomicity` is on — QuickSAN-OS (`host_config`), and
+    /// with `san.fs_write_atomicity_existing` iSCSI and Fibre Channel
+    /// (`transport_path`: §5.1.1 "Both run under Linux and GFS2"). §5.2.2:
+    /// the direct path relaxes POSIX atomicity, the file system keeps it.
     fn lock_after_ns(&self, t: u32) -> Option<Ns> {
         match self.threads[t as usize].path {
             Some(Path::Device(p)) => p.file_lock_after_ns,

@@ -148,6 +148,13 @@ pub struct InterfaceCosts {
     /// and Fibre Channel are not given it (§5.4.3 says it of QuickSAN's
     /// kernel interface; README "Fidelity" has the evidence).
     pub fs_write_atomicity: bool,
+    /// With `fs_write_atomicity`: iSCSI and Fibre Channel writes take the
+    /// same lock (both run under GFS2, §5.1.1), held from the file system's
+    /// entry to the response. Off in the presets: the one-lock-per-host
+    /// scope is our assumption, and with it the published iSCSI ratios
+    /// move away (docs/src/fidelity/audit-nvmm-quicksan.md).
+    #[serde(default)]
+    pub fs_write_atomicity_existing: bool,
     /// iSCSI block transport, initiator plus target software at 4 KB:
     /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
     /// traffic and the target SSD's time on top (Table 5.1 excludes the
@@ -412,9 +419,12 @@ pub fn transport_path(
     // Both existing interfaces run under GFS2 (§5.1.1: "Both run under
     // Linux and GFS2"; §5.4.1: "In experiments that include a file system,
     // we use GFS2"; Table 5.1's GFS2 row for iSCSI), and GFS2 gives every
-    // access through it POSIX atomicity (§5.2.2): the same write lock as
+    // access through it POSIX atomicity (§5.2.2): with
+    // `san.fs_write_atomicity_existing` the same write lock as
     // QuickSAN-OS's, from the file system's entry to the response.
-    let file_lock_after_ns = (op == Op::Write && costs.fs_write_atomicity).then_some(entry);
+    let file_lock_after_ns =
+        (op == Op::Write && costs.fs_write_atomicity && costs.fs_write_atomicity_existing)
+            .then_some(entry);
     match interface {
         Interface::Iscsi => {
             // Per KB at each end: TCP processing with its copies, at least
