@@ -285,10 +285,12 @@ pub struct EnergyArgs {
     op: String,
     #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
-    /// Our assumed host power with idle cores, W.
+    /// Host power with idle cores, W (half the busy power: Barroso and
+    /// Hölzle, IEEE Computer 2007).
     #[arg(long, default_value_t = HostPower::default().idle_w)]
     host_idle_w: f64,
-    /// Our assumed host power with every core busy, W.
+    /// Host power with every core busy, W (idle + two E5520s' 80 W TDP,
+    /// Intel ARK).
     #[arg(long, default_value_t = HostPower::default().busy_w)]
     host_busy_w: f64,
 }
@@ -913,10 +915,10 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
     emit(
         &a.common,
         &format!(
-            "Energy per {} B request, {} {} nodes (hosts {}–{} W assumed)",
+            "Energy per {} B request, {} {} nodes (hosts {}–{} W)",
             a.size, a.scope.topology, a.scope.nodes, power.idle_w, power.busy_w
         ),
-        "SSD 24 W and switch 150 W are the paper's (§5.4.7); host power is our assumption, linear in core utilization.",
+        "SSD 24 W and switch 150 W are the paper's (§5.4.7); host power is linear in core utilization (Fan et al., ISCA 2007), idle at half of busy (Barroso and Hölzle, 2007), busy − idle = two E5520s' 80 W TDP (Intel ARK).",
         &rows,
         &[
             "interface",

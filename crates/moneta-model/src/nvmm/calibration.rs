@@ -4,7 +4,9 @@
 //! test `tests/nvmm_calibration.rs` holds them to their ranges.
 //!
 //! Setup for all checks: preset `nvmm-mlc` (64 MB DRAM, 1000 MLC packages
-//! on 250 ONFI 3.0 channels), footprints 2× the DRAM, the report's access counts (GUPS
+//! on 250 ONFI 3.0 channels), footprints 2× the DRAM (HybridSim's shipped
+//! `ini/hybridsim.ini`: `TOTAL_PAGES` 8 GB behind `CACHE_PAGES` 4 GB; the
+//! report says only "larger than the DRAM"), the report's access counts (GUPS
 //! 5000 updates, MMAP 10,000 reads), "MLC latency" = 75 µs as the report's
 //! sweep uses it, N threads = 8, prefetch = the next 16 pages, seed 1. No
 //! constant of the model was tuned to these numbers. A check the model
@@ -24,7 +26,7 @@ const SOURCE: &str = "NVMM report §5 (SPEC §7)";
 
 /// (check name, why the model misses it).
 pub const KNOWN_MISSES: &[(&str, &str)] = &[
-    ("GUPS 1 thread, prefetch 16: NVMM over SSD", "GUPS starts with the DRAM full of the table's tail (clean: HybridSim's prefill) and updates uniformly at random, so the hit rate is the resident fraction whatever is prefetched (0.509 without, 0.508 with); the report's \"birthday attack\" gain needs ways holding no table data. With the report's 1000 flash devices the backing store has the bandwidth prefetch needs (1.06× → 1.92× after the set-up changes), so what is missing is where the table was when the measured run began: HybridSim prefills \"the first CACHE_PAGES pages of the address space\", and the report does not say whether the table was among them (it needs the benchmark's physical placement or the run's restore file)"),
+    ("GUPS 1 thread, prefetch 16: NVMM over SSD", "Measured start states (docs/src/fidelity/audit-nvmm-quicksan.md): a dirty tail (controller.start_dirty) makes prefetch 2.4× slower (0.80×), other data in the cache (controller.start_blocks = other) gives the birthday gain (1.17× → 1.80×) but drops the no-prefetch 3× to 1.17× and makes prefetch help at 750 µs; neither is kept. GUPS starts with the DRAM full of the table's tail (clean: HybridSim's prefill) and updates uniformly at random, so the hit rate is the resident fraction whatever is prefetched (0.509 without, 0.508 with); the report's \"birthday attack\" gain needs ways holding no table data. With the report's 1000 flash devices the backing store has the bandwidth prefetch needs (1.06× → 1.92× after the set-up changes), so what is missing is where the table was when the measured run began: HybridSim prefills \"the first CACHE_PAGES pages of the address space\", and the report does not say whether the table was among them (it needs the benchmark's physical placement or the run's restore file)"),
     ("GUPS 8 threads, prefetch 16: NVMM over SSD", "as with one thread (hit rate 0.512 → 0.488 with prefetch: the same full cache of table blocks); 1.80× (was 0.68×): the report's 1000 devices removed the queueing behind prefetch reads, not the missing hit-rate gain"),
     ("MMAP 1 thread at MLC: NVMM over SSD (\"roughly the same\")", "an NVMM miss costs the flash read and the whole 8 KB page before the line goes to the CPU (HybridSim, ~96 µs); the SSD fault costs the report's measured 162 µs, so NVMM is 1.75× (2.23× with critical word first). \"Roughly the same\" needs NVMM misses near 160 µs: the report publishes the SSD's time per access, not NVMM's, and nothing in its controller description accounts for the difference"),
     ("MMAP 8 threads, no prefetch: NVMM over SSD", "with one core per thread the SSD's faults overlap as NVMM's misses do, so the SSD gains from 8 threads as much as NVMM (1.73×, against 1.75× with one thread); the report's 3× (against ≈ 1× with one thread) says the SSD path scales worse with threads, by kernel paging costs its software-time table (one thread) does not give. Was 2.06× within range with the line returned critical word first, which HybridSim does not do"),

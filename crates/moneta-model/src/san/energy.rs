@@ -4,9 +4,17 @@
 //! The paper measured the servers at the power supply and assumed 24 W per
 //! QuickSAN SSD (the FusionIO ioDrive's maximum, constant under load) and
 //! 150 W for the switch (it hardly varies with load); those two are its
-//! figures. The host figures are ours (the paper gives none): a dual
-//! Xeon E5520 server drawing [`HostPower::idle_w`] idle and rising linearly
-//! with the busy fraction of its cores to [`HostPower::busy_w`]. The busy
+//! figures. The paper gives no host figures; ours come from public sources
+//! for the same class of machine (a dual Xeon E5520 server, §5.4.1):
+//! power linear in the busy fraction of the cores (Fan, Weber and Barroso,
+//! "Power Provisioning for a Warehouse-sized Computer", ISCA 2007: a
+//! server's power follows CPU utilization linearly), the dynamic range the
+//! two sockets' thermal design power (Intel ARK, Xeon E5520: 80 W TDP, 4
+//! cores, 2.26 GHz), and an idle server at half its full power (Barroso
+//! and Hölzle, "The Case for Energy-Proportional Computing", IEEE Computer
+//! 40(12), 2007: servers "consume about half their full power when doing
+//! virtually no work"): busy − idle = 2 × 80 W and idle = busy / 2, so
+//! [`HostPower::idle_w`] 160 W and [`HostPower::busy_w`] 320 W. The busy
 //! time is the model's: client software, spinning and interrupts, and the
 //! iSCSI targets' software.
 //!
@@ -18,10 +26,11 @@ use serde::Serialize;
 /// Power assumptions, in W.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HostPower {
-    /// A host with idle cores: our assumption for a 2-socket E5520
-    /// (2 × 80 W TDP) server with disks and fans: 150 W.
+    /// A host with idle cores: half the busy power (Barroso and Hölzle,
+    /// IEEE Computer 2007), 160 W.
     pub idle_w: f64,
-    /// All cores busy: idle + the two sockets' TDP ≈ 310 W; we take 300 W.
+    /// All cores busy: idle + the two sockets' TDP (Intel ARK, E5520: 80 W
+    /// each), 320 W.
     pub busy_w: f64,
     /// Cores per host: 2 × 4 (E5520, hyper-threads not counted).
     pub cores: u32,
@@ -34,8 +43,8 @@ pub struct HostPower {
 impl Default for HostPower {
     fn default() -> Self {
         HostPower {
-            idle_w: 150.0,
-            busy_w: 300.0,
+            idle_w: 160.0,
+            busy_w: 320.0,
             cores: 8,
             ssd_w: 24.0,
             switch_w: 150.0,
@@ -109,7 +118,7 @@ mod tests {
     fn idle_hosts_ssds_and_switch_over_the_run() {
         let p = HostPower::default();
         let e = per_op(&run(1000, 1_000_000_000, 0), 4, &p).unwrap();
-        assert!((e.host_joules_per_op - 4.0 * 150.0 / 1000.0).abs() < 1e-12);
+        assert!((e.host_joules_per_op - 4.0 * p.idle_w / 1000.0).abs() < 1e-12);
         assert!((e.ssd_joules_per_op - 4.0 * 24.0 / 1000.0).abs() < 1e-12);
         assert!((e.switch_joules_per_op - 150.0 / 1000.0).abs() < 1e-12);
         // Busy cores cost more per request at the same rate.

@@ -532,16 +532,16 @@ impl<'a> Engine<'a> {
     }
 
     /// Software time before thread `t`'s request takes its host's file
-    /// write lock, if it takes it: a QuickSAN-OS write when
-    /// `san.fs_write_atomicity` is on (`host_config`; §5.2.2: the direct
-    /// path relaxes POSIX atomicity, the kernel's keeps it; §5.4.3 charges
-    /// it to QuickSAN's kernel interface). iSCSI and Fibre Channel are left
-    /// out: §5.4.3 says it of QuickSAN-OS only, and Table 5.1 gives GFS2
-    /// under iSCSI a different cost (0.1 / 1.5 µs) — README "Fidelity".
+    /// write lock, if it takes it: a write through GFS2 when
+    /// `san.fs_write_atomicity` is on — QuickSAN-OS (`host_config`), and
+    /// with `san.fs_write_atomicity_existing` iSCSI and Fibre Channel
+    /// (`transport_path`: §5.1.1 "Both run under Linux and GFS2"). §5.2.2:
+    /// the direct path relaxes POSIX atomicity, the file system keeps it.
     fn lock_after_ns(&self, t: u32) -> Option<Ns> {
         match self.threads[t as usize].path {
             Some(Path::Device(p)) => p.file_lock_after_ns,
-            _ => None,
+            Some(Path::Transport(p)) => p.file_lock_after_ns,
+            None => None,
         }
     }
 

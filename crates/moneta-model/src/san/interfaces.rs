@@ -148,6 +148,13 @@ pub struct InterfaceCosts {
     /// and Fibre Channel are not given it (§5.4.3 says it of QuickSAN's
     /// kernel interface; README "Fidelity" has the evidence).
     pub fs_write_atomicity: bool,
+    /// With `fs_write_atomicity`: iSCSI and Fibre Channel writes take the
+    /// same lock (both run under GFS2, §5.1.1), held from the file system's
+    /// entry to the response. Off in the presets: the one-lock-per-host
+    /// scope is our assumption, and with it the published iSCSI ratios
+    /// move away (docs/src/fidelity/audit-nvmm-quicksan.md).
+    #[serde(default)]
+    pub fs_write_atomicity_existing: bool,
     /// iSCSI block transport, initiator plus target software at 4 KB:
     /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
     /// traffic and the target SSD's time on top (Table 5.1 excludes the
@@ -268,6 +275,8 @@ pub fn host_config(device: &Config, interface: Interface, costs: &InterfaceCosts
             k.file_system_ns_read = fs_read;
             k.file_system_ns_write = fs_write;
             c.host.file_system = true;
+            // Every stack through GFS2 keeps POSIX write atomicity; the
+            // existing interfaces take the lock in `transport_path`.
             c.host.fs_write_atomicity =
                 interface == Interface::QuicksanOs && costs.fs_write_atomicity;
             if interface == Interface::QuicksanOs
@@ -374,6 +383,10 @@ pub struct TransportPath {
     /// After the response: the OS return, labelled.
     pub after: Parts,
     pub after_ns: Ns,
+    /// A write through GFS2 takes its host's file write lock
+    /// (`host::FileLock`, `san.fs_write_atomicity`) after this much of
+    /// `before_ns` (the OS entry), and gives it back once the response is in.
+    pub file_lock_after_ns: Option<Ns>,
 }
 
 /// The iSCSI or Fibre Channel path of one request of `bytes`.
@@ -403,6 +416,15 @@ pub fn transport_path(
     let after_ns = after.add(Component::Return, os - entry);
     let payload_out = if op == Op::Write { bytes } else { 0 };
     let payload_in = bytes - payload_out;
+    // Both existing interfaces run under GFS2 (§5.1.1: "Both run under
+    // Linux and GFS2"; §5.4.1: "In experiments that include a file system,
+    // we use GFS2"; Table 5.1's GFS2 row for iSCSI), and GFS2 gives every
+    // access through it POSIX atomicity (§5.2.2): with
+    // `san.fs_write_atomicity_existing` the same write lock as
+    // QuickSAN-OS's, from the file system's entry to the response.
+    let file_lock_after_ns =
+        (op == Op::Write && costs.fs_write_atomicity && costs.fs_write_atomicity_existing)
+            .then_some(entry);
     match interface {
         Interface::Iscsi => {
             // Per KB at each end: TCP processing with its copies, at least
@@ -439,6 +461,7 @@ pub fn transport_path(
                 response_bytes: tcp(payload_in),
                 after,
                 after_ns,
+                file_lock_after_ns,
             })
         }
         Interface::FibreChannel => {
@@ -452,6 +475,7 @@ pub fn transport_path(
                 response_bytes: payload_in,
                 after,
                 after_ns,
+                file_lock_after_ns,
             })
         }
         _ => Err(format!("{} has no block transport", interface.key())),
