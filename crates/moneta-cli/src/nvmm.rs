@@ -10,7 +10,8 @@
 use crate::output::{print_result_csv, print_result_json, Format};
 use crate::plot::{self, Chart, Series};
 use crate::provenance::Provenance;
-use crate::san::{table, Meter};
+use crate::output::table;
+use crate::san::Meter;
 use clap::{Args, Subcommand};
 use moneta_model::nvmm::calibration::{
     SweepStatement, WearStatement, SWEEP_STATEMENTS, WEAR_STATEMENTS,
