@@ -804,7 +804,8 @@ pub fn up(a: UpArgs) -> Result<(), String> {
     catch_signals();
     let mut rb = Rollback::default();
     if !inst.sd.dir.exists() {
-        fs::create_dir(&inst.sd.dir).map_err(|e| format!("creating {}: {e}", inst.sd.dir.display()))?;
+        fs::create_dir(&inst.sd.dir)
+            .map_err(|e| format!("creating {}: {e}", inst.sd.dir.display()))?;
         let dir = inst.sd.dir.clone();
         rb.push(format!("removed {}", dir.display()), move || {
             fs::remove_dir_all(&dir).map_err(|e| e.to_string())
@@ -996,10 +997,7 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
         &mut cmd,
         rb,
         move |_| stop_nbdfuse(&Instance::at(dir, mount)).map(drop),
-        || {
-            (!fs::metadata(&inst.fuse_file).is_ok_and(|m| m.len() == size))
-                .then(|| serving.clone())
-        },
+        || (!fs::metadata(&inst.fuse_file).is_ok_and(|m| m.len() == size)).then(|| serving.clone()),
     )?;
     Ok(pid)
 }
@@ -1132,7 +1130,11 @@ fn start_daemon(
         &mut cmd,
         rb,
         move |pid| stop_daemon(pid as i32, &socket).map(drop),
-        || UnixStream::connect(&inst.socket).err().map(|_| listening.clone()),
+        || {
+            UnixStream::connect(&inst.socket)
+                .err()
+                .map(|_| listening.clone())
+        },
     )?;
     Ok(pid)
 }
@@ -1195,7 +1197,10 @@ pub fn down(a: DownArgs) -> Result<(), String> {
                 .iter()
                 .map(|d| format!(" and {}", d.display()))
                 .collect();
-            println!("{mount} down{what}; purged {}{removed}", inst.sd.dir.display());
+            println!(
+                "{mount} down{what}; purged {}{removed}",
+                inst.sd.dir.display()
+            );
         } else {
             println!("{mount} down{what}; nothing to purge");
         }

@@ -7,10 +7,10 @@
 //! of them as crosses (`moneta report` puts the same figures on its NVMM
 //! page).
 
+use crate::output::table;
 use crate::output::{print_result_csv, print_result_json, Format};
 use crate::plot::{self, Chart, Series};
 use crate::provenance::Provenance;
-use crate::output::table;
 use crate::san::Meter;
 use clap::{Args, Subcommand};
 use moneta_model::nvmm::calibration::{

@@ -44,8 +44,6 @@
 //! README's chaos results cover.
 
 use crate::mount::need_root;
-use moneta_supervisor::daemon::is_our_daemon;
-use moneta_supervisor::signals::{catch_signals, signal_received};
 use clap::{Args, ValueEnum};
 use moneta::{CompletionMode, Moneta};
 use moneta_emu::register::{
@@ -53,6 +51,8 @@ use moneta_emu::register::{
 };
 use moneta_model::kernel::rng::Rng;
 use moneta_model::units::Op;
+use moneta_supervisor::daemon::is_our_daemon;
+use moneta_supervisor::signals::{catch_signals, signal_received};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};

@@ -93,7 +93,14 @@ mod tests {
     #[test]
     fn a_daemon_is_known_by_its_socket_or_its_groups_files() {
         assert_eq!(
-            sockets_of(&os(&["/bin/moneta", "serve", "--preset", "x", "--socket", "/r/a.sock"])),
+            sockets_of(&os(&[
+                "/bin/moneta",
+                "serve",
+                "--preset",
+                "x",
+                "--socket",
+                "/r/a.sock"
+            ])),
             vec![PathBuf::from("/r/a.sock")]
         );
         assert!(sockets_of(&os(&["/bin/sleep", "--socket", "/r/a.sock"])).is_empty());

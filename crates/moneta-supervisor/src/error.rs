@@ -112,19 +112,27 @@ mod tests {
 
     #[test]
     fn the_text_carries_the_cause_and_the_source_is_kept() {
-        let e = Error::io(
-            "creating /x",
-            io::Error::from_raw_os_error(libc::EACCES),
-        );
+        let e = Error::io("creating /x", io::Error::from_raw_os_error(libc::EACCES));
         assert_eq!(e.kind(), ErrorKind::Io);
         assert_eq!(e.context(), "creating /x");
-        assert!(e.to_string().starts_with("creating /x: Permission denied"), "{e}");
-        let io = e.source().and_then(|s| s.downcast_ref::<io::Error>()).unwrap();
+        assert!(
+            e.to_string().starts_with("creating /x: Permission denied"),
+            "{e}"
+        );
+        let io = e
+            .source()
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .unwrap();
         assert_eq!(io.raw_os_error(), Some(libc::EACCES));
         let outer = Error::with_source(ErrorKind::Command, "up", e);
         assert!(outer.to_string().starts_with("up: creating /x: Permission"));
         assert_eq!(
-            outer.source().unwrap().downcast_ref::<Error>().unwrap().kind(),
+            outer
+                .source()
+                .unwrap()
+                .downcast_ref::<Error>()
+                .unwrap()
+                .kind(),
             ErrorKind::Io
         );
         let plain = Error::new(ErrorKind::Timeout, "late");

@@ -115,10 +115,11 @@ impl Launch<'_> {
         if let Some(b) = &self.banner {
             let _ = writeln!(log, "{b}");
         }
-        let pid = spawn_detached(cmd, log, self.log).map_err(|e| {
-            Error::with_source(e.kind(), format!("starting {}", self.what), e)
-        })?;
-        rb.push(format!("stopped {} (pid {pid})", self.what), move || stop(pid));
+        let pid = spawn_detached(cmd, log, self.log)
+            .map_err(|e| Error::with_source(e.kind(), format!("starting {}", self.what), e))?;
+        rb.push(format!("stopped {} (pid {pid})", self.what), move || {
+            stop(pid)
+        });
         let started = Instant::now();
         loop {
             let Some(awaited) = waiting() else {
@@ -230,7 +231,8 @@ mod tests {
     use std::path::PathBuf;
 
     fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("moneta-supervisor-p{tag}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("moneta-supervisor-p{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
@@ -301,7 +303,10 @@ mod tests {
         };
         assert_eq!(e.kind(), ErrorKind::Exited);
         let text = e.to_string();
-        assert!(text.contains("the test process exited (exit code 7) before listening"), "{text}");
+        assert!(
+            text.contains("the test process exited (exit code 7) before listening"),
+            "{text}"
+        );
         assert!(text.contains("the reason"), "{text}");
         assert!(stopped.get().is_some(), "the rollback did not stop it");
         fs::remove_dir_all(&dir).unwrap();
@@ -314,7 +319,10 @@ mod tests {
         let mut rb = Rollback::default();
         let e = launch(&log, Duration::from_millis(300))
             .start(
-                Command::new("sh").args(["-c", "trap '' TERM; echo ignoring; while :; do sleep 0.05; done"]),
+                Command::new("sh").args([
+                    "-c",
+                    "trap '' TERM; echo ignoring; while :; do sleep 0.05; done",
+                ]),
                 &mut rb,
                 |_| Ok::<(), String>(()),
                 || Some("ready".to_string()),

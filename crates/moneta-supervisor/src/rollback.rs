@@ -18,8 +18,10 @@ impl Rollback {
         what: impl Into<String>,
         undo: impl FnOnce() -> Result<(), E> + 'static,
     ) {
-        self.undo
-            .push((what.into(), Box::new(move || undo().err().map(|e| e.to_string()))));
+        self.undo.push((
+            what.into(),
+            Box::new(move || undo().err().map(|e| e.to_string())),
+        ));
     }
 
     /// Steps registered and not yet undone.

@@ -55,9 +55,9 @@ impl StateDir {
 /// A JSON record; `None` when the file does not exist.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            Error::with_source(ErrorKind::Corrupt, path.display().to_string(), e)
-        }),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::with_source(ErrorKind::Corrupt, path.display().to_string(), e)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(Error::io(path.display().to_string(), e)),
     }
@@ -153,7 +153,8 @@ mod tests {
     use std::time::Duration;
 
     fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("moneta-supervisor-{tag}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("moneta-supervisor-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
@@ -166,14 +167,19 @@ mod tests {
         fs::create_dir(&sd.dir).unwrap();
         assert!(sd.read_json::<Vec<u32>>("state.json").unwrap().is_none());
         sd.write_json("state.json", &vec![1u32, 2, 3]).unwrap();
-        assert_eq!(sd.read_json::<Vec<u32>>("state.json").unwrap(), Some(vec![1, 2, 3]));
+        assert_eq!(
+            sd.read_json::<Vec<u32>>("state.json").unwrap(),
+            Some(vec![1, 2, 3])
+        );
         let text = fs::read_to_string(sd.path("state.json")).unwrap();
         assert!(text.ends_with("]\n"), "{text:?}");
         assert!(!sd.path("state.json.tmp").exists());
         fs::write(sd.path("bad.json"), "{not json").unwrap();
         let e = sd.read_json::<Vec<u32>>("bad.json").unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupt);
-        assert!(e.to_string().starts_with(&sd.path("bad.json").display().to_string()));
+        assert!(e
+            .to_string()
+            .starts_with(&sd.path("bad.json").display().to_string()));
         // A write that cannot land leaves no temporary file behind.
         let e = write_json(&run.join("missing/x.json"), &1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Io);
@@ -193,12 +199,16 @@ mod tests {
             tx.send(()).unwrap();
             drop(l);
         });
-        assert!(rx.recv_timeout(Duration::from_millis(200)).is_err(), "two held the lock");
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "two held the lock"
+        );
         // The holder removes the instance: its lock file goes with it, and
         // the waiter locks a new file rather than the deleted one.
         fs::remove_dir_all(&sd.dir).unwrap();
         drop(held);
-        rx.recv_timeout(Duration::from_secs(5)).expect("the waiter got the lock");
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("the waiter got the lock");
         waiter.join().unwrap();
         assert!(!sd.lock.exists());
         fs::remove_dir_all(&run).unwrap();

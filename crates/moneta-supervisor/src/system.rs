@@ -355,7 +355,10 @@ mod tests {
         assert_eq!(m[1].point, Path::new("/mnt/with space"));
         assert_eq!(m[1].fstype, "xfs");
         assert_eq!(m[2].source, Path::new("/dev/loop1"));
-        let last = m.iter().rev().find(|e| e.point == Path::new("/mnt/with space"));
+        let last = m
+            .iter()
+            .rev()
+            .find(|e| e.point == Path::new("/mnt/with space"));
         assert_eq!(last.unwrap().fstype, "ext4");
         assert!(mounts().iter().any(|e| e.point == Path::new("/")));
     }
@@ -369,8 +372,14 @@ mod tests {
         assert!(processes_where(|a| a.first() == Some(&exe)).contains(&me));
         assert!(pids().contains(&me));
         assert!(cmdline(i32::MAX).is_none());
-        assert!(runs_program(&[OsString::from("/usr/bin/nbdfuse")], "nbdfuse"));
-        assert!(!runs_program(&[OsString::from("/usr/bin/nbdfuse2")], "nbdfuse"));
+        assert!(runs_program(
+            &[OsString::from("/usr/bin/nbdfuse")],
+            "nbdfuse"
+        ));
+        assert!(!runs_program(
+            &[OsString::from("/usr/bin/nbdfuse2")],
+            "nbdfuse"
+        ));
     }
 
     #[test]
@@ -389,7 +398,10 @@ mod tests {
         assert_eq!(out, "hi\n");
         let e = run(Command::new("sh").args(["-c", "echo bad thing >&2; exit 3"])).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Command);
-        assert!(e.to_string().contains("sh -c") && e.to_string().contains("bad thing"), "{e}");
+        assert!(
+            e.to_string().contains("sh -c") && e.to_string().contains("bad thing"),
+            "{e}"
+        );
         let e = run(&mut Command::new("moneta-no-such-tool")).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ToolMissing);
     }
