@@ -1109,32 +1109,13 @@ fn start_daemon(
             .arg("--image-alias")
             .arg(&inst.fuse_file);
     }
-    let banner = format!(
-        "---- moneta up {}: {} {}",
-        inst.mount.display(),
-        exe.display(),
-        cmd.get_args()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let socket = inst.socket.clone();
-    let listening = format!("listening on {}", inst.socket.display());
-    let pid = Launch {
-        what: "monetad",
-        log: &inst.log,
-        banner: Some(banner),
-        limit: READY_WAIT,
-    }
-    .start(
+    let pid = moneta_supervisor::daemon::start_daemon(
         &mut cmd,
+        "monetad",
+        &inst.log,
+        &format!("moneta up {}", inst.mount.display()),
+        std::slice::from_ref(&inst.socket),
         rb,
-        move |pid| stop_daemon(pid as i32, &socket).map(drop),
-        || {
-            UnixStream::connect(&inst.socket)
-                .err()
-                .map(|_| listening.clone())
-        },
     )?;
     Ok(pid)
 }

@@ -46,12 +46,11 @@ use moneta_emu::san_file::{
 };
 use moneta_emu::sys;
 use moneta_model::device::packet::Mac;
-use moneta_supervisor::daemon::{daemon_sockets, daemons_under, stop_daemon};
-use moneta_supervisor::process::Launch;
+use moneta_supervisor::daemon::{daemon_sockets, daemons_under, start_daemon, stop_daemon};
 use moneta_supervisor::signals::{catch_signals, interrupted};
 use moneta_supervisor::state::{read_json, write_atomic, write_json, Lock, StateDir};
 use moneta_supervisor::system::{mem_available, run};
-use moneta_supervisor::{Rollback, READY_WAIT};
+use moneta_supervisor::Rollback;
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::os::unix::net::UnixStream;
@@ -549,11 +548,13 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             let mut cmd = Command::new("ip");
             cmd.args(["netns", "exec", &ns]).arg(&exe).arg("serve");
             cmd.args(&args);
+            // `ip netns exec` execs the command: the pid is monetad's.
             let pid = start_daemon(
-                cmd,
-                &log,
-                std::slice::from_ref(&socket),
+                &mut cmd,
                 &format!("monetad in {ns}"),
+                &log,
+                "moneta san up",
+                std::slice::from_ref(&socket),
                 &mut rb,
             )?;
             (pid, log)
@@ -581,10 +582,11 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         cmd.args((0..a.nodes).map(|i| dir.join(format!("n{i}/serve.args"))));
         let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
         let pid = start_daemon(
-            cmd,
-            &dir.join("monetad.log"),
-            &sockets,
+            &mut cmd,
             "the SAN's monetad",
+            &dir.join("monetad.log"),
+            "moneta san up",
+            &sockets,
             &mut rb,
         )?;
         for n in &mut nodes {
@@ -784,45 +786,6 @@ fn node_args(
     args
 }
 
-/// Start a daemon (`cmd`, logging to `log_path`) and wait until it listens
-/// on every one of `sockets`. Registers its stop with `rb`.
-fn start_daemon(
-    mut cmd: Command,
-    log_path: &Path,
-    sockets: &[PathBuf],
-    what: &str,
-    rb: &mut Rollback,
-) -> Result<u32, String> {
-    let banner = format!(
-        "---- moneta san up: {} {}",
-        cmd.get_program().to_string_lossy(),
-        cmd.get_args()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    // `ip netns exec` execs the command: the pid is monetad's.
-    let socket = sockets[0].clone();
-    let pid = Launch {
-        what,
-        log: log_path,
-        banner: Some(banner),
-        limit: READY_WAIT,
-    }
-    .start(
-        &mut cmd,
-        rb,
-        move |pid| stop_daemon(pid as i32, &socket).map(drop),
-        || {
-            sockets
-                .iter()
-                .find(|s| UnixStream::connect(s).is_err())
-                .map(|s| format!("listening on {}", s.display()))
-        },
-    )?;
-    Ok(pid)
-}
-
 /// Stop every daemon, namespace and link of SAN `name`, from its state and
 /// by name (leftovers of a crash). Returns what it removed.
 fn teardown(name: &str, state: Option<&SanState>) -> Result<Vec<String>, String> {
@@ -1016,10 +979,11 @@ pub fn restart(a: SanRestartArgs) -> Result<(), String> {
     ));
     let log = n.socket.with_file_name("monetad.log");
     let pid = start_daemon(
-        cmd,
-        &log,
-        std::slice::from_ref(&n.socket),
+        &mut cmd,
         &format!("monetad in {}", n.netns),
+        &log,
+        "moneta san restart",
+        std::slice::from_ref(&n.socket),
         &mut rb,
     )?;
     state.nodes[i].pid = pid;

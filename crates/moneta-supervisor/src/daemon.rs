@@ -5,11 +5,14 @@
 //! --socket S`, or `moneta serve-group FILE…` whose argument files (one
 //! `serve` argument a line) name the sockets of its devices.
 
-use crate::process::Stop;
-use crate::system::{cmdline, processes_where};
-use crate::{Result, STOP_GRACE};
+use crate::process::{Launch, Stop};
+use crate::rollback::Rollback;
+use crate::system::{cmdline, command_line, processes_where};
+use crate::{Result, READY_WAIT, STOP_GRACE};
 use std::ffi::OsString;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// The sockets a live monetad serves; empty if `pid` is not one.
 pub fn daemon_sockets(pid: i32) -> Vec<PathBuf> {
@@ -79,6 +82,39 @@ pub fn stop_daemon(pid: i32, socket: &Path) -> Result<bool> {
         grace: STOP_GRACE,
     }
     .run(pid, |p| is_our_daemon(p, socket))
+}
+
+/// Start a monetad (`cmd`: `moneta serve …`, `moneta serve-group …`, or
+/// `ip netns exec NS moneta serve …`, which execs it) detached, its output
+/// appended to `log` after a line `---- TAG: COMMAND`; register its stop
+/// with `rb`; and wait until it listens on every one of `sockets` (up to
+/// [`READY_WAIT`]). Returns its pid.
+pub fn start_daemon(
+    cmd: &mut Command,
+    what: &str,
+    log: &Path,
+    tag: &str,
+    sockets: &[PathBuf],
+    rb: &mut Rollback,
+) -> Result<u32> {
+    let socket = sockets.first().cloned().unwrap_or_default();
+    Launch {
+        what,
+        log,
+        banner: Some(format!("---- {tag}: {}", command_line(cmd))),
+        limit: READY_WAIT,
+    }
+    .start(
+        cmd,
+        rb,
+        move |pid| stop_daemon(pid as i32, &socket).map(drop),
+        || {
+            sockets
+                .iter()
+                .find(|s| UnixStream::connect(s).is_err())
+                .map(|s| format!("listening on {}", s.display()))
+        },
+    )
 }
 
 #[cfg(test)]

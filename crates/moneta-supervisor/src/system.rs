@@ -16,17 +16,22 @@ use std::time::{Duration, Instant};
 // ---------------------------------------------------------------------------
 // Commands
 
-/// Run a command; its stdout, or an error that names it and carries the
-/// first lines of its stderr.
-pub fn run(cmd: &mut Command) -> Result<String> {
-    let shown = format!(
+/// A command as a shell would show it: the program and its arguments.
+pub fn command_line(cmd: &Command) -> String {
+    format!(
         "{} {}",
         cmd.get_program().to_string_lossy(),
         cmd.get_args()
             .map(|a| a.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ")
-    );
+    )
+}
+
+/// Run a command; its stdout, or an error that names it and carries the
+/// first lines of its stderr.
+pub fn run(cmd: &mut Command) -> Result<String> {
+    let shown = command_line(cmd);
     let out = cmd.output().map_err(|e| {
         if e.kind() == io::ErrorKind::NotFound {
             Error::new(
