@@ -167,27 +167,6 @@ struct ServeLine {
     serve: ServeArgs,
 }
 
-/// The `--socket` of each device a `serve-group` command line hosts
-/// (empty when an argument file is unreadable).
-pub(crate) fn group_sockets(args: &[std::ffi::OsString]) -> Vec<PathBuf> {
-    let Some(at) = args.iter().position(|a| a == "serve-group") else {
-        return Vec::new();
-    };
-    args[at + 1..]
-        .iter()
-        .filter_map(|a| a.to_str())
-        .filter(|a| !a.starts_with("--") && a.parse::<usize>().is_err())
-        .filter_map(|file| std::fs::read_to_string(file).ok())
-        .filter_map(|text| {
-            let lines: Vec<&str> = text.lines().collect();
-            lines
-                .windows(2)
-                .find(|w| w[0] == "--socket")
-                .map(|w| PathBuf::from(w[1]))
-        })
-        .collect()
-}
-
 fn read_serve_args(path: &Path) -> Result<ServeArgs, String> {
     use clap::Parser;
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -669,9 +648,9 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         seed: a.model.seed,
         realtime: a.realtime,
         // Ctrl-C ends the run early; what it measured is printed.
-        cancelled: Some(crate::mount::signal_received),
+        cancelled: Some(moneta_supervisor::signals::signal_received),
     };
-    crate::mount::catch_signals();
+    moneta_supervisor::signals::catch_signals();
     m.grant_raw(a.region_offset, region, mix != OpMix::Read)
         .map_err(|e| format!("{e} (raw grants need the daemon's owner)"))?;
     let before = m.stats().map_err(|e| e.to_string())?;
@@ -696,7 +675,7 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
         );
     }
     print_bench(&summary, a.model.format)?;
-    if crate::mount::signal_received() {
+    if moneta_supervisor::signals::signal_received() {
         return Err(format!(
             "{}: stopped after {} requests; the results above are theirs",
             crate::INTERRUPTED,

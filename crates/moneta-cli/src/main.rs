@@ -646,9 +646,9 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
     let mut points = Vec::with_capacity(mine.len());
-    mount::catch_signals();
+    moneta_supervisor::signals::catch_signals();
     for (k, w) in mine.iter().enumerate() {
-        if mount::signal_received() {
+        if moneta_supervisor::signals::signal_received() {
             break;
         }
         let (op, size) = (w.groups[0].op, w.groups[0].size_bytes);
@@ -800,12 +800,12 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
 }
 
 fn calibrate(format: Format) -> Result<(), String> {
-    mount::catch_signals();
+    moneta_supervisor::signals::catch_signals();
     let groups = moneta_model::calibration::groups();
     let mut checks = Vec::new();
     let mut done = 0;
     for (what, run) in &groups {
-        if mount::signal_received() {
+        if moneta_supervisor::signals::signal_received() {
             break;
         }
         if std::io::stderr().is_terminal() {

@@ -23,22 +23,28 @@
 //! socket paths (mount table, /sys/block/loop*/loop/backing_file, /proc), not
 //! from state.json alone, so they also clean up after a crash that skipped
 //! the rollback.
+//!
+//! The mechanisms (processes, the lock and the records, the rollback, the
+//! mount table, loop devices, /proc) are `moneta_supervisor`'s, shared with
+//! `moneta san up`; this file holds what an instance of a mount point is.
 
 use clap::{Args, ValueEnum};
 use moneta_model::config::Config;
+use moneta_supervisor::daemon::{daemon_pids, is_our_daemon, stop_daemon};
+use moneta_supervisor::process::{Launch, Stop};
+use moneta_supervisor::signals::{catch_signals, interrupted};
+use moneta_supervisor::state::{read_json, write_atomic, write_json, StateDir};
+use moneta_supervisor::system::{
+    self, loops_for, mounted_at, mounts, processes_where, run, runs_program, unmount,
+};
+use moneta_supervisor::{Rollback, READY_WAIT, STOP_GRACE};
 use serde::{Deserialize, Serialize};
-use std::ffi::OsString;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::MetadataExt;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 pub(crate) const RUN_DIR: &str = "/run/moneta";
 const DEFAULT_MOUNT: &str = "/mnt/moneta";
@@ -46,8 +52,6 @@ const DEFAULT_PRESET: &str = "moneta-d";
 const DEFAULT_SIZE: u64 = 4 << 30;
 /// mkfs.xfs refuses anything smaller.
 const XFS_MIN_BYTES: u64 = 300 << 20;
-pub(crate) const SOCKET_WAIT: Duration = Duration::from_secs(10);
-const STOP_GRACE: Duration = Duration::from_secs(5);
 /// Longest instance name: keeps `<run dir>/<name>/monetad.sock` within the
 /// 108 bytes of a Unix socket address.
 const MAX_NAME: usize = 77;
@@ -182,8 +186,8 @@ pub(crate) fn human(bytes: u64) -> String {
 /// The paths of one instance.
 struct Instance {
     mount: PathBuf,
-    dir: PathBuf,
-    lock: PathBuf,
+    /// `/run/moneta/<name>/` and its lock `/run/moneta/.lock-<name>`.
+    sd: StateDir,
     image: PathBuf,
     record: PathBuf,
     state: PathBuf,
@@ -213,9 +217,9 @@ impl Instance {
 
     fn at(dir: PathBuf, mount: PathBuf) -> Instance {
         let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        let lock = run_dir().join(format!(".lock-{name}"));
         Instance {
             mount,
-            lock: run_dir().join(format!(".lock-{name}")),
             image: dir.join("device.img"),
             record: dir.join("image.json"),
             state: dir.join("state.json"),
@@ -225,7 +229,7 @@ impl Instance {
             fuse_dir: dir.join("nbd"),
             fuse_file: dir.join("nbd").join("device"),
             fuse_log: dir.join("nbdfuse.log"),
-            dir,
+            sd: StateDir { dir, lock },
         }
     }
 }
@@ -328,16 +332,6 @@ struct ImageRecord {
     sets: Vec<String>,
 }
 
-fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, String> {
-    match fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("{}: {e}", path.display())),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
-    }
-}
-
 /// The socket and mount point of the instance mounted at `mount`, for
 /// `moneta run`; an error if it is not up.
 pub fn running(mount: &Path) -> Result<(PathBuf, PathBuf), String> {
@@ -373,396 +367,6 @@ fn read_state(inst: &Instance) -> Option<State> {
         eprintln!("moneta: ignoring {e}");
         None
     })
-}
-
-/// Write through a temporary file and rename, so a reader never sees half.
-fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), String> {
-    let tmp = path.with_extension("json.tmp");
-    let text = serde_json::to_string_pretty(value).expect("records serialize");
-    fs::write(&tmp, text + "\n")
-        .and_then(|()| fs::rename(&tmp, path))
-        .map_err(|e| format!("writing {}: {e}", path.display()))
-}
-
-/// Serializes `up` and `down` of one mount point. The lock file lives as
-/// long as the state directory: whoever holds the lock when the directory
-/// is gone deletes the file, and a waiter then finds that the file it
-/// locked is no longer the one at the path, and locks afresh. The
-/// descriptor is close-on-exec (as all of std's), so the daemon does not
-/// inherit the lock.
-struct Lock {
-    _file: fs::File,
-    path: PathBuf,
-    dir: PathBuf,
-}
-
-impl Lock {
-    fn take(inst: &Instance) -> Result<Lock, String> {
-        let mut told = false;
-        loop {
-            let f = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&inst.lock)
-                .map_err(|e| format!("{}: {e}", inst.lock.display()))?;
-            // SAFETY: flock(2) on a descriptor we own.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                if !told {
-                    eprintln!(
-                        "moneta: waiting for another moneta up/down on {}",
-                        inst.mount.display()
-                    );
-                    told = true;
-                }
-                // SAFETY: as above.
-                if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-                    return Err(format!(
-                        "locking {}: {}",
-                        inst.lock.display(),
-                        io::Error::last_os_error()
-                    ));
-                }
-            }
-            let same = match (f.metadata(), fs::metadata(&inst.lock)) {
-                (Ok(held), Ok(now)) => held.dev() == now.dev() && held.ino() == now.ino(),
-                _ => false,
-            };
-            if same {
-                return Ok(Lock {
-                    _file: f,
-                    path: inst.lock.clone(),
-                    dir: inst.dir.clone(),
-                });
-            }
-        }
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        if !self.dir.exists() {
-            let _ = fs::remove_file(&self.path);
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The system: commands, mount table, loop devices, processes
-
-/// Run a command; on failure the error names it and carries its stderr.
-pub(crate) fn run(cmd: &mut Command) -> Result<String, String> {
-    let shown = format!(
-        "{} {}",
-        cmd.get_program().to_string_lossy(),
-        cmd.get_args()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let out = cmd.output().map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            format!(
-                "{}: not found (install xfsprogs, e2fsprogs and util-linux)",
-                cmd.get_program().to_string_lossy()
-            )
-        } else {
-            format!("{shown}: {e}")
-        }
-    })?;
-    if out.status.success() {
-        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
-    }
-    // Ctrl-C reaches the command too; say why it failed.
-    interrupted()?;
-    // mkfs.xfs follows its one-line complaint with a page of usage.
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let said: Vec<&str> = stderr
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .take(4)
-        .collect();
-    Err(format!(
-        "{shown} failed ({}): {}",
-        out.status,
-        said.join("; ")
-    ))
-}
-
-struct MountEntry {
-    point: PathBuf,
-    fstype: String,
-    source: PathBuf,
-}
-
-/// /proc/self/mountinfo, whose fields escape space, tab, newline and
-/// backslash as octal.
-fn mounts() -> Vec<MountEntry> {
-    fn unescape(s: &str) -> PathBuf {
-        let b = s.as_bytes();
-        let mut out = Vec::with_capacity(b.len());
-        let mut i = 0;
-        while i < b.len() {
-            if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-                let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-                out.push(v);
-                i += 4;
-            } else {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-        PathBuf::from(OsString::from_vec(out))
-    }
-    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let (before, after) = line.split_once(" - ")?;
-            let point = before.split(' ').nth(4)?;
-            let mut after = after.split(' ');
-            let fstype = after.next()?;
-            let source = after.next()?;
-            Some(MountEntry {
-                point: unescape(point),
-                fstype: fstype.to_string(),
-                source: unescape(source),
-            })
-        })
-        .collect()
-}
-
-/// What is visible at `dir` (the last mount there hides the others).
-fn mounted_at(dir: &Path) -> Option<MountEntry> {
-    mounts().into_iter().rev().find(|m| m.point == dir)
-}
-
-/// Loop devices whose backing file is `image` (also once it was deleted).
-fn loops_for(image: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    let mut devs: Vec<PathBuf> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !name.starts_with("loop") {
-                return None;
-            }
-            let backing = fs::read(e.path().join("loop/backing_file")).ok()?;
-            let backing = backing.strip_suffix(b"\n").unwrap_or(&backing);
-            let backing = backing.strip_suffix(b" (deleted)").unwrap_or(backing);
-            (backing == image.as_os_str().as_bytes()).then(|| Path::new("/dev").join(name))
-        })
-        .collect();
-    devs.sort();
-    devs
-}
-
-/// The command line of `pid`, if it runs (zombies do not).
-pub(crate) fn cmdline(pid: i32) -> Option<Vec<OsString>> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The state follows the parenthesized command name, which may contain
-    // anything, so look after the last ')'.
-    let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-    if matches!(state, 'Z' | 'X') {
-        return None;
-    }
-    let raw = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    Some(
-        raw.split(|&b| b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| OsString::from_vec(a.to_vec()))
-            .collect(),
-    )
-}
-
-/// Whether `pid` is a live `moneta serve … --socket SOCKET`: a pid from a
-/// state file may have been reused by anything since.
-pub(crate) fn is_our_daemon(pid: i32, socket: &Path) -> bool {
-    daemon_sockets(pid).iter().any(|s| s == socket)
-}
-
-/// The sockets a live monetad serves: a `moneta serve`'s `--socket`, or
-/// those of every device of a `moneta serve-group` (from its argument files).
-pub(crate) fn daemon_sockets(pid: i32) -> Vec<PathBuf> {
-    let Some(args) = cmdline(pid) else {
-        return Vec::new();
-    };
-    if args.iter().any(|a| a == "serve-group") {
-        return crate::emu::group_sockets(&args);
-    }
-    if !args.iter().any(|a| a == "serve") {
-        return Vec::new();
-    }
-    args.windows(2)
-        .find(|w| w[0] == "--socket")
-        .map(|w| PathBuf::from(&w[1]))
-        .into_iter()
-        .collect()
-}
-
-/// Processes (other than this one and `except`) using the file system
-/// with device number `dev`: as their working or root directory, through
-/// an open descriptor, or through a memory mapping. (pid, name, how).
-fn users_of(dev: u64, except: &[i32]) -> Vec<(i32, String, String)> {
-    use std::os::unix::fs::MetadataExt;
-    let me = std::process::id() as i32;
-    let on = |p: &Path| fs::metadata(p).is_ok_and(|m| m.dev() == dev);
-    let want = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
-    let mut found = Vec::new();
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return found;
-    };
-    for pid in entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| *p != me && !except.contains(p))
-    {
-        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-        let mut how = Vec::new();
-        for link in ["cwd", "root"] {
-            if on(&proc_dir.join(link)) {
-                how.push(link.to_string());
-            }
-        }
-        if let Ok(fds) = fs::read_dir(proc_dir.join("fd")) {
-            let open = fds.flatten().filter(|f| on(&f.path())).count();
-            if open > 0 {
-                how.push(format!("{open} open file(s)"));
-            }
-        }
-        if fs::read_to_string(proc_dir.join("maps")).is_ok_and(|maps| {
-            maps.lines()
-                .any(|l| l.split_ascii_whitespace().nth(3) == Some(want.as_str()))
-        }) {
-            how.push("a mapped file".to_string());
-        }
-        if !how.is_empty() {
-            let name = fs::read_to_string(proc_dir.join("comm"))
-                .map(|c| c.trim().to_string())
-                .unwrap_or_default();
-            found.push((pid, name, how.join(", ")));
-        }
-    }
-    found
-}
-
-fn daemon_pids(socket: &Path) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids: Vec<i32> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse().ok())
-        .filter(|&pid| is_our_daemon(pid, socket))
-        .collect();
-    pids.sort();
-    pids
-}
-
-/// Collect `pid`'s exit status if it is our child that exited.
-pub(crate) fn reap(pid: i32) -> Option<i32> {
-    let mut status = 0;
-    // SAFETY: waitpid with WNOHANG on one pid; not our child gives ECHILD.
-    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-    (r == pid).then_some(status)
-}
-
-/// SIGTERM, up to STOP_GRACE for the daemon to remove its socket and go,
-/// then SIGKILL. Returns whether there was a daemon to stop.
-pub(crate) fn stop_daemon(pid: i32, socket: &Path) -> Result<bool, String> {
-    reap(pid);
-    if !is_our_daemon(pid, socket) {
-        return Ok(false);
-    }
-    let wait_gone = |limit: Duration| {
-        let deadline = Instant::now() + limit;
-        loop {
-            reap(pid);
-            if !is_our_daemon(pid, socket) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    // SAFETY: kill(2) of a pid just checked to be our daemon.
-    unsafe { libc::kill(pid, libc::SIGTERM) };
-    if wait_gone(STOP_GRACE) {
-        return Ok(true);
-    }
-    eprintln!(
-        "moneta: monetad (pid {pid}) ignored SIGTERM for {} s; killing it",
-        STOP_GRACE.as_secs()
-    );
-    // SAFETY: as above; checked again just now by wait_gone.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    if wait_gone(Duration::from_secs(2)) {
-        Ok(true)
-    } else {
-        Err(format!("monetad (pid {pid}) survived SIGKILL"))
-    }
-}
-
-/// Unmount; a busy file system gets a few chances, then the error says how
-/// to find who holds it.
-fn unmount(dir: &Path) -> Result<(), String> {
-    let mut attempt = 0;
-    loop {
-        match run(Command::new("umount").arg(dir)) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.contains("busy") && attempt < 5 => {
-                attempt += 1;
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) if e.contains("busy") => {
-                return Err(format!(
-                    "{e}\nsomething still uses {0}: `fuser -vm {0}` lists it; stop it and run moneta down again",
-                    dir.display()
-                ))
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Detach a loop device and wait until it is gone. Right after an unmount
-/// the kernel may still hold the device for a moment; `losetup -d` then
-/// only marks it to detach when released, so success means little until
-/// the backing file disappears from sysfs.
-fn detach(dev: &Path) -> Result<(), String> {
-    let name = dev.file_name().unwrap_or_default();
-    let backing = Path::new("/sys/block").join(name).join("loop/backing_file");
-    // A device set to clear itself on its last close may already be going
-    // when `losetup -d` runs (it then fails with "No such device or
-    // address"): gone is what was asked, so only a device still attached
-    // when every attempt failed is an error.
-    let mut attempt = 0;
-    while let Err(e) = run(Command::new("losetup").arg("-d").arg(dev)) {
-        if !backing.exists() {
-            return Ok(());
-        }
-        if attempt == 5 {
-            return Err(e);
-        }
-        attempt += 1;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let deadline = Instant::now() + STOP_GRACE;
-    while backing.exists() {
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "{} is still attached {} s after losetup -d: something holds it open",
-                dev.display(),
-                STOP_GRACE.as_secs()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
 }
 
 /// Stop the daemon, unmount and detach whatever of `inst` is still there;
@@ -802,7 +406,7 @@ fn teardown(inst: &Instance) -> Result<Vec<String>, String> {
         done.push(format!("unmounted {}", m.point.display()));
     }
     for dev in inst.loops() {
-        detach(&dev)?;
+        system::detach_loop(&dev)?;
         done.push(format!("detached {}", dev.display()));
     }
     if device_path {
@@ -824,22 +428,9 @@ fn teardown(inst: &Instance) -> Result<Vec<String>, String> {
 
 /// nbdfuse processes serving this instance's file.
 fn nbdfuse_pids(inst: &Instance) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids: Vec<i32> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| {
-            cmdline(pid).is_some_and(|args| {
-                args.first()
-                    .is_some_and(|a| Path::new(a).file_name() == Some("nbdfuse".as_ref()))
-                    && args.iter().any(|a| Path::new(a) == inst.fuse_file)
-            })
-        })
-        .collect();
-    pids.sort();
-    pids
+    processes_where(|args| {
+        runs_program(args, "nbdfuse") && args.iter().any(|a| Path::new(a) == inst.fuse_file)
+    })
 }
 
 /// Unmount nbdfuse's FUSE mount (nbdfuse then exits), or kill nbdfuse if
@@ -852,29 +443,13 @@ fn stop_nbdfuse(inst: &Instance) -> Result<bool, String> {
             run(Command::new("umount").arg("-l").arg(&inst.fuse_dir))?;
         }
     }
-    let deadline = Instant::now() + STOP_GRACE;
-    loop {
-        let pids = nbdfuse_pids(inst);
-        if pids.is_empty() {
-            break;
-        }
-        any = true;
-        for &pid in &pids {
-            reap(pid);
-        }
-        if Instant::now() >= deadline {
-            for pid in pids {
-                // SAFETY: kill(2) of a pid just checked to be our nbdfuse.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                reap(pid);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-            if !nbdfuse_pids(inst).is_empty() {
-                return Err("nbdfuse survived SIGKILL".into());
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let stop = Stop {
+        what: "nbdfuse",
+        ask: None,
+        grace: STOP_GRACE,
+    };
+    for pid in nbdfuse_pids(inst) {
+        any |= stop.run(pid, |p| nbdfuse_pids(inst).contains(&p))?;
     }
     let _ = fs::remove_dir(&inst.fuse_dir);
     Ok(any)
@@ -949,46 +524,7 @@ impl Alive {
 }
 
 // ---------------------------------------------------------------------------
-// Interrupts, fault injection and rollback
-
-/// The signal that asked `up` to stop (0: none).
-static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    INTERRUPTED.store(sig, Ordering::Release);
-}
-
-/// Ctrl-C, SIGTERM or a closed terminal during `up` ends it between steps,
-/// through the rollback, instead of killing it halfway.
-pub(crate) fn catch_signals() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
-    }
-}
-
-/// Whether a signal `catch_signals` watches has come (`sim sweep` and
-/// `calibrate` stop between points and print what they have).
-pub(crate) fn signal_received() -> bool {
-    INTERRUPTED.load(Ordering::Acquire) != 0
-}
-
-pub(crate) fn interrupted() -> Result<(), String> {
-    match INTERRUPTED.load(Ordering::Acquire) {
-        0 => Ok(()),
-        sig => {
-            let name = match sig {
-                libc::SIGINT => "SIGINT",
-                libc::SIGTERM => "SIGTERM",
-                libc::SIGHUP => "SIGHUP",
-                _ => "a signal",
-            };
-            Err(format!(
-                "interrupted by {name}; undid everything up had done"
-            ))
-        }
-    }
-}
+// Fault injection
 
 /// Between steps: stop if interrupted, and the test hook of FAULT_ENV.
 fn checkpoint(step: &str) -> Result<(), String> {
@@ -1003,44 +539,10 @@ fn checkpoint(step: &str) -> Result<(), String> {
             eprintln!("moneta: {FAULT_ENV}: stalled after step {step} until a signal");
             loop {
                 interrupted()?;
-                std::thread::sleep(Duration::from_millis(10));
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
         }
         _ => Ok(()),
-    }
-}
-
-type Undo = Box<dyn FnOnce() -> Result<(), String>>;
-
-/// The undo of every step taken so far, run newest first when dropped
-/// before `commit` (an error return, a panic, an interrupt).
-#[derive(Default)]
-pub(crate) struct Rollback {
-    undo: Vec<(String, Undo)>,
-}
-
-impl Rollback {
-    pub(crate) fn push(
-        &mut self,
-        what: impl Into<String>,
-        undo: impl FnOnce() -> Result<(), String> + 'static,
-    ) {
-        self.undo.push((what.into(), Box::new(undo)));
-    }
-
-    pub(crate) fn commit(mut self) {
-        self.undo.clear();
-    }
-}
-
-impl Drop for Rollback {
-    fn drop(&mut self) {
-        while let Some((what, undo)) = self.undo.pop() {
-            match undo() {
-                Ok(()) => eprintln!("moneta: rolled back: {what}"),
-                Err(e) => eprintln!("moneta: rolling back ({what}) failed: {e}"),
-            }
-        }
     }
 }
 
@@ -1218,7 +720,7 @@ pub fn up(a: UpArgs) -> Result<(), String> {
     fs::create_dir_all(RUN_DIR).map_err(|e| format!("creating {RUN_DIR}: {e}"))?;
     let inst = Instance::for_mount(&a.mount)?;
     let mount = inst.mount.display().to_string();
-    let _lock = Lock::take(&inst)?;
+    let _lock = inst.sd.lock(&format!("moneta up/down on {mount}"))?;
 
     let state = read_state(&inst);
     let mut missing = Vec::new();
@@ -1301,9 +803,10 @@ pub fn up(a: UpArgs) -> Result<(), String> {
 
     catch_signals();
     let mut rb = Rollback::default();
-    if !inst.dir.exists() {
-        fs::create_dir(&inst.dir).map_err(|e| format!("creating {}: {e}", inst.dir.display()))?;
-        let dir = inst.dir.clone();
+    if !inst.sd.dir.exists() {
+        fs::create_dir(&inst.sd.dir)
+            .map_err(|e| format!("creating {}: {e}", inst.sd.dir.display()))?;
+        let dir = inst.sd.dir.clone();
         rb.push(format!("removed {}", dir.display()), move || {
             fs::remove_dir_all(&dir).map_err(|e| e.to_string())
         });
@@ -1424,15 +927,12 @@ pub fn up(a: UpArgs) -> Result<(), String> {
 
 /// A loop device over `backing` (direct I/O or buffered), detached on rollback.
 fn attach_loop(backing: &Path, direct_io: bool, rb: &mut Rollback) -> Result<PathBuf, String> {
-    let mut cmd = Command::new("losetup");
-    cmd.args(["--find", "--show"]);
-    if direct_io {
-        cmd.arg("--direct-io=on");
-    }
-    let dev = PathBuf::from(run(cmd.arg(backing))?.trim());
+    let dev = system::attach_loop(backing, direct_io)?;
     {
         let dev = dev.clone();
-        rb.push(format!("detached {}", dev.display()), move || detach(&dev));
+        rb.push(format!("detached {}", dev.display()), move || {
+            system::detach_loop(&dev)
+        });
     }
     checkpoint("loop")?;
     Ok(dev)
@@ -1444,13 +944,13 @@ fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Re
     refuse_non_empty(&inst.mount)?;
     let made = make_dirs(&inst.mount)?;
     // `down --purge` removes what `up` made, and only that.
-    fs::write(
-        inst.dir.join(MADE_DIRS),
+    write_atomic(
+        &inst.sd.path(MADE_DIRS),
         made.iter()
             .map(|d| format!("{}\n", d.display()))
-            .collect::<String>(),
-    )
-    .map_err(|e| format!("{}: {e}", inst.dir.join(MADE_DIRS).display()))?;
+            .collect::<String>()
+            .as_bytes(),
+    )?;
     for dir in made.into_iter() {
         rb.push(format!("removed {}", dir.display()), move || {
             fs::remove_dir(&dir).map_err(|e| e.to_string())
@@ -1464,11 +964,7 @@ fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Re
         let dir = inst.mount.clone();
         // A rollback must not leave a mount behind: lazily if need be.
         rb.push(format!("unmounted {}", dir.display()), move || {
-            unmount(&dir).or_else(|e| {
-                run(Command::new("umount").arg("-l").arg(&dir))
-                    .map(drop)
-                    .map_err(|l| format!("{e}; lazily: {l}"))
-            })
+            system::unmount_or_lazily(&dir)
         });
     }
     checkpoint("mount")
@@ -1486,46 +982,24 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
     let _ = fs::remove_dir(&inst.fuse_dir);
     fs::create_dir(&inst.fuse_dir)
         .map_err(|e| format!("creating {}: {e}", inst.fuse_dir.display()))?;
-    let log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&inst.fuse_log)
-        .map_err(|e| format!("{}: {e}", inst.fuse_log.display()))?;
-    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let uri = moneta_nbd::unix_uri("moneta", &inst.nbd_socket);
     let mut cmd = Command::new("nbdfuse");
     cmd.arg(&inst.fuse_file).arg(&uri);
-    let pid = spawn_detached(&mut cmd, log, &inst.fuse_log)
-        .map_err(|e| format!("starting nbdfuse: {e}"))?;
-    {
-        let (dir, mount) = (inst.dir.clone(), inst.mount.clone());
-        rb.push(format!("stopped nbdfuse (pid {pid})"), move || {
-            stop_nbdfuse(&Instance::at(dir, mount)).map(drop)
-        });
+    let (dir, mount) = (inst.sd.dir.clone(), inst.mount.clone());
+    let serving = format!("serving {}", inst.fuse_file.display());
+    let pid = Launch {
+        what: "nbdfuse",
+        log: &inst.fuse_log,
+        banner: None,
+        limit: READY_WAIT,
     }
-    let started = Instant::now();
-    loop {
-        if let Some(status) = reap(pid as i32) {
-            return Err(format!(
-                "nbdfuse exited (status {status}) before serving {}; {}",
-                inst.fuse_file.display(),
-                log_tail(&inst.fuse_log, log_start)
-            ));
-        }
-        if fs::metadata(&inst.fuse_file).is_ok_and(|m| m.len() == size) {
-            return Ok(pid);
-        }
-        if started.elapsed() > SOCKET_WAIT {
-            return Err(format!(
-                "nbdfuse (pid {pid}) did not serve {} within {} s; {}",
-                inst.fuse_file.display(),
-                SOCKET_WAIT.as_secs(),
-                log_tail(&inst.fuse_log, log_start)
-            ));
-        }
-        interrupted()?;
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    .start(
+        &mut cmd,
+        rb,
+        move |_| stop_nbdfuse(&Instance::at(dir, mount)).map(drop),
+        || (!fs::metadata(&inst.fuse_file).is_ok_and(|m| m.len() == size)).then(|| serving.clone()),
+    )?;
+    Ok(pid)
 }
 
 /// The file in an instance's state directory naming the directories `up`
@@ -1556,7 +1030,7 @@ fn refuse_non_empty(mount: &Path) -> Result<(), String> {
 /// Remove the directories `up` made for the mount point (innermost first,
 /// only while empty); returns those removed.
 fn remove_made_dirs(inst: &Instance) -> Vec<PathBuf> {
-    let listed = fs::read_to_string(inst.dir.join(MADE_DIRS)).unwrap_or_default();
+    let listed = fs::read_to_string(inst.sd.dir.join(MADE_DIRS)).unwrap_or_default();
     listed
         .lines()
         .rev()
@@ -1605,12 +1079,6 @@ fn start_daemon(
     rb: &mut Rollback,
 ) -> Result<u32, String> {
     let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&inst.log)
-        .map_err(|e| format!("{}: {e}", inst.log.display()))?;
-    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let mut cmd = Command::new(&exe);
     cmd.arg("serve");
     match &want.config {
@@ -1641,95 +1109,15 @@ fn start_daemon(
             .arg("--image-alias")
             .arg(&inst.fuse_file);
     }
-    let _ = writeln!(
-        log,
-        "---- moneta up {}: {} {}",
-        inst.mount.display(),
-        exe.display(),
-        cmd.get_args()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let pid = spawn_detached(&mut cmd, log, &inst.log)
-        .map_err(|e| format!("starting {} serve: {e}", exe.display()))?;
-    {
-        let socket = inst.socket.clone();
-        rb.push(format!("stopped monetad (pid {pid})"), move || {
-            stop_daemon(pid as i32, &socket).map(drop)
-        });
-    }
-    let started = Instant::now();
-    loop {
-        if let Some(status) = reap(pid as i32) {
-            let how = if libc::WIFEXITED(status) {
-                format!("exit code {}", libc::WEXITSTATUS(status))
-            } else {
-                format!("signal {}", libc::WTERMSIG(status))
-            };
-            return Err(format!(
-                "monetad exited ({how}) before listening on {}; {}",
-                inst.socket.display(),
-                log_tail(&inst.log, log_start)
-            ));
-        }
-        if UnixStream::connect(&inst.socket).is_ok() {
-            return Ok(pid);
-        }
-        if started.elapsed() > SOCKET_WAIT {
-            return Err(format!(
-                "monetad (pid {pid}) did not listen on {} within {} s; {}",
-                inst.socket.display(),
-                SOCKET_WAIT.as_secs(),
-                log_tail(&inst.log, log_start)
-            ));
-        }
-        interrupted()?;
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Start `cmd` detached: its own session (no terminal signals, survives the
-/// shell), cwd `/` (never keeps a mount busy), output to `log` (at
-/// `log_path`). Returns its pid: the process is managed by pid from here
-/// (the handle would neither kill nor reap it on drop).
-pub(crate) fn spawn_detached(
-    cmd: &mut Command,
-    log: fs::File,
-    log_path: &Path,
-) -> Result<u32, String> {
-    let err_log = log
-        .try_clone()
-        .map_err(|e| format!("{}: {e}", log_path.display()))?;
-    cmd.current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(err_log);
-    // SAFETY: setsid(2) is async-signal-safe, and the closure touches
-    // nothing else between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() == -1 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
-        });
-    }
-    let child = cmd.spawn().map_err(|e| e.to_string())?;
-    Ok(child.id())
-}
-
-/// The last lines the daemon wrote since `from`.
-pub(crate) fn log_tail(path: &Path, from: u64) -> String {
-    let mut text = String::new();
-    if let Ok(mut f) = fs::File::open(path) {
-        let _ = f.seek(SeekFrom::Start(from));
-        let _ = f.read_to_string(&mut text);
-    }
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = &lines[lines.len().saturating_sub(15)..];
-    format!("its log {} ends:\n{}", path.display(), tail.join("\n"))
+    let pid = moneta_supervisor::daemon::start_daemon(
+        &mut cmd,
+        "monetad",
+        &inst.log,
+        &format!("moneta up {}", inst.mount.display()),
+        std::slice::from_ref(&inst.socket),
+        rb,
+    )?;
+    Ok(pid)
 }
 
 // ---------------------------------------------------------------------------
@@ -1741,8 +1129,8 @@ pub fn down(a: DownArgs) -> Result<(), String> {
     let mount = inst.mount.display().to_string();
     // Without a state directory there is nothing of ours to lock; leftovers
     // (a state directory deleted by hand) are still found by path.
-    let _lock = if inst.dir.exists() {
-        Some(Lock::take(&inst)?)
+    let _lock = if inst.sd.dir.exists() {
+        Some(inst.sd.lock(&format!("moneta up/down on {mount}"))?)
     } else {
         None
     };
@@ -1752,11 +1140,11 @@ pub fn down(a: DownArgs) -> Result<(), String> {
     if mounted_at(&inst.mount).is_some() {
         use std::os::unix::fs::MetadataExt;
         if let Ok(meta) = fs::metadata(&inst.mount) {
-            let users = users_of(meta.dev(), &daemon_pids(&inst.socket));
+            let users = system::users_of(meta.dev(), &daemon_pids(&inst.socket));
             if !users.is_empty() {
                 let list: Vec<String> = users
                     .iter()
-                    .map(|(pid, name, how)| format!("pid {pid} ({name}): {how}"))
+                    .map(|u| format!("pid {} ({}): {}", u.pid, u.name, u.how))
                     .collect();
                 return Err(format!(
                     "{mount} is busy, nothing was stopped; these processes use it: {}",
@@ -1782,15 +1170,18 @@ pub fn down(a: DownArgs) -> Result<(), String> {
         return Ok(());
     }
     if a.purge {
-        if inst.dir.exists() {
+        if inst.sd.dir.exists() {
             let removed = remove_made_dirs(&inst);
-            fs::remove_dir_all(&inst.dir)
-                .map_err(|e| format!("removing {}: {e}", inst.dir.display()))?;
+            fs::remove_dir_all(&inst.sd.dir)
+                .map_err(|e| format!("removing {}: {e}", inst.sd.dir.display()))?;
             let removed: String = removed
                 .iter()
                 .map(|d| format!(" and {}", d.display()))
                 .collect();
-            println!("{mount} down{what}; purged {}{removed}", inst.dir.display());
+            println!(
+                "{mount} down{what}; purged {}{removed}",
+                inst.sd.dir.display()
+            );
         } else {
             println!("{mount} down{what}; nothing to purge");
         }
@@ -1883,7 +1274,7 @@ fn status_row(dir: PathBuf) -> serde_json::Value {
         "size_bytes": size,
         "preset": preset,
         "sets": sets,
-        "state_dir": inst.dir,
+        "state_dir": inst.sd.dir,
         "image": inst.image,
         "image_exists": inst.image.exists(),
         "loop_device": state.map(|s| &s.loop_device),
@@ -1894,7 +1285,7 @@ fn status_row(dir: PathBuf) -> serde_json::Value {
         "log": inst.log,
         "missing": missing,
         "alive": alive,
-        "error": probe_state.err(),
+        "error": probe_state.err().map(|e| e.to_string()),
     })
 }
 
@@ -1982,11 +1373,11 @@ mod tests {
         assert!(e.contains("not empty") && e.contains("precious.txt"), "{e}");
         assert!(refuse_non_empty(&root.join("missing")).is_ok());
         let inst = Instance::at(root.join("state"), root.join("a/b/mnt"));
-        fs::create_dir_all(&inst.dir).unwrap();
+        fs::create_dir_all(&inst.sd.dir).unwrap();
         let made = make_dirs(&inst.mount).unwrap();
         assert_eq!(made.len(), 3);
         fs::write(
-            inst.dir.join(MADE_DIRS),
+            inst.sd.dir.join(MADE_DIRS),
             made.iter()
                 .map(|d| format!("{}\n", d.display()))
                 .collect::<String>(),

@@ -7,10 +7,11 @@
 //! of them as crosses (`moneta report` puts the same figures on its NVMM
 //! page).
 
+use crate::output::table;
 use crate::output::{print_result_csv, print_result_json, Format};
 use crate::plot::{self, Chart, Series};
 use crate::provenance::Provenance;
-use crate::san::{table, Meter};
+use crate::san::Meter;
 use clap::{Args, Subcommand};
 use moneta_model::nvmm::calibration::{
     SweepStatement, WearStatement, SWEEP_STATEMENTS, WEAR_STATEMENTS,

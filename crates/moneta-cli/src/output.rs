@@ -112,6 +112,43 @@ pub fn print_points(
     }
 }
 
+/// Columns of the rows' JSON: integers whole, other numbers to three
+/// significant digits (at least two decimals).
+pub(crate) fn table<T: Serialize>(
+    rows: &[T],
+    columns: &[&str],
+) -> Result<(Vec<String>, Vec<Vec<String>>), String> {
+    let cells = rows
+        .iter()
+        .map(|r| {
+            let v = serde_json::to_value(r).map_err(|e| e.to_string())?;
+            Ok(columns
+                .iter()
+                .map(|c| {
+                    let cell = c.split('.').try_fold(&v, |v, k| v.get(k));
+                    match cell {
+                        Some(Value::Number(n)) if n.is_f64() => {
+                            let x = n.as_f64().unwrap_or(f64::NAN);
+                            // Three significant digits below 100, else two decimals.
+                            if x.abs() < 100.0 && x != 0.0 {
+                                let decimals = (2 - x.abs().log10().floor() as i32).clamp(2, 6);
+                                format!("{x:.*}", decimals as usize)
+                            } else {
+                                format!("{x:.2}")
+                            }
+                        }
+                        Some(Value::String(s)) => s.clone(),
+                        Some(v) => v.to_string(),
+                        None => "-".into(),
+                    }
+                })
+                .collect())
+        })
+        .collect::<Result<Vec<Vec<String>>, String>>()?;
+    let header = columns.iter().map(|c| c.to_string()).collect();
+    Ok((header, cells))
+}
+
 /// Pretty JSON of any result on stdout.
 /// Print `header` and `cells` as right-aligned columns two spaces apart.
 pub fn print_aligned(header: &[String], cells: &[Vec<String>]) {

@@ -10,7 +10,7 @@
 //! kernels on generated records; `--partition-ns`/`--sort-ns` give them
 //! instead, for reproducible output.
 
-use crate::output::{print_result_csv, print_result_json, Format};
+use crate::output::{print_result_csv, print_result_json, table, Format};
 use crate::plot::{self, Chart, Report, ReportSection, Series, StackedBars};
 use crate::provenance::Provenance;
 use crate::DeviceArgs;
@@ -23,13 +23,11 @@ use moneta_model::san::sort::{self, CpuCosts, SortSetup};
 use moneta_model::san::system::{SanConfig, Topology};
 use moneta_model::workload::OpMix;
 use serde::Serialize;
-use serde_json::Value;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// The device preset of the SAN's SSDs (and, minus the memory, NICs).
-pub const DEVICE_PRESET: &str = "quicksan-ssd";
+use crate::san_up::DEVICE_PRESET;
 
 #[derive(Subcommand)]
 pub enum SanCommand {
@@ -457,43 +455,6 @@ fn emit<T: Serialize>(
         eprintln!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// Columns of the rows' JSON: integers whole, other numbers to three
-/// significant digits (at least two decimals).
-pub(crate) fn table<T: Serialize>(
-    rows: &[T],
-    columns: &[&str],
-) -> Result<(Vec<String>, Vec<Vec<String>>), String> {
-    let cells = rows
-        .iter()
-        .map(|r| {
-            let v = serde_json::to_value(r).map_err(|e| e.to_string())?;
-            Ok(columns
-                .iter()
-                .map(|c| {
-                    let cell = c.split('.').try_fold(&v, |v, k| v.get(k));
-                    match cell {
-                        Some(Value::Number(n)) if n.is_f64() => {
-                            let x = n.as_f64().unwrap_or(f64::NAN);
-                            // Three significant digits below 100, else two decimals.
-                            if x.abs() < 100.0 && x != 0.0 {
-                                let decimals = (2 - x.abs().log10().floor() as i32).clamp(2, 6);
-                                format!("{x:.*}", decimals as usize)
-                            } else {
-                                format!("{x:.2}")
-                            }
-                        }
-                        Some(Value::String(s)) => s.clone(),
-                        Some(v) => v.to_string(),
-                        None => "-".into(),
-                    }
-                })
-                .collect())
-        })
-        .collect::<Result<Vec<Vec<String>>, String>>()?;
-    let header = columns.iter().map(|c| c.to_string()).collect();
-    Ok((header, cells))
 }
 
 fn latency(a: LatencyArgs) -> Result<(), String> {

@@ -137,12 +137,12 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
     let mut rows = Vec::new();
     // Ctrl-C ends the point running (its partial measurement is kept) and
     // skips the rest; what was measured is printed.
-    crate::mount::catch_signals();
+    moneta_supervisor::signals::catch_signals();
     'points: for &(locality, offset) in &places {
         for op in [Op::Read, Op::Write] {
             let op_key = if op == Op::Read { "read" } else { "write" };
             for (size, qd, ops) in [(a.size, 1, a.ops), (a.bw_size, a.qd, a.ops / 2)] {
-                if crate::mount::signal_received() {
+                if moneta_supervisor::signals::signal_received() {
                     break 'points;
                 }
                 let mix = if op == Op::Read {
@@ -160,7 +160,7 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
                     mode: CompletionMode::Dma,
                     seed: a.seed,
                     realtime: false,
-                    cancelled: Some(crate::mount::signal_received),
+                    cancelled: Some(moneta_supervisor::signals::signal_received),
                 };
                 eprintln!("moneta: {locality} {op_key} {size} B at QD {qd} …");
                 let r = bench::run(&m, &spec).map_err(|e| e.to_string())?;
@@ -287,7 +287,7 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
             println!("verdict: {verdict}");
         }
     }
-    if crate::mount::signal_received() {
+    if moneta_supervisor::signals::signal_received() {
         return Err(format!(
             "{}: {} points measured, printed above",
             crate::INTERRUPTED,

@@ -43,7 +43,7 @@
 //! force at once (default 1); more than one at once is not what the
 //! README's chaos results cover.
 
-use crate::mount::{catch_signals, need_root, signal_received};
+use crate::mount::need_root;
 use clap::{Args, ValueEnum};
 use moneta::{CompletionMode, Moneta};
 use moneta_emu::register::{
@@ -51,6 +51,8 @@ use moneta_emu::register::{
 };
 use moneta_model::kernel::rng::Rng;
 use moneta_model::units::Op;
+use moneta_supervisor::daemon::is_our_daemon;
+use moneta_supervisor::signals::{catch_signals, signal_received};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -713,9 +715,8 @@ impl Nemesis<'_> {
                 // Checked again right before the kill: a daemon that died
                 // meanwhile leaves a pid another process may take (pids
                 // wrap at 32,768 on a busy machine).
-                if pid > 0 && crate::mount::is_our_daemon(pid, std::path::Path::new(socket)) {
-                    // SAFETY: kill(2) of this run's daemon, just checked.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                if pid > 0 && is_our_daemon(pid, std::path::Path::new(socket)) {
+                    moneta_supervisor::process::kill(pid);
                 }
                 self.faulted[i] = false;
                 self.recompute_cut();

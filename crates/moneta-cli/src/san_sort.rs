@@ -89,7 +89,7 @@ pub struct SortRunArgs {
     #[arg(long, default_value = "issue-sleep")]
     completion: String,
     /// The device preset of the simulator's prediction.
-    #[arg(long, default_value = crate::san::DEVICE_PRESET)]
+    #[arg(long, default_value = crate::san_up::DEVICE_PRESET)]
     preset: String,
     /// JSON instead of a table.
     #[arg(long)]
@@ -513,7 +513,7 @@ fn run_phase(
                 "the {phase} workers of nodes {late:?} did not finish in time (--timeout-s); killed"
             ));
         }
-        crate::mount::interrupted().inspect_err(|_| kill_all(&mut running))?;
+        moneta_supervisor::signals::interrupted().inspect_err(|_| kill_all(&mut running))?;
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(outputs.into_iter().map(Option::unwrap_or_default).collect())
@@ -758,7 +758,7 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
     }
     let checksum = input_checksum(a.seed, a.records);
     let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
-    crate::mount::catch_signals();
+    moneta_supervisor::signals::catch_signals();
     let mut runs = Vec::new();
     for via in vias {
         runs.push(run_once(
@@ -790,7 +790,7 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
             a.seed,
             hosts.describe
         );
-        let (header, cells) = crate::san::table(
+        let (header, cells) = crate::output::table(
             &report.runs,
             &[
                 "via",

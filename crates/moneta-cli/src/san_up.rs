@@ -22,7 +22,10 @@
 //! every step (rollback on error, panic or Ctrl-C); `down` finds the pieces
 //! by name, not only from `state.json`, so it also cleans up after a crash.
 //! `down` keeps the images (a node brought back finds its data), unless
-//! `--purge`.
+//! `--purge`. A lock file `/run/moneta/.lock-san-<name>` serializes `up`,
+//! `down` and `restart` of one SAN, and every file of the state directory
+//! is written through a temporary file and a rename (`moneta_supervisor`,
+//! as for `moneta up`).
 //!
 //! Where the images live: the media are memory, and the emulator maps
 //! them. When `/run/moneta` is not a tmpfs (on some machines `/run` is on
@@ -36,24 +39,26 @@
 //! symbolic link to it ([`media_dir`]); like `/run`, a tmpfs is emptied at
 //! boot.
 
-use crate::mount::{
-    catch_signals, daemon_sockets, human, interrupted, log_tail, need_root, parse_size, reap, run,
-    spawn_detached, stop_daemon, Rollback, RUN_DIR, SOCKET_WAIT,
-};
+use crate::mount::{human, need_root, parse_size, RUN_DIR};
 use clap::{Args, ValueEnum};
 use moneta_emu::san_file::{
     format_mac, SanFile, SanNode, SanTopology, Transport, DEFAULT_ETHERTYPE,
 };
 use moneta_emu::sys;
 use moneta_model::device::packet::Mac;
+use moneta_supervisor::daemon::{daemon_sockets, daemons_under, start_daemon, stop_daemon};
+use moneta_supervisor::signals::{catch_signals, interrupted};
+use moneta_supervisor::state::{read_json, write_atomic, write_json, Lock, StateDir};
+use moneta_supervisor::system::{mem_available, run};
+use moneta_supervisor::Rollback;
 use serde::{Deserialize, Serialize};
-use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
+/// The device preset of the SAN's SSDs (and, minus the memory, NICs).
+pub const DEVICE_PRESET: &str = "quicksan-ssd";
 /// Nodes on one machine: each is a namespace and a spinning device thread.
 const MAX_LOCAL_NODES: u16 = 64;
 /// Short enough for `ms-<name>-<i>` to fit the kernel's 15-byte link names.
@@ -111,7 +116,7 @@ pub struct SanUpArgs {
     #[arg(long, default_value = "256M")]
     size: String,
     /// The SSDs' preset (NICs use quicksan-nic).
-    #[arg(long, default_value = "quicksan-ssd")]
+    #[arg(long, default_value = DEVICE_PRESET)]
     preset: String,
     /// Overrides for every node's preset, KEY=VALUE (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -309,7 +314,19 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
 }
 
 fn san_dir(name: &str) -> PathBuf {
-    Path::new(RUN_DIR).join(format!("san-{name}"))
+    san_state_dir(name).dir
+}
+
+/// SAN `name`'s state directory, `/run/moneta/san-<name>/`, and its lock.
+fn san_state_dir(name: &str) -> StateDir {
+    StateDir::new(Path::new(RUN_DIR), &format!("san-{name}"))
+}
+
+/// Serializes `san up`, `san down` and `san restart` of SAN `name`
+/// (`/run/moneta/.lock-san-<name>`; made with `/run/moneta` if need be).
+fn lock_san(name: &str) -> Result<Lock, String> {
+    fs::create_dir_all(RUN_DIR).map_err(|e| format!("creating {RUN_DIR}: {e}"))?;
+    Ok(san_state_dir(name).lock(&format!("moneta san up/down/restart of SAN '{name}'"))?)
 }
 fn netns_name(name: &str, i: u16) -> String {
     format!("moneta-{name}-n{i}")
@@ -325,7 +342,7 @@ fn node_ip(i: u16) -> String {
 }
 
 fn ip(args: &[&str]) -> Result<String, String> {
-    run(Command::new("ip").args(args))
+    Ok(run(Command::new("ip").args(args))?)
 }
 
 /// `ip` for a teardown: a piece that is already gone is not an error.
@@ -345,13 +362,7 @@ fn netns_exists(ns: &str) -> bool {
 }
 
 fn read_state(dir: &Path) -> Result<Option<SanState>, String> {
-    match fs::read(dir.join("state.json")) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("{}: {e}", dir.join("state.json").display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", dir.join("state.json").display())),
-    }
+    Ok(read_json(&dir.join("state.json"))?)
 }
 
 pub fn up(a: SanUpArgs) -> Result<(), String> {
@@ -381,6 +392,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         ));
     }
     let dir = san_dir(&a.name);
+    let _lock = lock_san(&a.name)?;
     if let Some(state) = read_state(&dir)? {
         return up_again(&a, size, &state);
     }
@@ -443,7 +455,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             .save_new(path)?;
     }
     let san_file = dir.join("san.toml");
-    fs::write(&san_file, &text).map_err(|e| format!("{}: {e}", san_file.display()))?;
+    write_atomic(&san_file, text.as_bytes())?;
 
     let bridge = bridge_name(&a.name);
     ip(&["link", "add", &bridge, "type", "bridge"])?;
@@ -527,19 +539,22 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             // Started below, once every node's namespace is there.
             let mut lines = args;
             lines.extend(["--netns".to_string(), ns.clone()]);
-            let file = node_dir.join("serve.args");
-            fs::write(&file, lines.join("\n") + "\n")
-                .map_err(|e| format!("{}: {e}", file.display()))?;
+            write_atomic(
+                &node_dir.join("serve.args"),
+                (lines.join("\n") + "\n").as_bytes(),
+            )?;
             (0, dir.join("monetad.log"))
         } else {
             let mut cmd = Command::new("ip");
             cmd.args(["netns", "exec", &ns]).arg(&exe).arg("serve");
             cmd.args(&args);
+            // `ip netns exec` execs the command: the pid is monetad's.
             let pid = start_daemon(
-                cmd,
-                &log,
-                std::slice::from_ref(&socket),
+                &mut cmd,
                 &format!("monetad in {ns}"),
+                &log,
+                "moneta san up",
+                std::slice::from_ref(&socket),
                 &mut rb,
             )?;
             (pid, log)
@@ -567,10 +582,11 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         cmd.args((0..a.nodes).map(|i| dir.join(format!("n{i}/serve.args"))));
         let sockets: Vec<PathBuf> = nodes.iter().map(|n| n.socket.clone()).collect();
         let pid = start_daemon(
-            cmd,
-            &dir.join("monetad.log"),
-            &sockets,
+            &mut cmd,
             "the SAN's monetad",
+            &dir.join("monetad.log"),
+            "moneta san up",
+            &sockets,
             &mut rb,
         )?;
         for n in &mut nodes {
@@ -588,9 +604,7 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
         one_daemon: a.daemons == DaemonsArg::One,
         populate,
     };
-    let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
-    let path = dir.join("state.json");
-    fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    write_json(&dir.join("state.json"), &state)?;
     interrupted()?;
     rb.commit();
     println!(
@@ -680,16 +694,6 @@ fn populate_media(a: &SanUpArgs, size: u64) -> bool {
         }
         _ => true,
     }
-}
-
-/// The memory available (MemAvailable), if `/proc/meminfo` says.
-fn mem_available() -> Option<u64> {
-    fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    })
 }
 
 /// Where SAN `name`'s images go when `/run/moneta` is not a tmpfs (module
@@ -782,66 +786,6 @@ fn node_args(
     args
 }
 
-/// Start a daemon (`cmd`, logging to `log_path`) and wait until it listens
-/// on every one of `sockets`. Registers its stop with `rb`.
-fn start_daemon(
-    mut cmd: Command,
-    log_path: &Path,
-    sockets: &[PathBuf],
-    what: &str,
-    rb: &mut Rollback,
-) -> Result<u32, String> {
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_path)
-        .map_err(|e| format!("{}: {e}", log_path.display()))?;
-    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = writeln!(
-        log,
-        "---- moneta san up: {} {}",
-        cmd.get_program().to_string_lossy(),
-        cmd.get_args()
-            .map(|a| a.to_string_lossy())
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    // `ip netns exec` execs the command: the pid is monetad's.
-    let pid =
-        spawn_detached(&mut cmd, log, log_path).map_err(|e| format!("starting {what}: {e}"))?;
-    {
-        let socket = sockets[0].clone();
-        rb.push(format!("stopped {what} (pid {pid})"), move || {
-            stop_daemon(pid as i32, &socket).map(drop)
-        });
-    }
-    let started = Instant::now();
-    for socket in sockets {
-        loop {
-            if let Some(status) = reap(pid as i32) {
-                return Err(format!(
-                    "{what} exited (status {status:#x}) before listening; {}",
-                    log_tail(log_path, log_start)
-                ));
-            }
-            if UnixStream::connect(socket).is_ok() {
-                break;
-            }
-            if started.elapsed() > SOCKET_WAIT {
-                return Err(format!(
-                    "{what} (pid {pid}) did not listen on {} within {} s; {}",
-                    socket.display(),
-                    SOCKET_WAIT.as_secs(),
-                    log_tail(log_path, log_start)
-                ));
-            }
-            interrupted()?;
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    Ok(pid)
-}
-
 /// Stop every daemon, namespace and link of SAN `name`, from its state and
 /// by name (leftovers of a crash). Returns what it removed.
 fn teardown(name: &str, state: Option<&SanState>) -> Result<Vec<String>, String> {
@@ -852,7 +796,7 @@ fn teardown(name: &str, state: Option<&SanState>) -> Result<Vec<String>, String>
             match stop_daemon(n.pid as i32, &n.socket) {
                 Ok(true) => done.push(format!("stopped monetad of {} (pid {})", n.name, n.pid)),
                 Ok(false) => {}
-                Err(e) => errors.push(e),
+                Err(e) => errors.push(e.to_string()),
             }
         }
     }
@@ -864,7 +808,7 @@ fn teardown(name: &str, state: Option<&SanState>) -> Result<Vec<String>, String>
         match stop_daemon(pid, &socket) {
             Ok(true) => done.push(format!("stopped monetad (pid {pid})")),
             Ok(false) => {}
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(e.to_string()),
         }
     }
     let prefix = format!("moneta-{name}-n");
@@ -911,22 +855,17 @@ fn teardown(name: &str, state: Option<&SanState>) -> Result<Vec<String>, String>
     }
 }
 
-/// Live `moneta serve` processes whose socket is under `dir`.
-fn daemons_under(dir: &Path) -> Vec<i32> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| daemon_sockets(pid).iter().any(|s| s.starts_with(dir)))
-        .collect()
-}
-
 pub fn down(a: SanDownArgs) -> Result<(), String> {
     need_root("san down")?;
     check_name(&a.name)?;
     let dir = san_dir(&a.name);
+    // Without a state directory there is nothing of ours to lock; leftovers
+    // are still found by name.
+    let _lock = if dir.exists() {
+        Some(lock_san(&a.name)?)
+    } else {
+        None
+    };
     let state = read_state(&dir).unwrap_or_else(|e| {
         eprintln!("moneta: {e}; cleaning up by name");
         None
@@ -999,6 +938,8 @@ fn find_node(name: &str, node: &str) -> Result<(SanState, usize), String> {
 /// Start a node that died (or was killed) again, on its image.
 pub fn restart(a: SanRestartArgs) -> Result<(), String> {
     need_root("san restart")?;
+    check_name(&a.name)?;
+    let _lock = lock_san(&a.name)?;
     let (mut state, i) = find_node(&a.name, &a.node)?;
     let n = state.nodes[i].clone();
     if daemon_alive(&n) {
@@ -1038,17 +979,16 @@ pub fn restart(a: SanRestartArgs) -> Result<(), String> {
     ));
     let log = n.socket.with_file_name("monetad.log");
     let pid = start_daemon(
-        cmd,
-        &log,
-        std::slice::from_ref(&n.socket),
+        &mut cmd,
         &format!("monetad in {}", n.netns),
+        &log,
+        "moneta san restart",
+        std::slice::from_ref(&n.socket),
         &mut rb,
     )?;
     state.nodes[i].pid = pid;
     state.nodes[i].log = log;
-    let json = serde_json::to_vec_pretty(&state).map_err(|e| e.to_string())?;
-    let path = san_dir(&a.name).join("state.json");
-    fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+    write_json(&san_dir(&a.name).join("state.json"), &state)?;
     rb.commit();
     println!(
         "node {} of SAN '{}' started again (pid {pid}); it reads the copies it shares          from its mirror partners until they have resynced it",
