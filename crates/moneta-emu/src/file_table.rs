@@ -1358,11 +1358,7 @@ impl FileTable {
                     let grantable = b <= end;
                     match pending {
                         // Pending at these very blocks: the data is there.
-                        Some(p)
-                            if grantable
-                                && p == physical
-                                && access != DirectAccess::None =>
-                        {
+                        Some(p) if grantable && p == physical && access != DirectAccess::None => {
                             out.push(FileExtent {
                                 direct: access,
                                 ..piece

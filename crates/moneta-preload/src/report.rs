@@ -356,8 +356,8 @@ pub unsafe extern "C" fn io_submit(ctx: usize, nr: c_long, iocbs: *mut *mut u8) 
 
 /// The C library's `syscall`, found without the shim's own machinery
 /// (a `OnceLock` waits with futex, a `syscall` of its own: no lock here).
-fn real_syscall() -> unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long
-{
+fn real_syscall(
+) -> unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long {
     static P: AtomicUsize = AtomicUsize::new(0);
     let mut p = P.load(Ordering::Acquire);
     if p == 0 {
@@ -417,14 +417,25 @@ pub unsafe extern "C" fn io_uring_setup(entries: libc::c_uint, params: *mut libc
     let r = if p > 1 {
         // SAFETY: liburing's `int io_uring_setup(unsigned, struct io_uring_params *)`.
         let f = unsafe {
-            std::mem::transmute::<usize, unsafe extern "C" fn(libc::c_uint, *mut libc::c_void) -> c_int>(p)
+            std::mem::transmute::<
+                usize,
+                unsafe extern "C" fn(libc::c_uint, *mut libc::c_void) -> c_int,
+            >(p)
         };
         // SAFETY: the caller's arguments, passed on.
         unsafe { f(entries, params) }
     } else {
         // SAFETY: io_uring_setup(2) with the caller's arguments.
         let r = unsafe {
-            real_syscall()(libc::SYS_io_uring_setup, entries as c_long, params as c_long, 0, 0, 0, 0)
+            real_syscall()(
+                libc::SYS_io_uring_setup,
+                entries as c_long,
+                params as c_long,
+                0,
+                0,
+                0,
+                0,
+            )
         };
         if r < 0 {
             // SAFETY: reading this thread's errno.

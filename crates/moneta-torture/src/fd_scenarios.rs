@@ -1138,7 +1138,10 @@ fn growth_outside_writer(d: &Path, res: &Path) -> Result<(), String> {
     let r = unsafe { libc::fallocate(fd, 0, GROWTH_BASE as i64, GROWTH_PREALLOC as i64) };
     out.say(format!("fallocate {}", errno_of(r as i64)));
     model.resize((GROWTH_BASE + GROWTH_PREALLOC) as usize, 0);
-    for (off, len) in [(GROWTH_BASE + 8192, 4096u64), (GROWTH_BASE + 16384 + 2560, 530)] {
+    for (off, len) in [
+        (GROWTH_BASE + 8192, 4096u64),
+        (GROWTH_BASE + 16384 + 2560, 530),
+    ] {
         let data = stamped(len, 0x48, off, 2);
         let r = sys::pwrite(fd, &data, off);
         out.say(format!("pwrite {off} {len} {}", sys::show(r)));
@@ -1205,7 +1208,10 @@ fn growth_outside_writer(d: &Path, res: &Path) -> Result<(), String> {
     out.say(format!("outside writer ended {}", s.success()));
     read_all(&mut out, "after it");
     // SAFETY: plain syscalls on our descriptor.
-    out.say(format!("fsync {}", errno_of(unsafe { libc::fsync(fd) } as i64)));
+    out.say(format!(
+        "fsync {}",
+        errno_of(unsafe { libc::fsync(fd) } as i64)
+    ));
     sys::close(fd);
     Ok(())
 }
