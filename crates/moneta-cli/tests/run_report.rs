@@ -275,3 +275,58 @@ fn the_readme_fio_example_keeps_its_device_share() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// fio's `io_uring` engine makes its ring with `syscall(__NR_io_uring_setup)`
+/// and closes it before its job process exits: the shim counts the ring at
+/// creation, so the run report names reason `io-uring` (op `ring-setup`)
+/// with a count, and the kernel served the reads (the bypass warning).
+#[test]
+fn an_io_uring_ring_is_named_in_the_report() {
+    if !moneta_testkit::require_root("it mounts a file system")
+        || !moneta_testkit::require_tool("fio", "fio's io_uring engine")
+    {
+        return;
+    }
+    let m = Mounted::up("uring", "xfs", "512M");
+    let report = std::env::temp_dir().join(format!("uring-run-{}.json", std::process::id()));
+    let filename = format!("--filename={}", m.path("f").display());
+    let (code, stderr) = run_with_report(
+        &m,
+        &report,
+        "fio",
+        &[
+            "--name=u",
+            &filename,
+            "--ioengine=io_uring",
+            "--rw=randread",
+            "--bs=4k",
+            "--size=8m",
+            // Reads four times what fio lays out (its layout writes go
+            // direct): most of the run's bytes are the ring's.
+            "--io_size=32m",
+            "--iodepth=8",
+        ],
+    );
+    assert_eq!(code, 0, "fio failed: {stderr}");
+    let r = report_of(&report);
+    let _ = std::fs::remove_file(&report);
+    let rings: u64 = r["kernel_reasons"]
+        .as_array()
+        .expect("reasons")
+        .iter()
+        .filter(|k| k["reason"] == "io-uring" && k["op"] == "ring-setup")
+        .map(|k| k["requests"].as_u64().unwrap())
+        .sum();
+    assert!(rings >= 1, "no io-uring ring-setup reason: {r:#}");
+    assert!(
+        r["notes"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .is_some_and(|n| n.contains("io_uring instance(s) created"))),
+        "{r:#}"
+    );
+    assert!(
+        stderr.contains("io-uring"),
+        "the printed report names the reason: {stderr}"
+    );
+    assert!(r["mostly_bypassed"].as_bool().unwrap(), "{r:#}");
+}

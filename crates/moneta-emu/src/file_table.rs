@@ -787,6 +787,11 @@ impl FileTable {
         st.foreign_writer = Some(Instant::now());
         st.generation += 1;
         let revoked = self.revoke(files, st, 0)?;
+        // Its ioctls may move or swap the file's blocks without an access
+        // event (e4defrag moves unwritten extents without copying them):
+        // what was written direct into unwritten extents becomes written
+        // data before its open returns.
+        self.settle(st, 0);
         let mut stats = self.stats.lock().expect("stats");
         stats.foreign_writers += 1;
         stats.revocations += revoked;
@@ -1308,6 +1313,14 @@ impl FileTable {
     /// zeroed on the medium and become pending. Returns the extents as the
     /// client sees them (growth ones unwritten with the access a grant
     /// allows; the rest `none`) and the bytes zeroed.
+    ///
+    /// A pending part that is not granted (at or past `end`: a writer
+    /// outside the shim, a mapping, a pending layout change or cached
+    /// pages keep the window on the kernel path; or its blocks moved) is
+    /// never answered "unwritten": the client would read zeros there
+    /// without asking anyone, while the data written direct is on the
+    /// device. It is answered as data only the kernel serves, and the
+    /// kernel's access has it settled first.
     fn grow(
         &self,
         st: &mut InodeState,
@@ -1319,60 +1332,62 @@ impl FileTable {
         let mut out = Vec::with_capacity(extents.len());
         let mut zeroed = 0;
         for e in extents {
-            let grown_end = e.logical.saturating_add(e.len).min(end);
-            if !e.unwritten || grown_end <= e.logical {
-                out.push(no_growth(e));
+            if !e.unwritten {
+                out.push(e);
                 continue;
             }
             // A writer's extent carries what it may do there (`none` where
             // shared or not on the medium); a reader's only its access.
             let access = reader_access.unwrap_or(e.direct);
-            for (a, b, pending) in st.pending.pieces(e.logical, grown_end) {
-                let physical = e.physical + (a - e.logical);
-                let piece = FileExtent {
-                    logical: a,
-                    physical,
-                    len: b - a,
-                    ..e
-                };
-                match pending {
-                    // Pending at these very blocks: the data is there.
-                    Some(p) if p == physical && access != DirectAccess::None => {
-                        out.push(FileExtent {
-                            direct: access,
-                            ..piece
-                        })
+            let e_end = e.logical.saturating_add(e.len);
+            for (a0, b0, pending) in st.pending.pieces(e.logical, e_end) {
+                // Split at `end`: nothing is granted from there on.
+                for (a, b) in [(a0, b0.min(end)), (a0.max(end), b0)] {
+                    if a >= b {
+                        continue;
                     }
-                    // Pending elsewhere: the extent moved, which no
-                    // revocation announced; grant nothing.
-                    Some(_) => out.push(no_growth(piece)),
-                    None if zero && e.direct != DirectAccess::None => {
-                        let Some(handle) = &st.handle else {
-                            out.push(no_growth(piece));
-                            continue;
-                        };
-                        growth::zero_on_medium(self.engine.medium(), physical, b - a)?;
-                        let p = Pending {
-                            logical: a,
-                            physical,
-                            len: b - a,
-                        };
-                        // Durable before anyone may write there directly.
-                        self.journal(|j| j.added(handle, &p))?;
-                        st.pending.add(p);
-                        zeroed += b - a;
-                        out.push(piece);
+                    // Where the pending data of `a` is on the device.
+                    let pending = pending.map(|p| p + (a - a0));
+                    let physical = e.physical + (a - e.logical);
+                    let piece = FileExtent {
+                        logical: a,
+                        physical,
+                        len: b - a,
+                        ..e
+                    };
+                    let grantable = b <= end;
+                    match pending {
+                        // Pending at these very blocks: the data is there.
+                        Some(p) if grantable && p == physical && access != DirectAccess::None => {
+                            out.push(FileExtent {
+                                direct: access,
+                                ..piece
+                            })
+                        }
+                        // Pending, not granted here (or elsewhere: the
+                        // extent moved, which no revocation announced):
+                        // the kernel's, which settles it first.
+                        Some(_) => out.push(kernel_only(piece)),
+                        None if grantable && zero && e.direct != DirectAccess::None => {
+                            let Some(handle) = &st.handle else {
+                                out.push(no_growth(piece));
+                                continue;
+                            };
+                            growth::zero_on_medium(self.engine.medium(), physical, b - a)?;
+                            let p = Pending {
+                                logical: a,
+                                physical,
+                                len: b - a,
+                            };
+                            // Durable before anyone may write there directly.
+                            self.journal(|j| j.added(handle, &p))?;
+                            st.pending.add(p);
+                            zeroed += b - a;
+                            out.push(piece);
+                        }
+                        None => out.push(no_growth(piece)),
                     }
-                    None => out.push(no_growth(piece)),
                 }
-            }
-            if grown_end < e.logical + e.len {
-                out.push(no_growth(FileExtent {
-                    logical: grown_end,
-                    physical: e.physical + (grown_end - e.logical),
-                    len: e.logical + e.len - grown_end,
-                    ..e
-                }));
             }
         }
         Ok((out, zeroed))
@@ -1436,6 +1451,17 @@ impl FileTable {
             m.layout_epoch(file_id)
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
+    }
+}
+
+/// A pending range's piece the client may not reach directly: data only
+/// the kernel serves (its access has monetad settle the range first), not
+/// "unwritten", which the client reads as zeros itself.
+fn kernel_only(e: FileExtent) -> FileExtent {
+    FileExtent {
+        unwritten: false,
+        direct: DirectAccess::None,
+        ..e
     }
 }
 

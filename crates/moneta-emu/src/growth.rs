@@ -57,6 +57,19 @@
 //!      covered by the journal below);
 //!    - the last holder's close, a session's end, and monetad's stop.
 //!
+//! A process outside the shim opening the file for writing has it settled
+//! at its open (xfs_fsr's and e4defrag's ioctls move blocks without an
+//! access event; e4defrag swaps unwritten extents without copying them).
+//!
+//! A pending range a soft miss cannot grant (the file is on the kernel
+//! path for a while: a writer outside the shim, a mapping, cached pages,
+//! a layout change under way; or its blocks moved) is answered as data
+//! only the kernel serves, never as "unwritten": the library reads an
+//! unwritten extent as zeros itself, while the data is on the device. The
+//! kernel's access then has it settled (torture scenario
+//! `growth-outside-writer`; the gate's XFS seed 420030 and ext4 seed
+//! 520032 read such zeros).
+//!
 //! A block freed under a pending range (reported by the block-free
 //! tracepoints) is forgotten, never settled: its bytes may be another
 //! file's by then.

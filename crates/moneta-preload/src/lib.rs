@@ -14,7 +14,9 @@
 //! (F_DUPFD, F_DUPFD_CLOEXEC, F_SETFL's O_APPEND; the rest pass through),
 //! truncate(64), ftruncate(64), fallocate(64), fsync, fdatasync, mmap(64),
 //! munmap, mremap, ioctl (any but a few read-only ones runs as a layout
-//! change of the whole file), and the fortified __read_chk / __pread(64)_chk. fstat and
+//! change of the whole file), the fortified __read_chk / __pread(64)_chk, and
+//! for the run report io_submit, io_uring_setup and syscall(2) (which counts
+//! rings made with __NR_io_uring_setup and passes everything on). fstat and
 //! lseek need no interposing: the kernel keeps the file's size (the library
 //! grows files through it) and its file position (the shim reads and moves
 //! it), so both are shared across dup, fork and exec as POSIX says.

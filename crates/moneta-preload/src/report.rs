@@ -10,9 +10,14 @@
 //! ([`moneta_client::file::ROUTES`]); nothing here runs on the IO path.
 //!
 //! Asynchronous IO: libaio's `io_submit` is interposed and each iocb of a
-//! mount file counts as a kernel request (`libaio`); io_uring submissions
-//! cannot be seen (liburing makes raw system calls), so each io_uring
-//! instance open at exit is a note.
+//! mount file counts as a kernel request (`libaio`). io_uring submissions
+//! cannot be seen (they are stores to a ring shared with the kernel), so
+//! the rings are counted where they are made: `io_uring_setup` (liburing's
+//! function) and `syscall(__NR_io_uring_setup, …)` (fio's engine, and
+//! liburing when built on the C library's `syscall`) are interposed, and
+//! each ring a process created is reason `io-uring`, op `ring-setup`, in
+//! its report, with a note. A ring made by an inline system call (liburing
+//! built without the C library) is seen only if it is still open at exit.
 
 use crate::real::real;
 use crate::state::shim;
@@ -20,7 +25,27 @@ use crate::{enter, set_errno};
 use libc::{c_char, c_int, c_long};
 use moneta_client::file::{KernelReason, RouteOp, ROUTES};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
+
+/// io_uring rings this process created (successful `io_uring_setup`s).
+static RINGS_MADE: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Rings this thread made (tells a liburing `io_uring_setup` that went
+    /// through the interposed `syscall` from one that did not).
+    static RINGS_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn ring_made() {
+    RINGS_MADE.fetch_add(1, Ordering::Relaxed);
+    RINGS_HERE.with(|n| n.set(n.get() + 1));
+}
+
+/// A forked child counts its own rings.
+pub fn after_fork_in_child() {
+    RINGS_MADE.store(0, Ordering::Relaxed);
+}
 
 /// The directory reports go to (read once, at the first use).
 fn dir() -> Option<&'static Path> {
@@ -102,12 +127,25 @@ pub fn render(pid: i32) -> String {
             }
         }
     }
+    let made = RINGS_MADE.load(Ordering::Relaxed);
+    if made > 0 {
+        reasons.push(format!(
+            "{{\"reason\":{},\"op\":\"ring-setup\",\"requests\":{made},\"bytes\":0}}",
+            json_string(KernelReason::IoUring.name())
+        ));
+    }
     let mut notes: Vec<String> = shim().notes.lock().map(|n| n.clone()).unwrap_or_default();
-    let rings = io_uring_instances();
-    if rings > 0 {
+    let open = io_uring_instances();
+    if made > 0 {
         notes.push(format!(
-            "{rings} io_uring instance(s) open at exit: what they submitted went to the kernel \
-             and is not counted here (io-uring)"
+            "{made} io_uring instance(s) created ({open} still open at exit): what they \
+             submitted went to the kernel and is not counted in the requests here (io-uring)"
+        ));
+    } else if open > 0 {
+        notes.push(format!(
+            "{open} io_uring instance(s) open at exit, made outside the interposed calls \
+             (inherited, or an inline system call): what they submitted went to the kernel and \
+             is not counted here (io-uring)"
         ));
     }
     format!(
@@ -312,6 +350,104 @@ pub unsafe extern "C" fn io_submit(ctx: usize, nr: c_long, iocbs: *mut *mut u8) 
     if r > 0 {
         // SAFETY: io_submit's contract; the first r were accepted.
         unsafe { count_iocbs(iocbs, r as usize) };
+    }
+    r
+}
+
+/// The C library's `syscall`, found without the shim's own machinery
+/// (a `OnceLock` waits with futex, a `syscall` of its own: no lock here).
+fn real_syscall(
+) -> unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long {
+    static P: AtomicUsize = AtomicUsize::new(0);
+    let mut p = P.load(Ordering::Acquire);
+    if p == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; glibc always has it.
+        p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"syscall".as_ptr()) } as usize;
+        P.store(p, Ordering::Release);
+    }
+    // SAFETY: glibc's `long syscall(long number, ...)`: on x86-64 a variadic
+    // callee reads its integer arguments from the same registers (and the
+    // seventh from the same stack slot) as this fixed signature passes them;
+    // glibc's own implementation reads exactly seven.
+    unsafe {
+        std::mem::transmute::<
+            usize,
+            unsafe extern "C" fn(c_long, c_long, c_long, c_long, c_long, c_long, c_long) -> c_long,
+        >(p)
+    }
+}
+
+/// `syscall(2)`, declared with its six optional arguments as fixed ones (as
+/// glibc reads them: the System V ABI passes them the same way): passed
+/// on unchanged, errno included; a ring made by `__NR_io_uring_setup` is
+/// counted. Every other number only costs the indirect call.
+#[no_mangle]
+pub unsafe extern "C" fn syscall(
+    number: c_long,
+    a: c_long,
+    b: c_long,
+    c: c_long,
+    d: c_long,
+    e: c_long,
+    f: c_long,
+) -> c_long {
+    // SAFETY: the caller's arguments, passed on.
+    let r = unsafe { real_syscall()(number, a, b, c, d, e, f) };
+    if number == libc::SYS_io_uring_setup && r >= 0 {
+        ring_made();
+    }
+    r
+}
+
+/// liburing's `io_uring_setup` (programs that call it directly; liburing's
+/// own `io_uring_queue_init` makes the system call itself, seen through
+/// [`syscall`] when liburing is built on the C library): passed on to
+/// liburing's, or made as the system call with liburing's convention (a
+/// negative errno) when no liburing is loaded.
+#[no_mangle]
+pub unsafe extern "C" fn io_uring_setup(entries: libc::c_uint, params: *mut libc::c_void) -> c_int {
+    static P: AtomicUsize = AtomicUsize::new(0);
+    let mut p = P.load(Ordering::Acquire);
+    if p == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; 1 marks "not found".
+        p = (unsafe { libc::dlsym(libc::RTLD_NEXT, c"io_uring_setup".as_ptr()) } as usize).max(1);
+        P.store(p, Ordering::Release);
+    }
+    let before = RINGS_HERE.with(|n| n.get());
+    let r = if p > 1 {
+        // SAFETY: liburing's `int io_uring_setup(unsigned, struct io_uring_params *)`.
+        let f = unsafe {
+            std::mem::transmute::<
+                usize,
+                unsafe extern "C" fn(libc::c_uint, *mut libc::c_void) -> c_int,
+            >(p)
+        };
+        // SAFETY: the caller's arguments, passed on.
+        unsafe { f(entries, params) }
+    } else {
+        // SAFETY: io_uring_setup(2) with the caller's arguments.
+        let r = unsafe {
+            real_syscall()(
+                libc::SYS_io_uring_setup,
+                entries as c_long,
+                params as c_long,
+                0,
+                0,
+                0,
+                0,
+            )
+        };
+        if r < 0 {
+            // SAFETY: reading this thread's errno.
+            -unsafe { *libc::__errno_location() }
+        } else {
+            r as c_int
+        }
+    };
+    // Counted once: liburing built on the C library's `syscall` was
+    // counted there already (on this thread).
+    if r >= 0 && RINGS_HERE.with(|n| n.get()) == before {
+        ring_made();
     }
     r
 }

@@ -28,6 +28,7 @@ pub const SCENARIOS: &[&str] = &[
     "clone-children",
     "truncate-race",
     "run-report",
+    "growth-outside-writer",
 ];
 
 /// How long a step may take before it counts as hung.
@@ -67,6 +68,9 @@ pub fn run(name: &str, c: &Ctx) -> Option<Result<String, String>> {
         }),
         "truncate-race" => truncate_race(c),
         "run-report" => run_report(c),
+        "growth-outside-writer" => differential(c, "growth-outside-writer", &["A"], |d| {
+            plain_file(&d.join("A"), &stamped(GROWTH_BASE, 0x48, 0, 1))
+        }),
         _ => return None,
     })
 }
@@ -229,6 +233,8 @@ pub fn step(args: &[String]) -> Option<Result<(), String>> {
         "truncate-appender" => truncate_appender(&dir, &res),
         "truncate-loop" => truncate_loop(&dir),
         "report-writer" => report_writer(&dir),
+        "growth-outside-writer" => growth_outside_writer(&dir, &res),
+        "hold-open" => hold_open(&dir),
         "report-exec" => {
             let fd = open_rw(&dir, 0);
             fd.map(|fd| {
@@ -1096,5 +1102,129 @@ fn report_writer(d: &Path) -> Result<(), String> {
     if libc::WEXITSTATUS(st) != 0 {
         return Err("the exec'd child failed".into());
     }
+    Ok(())
+}
+
+/// The written part of `growth-outside-writer`'s file; the step
+/// preallocates [`GROWTH_BASE`, +[`GROWTH_PREALLOC`]) behind it.
+const GROWTH_BASE: u64 = 64 << 10;
+const GROWTH_PREALLOC: u64 = 256 << 10;
+
+/// What `growth-outside-writer`'s reads say: the bytes as written, or
+/// where they differ.
+fn as_written(got: &[u8], want: &[u8]) -> String {
+    match crate::first_difference(got, want) {
+        None => format!("{} bytes as written", got.len()),
+        Some(d) => d,
+    }
+}
+
+/// The torture gate's `prealloc_write` failures (XFS seed 420030, ext4
+/// seed 520032: "bytes differ …, all zeros"): a write into a preallocated
+/// (unwritten) range, which the shim sends direct as a growth grant, read
+/// back while a process outside the shim holds the file open for writing
+/// (as xfs_fsr and e4defrag do). monetad then sends every channel to the
+/// kernel for the file; the data written direct is on the device but not
+/// yet written data in the file system's eyes, so the reads must reach it
+/// through the kernel (which has monetad settle it first), never be told
+/// "unwritten: zeros". Reads through the writing descriptor and a new
+/// read-only one, before, during and after the outside writer's open.
+fn growth_outside_writer(d: &Path, res: &Path) -> Result<(), String> {
+    let mut out = Results::new(res)?;
+    let a = d.join("A");
+    let fd = open_rw(&a, 0)?;
+    let mut model = stamped(GROWTH_BASE, 0x48, 0, 1);
+    // SAFETY: plain syscall on our descriptor.
+    let r = unsafe { libc::fallocate(fd, 0, GROWTH_BASE as i64, GROWTH_PREALLOC as i64) };
+    out.say(format!("fallocate {}", errno_of(r as i64)));
+    model.resize((GROWTH_BASE + GROWTH_PREALLOC) as usize, 0);
+    for (off, len) in [
+        (GROWTH_BASE + 8192, 4096u64),
+        (GROWTH_BASE + 16384 + 2560, 530),
+    ] {
+        let data = stamped(len, 0x48, off, 2);
+        let r = sys::pwrite(fd, &data, off);
+        out.say(format!("pwrite {off} {len} {}", sys::show(r)));
+        if r.is_ok() {
+            model[off as usize..(off + len) as usize].copy_from_slice(&data);
+        }
+    }
+    let read_all = |out: &mut Results, when: &str| {
+        for how in ["writer", "reader"] {
+            let rfd = if how == "writer" {
+                fd
+            } else {
+                match sys::open(&a, libc::O_RDONLY) {
+                    Ok(x) => x as i32,
+                    Err(e) => {
+                        out.say(format!("{when} open {how}: errno {e}"));
+                        continue;
+                    }
+                }
+            };
+            // The preallocated range alone (a read of the written part
+            // through the kernel would have monetad settle the file first).
+            let mut buf = vec![0u8; GROWTH_PREALLOC as usize];
+            let r = sys::pread_full(rfd, &mut buf, GROWTH_BASE);
+            if how == "reader" {
+                sys::close(rfd);
+            }
+            match r {
+                Ok(n) => out.say(format!(
+                    "{when} read {how}: {}",
+                    as_written(&buf[..n as usize], &model[GROWTH_BASE as usize..])
+                )),
+                Err(e) => out.say(format!("{when} read {how}: errno {e}")),
+            }
+        }
+    };
+    read_all(&mut out, "alone");
+    // A writer outside the shim opens the file and holds it open.
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut holder = Command::new(me)
+        .args(["step", "hold-open"])
+        .arg(&a)
+        .env_remove("LD_PRELOAD")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn the outside writer: {e}"))?;
+    let mut line = String::new();
+    let opened = holder
+        .stdout
+        .take()
+        .map(std::io::BufReader::new)
+        .map(|mut o| std::io::BufRead::read_line(&mut o, &mut line));
+    out.say(format!(
+        "outside writer: {}",
+        match opened {
+            Some(Ok(_)) => line.trim().to_string(),
+            _ => "no answer".into(),
+        }
+    ));
+    read_all(&mut out, "beside the outside writer");
+    drop(holder.stdin.take());
+    let s = holder.wait().map_err(|e| e.to_string())?;
+    out.say(format!("outside writer ended {}", s.success()));
+    read_all(&mut out, "after it");
+    // SAFETY: plain syscalls on our descriptor.
+    out.say(format!(
+        "fsync {}",
+        errno_of(unsafe { libc::fsync(fd) } as i64)
+    ));
+    sys::close(fd);
+    Ok(())
+}
+
+/// `hold-open FILE` (plain): open FILE for writing, say "open", and keep
+/// it open until stdin ends.
+fn hold_open(p: &Path) -> Result<(), String> {
+    let fd = sys::open(p, libc::O_WRONLY).map_err(|e| format!("open: errno {e}"))? as i32;
+    println!("open");
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let mut sink = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut sink);
+    sys::close(fd);
     Ok(())
 }
