@@ -27,7 +27,7 @@ use std::sync::{Arc, RwLock};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{VhostUserBackendMut, VringRwLock, VringT};
-use virtio_queue::QueueOwnedT;
+use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
@@ -236,7 +236,12 @@ impl BlkBackend {
                 let head = chain.head_index();
                 let (served, malformed) = blk::serve(&mem, chain, &self.target, &mut self.scratch);
                 self.count(&served, malformed);
-                vring.add_used(head, served.used_len).map_err(queue_error)?;
+                if vring.add_used(head, served.used_len).is_err() {
+                    // A head outside the descriptor table: there is no
+                    // used entry to give it; the chain is dropped.
+                    self.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 if !self.event_idx || vring.needs_notification().map_err(queue_error)? {
                     vring.signal_used_queue()?;
                 }

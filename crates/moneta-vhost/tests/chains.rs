@@ -8,7 +8,7 @@ use moneta_vhost::blk::{self, Malformed, Scratch, Target};
 use std::cell::RefCell;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const NEXT: u16 = 1;
@@ -250,8 +250,9 @@ fn random_descriptor_tables_never_panic_or_reach_outside() {
         let size = 16u16;
         let mock = MockSplitQueue::new(&mem, size);
         // Random headers and segments where buffers may point.
-        for &a in &addrs[..5] {
-            let sector = rng.pick(&[0u64, 1, 511, 512, u64::MAX / 512, rng.next()]);
+        for &a in &addrs[..4] {
+            let any = rng.next();
+            let sector = rng.pick(&[0u64, 1, 511, 512, u64::MAX / 512, any]);
             header(&mem, a, rng.pick(&kinds), sector);
             let mut seg = [0u8; 16];
             seg[0..8].copy_from_slice(&rng.pick(&[0u64, 7, 1 << 33, u64::MAX]).to_le_bytes());
@@ -299,7 +300,9 @@ fn random_descriptor_tables_never_panic_or_reach_outside() {
                 None if served.status == Some(blk::S_OK) => ok += 1,
                 None => {}
             }
-            queue.add_used(&mem, head, served.used_len).expect("used ring");
+            // A head outside the table has no used entry (the backend drops it).
+            let used = queue.add_used(&mem, head, served.used_len);
+            assert_eq!(used.is_ok(), head < size, "head {head}");
         }
     }
     eprintln!("{served_chains} chains: {ok} OK, {malformed} malformed");
