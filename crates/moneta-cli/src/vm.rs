@@ -90,7 +90,9 @@ fn run(a: VmRunArgs) -> Result<(), String> {
     };
     let engine = Arc::new(Engine::start(config, medium, options).map_err(|e| e.to_string())?);
     // SAFETY: geteuid has no preconditions.
-    let plane = Arc::new(ControlPlane::new(engine.clone(), unsafe { libc::geteuid() }));
+    let plane = Arc::new(ControlPlane::new(engine.clone(), unsafe {
+        libc::geteuid()
+    }));
     let mut programs: Vec<String> = DEFAULT_PROGRAMS.iter().map(|p| p.to_string()).collect();
     programs.extend(a.program.iter().cloned());
     let spec = VmSpec {
@@ -104,10 +106,9 @@ fn run(a: VmRunArgs) -> Result<(), String> {
         memory_mib: a.memory_mib,
         timeout: Duration::from_secs(a.timeout_s),
         read_only: a.read_only,
-        socket: a
-            .socket
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(format!("/tmp/moneta-vm-{}.sock", std::process::id()))),
+        socket: a.socket.clone().unwrap_or_else(|| {
+            PathBuf::from(format!("/tmp/moneta-vm-{}.sock", std::process::id()))
+        }),
         echo_console: !a.quiet,
         echo_output: true,
         force_tcg: a.tcg,

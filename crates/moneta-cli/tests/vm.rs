@@ -57,7 +57,10 @@ fn seeded(seed: u64, len: usize) -> Vec<u8> {
 fn needs() -> bool {
     require_root("the guest kernel is fetched into /var/cache/moneta/vm")
         && require_tool("qemu-system-x86_64", "moneta vm boots the guest under QEMU")
-        && require_tool("busybox", "the guest's initramfs is built around busybox-static")
+        && require_tool(
+            "busybox",
+            "the guest's initramfs is built around busybox-static",
+        )
 }
 
 fn vm_run(s: &Scratch, extra: &[&str], command: &str) -> Output {
@@ -101,14 +104,18 @@ fn a_guest_writes_seeded_bytes_to_vda_and_the_image_holds_them() {
     let file = s.dir.join("data.bin");
     std::fs::write(&file, &data).unwrap();
     // Written at block 100 (4 KiB blocks), read back with the page cache dropped.
-    let command = "dd if=/files/data.bin of=/dev/vda bs=4096 seek=100 oflag=direct conv=fsync status=none \
+    let command =
+        "dd if=/files/data.bin of=/dev/vda bs=4096 seek=100 oflag=direct conv=fsync status=none \
          && echo 3 > /proc/sys/vm/drop_caches \
          && dd if=/dev/vda of=/tmp/back bs=4096 skip=100 count=256 iflag=direct status=none \
          && cmp /files/data.bin /tmp/back && echo SAME-IN-GUEST";
     let out = vm_run(&s, &["--put", file.to_str().unwrap()], command);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "seed {seed}: the guest's command failed");
+    assert!(
+        out.status.success(),
+        "seed {seed}: the guest's command failed"
+    );
     assert!(stdout.contains("SAME-IN-GUEST"), "seed {seed}: {stdout}");
     assert!(
         stderr.contains("TCG: guest CPU emulated") || stderr.contains("KVM:"),
@@ -116,7 +123,10 @@ fn a_guest_writes_seeded_bytes_to_vda_and_the_image_holds_them() {
     );
     assert!(stderr.contains(" 0 malformed"), "{stderr}");
     let on_image = image_bytes(&s.dir.join("device.img"), 100 * 4096, data.len());
-    assert!(on_image == data, "seed {seed}: the image differs from what the guest wrote");
+    assert!(
+        on_image == data,
+        "seed {seed}: the image differs from what the guest wrote"
+    );
 }
 
 #[test]
@@ -137,7 +147,10 @@ fn xfs_in_the_guest_keeps_a_file_the_host_finds_intact() {
         command,
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "seed {seed}: the guest's command failed");
+    assert!(
+        out.status.success(),
+        "seed {seed}: the guest's command failed"
+    );
     assert!(stdout.contains("SAME-ON-XFS"), "{stdout}");
     let image = s.dir.join("device.img");
     let repair = Command::new("xfs_repair")

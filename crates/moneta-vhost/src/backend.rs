@@ -21,8 +21,8 @@ use moneta::{CompletionMode, Io, Moneta};
 use moneta_abi::sys::monotonic_ns;
 use moneta_emu::control::ControlPlane;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::Listener;
@@ -30,7 +30,9 @@ use vhost_user_backend::{VhostUserBackendMut, VringRwLock, VringT};
 use virtio_queue::QueueT;
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 
 /// Descriptors per virtqueue the guest may use at most.
 pub const QUEUE_SIZE: usize = 256;
@@ -257,7 +259,9 @@ impl BlkBackend {
         s.requests.fetch_add(1, Ordering::Relaxed);
         match served.kind {
             Some(blk::T_IN) => s.reads.fetch_add(1, Ordering::Relaxed),
-            Some(blk::T_OUT) | Some(blk::T_WRITE_ZEROES) => s.writes.fetch_add(1, Ordering::Relaxed),
+            Some(blk::T_OUT) | Some(blk::T_WRITE_ZEROES) => {
+                s.writes.fetch_add(1, Ordering::Relaxed)
+            }
             Some(blk::T_FLUSH) => s.flushes.fetch_add(1, Ordering::Relaxed),
             _ => 0,
         };
@@ -391,10 +395,13 @@ impl VhostServer {
         let started = daemon
             .start(&mut self.listener)
             .map_err(|e| format!("vhost-user on {}: {e}", self.socket.display()));
-        let result = started.and_then(|()| {
-            daemon
-                .wait()
-                .map_err(|e| format!("vhost-user on {}: {e}", self.socket.display()))
+        let result = started.and_then(|()| match daemon.wait() {
+            // QEMU exiting after the guest powered off.
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => Ok(()),
+            Err(e) => Err(format!("vhost-user on {}: {e}", self.socket.display())),
         });
         let _ = self.exit.notify();
         result

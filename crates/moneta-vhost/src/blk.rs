@@ -220,7 +220,11 @@ fn execute(
             let first = u64::from_le_bytes(segment[0..8].try_into().expect("8"));
             let sectors = u32::from_le_bytes(segment[8..12].try_into().expect("4"));
             let flags = u32::from_le_bytes(segment[12..16].try_into().expect("4"));
-            let allowed = if kind == T_WRITE_ZEROES { SEGMENT_UNMAP } else { 0 };
+            let allowed = if kind == T_WRITE_ZEROES {
+                SEGMENT_UNMAP
+            } else {
+                0
+            };
             if flags & !allowed != 0 {
                 return Ok((S_UNSUPP, 0));
             }
@@ -234,7 +238,10 @@ fn execute(
                 // byte, as the NBD export's trim does.
                 return Ok((S_OK, 0));
             }
-            Ok((status_of(write_zeroes(target, addr, bytes, &mut scratch.data)), 0))
+            Ok((
+                status_of(write_zeroes(target, addr, bytes, &mut scratch.data)),
+                0,
+            ))
         }
         _ => Ok((S_UNSUPP, 0)),
     }
@@ -267,7 +274,12 @@ fn device_range(target: &impl Target, sector: u64, bytes: u64) -> Result<u64, Ma
     }
 }
 
-fn write_zeroes(target: &impl Target, addr: u64, bytes: u64, zeroes: &mut [u8]) -> Result<(), String> {
+fn write_zeroes(
+    target: &impl Target,
+    addr: u64,
+    bytes: u64,
+    zeroes: &mut [u8],
+) -> Result<(), String> {
     zeroes.fill(0);
     let mut done = 0u64;
     while done < bytes {

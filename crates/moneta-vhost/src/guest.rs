@@ -19,8 +19,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Modules the guest loads, with their dependencies added.
-pub const GUEST_MODULES: &[&str] = &["virtio_pci", "virtio_blk", "xfs"];
+/// Modules the guest loads, with their dependencies added. crc32c_generic
+/// is named because libcrc32c (XFS's dependency) asks for the `crc32c`
+/// crypto algorithm only as a soft dependency (`softdep=pre: crc32c`).
+pub const GUEST_MODULES: &[&str] = &["virtio_pci", "virtio_blk", "crc32c_generic", "xfs"];
 
 /// Programs the initramfs carries besides busybox.
 pub const DEFAULT_PROGRAMS: &[&str] = &["fio", "mkfs.xfs", "xfs_repair", "xfs_io"];
@@ -297,10 +299,17 @@ pub fn which(program: &str) -> Option<PathBuf> {
     if program.contains('/') {
         return Some(PathBuf::from(program)).filter(|p| p.is_file());
     }
-    ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-        .iter()
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
+    [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ]
+    .iter()
+    .map(|d| Path::new(d).join(program))
+    .find(|p| p.is_file())
 }
 
 /// The shared libraries `ldd` says `binary` loads (with the loader).
@@ -348,17 +357,29 @@ poweroff -f
 
 /// The cached base initramfs for `kernel` and `programs` (rebuilt when
 /// either changes: the cache key is their names and sizes).
-pub fn base_initramfs(cache: &Path, kernel: &Kernel, programs: &[String]) -> Result<PathBuf, String> {
+pub fn base_initramfs(
+    cache: &Path,
+    kernel: &Kernel,
+    programs: &[String],
+) -> Result<PathBuf, String> {
     let busybox = ["/bin/busybox", "/usr/bin/busybox"]
         .iter()
         .map(PathBuf::from)
         .find(|p| p.is_file())
         .ok_or("busybox not found: install busybox-static (make setup)")?;
-    let mut key = format!("{} {}", kernel.release, fs::metadata(&busybox).map_or(0, |m| m.len()));
+    let mut key = format!(
+        "{} {}",
+        kernel.release,
+        fs::metadata(&busybox).map_or(0, |m| m.len())
+    );
     let mut binaries = Vec::new();
     for p in programs {
         let path = which(p).ok_or_else(|| format!("{p}: not found on the host (make setup)"))?;
-        key.push_str(&format!(" {}:{}", path.display(), fs::metadata(&path).map_or(0, |m| m.len())));
+        key.push_str(&format!(
+            " {}:{}",
+            path.display(),
+            fs::metadata(&path).map_or(0, |m| m.len())
+        ));
         binaries.push(path);
     }
     let name = format!("initramfs-{:016x}.cpio", fnv(key.as_bytes()));
@@ -367,7 +388,9 @@ pub fn base_initramfs(cache: &Path, kernel: &Kernel, programs: &[String]) -> Res
         return Ok(out);
     }
     let mut cpio = Cpio::default();
-    for d in ["bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "mnt", "files", "moneta"] {
+    for d in [
+        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "mnt", "files", "moneta",
+    ] {
         cpio.dir(d);
     }
     cpio.file("bin/busybox", 0o755, &read(&busybox)?);
@@ -381,7 +404,11 @@ pub fn base_initramfs(cache: &Path, kernel: &Kernel, programs: &[String]) -> Res
     }
     let mut names = Vec::new();
     for m in &kernel.modules {
-        let n = m.file_name().expect("module file").to_string_lossy().into_owned();
+        let n = m
+            .file_name()
+            .expect("module file")
+            .to_string_lossy()
+            .into_owned();
         cpio.file(&format!("lib/moneta-modules/{n}"), 0o644, &read(m)?);
         names.push(n);
     }
@@ -465,7 +492,8 @@ mod tests {
 
     #[test]
     fn module_depends_reads_the_modinfo_field() {
-        let ko = b"\x7fELF junk\0license=GPL\0depends=virtio,virtio_ring,crc32c-generic\0vermagic=6.1\0";
+        let ko =
+            b"\x7fELF junk\0license=GPL\0depends=virtio,virtio_ring,crc32c-generic\0vermagic=6.1\0";
         assert_eq!(
             module_depends(ko),
             vec!["crc32c_generic", "virtio", "virtio_ring"]

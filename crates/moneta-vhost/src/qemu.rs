@@ -142,7 +142,9 @@ impl Boot {
         let reader = std::thread::spawn(move || {
             for line in BufReader::new(stdout).split(b'\n') {
                 let Ok(line) = line else { break };
-                let text = String::from_utf8_lossy(&line).trim_end_matches('\r').to_string();
+                let text = String::from_utf8_lossy(&line)
+                    .trim_end_matches('\r')
+                    .to_string();
                 if lines.send(text).is_err() {
                     break;
                 }
@@ -244,5 +246,9 @@ fn kill(child: &mut Child) {
 fn last_lines(stderr: &str, console: &[String]) -> String {
     let mut tail: Vec<&str> = console.iter().rev().take(8).map(String::as_str).collect();
     tail.reverse();
-    format!("QEMU said: {}; console: {}", stderr.trim(), tail.join(" | "))
+    format!(
+        "QEMU said: {}; console: {}",
+        stderr.trim(),
+        tail.join(" | ")
+    )
 }

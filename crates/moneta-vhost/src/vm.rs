@@ -53,15 +53,13 @@ pub struct VmResult {
 pub fn run(plane: &Arc<ControlPlane>, spec: &VmSpec) -> Result<VmResult, String> {
     let qemu = guest::which("qemu-system-x86_64")
         .ok_or("qemu-system-x86_64 not found: install qemu-system-x86 (make setup)")?;
-    std::fs::create_dir_all(&spec.cache)
-        .map_err(|e| format!("{}: {e}", spec.cache.display()))?;
+    std::fs::create_dir_all(&spec.cache).map_err(|e| format!("{}: {e}", spec.cache.display()))?;
     let kernel = guest::kernel(&spec.cache)?;
     let base = guest::base_initramfs(&spec.cache, &kernel, &spec.programs)?;
     let mut initrd = std::fs::read(&base).map_err(|e| format!("{}: {e}", base.display()))?;
     initrd.extend_from_slice(&guest::run_archive(&spec.run)?);
     let initrd_path = spec.socket.with_extension("initrd");
-    std::fs::write(&initrd_path, &initrd)
-        .map_err(|e| format!("{}: {e}", initrd_path.display()))?;
+    std::fs::write(&initrd_path, &initrd).map_err(|e| format!("{}: {e}", initrd_path.display()))?;
     let result = boot(plane, spec, &qemu, &kernel, &initrd_path);
     let _ = std::fs::remove_file(&initrd_path);
     let _ = std::fs::remove_file(&spec.socket);

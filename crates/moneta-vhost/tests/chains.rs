@@ -49,7 +49,11 @@ impl Target for VecTarget {
         assert!(!self.read_only, "a write reached a read-only device");
         let mut b = self.bytes.borrow_mut();
         let end = addr as usize + buf.len();
-        assert!(end <= b.len(), "write past the device: {addr}+{}", buf.len());
+        assert!(
+            end <= b.len(),
+            "write past the device: {addr}+{}",
+            buf.len()
+        );
         b[addr as usize..end].copy_from_slice(buf);
         Ok(())
     }
@@ -130,8 +134,10 @@ fn a_write_then_a_read_move_the_same_bytes() {
     assert_eq!(bad, None);
     assert_eq!(served.used_len, 8193);
     let mut back = vec![0u8; 8192];
-    mem.read_slice(&mut back[..4096], GuestAddress(0x7_f000)).unwrap();
-    mem.read_slice(&mut back[4096..], GuestAddress(0x10_0000)).unwrap();
+    mem.read_slice(&mut back[..4096], GuestAddress(0x7_f000))
+        .unwrap();
+    mem.read_slice(&mut back[4096..], GuestAddress(0x10_0000))
+        .unwrap();
     assert_eq!(back, data);
     assert_eq!(status(&mem, 0x10_1000), blk::S_OK);
 }
@@ -158,7 +164,10 @@ fn write_zeroes_discard_flush_and_read_only_follow_the_spec() {
     mem.write_slice(&seg, GuestAddress(0x1010)).unwrap();
     header(&mem, 0x1000, blk::T_DISCARD, 0);
     let (served, bad) = serve_one(&mem, &target, &[d(0x1000, 32, 0), d(0x1100, 1, WRITE)]);
-    assert_eq!((served.status, bad), (Some(blk::S_IOERR), Some(Malformed::OutOfRange)));
+    assert_eq!(
+        (served.status, bad),
+        (Some(blk::S_IOERR), Some(Malformed::OutOfRange))
+    );
     seg[0..8].copy_from_slice(&0u64.to_le_bytes());
     seg[12..16].copy_from_slice(&1u32.to_le_bytes());
     mem.write_slice(&seg, GuestAddress(0x1010)).unwrap();
@@ -173,7 +182,11 @@ fn write_zeroes_discard_flush_and_read_only_follow_the_spec() {
         read_only: true,
     };
     header(&mem, 0x1000, blk::T_OUT, 0);
-    let (served, _) = serve_one(&mem, &ro, &[d(0x1000, 16, 0), d(0x2000, 512, 0), d(0x1100, 1, WRITE)]);
+    let (served, _) = serve_one(
+        &mem,
+        &ro,
+        &[d(0x1000, 16, 0), d(0x2000, 512, 0), d(0x1100, 1, WRITE)],
+    );
     assert_eq!(served.status, Some(blk::S_IOERR));
 }
 
@@ -183,15 +196,43 @@ fn malformed_chains_are_errors_for_their_request() {
     let target = VecTarget::new(1 << 20);
     let cases: Vec<(Vec<RawDescriptor>, Malformed)> = vec![
         // Readable after writable.
-        (vec![d(0x1000, 16, 0), d(0x2000, 512, WRITE), d(0x3000, 512, 0), d(0x1100, 1, WRITE)], Malformed::ReadableAfterWritable),
+        (
+            vec![
+                d(0x1000, 16, 0),
+                d(0x2000, 512, WRITE),
+                d(0x3000, 512, 0),
+                d(0x1100, 1, WRITE),
+            ],
+            Malformed::ReadableAfterWritable,
+        ),
         // A buffer in the memory hole.
-        (vec![d(0x1000, 16, 0), d(0x9_0000, 512, WRITE), d(0x1100, 1, WRITE)], Malformed::OutsideMemory),
+        (
+            vec![
+                d(0x1000, 16, 0),
+                d(0x9_0000, 512, WRITE),
+                d(0x1100, 1, WRITE),
+            ],
+            Malformed::OutsideMemory,
+        ),
         // A buffer running off the end of a region.
-        (vec![d(0x1000, 16, 0), d(0x7_ff00, 512, WRITE), d(0x1100, 1, WRITE)], Malformed::OutsideMemory),
+        (
+            vec![
+                d(0x1000, 16, 0),
+                d(0x7_ff00, 512, WRITE),
+                d(0x1100, 1, WRITE),
+            ],
+            Malformed::OutsideMemory,
+        ),
         // A short header.
-        (vec![d(0x1000, 8, 0), d(0x1100, 1, WRITE)], Malformed::NoHeader),
+        (
+            vec![d(0x1000, 8, 0), d(0x1100, 1, WRITE)],
+            Malformed::NoHeader,
+        ),
         // A read of part of a sector.
-        (vec![d(0x1000, 16, 0), d(0x2000, 100, WRITE), d(0x1100, 1, WRITE)], Malformed::BadLength),
+        (
+            vec![d(0x1000, 16, 0), d(0x2000, 100, WRITE), d(0x1100, 1, WRITE)],
+            Malformed::BadLength,
+        ),
     ];
     header(&mem, 0x1000, blk::T_IN, 0);
     for (descs, why) in cases {
@@ -208,7 +249,11 @@ fn malformed_chains_are_errors_for_their_request() {
     assert_eq!(bad, Some(Malformed::NoStatus));
     // Past the device's end.
     header(&mem, 0x1000, blk::T_IN, (1 << 20) / 512);
-    let (_, bad) = serve_one(&mem, &target, &[d(0x1000, 16, 0), d(0x2000, 512, WRITE), d(0x1100, 1, WRITE)]);
+    let (_, bad) = serve_one(
+        &mem,
+        &target,
+        &[d(0x1000, 16, 0), d(0x2000, 512, WRITE), d(0x1100, 1, WRITE)],
+    );
     assert_eq!(bad, Some(Malformed::OutOfRange));
 }
 
@@ -240,9 +285,46 @@ fn random_descriptor_tables_never_panic_or_reach_outside() {
     eprintln!("fuzz seed {seed}, {rounds} rounds");
     let mut rng = Rng(seed);
     let (mut malformed, mut ok, mut served_chains) = (0u64, 0u64, 0u64);
-    let addrs = [0x1000u64, 0x2000, 0x4_0000, 0x7_fff0, 0x7_ffff, 0x8_0000, 0x9_0000, 0x10_0000, 0x17_ff00, 0x18_0000, u64::MAX - 8, 1 << 40];
-    let lens = [0u32, 1, 8, 15, 16, 17, 32, 511, 512, 4096, 8192, 1 << 20, (1 << 20) + 512, u32::MAX];
-    let kinds = [blk::T_IN, blk::T_OUT, blk::T_FLUSH, blk::T_GET_ID, blk::T_DISCARD, blk::T_WRITE_ZEROES, 99, u32::MAX];
+    let addrs = [
+        0x1000u64,
+        0x2000,
+        0x4_0000,
+        0x7_fff0,
+        0x7_ffff,
+        0x8_0000,
+        0x9_0000,
+        0x10_0000,
+        0x17_ff00,
+        0x18_0000,
+        u64::MAX - 8,
+        1 << 40,
+    ];
+    let lens = [
+        0u32,
+        1,
+        8,
+        15,
+        16,
+        17,
+        32,
+        511,
+        512,
+        4096,
+        8192,
+        1 << 20,
+        (1 << 20) + 512,
+        u32::MAX,
+    ];
+    let kinds = [
+        blk::T_IN,
+        blk::T_OUT,
+        blk::T_FLUSH,
+        blk::T_GET_ID,
+        blk::T_DISCARD,
+        blk::T_WRITE_ZEROES,
+        99,
+        u32::MAX,
+    ];
     let target = VecTarget::new(256 << 10);
     let mut scratch = Scratch::default();
     for _ in 0..rounds {
@@ -265,7 +347,9 @@ fn random_descriptor_tables_never_panic_or_reach_outside() {
             let flags = (rng.next() as u16) & (NEXT | WRITE | INDIRECT);
             let next = rng.pick(&[i + 1, i, 0, size - 1, size, u16::MAX]);
             let desc = Descriptor::new(rng.pick(&addrs), rng.pick(&lens), flags, next);
-            mock.desc_table().store(i, RawDescriptor::from(desc)).unwrap();
+            mock.desc_table()
+                .store(i, RawDescriptor::from(desc))
+                .unwrap();
         }
         // Some rounds: a well-formed chain at the head of the table.
         if rng.next() % 3 == 0 {
@@ -278,7 +362,9 @@ fn random_descriptor_tables_never_panic_or_reach_outside() {
             .into_iter()
             .enumerate()
             {
-                mock.desc_table().store(i as u16, RawDescriptor::from(desc)).unwrap();
+                mock.desc_table()
+                    .store(i as u16, RawDescriptor::from(desc))
+                    .unwrap();
             }
         }
         let heads = 1 + rng.next() % 8;
@@ -295,7 +381,11 @@ fn random_descriptor_tables_never_panic_or_reach_outside() {
             match bad {
                 Some(_) => {
                     malformed += 1;
-                    assert_ne!(served.status, Some(blk::S_OK), "a malformed chain answered OK");
+                    assert_ne!(
+                        served.status,
+                        Some(blk::S_OK),
+                        "a malformed chain answered OK"
+                    );
                 }
                 None if served.status == Some(blk::S_OK) => ok += 1,
                 None => {}
