@@ -128,7 +128,7 @@ impl ChannelTarget {
         read_only: bool,
         stats: Arc<Stats>,
     ) -> Result<ChannelTarget, String> {
-        if size == 0 || size % blk::SECTOR_BYTES != 0 {
+        if size == 0 || !size.is_multiple_of(blk::SECTOR_BYTES) {
             return Err(format!(
                 "export size {size}: must be a positive multiple of {} bytes",
                 blk::SECTOR_BYTES

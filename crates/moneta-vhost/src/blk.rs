@@ -258,7 +258,7 @@ fn status_of(r: Result<(), String>) -> u8 {
 /// The device address of `len` data bytes at `sector`: whole sectors,
 /// within one request's bound and on the device.
 fn checked_range(target: &impl Target, sector: u64, len: usize) -> Result<u64, Malformed> {
-    if len as u64 % SECTOR_BYTES != 0 || len > MAX_DATA_BYTES {
+    if !(len as u64).is_multiple_of(SECTOR_BYTES) || len > MAX_DATA_BYTES {
         return Err(Malformed::BadLength);
     }
     device_range(target, sector, len as u64)
