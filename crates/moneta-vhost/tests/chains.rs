@@ -352,7 +352,7 @@ fn random_descriptor_tables_never_panic_or_reach_outside() {
                 .unwrap();
         }
         // Some rounds: a well-formed chain at the head of the table.
-        if rng.next() % 3 == 0 {
+        if rng.next().is_multiple_of(3) {
             header(&mem, 0x1000, blk::T_OUT, 0);
             for (i, desc) in [
                 Descriptor::new(0x1000, 16, NEXT, 1),
