@@ -12,7 +12,8 @@ all: build
 # system; xfs_fsr, e4defrag, losetup and blkdiscard for the torture gate; python3
 # for the program benchmarks; libnbd-bin, nbdkit and qemu-utils
 # for the NBD conformance tests; iproute2 for the wire's veth tests; g++ for
-# the C++ header check, strace, fuser and pgrep for the CLI's tests); idempotent.
+# the C++ header check, strace, fuser and pgrep for the CLI's tests; qemu-system-x86
+# and busybox-static for moneta vm); idempotent.
 # A test that needs a tool missing here fails (crates/moneta-testkit).
 setup:
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust (rustup)"; exit 1; }
@@ -38,6 +39,10 @@ setup:
 	@command -v strace >/dev/null || (apt-get update && apt-get install -y strace)
 	@command -v fuser >/dev/null || (apt-get update && apt-get install -y psmisc)
 	@command -v pgrep >/dev/null || (apt-get update && apt-get install -y procps)
+	@# moneta vm: QEMU and a static busybox for the guest's initramfs (the kernel is
+	@# fetched by `moneta vm run` itself, apt-get download, into /var/cache/moneta/vm).
+	@command -v qemu-system-x86_64 >/dev/null || (apt-get update && apt-get install -y --no-install-recommends qemu-system-x86)
+	@dpkg -s busybox-static >/dev/null 2>&1 || (apt-get update && apt-get install -y busybox-static)
 	@# The fio engine is built against the installed fio's Debian source: deb-src of the mirror in use.
 	@apt-cache showsrc fio 2>/dev/null | grep -q '^Package: fio' || { \
 		if [ -f /etc/apt/sources.list.d/debian.sources ]; then \

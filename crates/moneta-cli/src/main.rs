@@ -31,6 +31,7 @@ mod san_chaos;
 mod san_sort;
 mod san_up;
 mod sort_worker;
+mod vm;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};
@@ -67,6 +68,9 @@ enum Command {
     Sim(Box<Sim>),
     /// Run monetad: the emulated device behind a Unix socket.
     Serve(Box<emu::ServeArgs>),
+    /// A real guest kernel (QEMU) on the emulated device.
+    #[command(subcommand)]
+    Vm(Box<vm::Vm>),
     /// Several devices in one monetad, turned by shared reactor threads
     /// (`moneta san up` runs a SAN's nodes so).
     ServeGroup(emu::ServeGroupArgs),
@@ -432,6 +436,7 @@ fn dispatch(cli: Cli) -> Result<(), String> {
             Sim::Speed(a) => sim_speed(a),
         },
         Command::Serve(a) => emu::serve(*a),
+        Command::Vm(v) => vm::vm(*v),
         Command::ServeGroup(a) => emu::serve_group(a),
         Command::Bench(a) => emu::run_bench(*a),
         Command::Stats(a) => emu::stats(a),
