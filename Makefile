@@ -79,11 +79,8 @@ test: setup
 	$(CARGO) build --release
 	$(MAKE) -C fio-engine
 	$(CARGO) test --workspace --release
-	@# moneta-emu's tests/san_sim.rs is left out until a refused remote read's
-	@# retry spends its wait into the breakdown chain (pipeline.rs port_send's
-	@# debug_assert_eq!(chain.mark_ns, now_ns) fires in the replica simulator).
 	$(CARGO) test --profile checked -p moneta-model
-	$(CARGO) test --profile checked -p moneta-emu --lib --test daemon --test starvation
+	$(CARGO) test --profile checked -p moneta-emu --lib --test daemon --test starvation --test san_sim
 	$(MONETA) docs --check --out docs/src
 	$(MAKE) --no-print-directory docs
 	$(MONETA) sim speed --preset moneta --ops 200000

@@ -372,6 +372,26 @@ impl DirtyMap {
         }
     }
 
+    /// This node's claim on `node` for the granule at global `addr`:
+    /// strong (`Some(true)`), weak (`Some(false)`) or none.
+    pub fn claim_on(&self, node: u16, addr: u64) -> Option<bool> {
+        let g = addr / GRANULE_BYTES;
+        let has = |key: u16| self.missed.get(&key).is_some_and(|s| s.contains(&g));
+        if has(node) {
+            Some(true)
+        } else if has(weak(node)) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
+    /// Forget the weak claim on `node` for the granule at global `addr`
+    /// (the partner's version of it wins: engine/port.rs).
+    pub fn drop_weak(&mut self, node: u16, addr: u64) {
+        self.remove(weak(node), addr / GRANULE_BYTES);
+    }
+
     /// Forget the unsure granule at global `addr` with respect to
     /// `partner`: the write that marked it was acknowledged (the activity
     /// log, engine/port.rs). The file keeps it until the next `save`.

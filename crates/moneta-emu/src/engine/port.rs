@@ -135,6 +135,9 @@ const FULL: u64 = 1 << 46;
 /// The copy's state in a `MISSED_TAG` ADDR (bits 40..46).
 const STATE_MASK: u64 = 0x3f;
 const COUNT_MASK: u64 = (1 << 40) - 1;
+/// In a resync write's OFFSETS: the sender's claim on the granule is
+/// strong (an acknowledged write the target missed), not weak.
+const RESYNC_STRONG: u16 = 1;
 /// Resync writes in flight per peer at most.
 const RESYNC_WINDOW: usize = 16;
 /// The dirty map is saved at most this often while it changes.
@@ -1533,13 +1536,19 @@ impl<C: StampClock> DeviceThread<C> {
                     if read.is_err() {
                         continue;
                     }
-                    let header = self.header_to(
+                    let mut header = self.header_to(
                         peer,
                         PacketKind::WriteRequest,
                         at,
                         RESYNC_TAG,
                         bytes as u16,
                     );
+                    // Whether this copy's version must win the granule
+                    // (strong) or only converge (weak): the target settles
+                    // a granule both sides claim (`resync_conflict`).
+                    if state.port.dirty.claim_on(peer, global) == Some(true) {
+                        header.offsets = RESYNC_STRONG;
+                    }
                     if state
                         .port
                         .endpoint
@@ -1882,6 +1891,14 @@ impl<C: StampClock> DeviceThread<C> {
         }
         let st = routes.state(slice);
         if h.kind == PacketKind::WriteRequest && h.tag == RESYNC_TAG {
+            let primary = routes.holders(slice).is_some_and(|(p, _)| p == routes.node);
+            if resync_conflict(&mut state.port.dirty, from, global, h.offsets, primary) {
+                let mut header =
+                    self.header_to(from, PacketKind::WriteCompletion, h.addr, h.tag, 0);
+                header.ctrl |= CTRL_REFUSED;
+                state.refusals_out.push_back((from, header));
+                return true;
+            }
             // A copy that is not up to date is no longer a whole generation
             // once a resync write lands: recorded first, or the write is
             // dropped (the resync stalls; the log says why).
@@ -2121,6 +2138,40 @@ fn active_granules(routes: &RouteTable, addr: u64, len: u64) -> Vec<(u16, u64)> 
         at = stop;
     }
     out
+}
+
+/// A resync write from `from` of the granule at global `global` (its
+/// OFFSETS: `RESYNC_STRONG` or not) meets this copy's own claim on `from`
+/// for that granule: both sides would send their version, each landing
+/// would make the other's go again, and the two copies would swap versions
+/// for as long as they both claim it, over the writes that land meanwhile
+/// (seed 82494783: a granule this node handed over as discarded while its
+/// partner was away, then settled in its own favour as unsure at the
+/// meeting, resynced both ways 5,000 times in 65 ms until a read found an
+/// acknowledged write overwritten). One version wins: a strong claim over a
+/// weak one (`dirty::WEAK`), and between two weak ones the slice's primary
+/// holder's. Returns whether the write is refused (this copy's version
+/// wins: the sender keeps its claim and sends again, until this copy's
+/// version lands there and it drops it); when the sender's wins, this
+/// copy's weak claim is dropped and the write lands. Two strong claims are
+/// a split brain, which the exchange stops before any resync.
+fn resync_conflict(
+    dirty: &mut DirtyMap,
+    from: u16,
+    global: u64,
+    offsets: u16,
+    primary: bool,
+) -> bool {
+    let theirs_strong = offsets & RESYNC_STRONG != 0;
+    match dirty.claim_on(from, global) {
+        Some(true) => !theirs_strong,
+        Some(false) if !theirs_strong && primary => true,
+        Some(false) => {
+            dirty.drop_weak(from, global);
+            false
+        }
+        None => false,
+    }
 }
 
 /// `DeviceThread::copy_wins` on a route table and dirty map.

@@ -810,6 +810,13 @@ impl Device {
         let state = &mut self.segments[buffer as usize];
         state.awaiting = Some(PacketKind::ReadCompletion);
         state.target = Target::Remote { node, addr };
+        // A read asked again of the other holder (the first refused it, or
+        // failed) leaves later than its chain was accounted: the time since
+        // the first request left counts as network, as a completion's does
+        // (`packet_from_wire`).
+        state
+            .chain
+            .spend(Component::Network, now_ns.max(state.chain.mark_ns));
         let (request, bytes, chain) = (state.request, state.segment.bytes, state.chain);
         let header = self.port_mut().header(
             PacketKind::ReadRequest,
@@ -1506,8 +1513,11 @@ impl Device {
         if state.degraded {
             header.ctrl |= CTRL_DEGRADED;
         }
+        // A degraded copy sent again (the first holder failed or refused
+        // it): the time since the first left counts as network, as for a
+        // read asked again (`send_read_request`).
         let mut chain = state.chain;
-        chain.mark_ns = chain.mark_ns.max(now_ns);
+        chain.spend(Component::Network, now_ns.max(chain.mark_ns));
         self.port_send(now_ns, header, node, chain, buffer);
     }
 
