@@ -155,13 +155,13 @@ def main():
         by_family.setdefault(family(c["source"]), []).append(c)
     summary = []
     for name, _ in FAMILIES + [("other", [])]:
-        checks = by_family.get(name)
-        if not checks:
+        family_checks = by_family.get(name)
+        if not family_checks:
             continue
         print(f"#### {name}\n")
         print("| check | unit | published | before | after | error after | before → after |")
         print("|---|---|---|---|---|---|---|")
-        for c in checks:
+        for c in family_checks:
             b = before.get(c["name"])
             if b is None:
                 was, status = "new", f"new, {mark(within(c))}"
@@ -172,16 +172,16 @@ def main():
             print(f"| {c['name']} | {c['unit']} | {published(c)} | {was} | "
                   f"{number(c['simulated'])} | {err} | {status} |")
         print()
-        old = [before[c["name"]] for c in checks if c["name"] in before]
-        points_after = [abs(error(c)) for c in checks if is_point(c)]
-        points_same = [abs(error(before[c["name"]])) for c in checks
+        old = [before[c["name"]] for c in family_checks if c["name"] in before]
+        points_after = [abs(error(c)) for c in family_checks if is_point(c)]
+        points_same = [abs(error(before[c["name"]])) for c in family_checks
                        if c["name"] in before and is_point(c)]
-        points_same_after = [abs(error(c)) for c in checks
+        points_same_after = [abs(error(c)) for c in family_checks
                              if c["name"] in before and is_point(c)]
         summary.append((
             name,
             sum(map(within, old)), len(old),
-            sum(map(within, checks)), len(checks),
+            sum(map(within, family_checks)), len(family_checks),
             100 * sum(points_same) / len(points_same) if points_same else None,
             100 * sum(points_same_after) / len(points_same_after) if points_same_after else None,
             100 * sum(points_after) / len(points_after) if points_after else None,
