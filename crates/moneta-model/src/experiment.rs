@@ -1370,6 +1370,7 @@ mod tests {
         // time per request grows by Table 3.1's wake-up minus the switch.
         let mut c = Config::preset("moneta").unwrap();
         c.set_stack(Stack::Atomic);
+        c.host.wake_on_core = WakeOnCore::Switch;
         let switch = run(&c, &xdd(OpMix::Read, 512, 1, 2000)).unwrap();
         c.host.wake_on_core = WakeOnCore::Whole;
         let whole = run(&c, &xdd(OpMix::Read, 512, 1, 2000)).unwrap();
