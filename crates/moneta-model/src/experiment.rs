@@ -1534,9 +1534,11 @@ mod tests {
     fn a_woken_thread_switches_in_on_its_core() {
         // Moneta+Atomic sleeps for every request: the wake-up's context
         // switch is part of the same latency, but on a busy host it takes
-        // a core, so moving it off the core raises the throughput.
+        // a core, so moving it off the core raises the throughput (with
+        // only the switch on the core: `WakeOnCore::Switch`).
         let mut c = Config::preset("moneta").unwrap();
         c.set_stack(Stack::Atomic);
+        c.host.wake_on_core = WakeOnCore::Switch;
         let mut off_core = c.clone();
         let k = &mut off_core.host.costs;
         // The same switch also leaves the block layer (`host::plan`): keep that.
