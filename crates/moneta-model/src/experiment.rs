@@ -65,7 +65,7 @@
 //! request's latency, checked for every request.
 
 use crate::breakdown::{Breakdown, Component, DeviceParts, Parts};
-use crate::config::{Completion, Config, Stack};
+use crate::config::{Completion, Config, Stack, WakeOnCore};
 use crate::device::command::{self, Command};
 use crate::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finished};
 use crate::device::pipeline::{CommandWords, DeviceCounters};
@@ -945,8 +945,23 @@ impl<'a> Simulation<'a> {
     /// `wake_ns`: the context switch part of it (SPEC §2.2's
     /// `io_scheduler_switch_ns`) runs on the core it then gets, the rest is
     /// latency off the cores.
+    ///
+    /// With `host.wake_on_core = "whole"` the part on the core is Table
+    /// 3.1's wake-up of the request's operation (for Moneta-D's
+    /// issue-sleep, whose wake-up is longer, the rest stays latency).
     fn wake(&mut self, t: u32, wake_ns: Ns) {
-        let switch_ns = self.config.host.costs.io_scheduler_switch_ns.min(wake_ns);
+        let costs = &self.config.host.costs;
+        let on_core = match self.config.host.wake_on_core {
+            WakeOnCore::Switch => costs.io_scheduler_switch_ns,
+            WakeOnCore::Whole => {
+                let table_3_1 = match self.threads[t as usize].op {
+                    Op::Read => costs.wake_ns_read,
+                    Op::Write => costs.wake_ns_write,
+                };
+                table_3_1.max(costs.io_scheduler_switch_ns)
+            }
+        };
+        let switch_ns = on_core.min(wake_ns);
         let time = &mut self.threads[t as usize].time;
         time.spend(Component::WakeUp, wake_ns - switch_ns);
         time.gap = Some(Component::CoreWait);
@@ -1349,6 +1364,42 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_wake_up_on_the_core_costs_cpu_not_latency() {
+        // Moneta+Atomic sleeps for every request. Alone, the thread's latency
+        // is the same whichever part of the wake-up runs on its core; its CPU
+        // time per request grows by Table 3.1's wake-up minus the switch.
+        let mut c = Config::preset("moneta").unwrap();
+        c.set_stack(Stack::Atomic);
+        c.host.wake_on_core = WakeOnCore::Switch;
+        let switch = run(&c, &xdd(OpMix::Read, 512, 1, 2000)).unwrap();
+        c.host.wake_on_core = WakeOnCore::Whole;
+        let whole = run(&c, &xdd(OpMix::Read, 512, 1, 2000)).unwrap();
+        assert_eq!(switch.latency.mean_ns(), whole.latency.mean_ns());
+        let per_op = |r: &RunResult| r.cpu_busy_ns as f64 / r.ops as f64;
+        let extra = per_op(&whole) - per_op(&switch);
+        let expected = (c.host.costs.wake_ns_read - c.host.costs.io_scheduler_switch_ns) as f64;
+        assert!(
+            (extra - expected).abs() < 1.0,
+            "extra CPU {extra} ns per request, expected {expected}"
+        );
+        // CPU-bound (16 sleepers on 2 cores) the extra CPU is throughput.
+        c.host.cores = 2;
+        let bound_whole = run(&c, &xdd(OpMix::Read, 512, 16, 6000)).unwrap();
+        c.host.wake_on_core = WakeOnCore::Switch;
+        let bound_switch = run(&c, &xdd(OpMix::Read, 512, 16, 6000)).unwrap();
+        let loss = bound_whole.iops() / bound_switch.iops();
+        assert!(
+            loss < 0.9,
+            "whole wake-ups on 2 cores keep {loss} of the IOPS"
+        );
+        // A lock hand-over's wake-up is the switch alone either way.
+        c.host.wake_on_core = WakeOnCore::Whole;
+        c.host.file_system = true;
+        let fs = run(&c, &xdd(OpMix::Write, 512, 4, 2000)).unwrap();
+        assert_eq!(fs.ops, 2000);
+    }
+
+    #[test]
     fn every_stack_completes_every_request() {
         for stack in Stack::ALL {
             let mut c = Config::preset("moneta").unwrap();
@@ -1483,9 +1534,11 @@ mod tests {
     fn a_woken_thread_switches_in_on_its_core() {
         // Moneta+Atomic sleeps for every request: the wake-up's context
         // switch is part of the same latency, but on a busy host it takes
-        // a core, so moving it off the core raises the throughput.
+        // a core, so moving it off the core raises the throughput (with
+        // only the switch on the core: `WakeOnCore::Switch`).
         let mut c = Config::preset("moneta").unwrap();
         c.set_stack(Stack::Atomic);
+        c.host.wake_on_core = WakeOnCore::Switch;
         let mut off_core = c.clone();
         let k = &mut off_core.host.costs;
         // The same switch also leaves the block layer (`host::plan`): keep that.
