@@ -126,7 +126,12 @@ fn do_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
 /// The arguments are the kernel's types (`unsigned int` descriptors, `int`
 /// flags: the upper halves of the registers are not the caller's), the
 /// answer `syscall()`'s (-1 and errno). `None` for every other number.
-pub fn raw(number: libc::c_long, a: libc::c_long, b: libc::c_long, c: libc::c_long) -> Option<libc::c_long> {
+pub fn raw(
+    number: libc::c_long,
+    a: libc::c_long,
+    b: libc::c_long,
+    c: libc::c_long,
+) -> Option<libc::c_long> {
     let fd = |v: libc::c_long| v as c_uint as c_int;
     // SAFETY (each arm): the interposed call with the caller's arguments,
     // as the kernel reads them.
