@@ -118,6 +118,34 @@ fn do_close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     0
 }
 
+/// The C library's `syscall()` with a number that closes or replaces
+/// descriptors (`SYS_close`, `SYS_close_range`, `SYS_dup`, `SYS_dup2`,
+/// `SYS_dup3`): made through the shim's own handling of that call, as the
+/// C library's function of the same name would be, so the shim's table
+/// stays in step with the kernel's and its own descriptors stay its own.
+/// The arguments are the kernel's types (`unsigned int` descriptors, `int`
+/// flags: the upper halves of the registers are not the caller's), the
+/// answer `syscall()`'s (-1 and errno). `None` for every other number.
+pub fn raw(
+    number: libc::c_long,
+    a: libc::c_long,
+    b: libc::c_long,
+    c: libc::c_long,
+) -> Option<libc::c_long> {
+    let fd = |v: libc::c_long| v as c_uint as c_int;
+    // SAFETY (each arm): the interposed call with the caller's arguments,
+    // as the kernel reads them.
+    let r = match number {
+        libc::SYS_close => unsafe { crate::close(fd(a)) },
+        libc::SYS_close_range => do_close_range(a as c_uint, b as c_uint, c as c_uint as c_int),
+        libc::SYS_dup => unsafe { crate::dup(fd(a)) },
+        libc::SYS_dup2 => unsafe { crate::dup2(fd(a), fd(b)) },
+        libc::SYS_dup3 => unsafe { crate::dup3(fd(a), fd(b), c as c_int) },
+        _ => return None,
+    };
+    Some(r as libc::c_long)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
     do_close_range(first, last, flags)

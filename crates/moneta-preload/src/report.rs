@@ -380,7 +380,10 @@ fn real_syscall(
 /// `syscall(2)`, declared with its six optional arguments as fixed ones (as
 /// glibc reads them: the System V ABI passes them the same way): passed
 /// on unchanged, errno included; a ring made by `__NR_io_uring_setup` is
-/// counted. Every other number only costs the indirect call.
+/// counted. The numbers that close or replace descriptors go through the
+/// shim's own `close`/`close_range`/`dup*` ([`crate::descriptors::raw`]),
+/// so its table stays in step with the kernel's. Every other number only
+/// costs the indirect call.
 #[no_mangle]
 pub unsafe extern "C" fn syscall(
     number: c_long,
@@ -391,6 +394,9 @@ pub unsafe extern "C" fn syscall(
     e: c_long,
     f: c_long,
 ) -> c_long {
+    if let Some(r) = crate::descriptors::raw(number, a, b, c) {
+        return r;
+    }
     // SAFETY: the caller's arguments, passed on.
     let r = unsafe { real_syscall()(number, a, b, c, d, e, f) };
     if number == libc::SYS_io_uring_setup && r >= 0 {

@@ -40,8 +40,8 @@ pub fn run(name: &str, c: &Ctx) -> Option<Result<String, String>> {
             plain_file(&d.join("A"), &[b'a'; 4096])?;
             plain_file(&d.join("B"), &[b'B'; 8192])
         }),
-        "closed-control" => differential(c, "closed-control", &["A", "B", "C"], |d| {
-            for f in ["A", "B", "C"] {
+        "closed-control" => differential(c, "closed-control", &["A", "B", "C", "D", "E"], |d| {
+            for f in ["A", "B", "C", "D", "E"] {
                 plain_file(&d.join(f), &stamped(16384, 0x42, 0, 1))?;
             }
             Ok(())
@@ -313,13 +313,15 @@ fn fixed_numbers(d: &Path, res: &Path) -> Result<(), String> {
 }
 
 /// Case 2: the program closes every descriptor above its file's (with
-/// close_range, closefrom and a close loop), makes a socketpair, and goes
-/// on reading and writing mount files: nothing of the shim's may arrive on
-/// its socket, and every call must answer as the kernel's.
+/// close_range, closefrom, a close loop, and the raw system calls through
+/// the C library's `syscall()`: `SYS_close_range`, then a `SYS_close`
+/// loop), makes a socketpair, and goes on reading and writing mount files:
+/// nothing of the shim's may arrive on its socket, and every call must
+/// answer as the kernel's.
 fn closed_control(d: &Path, res: &Path) -> Result<(), String> {
     let mut out = Results::new(res)?;
     let mut fds = Vec::new();
-    for (i, name) in ["A", "B", "C"].iter().enumerate() {
+    for (i, name) in ["A", "B", "C", "D", "E"].iter().enumerate() {
         let fd = open_rw(&d.join(name), 0)?;
         fds.push(fd);
         let mut b = vec![0u8; 4096];
@@ -335,9 +337,23 @@ fn closed_control(d: &Path, res: &Path) -> Result<(), String> {
                 unsafe { closefrom_libc(top + 1) };
                 0
             }
-            _ => {
+            2 => {
                 for n in top + 1..2048 {
                     unsafe { libc::close(n) };
+                }
+                0
+            }
+            3 => unsafe {
+                libc::syscall(
+                    libc::SYS_close_range,
+                    top as libc::c_long + 1,
+                    libc::c_long::from(u32::MAX),
+                    0 as libc::c_long,
+                )
+            },
+            _ => {
+                for n in top + 1..2048 {
+                    unsafe { libc::syscall(libc::SYS_close, n as libc::c_long) };
                 }
                 0
             }
