@@ -16,7 +16,8 @@ pub use presets::{preset_names, preset_source, PRESETS};
 pub(crate) use technology::names as technology_names;
 pub use technology::{Technology, TECHNOLOGIES};
 
-use crate::units::Ns;
+use crate::device::packet::{self, HEADER_BYTES};
+use crate::units::{transfer_ns, Ns};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -822,7 +823,7 @@ impl NetworkConfig {
     /// sending and start one more before the request reaches it, and what
     /// was already sent but not yet counted still arrives.
     pub fn pause_headroom_bytes(&self) -> Result<u64, ConfigError> {
-        let timing = crate::san::fabric::FabricTiming::derive(self)?;
+        let timing = FabricTiming::derive(self)?;
         let in_flight_bytes =
             (timing.pause_in_flight_ns() as f64 * self.link_bits_per_s / 8e9).ceil() as u64;
         Ok(2 * self.max_stored_bytes() + in_flight_bytes.next_multiple_of(8))
@@ -844,6 +845,92 @@ impl NetworkConfig {
             self.rx_buffer_bytes,
         )
     }
+}
+
+/// Fixed latencies of the fabric's elements (derivation in the header of
+/// `san::fabric`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricTiming {
+    pub nic_tx_ns: Ns,
+    pub nic_rx_ns: Ns,
+    pub switch_ns: Ns,
+    /// Fixed latency of the switches beyond the first on every path.
+    pub extra_hops_ns: Ns,
+    /// A pause request reaching the far transmitter (one minimum frame).
+    pub pause_delay_ns: Ns,
+    /// A minimum frame on a link until its last bit.
+    pub min_frame_ns: Ns,
+    /// Writing a header-only packet into the receive packet buffer.
+    pub min_packet_buffer_ns: Ns,
+}
+
+impl FabricTiming {
+    pub fn derive(n: &NetworkConfig) -> Result<FabricTiming, ConfigError> {
+        let bytes_per_s = n.link_bits_per_s / 8.0;
+        let min_frame_ns = transfer_ns(packet::arrival_bytes(HEADER_BYTES), bytes_per_s);
+        let min_packet_buffer_ns = packet_buffer_tail_ns(n, HEADER_BYTES);
+        let switch_ns = n
+            .extra_hop_ns
+            .checked_sub(min_frame_ns)
+            .ok_or_else(|| ConfigError {
+                key: "network.extra_hop_ns".into(),
+                message: format!(
+                    "{} ns is less than a minimum frame on the link ({min_frame_ns} ns)",
+                    n.extra_hop_ns
+                ),
+            })?;
+        let nics_ns = n
+            .min_one_way_ns
+            .checked_sub(2 * min_frame_ns + switch_ns + min_packet_buffer_ns)
+            .ok_or_else(|| ConfigError {
+                key: "network.min_one_way_ns".into(),
+                message: format!(
+                    "{} ns is less than two links, a switch and the packet buffer take ({} ns)",
+                    n.min_one_way_ns,
+                    2 * min_frame_ns + switch_ns + min_packet_buffer_ns
+                ),
+            })?;
+        Ok(FabricTiming {
+            nic_tx_ns: nics_ns.div_ceil(2),
+            nic_rx_ns: nics_ns / 2,
+            switch_ns,
+            extra_hops_ns: u64::from(n.switch_hops - 1) * n.extra_hop_ns,
+            pause_delay_ns: min_frame_ns,
+            min_frame_ns,
+            min_packet_buffer_ns,
+        })
+    }
+
+    /// From a frame leaving its sender until a pause it provokes stops
+    /// that sender: counted at the receiver (after the receiving NIC and
+    /// any extra hops at a port; after the sending NIC and the switching
+    /// at a switch input), then the pause frame back.
+    pub fn pause_in_flight_ns(&self) -> Ns {
+        self.pause_delay_ns
+            + (self.nic_rx_ns + self.extra_hops_ns).max(self.nic_tx_ns + self.switch_ns)
+    }
+
+    /// One-way latency of a header-only packet on an idle fabric: what
+    /// SPEC §4.2 publishes (1 µs, +450 ns per extra hop).
+    pub fn min_one_way_ns(&self) -> Ns {
+        self.nic_tx_ns
+            + self.min_frame_ns
+            + self.switch_ns
+            + self.extra_hops_ns
+            + self.min_frame_ns
+            + self.nic_rx_ns
+            + self.min_packet_buffer_ns
+    }
+}
+
+/// How long after its last bit has arrived a packet of `frame_bytes`
+/// (header and payload) is stored whole in an idle receive packet buffer:
+/// the write (one word per cycle) starts with the first word on the link
+/// and ends no sooner than one cycle after the last.
+pub fn packet_buffer_tail_ns(n: &NetworkConfig, frame_bytes: u64) -> Ns {
+    let write = frame_bytes.div_ceil(n.packet_buffer_bytes_per_cycle) * n.port_clock_ns;
+    let on_link = transfer_ns(packet::arrival_bytes(frame_bytes), n.link_bits_per_s / 8.0);
+    write.saturating_sub(on_link).max(n.port_clock_ns)
 }
 
 /// `value × numerator / denominator` without overflow.
