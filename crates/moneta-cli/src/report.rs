@@ -13,7 +13,8 @@
 use crate::nvmm::{self, WEAR_ENDURANCE_SCALE, WEAR_RATE_MB_S, WEAR_UTILIZATION};
 use crate::output::sweep_report;
 use crate::plot::{self, Chart, Report, ReportSection};
-use moneta_model::calibration::{self, AsyncPoint, Check, CompletionPoint};
+use moneta_model::calibration::{self, AsyncPoint, CompletionPoint};
+use moneta_model::check::{self, Check};
 use moneta_model::config::{Config, Stack};
 use moneta_model::nvmm::experiments::{latency_sweep, wear_with_curve};
 use moneta_model::nvmm::NvmmConfig;
@@ -306,7 +307,7 @@ fn checks_section(title: &str, checks: &[Check]) -> Vec<ReportSection> {
                         c.name.clone(),
                         c.source.to_string(),
                         format!("{} {}", c.published_text(), c.unit),
-                        format!("{} {}", calibration::format_number(c.simulated), c.unit),
+                        format!("{} {}", check::format_number(c.simulated), c.unit),
                         format!("{:+.1}%", 100.0 * c.error()),
                         c.tolerance_text(),
                         verdict(c.within()),
@@ -333,7 +334,7 @@ fn reproduces_section(checks: &[Check], orderings: &[Ordering]) -> Vec<ReportSec
         format!(
             "{} (model {} {u}, published {} {u})",
             c.name,
-            calibration::format_number(c.simulated),
+            check::format_number(c.simulated),
             c.published_text(),
             u = c.unit
         )
@@ -763,7 +764,7 @@ fn nvmm_page(a: &ReportArgs) -> Result<Report, String> {
         } else {
             ("years", 365.0)
         };
-        let time = |days: f64| calibration::format_number(days / per_unit);
+        let time = |days: f64| check::format_number(days / per_unit);
         rows.push(vec![
             s.name.to_string(),
             format!("wear, {:.0}% capacity left", 100.0 * s.capacity_left),

@@ -713,7 +713,7 @@ impl<C: StampClock> DeviceThread<C> {
                 options.idle_spin_ns,
             ),
             Some(san) => {
-                let timing = moneta_model::san::fabric::FabricTiming::derive(&config.network)
+                let timing = moneta_model::config::FabricTiming::derive(&config.network)
                     .map_err(|e| EmuError::new(ErrorKind::Config, e.to_string()))?;
                 let mut san = san;
                 let mut routes: RouteTable = san.routes.clone();

@@ -25,10 +25,11 @@
 //! - [`experiment`]: runs one configured experiment and reports its results.
 //! - [`breakdown`]: where each request's time goes (Table 3.1 / 4.2).
 //! - [`calibration`], [`orderings`]: the published numbers and the published
-//!   "A beats B" orderings beside the model's.
+//!   "A beats B" orderings beside the model's; [`check`]: one such number.
 
 pub mod breakdown;
 pub mod calibration;
+pub mod check;
 pub mod config;
 pub mod device;
 pub mod experiment;

@@ -3,6 +3,7 @@
 
 use crate::breakdown::Breakdown;
 use crate::config::Config;
+use crate::device::power;
 use crate::experiment::{run, RunResult};
 use crate::workload::{OpMix, RunLimit, Workload};
 use serde::Serialize;
@@ -57,7 +58,7 @@ impl PointSummary {
     pub fn new(config: &Config, workload: &Workload, r: &RunResult) -> Self {
         let g = &workload.groups[0];
         let op = g.op;
-        let power = crate::device::power_of_run(config, r);
+        let power = power_of_run(config, r);
         let cores_ns = config.host.contexts() as f64 * r.elapsed_ns as f64;
         PointSummary {
             preset: config.name.clone(),
@@ -115,6 +116,34 @@ const CDF_FRACTIONS: [f64; 25] = [
     0.001, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7,
     0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 0.999, 1.0,
 ];
+
+/// The device power report of a run (SPEC §1.9); `None` for the DDR
+/// ramdisk, which has no Moneta device.
+pub fn power_of_run(
+    config: &crate::config::Config,
+    run: &crate::experiment::RunResult,
+) -> Option<power::PowerReport> {
+    if config.host.stack == crate::config::Stack::Ramdisk {
+        return None;
+    }
+    let c = &run.device;
+    let activity = power::DeviceActivity {
+        elapsed_ns: run.elapsed_ns,
+        dma_busy_ns_host_to_device: c.dma_busy_ns_host_to_device,
+        dma_busy_ns_device_to_host: c.dma_busy_ns_device_to_host,
+        ring_busy_ns: c.ring_busy_ns,
+        scheduler_busy_ns: c.scheduler_busy_ns,
+        buffer_busy_ns: c.buffer_busy_ns,
+        transfer_buffers: config.device.transfer_buffers,
+        controllers: c.controllers.clone(),
+    };
+    Some(power::power_report(
+        &config.power,
+        config.device.capacity_bytes,
+        &activity,
+        run.ops,
+    ))
+}
 
 /// Region the XDD workloads touch by default: the whole device, capped at
 /// 16 GB (as the papers' random tests; start-gap tables stay small).

@@ -16,6 +16,8 @@ pub use presets::{preset_names, preset_source, PRESETS};
 pub(crate) use technology::names as technology_names;
 pub use technology::{Technology, TECHNOLOGIES};
 
+use crate::device::packet::{self, HEADER_BYTES};
+use crate::units::{transfer_ns, Ns};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -192,7 +194,7 @@ pub struct Config {
     pub power: PowerConfig,
     pub network: NetworkConfig,
     /// QuickSAN hosts' interfaces (Table 5.1 and the kernel paths' mechanisms).
-    pub san: crate::san::interfaces::InterfaceCosts,
+    pub san: InterfaceCosts,
 }
 
 /// Scheduler, tags, buffers (SPEC §1.2–1.4).
@@ -469,6 +471,102 @@ pub struct NetworkConfig {
     pub message_header_bytes: u64,
 }
 
+/// How the kernel stack of QuickSAN-OS notices a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelCompletion {
+    /// Moneta+Spin (SPEC §2.2): spin for requests up to 4 KB.
+    Spin,
+    /// The interrupt the Moneta-D era's kernel driver takes for every
+    /// request (Table 4.2, "baseline interrupts").
+    Interrupt,
+}
+
+/// Host software costs of Table 5.1 (4 KB, µs read / write), the kernel
+/// paths' mechanisms, and the transport assumptions of this model: the
+/// `[san]` section of the presets (`quicksan-ssd` inherits the root's). All
+/// times in ns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterfaceCosts {
+    /// "OS entry/exit & block IO", QuickSAN kernel column: 3.8 / 3.4 µs.
+    pub os_ns_read_quicksan: Ns,
+    pub os_ns_write_quicksan: Ns,
+    /// "OS entry/exit & block IO", existing interfaces (iSCSI, and Fibre
+    /// Channel, one column in Table 5.1): 4.0 / 3.4 µs.
+    pub os_ns_read_existing: Ns,
+    pub os_ns_write_existing: Ns,
+    /// GFS2 under QuickSAN kernel: 1.4 / 2.3 µs.
+    pub gfs2_ns_read_quicksan: Ns,
+    pub gfs2_ns_write_quicksan: Ns,
+    /// GFS2 under iSCSI (and Fibre Channel): 0.1 / 1.5 µs.
+    pub gfs2_ns_read_existing: Ns,
+    pub gfs2_ns_write_existing: Ns,
+    /// How QuickSAN-OS's kernel driver learns that a request finished.
+    pub kernel_completion: KernelCompletion,
+    /// With `interrupt`: the whole completion, interrupt handler to the
+    /// woken thread, Table 4.2 "baseline interrupts" 5.82 / 5.87 µs.
+    pub kernel_interrupt_completion_ns_read: Ns,
+    pub kernel_interrupt_completion_ns_write: Ns,
+    /// POSIX write atomicity through the kernel file system (§5.2.2
+    /// "Userspace access", §5.4.3): a write holds its file's lock from the
+    /// file system's entry until the device has answered, so a host's
+    /// QuickSAN-OS writes run one at a time. QuickSAN-D relaxes it; iSCSI
+    /// and Fibre Channel are not given it (§5.4.3 says it of QuickSAN's
+    /// kernel interface; README "Fidelity" has the evidence).
+    pub fs_write_atomicity: bool,
+    /// With `fs_write_atomicity`: iSCSI and Fibre Channel writes take the
+    /// same lock (both run under GFS2, §5.1.1), held from the file system's
+    /// entry to the response. Off in the presets: the one-lock-per-host
+    /// scope is our assumption, and with it the published iSCSI ratios
+    /// move away (docs/src/fidelity/audit-nvmm-quicksan.md).
+    #[serde(default)]
+    pub fs_write_atomicity_existing: bool,
+    /// iSCSI block transport, initiator plus target software at 4 KB:
+    /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
+    /// traffic and the target SSD's time on top (Table 5.1 excludes the
+    /// device; the 10 GbE wire time of 4 KB is 3.3 µs, ~1% of the row).
+    pub iscsi_transport_ns_read: Ns,
+    pub iscsi_transport_ns_write: Ns,
+    /// Share of the iSCSI software on the initiator (the rest runs on the
+    /// target's CPU). Our assumption: both ends run a TCP stack and an
+    /// iSCSI PDU layer of similar weight, so one half each.
+    pub iscsi_initiator_fraction: f64,
+    /// Cores the iSCSI target software runs on, per target host. Our
+    /// assumption: 1, the single event-loop thread of the Linux SCSI target
+    /// daemon (tgtd, scsi-target-utils on CentOS 5) that handles every PDU.
+    pub iscsi_target_cores: u32,
+    /// CPU per KB of payload that each end's TCP/IP and iSCSI processing
+    /// spends (receive or send path, its copies included), where it exceeds
+    /// the host's copy cost. Table 5.1's row is the 4 KB cost; a request of
+    /// another size keeps the row's fixed part and pays this per KB at both
+    /// ends. Source: Foong et al., "TCP Performance Re-Visited", ISPASS
+    /// 2003: about 1 Hz of CPU per bit/s of TCP throughput, i.e. 8192 cycles
+    /// per KB, 3.62 µs at the E5520's 2.27 GHz (dissertation §5.4). 0: only
+    /// the host's copy (Table 3.1's 0.27 / 0.24 µs per KB).
+    #[serde(default)]
+    pub iscsi_tcp_ns_per_kb: Ns,
+    /// iSCSI basic header segment (RFC 3720): 48 B per PDU.
+    pub iscsi_header_bytes: u64,
+    /// TCP/IP headers per segment (IPv4 20 B + TCP 20 B + timestamps 12 B)
+    /// and the segment payload (1500 B MTU − 52 B): the TCP traffic's bytes.
+    pub tcp_header_bytes: u64,
+    pub tcp_segment_bytes: u64,
+    /// Fibre Channel block transport at 4 KB: 86.0 / 85.9 µs (Table 5.1).
+    pub fc_transport_ns_read: Ns,
+    pub fc_transport_ns_write: Ns,
+    /// The Fibre Channel link we assume: 8GFC, 800 MB/s of payload per
+    /// direction (8.5 GBd, 8b/10b), the common HBA of 2012.
+    pub fc_link_bytes_per_s: f64,
+}
+
+impl Default for InterfaceCosts {
+    /// The `[san]` section of the QuickSAN SSD preset.
+    fn default() -> Self {
+        Config::preset("quicksan-ssd").expect("shipped preset").san
+    }
+}
+
 /// Power model (SPEC §1.9, MICRO'10 Table I).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -725,7 +823,7 @@ impl NetworkConfig {
     /// sending and start one more before the request reaches it, and what
     /// was already sent but not yet counted still arrives.
     pub fn pause_headroom_bytes(&self) -> Result<u64, ConfigError> {
-        let timing = crate::san::fabric::FabricTiming::derive(self)?;
+        let timing = FabricTiming::derive(self)?;
         let in_flight_bytes =
             (timing.pause_in_flight_ns() as f64 * self.link_bits_per_s / 8e9).ceil() as u64;
         Ok(2 * self.max_stored_bytes() + in_flight_bytes.next_multiple_of(8))
@@ -747,6 +845,92 @@ impl NetworkConfig {
             self.rx_buffer_bytes,
         )
     }
+}
+
+/// Fixed latencies of the fabric's elements (derivation in the header of
+/// `san::fabric`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricTiming {
+    pub nic_tx_ns: Ns,
+    pub nic_rx_ns: Ns,
+    pub switch_ns: Ns,
+    /// Fixed latency of the switches beyond the first on every path.
+    pub extra_hops_ns: Ns,
+    /// A pause request reaching the far transmitter (one minimum frame).
+    pub pause_delay_ns: Ns,
+    /// A minimum frame on a link until its last bit.
+    pub min_frame_ns: Ns,
+    /// Writing a header-only packet into the receive packet buffer.
+    pub min_packet_buffer_ns: Ns,
+}
+
+impl FabricTiming {
+    pub fn derive(n: &NetworkConfig) -> Result<FabricTiming, ConfigError> {
+        let bytes_per_s = n.link_bits_per_s / 8.0;
+        let min_frame_ns = transfer_ns(packet::arrival_bytes(HEADER_BYTES), bytes_per_s);
+        let min_packet_buffer_ns = packet_buffer_tail_ns(n, HEADER_BYTES);
+        let switch_ns = n
+            .extra_hop_ns
+            .checked_sub(min_frame_ns)
+            .ok_or_else(|| ConfigError {
+                key: "network.extra_hop_ns".into(),
+                message: format!(
+                    "{} ns is less than a minimum frame on the link ({min_frame_ns} ns)",
+                    n.extra_hop_ns
+                ),
+            })?;
+        let nics_ns = n
+            .min_one_way_ns
+            .checked_sub(2 * min_frame_ns + switch_ns + min_packet_buffer_ns)
+            .ok_or_else(|| ConfigError {
+                key: "network.min_one_way_ns".into(),
+                message: format!(
+                    "{} ns is less than two links, a switch and the packet buffer take ({} ns)",
+                    n.min_one_way_ns,
+                    2 * min_frame_ns + switch_ns + min_packet_buffer_ns
+                ),
+            })?;
+        Ok(FabricTiming {
+            nic_tx_ns: nics_ns.div_ceil(2),
+            nic_rx_ns: nics_ns / 2,
+            switch_ns,
+            extra_hops_ns: u64::from(n.switch_hops - 1) * n.extra_hop_ns,
+            pause_delay_ns: min_frame_ns,
+            min_frame_ns,
+            min_packet_buffer_ns,
+        })
+    }
+
+    /// From a frame leaving its sender until a pause it provokes stops
+    /// that sender: counted at the receiver (after the receiving NIC and
+    /// any extra hops at a port; after the sending NIC and the switching
+    /// at a switch input), then the pause frame back.
+    pub fn pause_in_flight_ns(&self) -> Ns {
+        self.pause_delay_ns
+            + (self.nic_rx_ns + self.extra_hops_ns).max(self.nic_tx_ns + self.switch_ns)
+    }
+
+    /// One-way latency of a header-only packet on an idle fabric: what
+    /// SPEC §4.2 publishes (1 µs, +450 ns per extra hop).
+    pub fn min_one_way_ns(&self) -> Ns {
+        self.nic_tx_ns
+            + self.min_frame_ns
+            + self.switch_ns
+            + self.extra_hops_ns
+            + self.min_frame_ns
+            + self.nic_rx_ns
+            + self.min_packet_buffer_ns
+    }
+}
+
+/// How long after its last bit has arrived a packet of `frame_bytes`
+/// (header and payload) is stored whole in an idle receive packet buffer:
+/// the write (one word per cycle) starts with the first word on the link
+/// and ends no sooner than one cycle after the last.
+pub fn packet_buffer_tail_ns(n: &NetworkConfig, frame_bytes: u64) -> Ns {
+    let write = frame_bytes.div_ceil(n.packet_buffer_bytes_per_cycle) * n.port_clock_ns;
+    let on_link = transfer_ns(packet::arrival_bytes(frame_bytes), n.link_bits_per_s / 8.0);
+    write.saturating_sub(on_link).max(n.port_clock_ns)
 }
 
 /// `value × numerator / denominator` without overflow.

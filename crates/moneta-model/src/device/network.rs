@@ -24,9 +24,10 @@
 //!   link, so the write overlaps the packet's reception: A.6's 8192 ns are
 //!   counted from the packet's first word, and since 8 B per 8 ns is
 //!   slower than 10 Gb/s, a payload packet is stored some time after its
-//!   last bit arrived ([`packet_buffer_tail_ns`]). Small (non-payload)
-//!   packets have guaranteed space (SPEC §4.2 deadlock rules) and do not
-//!   count against it.
+//!   last bit arrived
+//!   ([`packet_buffer_tail_ns`](crate::config::packet_buffer_tail_ns)).
+//!   Small (non-payload) packets have guaranteed space (SPEC §4.2
+//!   deadlock rules) and do not count against it.
 //!
 //! Left out: frame checksum errors and drops (the model's links do not
 //! corrupt), VLAN priorities (802.1Qbb).
@@ -724,16 +725,6 @@ impl PauseGauge {
     }
 }
 
-/// How long after its last bit has arrived a packet of `frame_bytes`
-/// (header and payload) is stored whole in an idle receive packet buffer:
-/// the write (one word per cycle) starts with the first word on the link
-/// and ends no sooner than one cycle after the last.
-pub fn packet_buffer_tail_ns(n: &NetworkConfig, frame_bytes: u64) -> Ns {
-    let write = frame_bytes.div_ceil(n.packet_buffer_bytes_per_cycle) * n.port_clock_ns;
-    let on_link = transfer_ns(packet::arrival_bytes(frame_bytes), n.link_bits_per_s / 8.0);
-    write.saturating_sub(on_link).max(n.port_clock_ns)
-}
-
 /// The port's receive packet buffer (A.6).
 #[derive(Debug, Clone)]
 pub struct RxPacketBuffer {
@@ -896,7 +887,7 @@ pub struct HeaderFields {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::{packet_buffer_tail_ns, Config};
 
     #[test]
     fn transmitter_sends_in_order_and_stops_between_frames_while_paused() {

@@ -1,5 +1,5 @@
 //! NVMM's model against the statements of SPEC §7 (the UMD report's
-//! evaluation), as `calibration::Check`s with the range each statement
+//! evaluation), as `check::Check`s with the range each statement
 //! allows; `moneta calibrate` prints them beside the array's checks and the
 //! test `tests/nvmm_calibration.rs` holds them to their ranges.
 //!
@@ -12,7 +12,7 @@
 //! constant of the model was tuned to these numbers. A check the model
 //! misses is listed in [`KNOWN_MISSES`] with the reason.
 
-use crate::calibration::Check;
+use crate::check::Check;
 use crate::nvmm::experiments::{point, standard_workload, wear, SweepPoint};
 use crate::nvmm::system::{run, SystemKind};
 use crate::nvmm::workload::WorkloadKind;

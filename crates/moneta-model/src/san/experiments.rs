@@ -34,14 +34,13 @@
 //! completion's system call overlapping the device (it is counted after).
 
 use crate::breakdown::{Breakdown, Component, Parts};
-use crate::config::Config;
+use crate::config::{Config, InterfaceCosts};
 use crate::host::FileLock;
 use crate::kernel::rng::Rng;
 use crate::kernel::EventQueue;
 use crate::san::energy::{per_op, EnergyPerOp, HostPower};
 use crate::san::interfaces::{
-    device_path, host_config, transport_path, DevicePath, FifoServers, Interface, InterfaceCosts,
-    TransportPath,
+    device_path, host_config, transport_path, DevicePath, FifoServers, Interface, TransportPath,
 };
 use crate::san::system::{
     DeviceId, DeviceKind, HostId, San, SanConfig, SanCounters, SanEvent, SanRequest, Topology,

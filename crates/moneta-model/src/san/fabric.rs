@@ -12,7 +12,7 @@
 //! 57.6 ns → 58 ns) and `b` = the packet buffer's store after the last bit
 //! (A.6's words are written as they arrive, so for the 32-byte packet the
 //! store ends one 8 ns cycle after its last word: 8 ns;
-//! `network::packet_buffer_tail_ns`):
+//! `config::packet_buffer_tail_ns`):
 //!
 //! - one extra hop is one more switch and one more link, a store-and-forward
 //!   element: `switch_ns + w = 450`, so **switch_ns = 450 − 58 = 392 ns**
@@ -46,85 +46,9 @@
 //! shared-memory details, cable length differences, TCP's own behaviour
 //! for host messages (frames of `message_mtu_bytes`, no loss, no acks).
 
-use crate::config::{ConfigError, NetworkConfig};
-use crate::device::network::{packet_buffer_tail_ns, PauseGauge, Started, Transmitter};
-use crate::device::packet::{self, HEADER_BYTES};
-use crate::units::{transfer_ns, Ns};
-
-/// Fixed latencies of the fabric's elements (derivation in the header).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FabricTiming {
-    pub nic_tx_ns: Ns,
-    pub nic_rx_ns: Ns,
-    pub switch_ns: Ns,
-    /// Fixed latency of the switches beyond the first on every path.
-    pub extra_hops_ns: Ns,
-    /// A pause request reaching the far transmitter (one minimum frame).
-    pub pause_delay_ns: Ns,
-    /// A minimum frame on a link until its last bit.
-    pub min_frame_ns: Ns,
-    /// Writing a header-only packet into the receive packet buffer.
-    pub min_packet_buffer_ns: Ns,
-}
-
-impl FabricTiming {
-    pub fn derive(n: &NetworkConfig) -> Result<FabricTiming, ConfigError> {
-        let bytes_per_s = n.link_bits_per_s / 8.0;
-        let min_frame_ns = transfer_ns(packet::arrival_bytes(HEADER_BYTES), bytes_per_s);
-        let min_packet_buffer_ns = packet_buffer_tail_ns(n, HEADER_BYTES);
-        let switch_ns = n
-            .extra_hop_ns
-            .checked_sub(min_frame_ns)
-            .ok_or_else(|| ConfigError {
-                key: "network.extra_hop_ns".into(),
-                message: format!(
-                    "{} ns is less than a minimum frame on the link ({min_frame_ns} ns)",
-                    n.extra_hop_ns
-                ),
-            })?;
-        let nics_ns = n
-            .min_one_way_ns
-            .checked_sub(2 * min_frame_ns + switch_ns + min_packet_buffer_ns)
-            .ok_or_else(|| ConfigError {
-                key: "network.min_one_way_ns".into(),
-                message: format!(
-                    "{} ns is less than two links, a switch and the packet buffer take ({} ns)",
-                    n.min_one_way_ns,
-                    2 * min_frame_ns + switch_ns + min_packet_buffer_ns
-                ),
-            })?;
-        Ok(FabricTiming {
-            nic_tx_ns: nics_ns.div_ceil(2),
-            nic_rx_ns: nics_ns / 2,
-            switch_ns,
-            extra_hops_ns: u64::from(n.switch_hops - 1) * n.extra_hop_ns,
-            pause_delay_ns: min_frame_ns,
-            min_frame_ns,
-            min_packet_buffer_ns,
-        })
-    }
-
-    /// From a frame leaving its sender until a pause it provokes stops
-    /// that sender: counted at the receiver (after the receiving NIC and
-    /// any extra hops at a port; after the sending NIC and the switching
-    /// at a switch input), then the pause frame back.
-    pub fn pause_in_flight_ns(&self) -> Ns {
-        self.pause_delay_ns
-            + (self.nic_rx_ns + self.extra_hops_ns).max(self.nic_tx_ns + self.switch_ns)
-    }
-
-    /// One-way latency of a header-only packet on an idle fabric: what
-    /// SPEC §4.2 publishes (1 µs, +450 ns per extra hop).
-    pub fn min_one_way_ns(&self) -> Ns {
-        self.nic_tx_ns
-            + self.min_frame_ns
-            + self.switch_ns
-            + self.extra_hops_ns
-            + self.min_frame_ns
-            + self.nic_rx_ns
-            + self.min_packet_buffer_ns
-    }
-}
+use crate::config::{FabricTiming, NetworkConfig};
+use crate::device::network::{PauseGauge, Started, Transmitter};
+use crate::units::Ns;
 
 /// A frame in the switch: its id in the owner's table, where it came in,
 /// and what it holds of that input's buffer.

@@ -33,10 +33,10 @@
 //! Table 5.1's transport row contains.
 
 use crate::breakdown::{Component, Parts};
-use crate::config::{Config, Stack};
+use crate::config::{Config, InterfaceCosts, KernelCompletion, Stack};
 use crate::host::{plan, PermissionOutcome, Step};
 use crate::units::{transfer_ns, Ns, Op};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// A host interface of §5.4.1 (plus Fibre Channel, Table 5.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -103,102 +103,6 @@ impl Interface {
 /// transport row) or `interrupt` (Table 4.2's Moneta-D-era baseline: it
 /// sleeps like Moneta+Atomic).
 pub const KERNEL_STACK: Stack = Stack::Spin;
-
-/// How the kernel stack of QuickSAN-OS notices a completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KernelCompletion {
-    /// Moneta+Spin (SPEC §2.2): spin for requests up to 4 KB.
-    Spin,
-    /// The interrupt the Moneta-D era's kernel driver takes for every
-    /// request (Table 4.2, "baseline interrupts").
-    Interrupt,
-}
-
-/// Host software costs of Table 5.1 (4 KB, µs read / write), the kernel
-/// paths' mechanisms, and the transport assumptions of this model: the
-/// `[san]` section of the presets (`quicksan-ssd` inherits the root's). All
-/// times in ns.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InterfaceCosts {
-    /// "OS entry/exit & block IO", QuickSAN kernel column: 3.8 / 3.4 µs.
-    pub os_ns_read_quicksan: Ns,
-    pub os_ns_write_quicksan: Ns,
-    /// "OS entry/exit & block IO", existing interfaces (iSCSI, and Fibre
-    /// Channel, one column in Table 5.1): 4.0 / 3.4 µs.
-    pub os_ns_read_existing: Ns,
-    pub os_ns_write_existing: Ns,
-    /// GFS2 under QuickSAN kernel: 1.4 / 2.3 µs.
-    pub gfs2_ns_read_quicksan: Ns,
-    pub gfs2_ns_write_quicksan: Ns,
-    /// GFS2 under iSCSI (and Fibre Channel): 0.1 / 1.5 µs.
-    pub gfs2_ns_read_existing: Ns,
-    pub gfs2_ns_write_existing: Ns,
-    /// How QuickSAN-OS's kernel driver learns that a request finished.
-    pub kernel_completion: KernelCompletion,
-    /// With `interrupt`: the whole completion, interrupt handler to the
-    /// woken thread, Table 4.2 "baseline interrupts" 5.82 / 5.87 µs.
-    pub kernel_interrupt_completion_ns_read: Ns,
-    pub kernel_interrupt_completion_ns_write: Ns,
-    /// POSIX write atomicity through the kernel file system (§5.2.2
-    /// "Userspace access", §5.4.3): a write holds its file's lock from the
-    /// file system's entry until the device has answered, so a host's
-    /// QuickSAN-OS writes run one at a time. QuickSAN-D relaxes it; iSCSI
-    /// and Fibre Channel are not given it (§5.4.3 says it of QuickSAN's
-    /// kernel interface; README "Fidelity" has the evidence).
-    pub fs_write_atomicity: bool,
-    /// With `fs_write_atomicity`: iSCSI and Fibre Channel writes take the
-    /// same lock (both run under GFS2, §5.1.1), held from the file system's
-    /// entry to the response. Off in the presets: the one-lock-per-host
-    /// scope is our assumption, and with it the published iSCSI ratios
-    /// move away (docs/src/fidelity/audit-nvmm-quicksan.md).
-    #[serde(default)]
-    pub fs_write_atomicity_existing: bool,
-    /// iSCSI block transport, initiator plus target software at 4 KB:
-    /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
-    /// traffic and the target SSD's time on top (Table 5.1 excludes the
-    /// device; the 10 GbE wire time of 4 KB is 3.3 µs, ~1% of the row).
-    pub iscsi_transport_ns_read: Ns,
-    pub iscsi_transport_ns_write: Ns,
-    /// Share of the iSCSI software on the initiator (the rest runs on the
-    /// target's CPU). Our assumption: both ends run a TCP stack and an
-    /// iSCSI PDU layer of similar weight, so one half each.
-    pub iscsi_initiator_fraction: f64,
-    /// Cores the iSCSI target software runs on, per target host. Our
-    /// assumption: 1, the single event-loop thread of the Linux SCSI target
-    /// daemon (tgtd, scsi-target-utils on CentOS 5) that handles every PDU.
-    pub iscsi_target_cores: u32,
-    /// CPU per KB of payload that each end's TCP/IP and iSCSI processing
-    /// spends (receive or send path, its copies included), where it exceeds
-    /// the host's copy cost. Table 5.1's row is the 4 KB cost; a request of
-    /// another size keeps the row's fixed part and pays this per KB at both
-    /// ends. Source: Foong et al., "TCP Performance Re-Visited", ISPASS
-    /// 2003: about 1 Hz of CPU per bit/s of TCP throughput, i.e. 8192 cycles
-    /// per KB, 3.62 µs at the E5520's 2.27 GHz (dissertation §5.4). 0: only
-    /// the host's copy (Table 3.1's 0.27 / 0.24 µs per KB).
-    #[serde(default)]
-    pub iscsi_tcp_ns_per_kb: Ns,
-    /// iSCSI basic header segment (RFC 3720): 48 B per PDU.
-    pub iscsi_header_bytes: u64,
-    /// TCP/IP headers per segment (IPv4 20 B + TCP 20 B + timestamps 12 B)
-    /// and the segment payload (1500 B MTU − 52 B): the TCP traffic's bytes.
-    pub tcp_header_bytes: u64,
-    pub tcp_segment_bytes: u64,
-    /// Fibre Channel block transport at 4 KB: 86.0 / 85.9 µs (Table 5.1).
-    pub fc_transport_ns_read: Ns,
-    pub fc_transport_ns_write: Ns,
-    /// The Fibre Channel link we assume: 8GFC, 800 MB/s of payload per
-    /// direction (8.5 GBd, 8b/10b), the common HBA of 2012.
-    pub fc_link_bytes_per_s: f64,
-}
-
-impl Default for InterfaceCosts {
-    /// The `[san]` section of the QuickSAN SSD preset.
-    fn default() -> Self {
-        Config::preset("quicksan-ssd").expect("shipped preset").san
-    }
-}
 
 fn rw(op: Op, read: Ns, write: Ns) -> Ns {
     match op {

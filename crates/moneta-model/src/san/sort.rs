@@ -21,9 +21,10 @@
 //! Left out: the sort's CPU competing with the IO stack for cores, the
 //! file system's allocation of the temporary file, key skew.
 
+use crate::config::InterfaceCosts;
 use crate::kernel::rng::Rng;
 use crate::san::experiments::{self, client_hosts, Experiment, RequestSource, Scripted};
-use crate::san::interfaces::{Interface, InterfaceCosts};
+use crate::san::interfaces::Interface;
 use crate::san::system::{HostId, San, SanConfig};
 use crate::units::{Ns, Op};
 use crate::workload::RunLimit;

@@ -21,9 +21,9 @@
 //! is taken at the model's current time.
 
 use super::address_map::AddressMap;
-use super::fabric::{FabricTiming, Switch, SwitchAction, SwitchFrame};
+use super::fabric::{Switch, SwitchAction, SwitchFrame};
 use crate::breakdown::{Component, DeviceParts};
-use crate::config::{Config, NetworkConfig};
+use crate::config::{Config, FabricTiming, NetworkConfig};
 use crate::device::network::{NetworkPort, Packet, PortOutput, Started, Transmitter};
 use crate::device::packet::MAX_NODES;
 use crate::device::pipeline::{Device, DeviceEvent, DeviceRequest};
@@ -945,7 +945,7 @@ mod tests {
             // The network adds two one-way trips (≥ 2 µs) and the packet
             // buffer's store of the 4 KB payload (516 cycles of 8 ns from its
             // first word: 816 ns after its last bit).
-            let tail = crate::device::network::packet_buffer_tail_ns(&s.network, 4128);
+            let tail = crate::config::packet_buffer_tail_ns(&s.network, 4128);
             assert_eq!(tail, 816);
             let added = time_ns - local_ns;
             eprintln!("network adds {added} ns");
@@ -1061,7 +1061,7 @@ mod tests {
         let data_frame_ns = link.arrival_ns(32 + 4096);
         let completion_network = t.nic_tx_ns + 2 * data_frame_ns + t.switch_ns + t.nic_rx_ns;
         let request_network = parts.get(Component::Network) - completion_network;
-        let tail = crate::device::network::packet_buffer_tail_ns(&s.network, 4128);
+        let tail = crate::config::packet_buffer_tail_ns(&s.network, 4128);
         let request_packet_buffer = parts.get(Component::PacketBuffer) - tail - 1024;
         eprintln!(
             "small packet one way: network {request_network} ns + packet buffer {request_packet_buffer} ns"
