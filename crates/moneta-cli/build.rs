@@ -15,7 +15,8 @@ fn main() {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     let mut commit = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    let dirty =
+        git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
     if dirty && commit != "unknown" {
         commit.push_str("-dirty");
     }
@@ -32,7 +33,12 @@ fn main() {
     }
     // And when a tracked file changes, so that `-dirty` comes and goes with
     // the tree (cargo scans a directory recursively).
-    for path in ["../../crates", "../../fio-engine", "../../Cargo.toml", "../../Cargo.lock"] {
+    for path in [
+        "../../crates",
+        "../../fio-engine",
+        "../../Cargo.toml",
+        "../../Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={path}");
     }
     println!("cargo:rerun-if-changed=build.rs");
