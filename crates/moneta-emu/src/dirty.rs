@@ -399,6 +399,14 @@ impl DirtyMap {
         self.remove(unsure(partner), addr / GRANULE_BYTES);
     }
 
+    /// Whether the granule at global `addr` is unsure with respect to
+    /// `partner`.
+    pub fn is_unsure(&self, partner: u16, addr: u64) -> bool {
+        self.missed
+            .get(&unsure(partner))
+            .is_some_and(|s| s.contains(&(addr / GRANULE_BYTES)))
+    }
+
     /// Whether the map holds nothing at all (unsure granules included).
     pub fn is_empty(&self) -> bool {
         self.missed.is_empty()

@@ -107,14 +107,37 @@ fn the_triaged_seeds_pass() {
     }
 }
 
+/// Found by a round-2 hunt (`moneta san sim-protocol --seed 71930000 --ops
+/// 3000 --runs 2000 --keep-going`, the 363rd schedule); not fixed. After
+/// the final recovery two blocks of slice 1 (copies on n1 and n2) read
+/// differently through the two holders ("copies differ": block 10 v66 on
+/// n1, v67 on n2; block 15 v49 on n1, v50 on n2). v67 and v50 are writes
+/// n0 issued 0.7-0.8 ms after n1 was cut off (2.3057 s), never
+/// acknowledged (n0 killed at 2.841 s): n0 holds no copy of slice 1 and
+/// sent each to both holders; n2 wrote it, n1 never got it. No holder's
+/// activity log marks a write a non-holder sends it (only the writer's
+/// own copies are marked, `activity_begin`), and the writer's "failed
+/// write" mark died with it; when n1 and n2 met again (both outdated,
+/// 4.302 s) each said "missed 0 granules" and nothing was resynced.
+/// Either version is allowed, but the copies must not differ.
+#[test]
+#[ignore = "seed 71930362: failed unacknowledged writes leave the copies different (not fixed)"]
+fn seed_71930362_copies_converge_after_failed_writes() {
+    assert_schedule_holds_ops(71930362, 3000);
+}
+
 /// Replays a 20,000-operation schedule of `seed` and fails on any
 /// violation or on a block left unread at the end.
 fn assert_schedule_holds(seed: u64) {
-    let o = SimOptions::new(seed, 20000, &dir(&format!("triaged-{seed}")));
+    assert_schedule_holds_ops(seed, 20000);
+}
+
+fn assert_schedule_holds_ops(seed: u64, ops: u64) {
+    let o = SimOptions::new(seed, ops, &dir(&format!("triaged-{seed}")));
     let r = san_sim::run(&o).unwrap();
     assert!(
         r.violations.is_empty(),
-        "seed {seed}: {:#?}\nreplay: moneta san sim-protocol --seed {seed} --ops 20000 --trace",
+        "seed {seed}: {:#?}\nreplay: moneta san sim-protocol --seed {seed} --ops {ops} --trace",
         r.violations
     );
     assert!(r.final_reads >= 24 * 3, "seed {seed}: every block read");

@@ -1700,7 +1700,14 @@ impl<C: StampClock> DeviceThread<C> {
         if granules.is_empty() {
             return true;
         }
-        for &(partner, g) in &granules {
+        // The granules unsure already, by an earlier write that failed and
+        // is no longer in flight: they stay unsure whatever this one does.
+        let (was_unsure, granules): (Vec<_>, Vec<_>) =
+            granules.into_iter().partition(|&(partner, g)| {
+                !state.active.contains_key(&(partner, g))
+                    && state.port.dirty.is_unsure(partner, g * GRANULE_BYTES)
+            });
+        for &(partner, g) in was_unsure.iter().chain(&granules) {
             state.active.entry((partner, g)).or_insert((0, false)).0 += 1;
             state
                 .port
@@ -1710,7 +1717,13 @@ impl<C: StampClock> DeviceThread<C> {
         if state.flush_dirty(now) {
             return true;
         }
-        state.activity_done(&granules, false);
+        // The write fails before it touches this copy: it leaves nothing
+        // unsure of its own (kept, its granules would be settled later in
+        // this copy's favour as a failed write's, a claim on granules
+        // nothing was written to). Another write in flight on a granule
+        // still decides it (`activity_done`).
+        state.activity_done(&was_unsure, false);
+        state.activity_done(&granules, true);
         false
     }
 
