@@ -1175,7 +1175,9 @@ pub fn direct_vs_file_system() -> Vec<Check> {
 /// energy statements (distributed, 4 nodes, 4 KB, 8 threads per host).
 pub fn quicksan() -> Vec<Check> {
     use crate::san::energy::HostPower;
-    use crate::san::experiments::{bandwidth, energy, latency, topology, Setup};
+    use crate::san::experiments::{
+        bandwidth, energy, joules_per_op, latency, mb_per_s_per_host, topology, Setup,
+    };
     use crate::san::interfaces::Interface;
     let device = Config::preset("quicksan-ssd").expect("shipped preset");
     let setup = |ops| Setup {
@@ -1290,12 +1292,7 @@ pub fn quicksan() -> Vec<Check> {
         &mut |_, _, _| {},
     )
     .expect("bandwidth runs");
-    let per_host = |i: Interface, op: &str, size: u64| {
-        bw.iter()
-            .find(|r| r.interface == i && r.op == op && r.size_bytes == size)
-            .expect("a row per interface, op and size")
-            .mb_per_s_per_host
-    };
+    let per_host = |i: Interface, op: &str, size: u64| mb_per_s_per_host(&bw, i, op, size);
     let gain = |op: &str, size| {
         per_host(Interface::QuicksanD, op, size) / per_host(Interface::Iscsi, op, size)
     };
@@ -1333,13 +1330,7 @@ pub fn quicksan() -> Vec<Check> {
         &mut |_, _, _| {},
     )
     .expect("energy runs");
-    let joules = |i: Interface, op: &str| {
-        e.iter()
-            .find(|r| r.interface == i && r.op == op)
-            .expect("a row per interface and op")
-            .energy
-            .joules_per_op
-    };
+    let joules = |i: Interface, op: &str| joules_per_op(&e, i, op);
     let ratios = |over: Interface| -> Vec<f64> {
         ["read", "write", "mixed"]
             .iter()

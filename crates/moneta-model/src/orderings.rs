@@ -507,7 +507,9 @@ pub fn asynchronous(points: &[AsyncPoint]) -> Vec<Ordering> {
 /// calibration checks.
 pub fn quicksan() -> Vec<Ordering> {
     use crate::san::energy::HostPower;
-    use crate::san::experiments::{bandwidth, energy, latency, topology, Setup};
+    use crate::san::experiments::{
+        bandwidth, energy, joules_per_op, latency, mb_per_s_per_host, topology, Setup,
+    };
     use crate::san::interfaces::Interface;
     let device = Config::preset("quicksan-ssd").expect("shipped preset");
     let setup = |ops| Setup {
@@ -577,12 +579,7 @@ pub fn quicksan() -> Vec<Ordering> {
         &mut |_, _, _| {},
     )
     .expect("bandwidth runs");
-    let per_host = |i: Interface, op: &str, size: u64| {
-        bw.iter()
-            .find(|r| r.interface == i && r.op == op && r.size_bytes == size)
-            .expect("a row per interface, op and size")
-            .mb_per_s_per_host
-    };
+    let per_host = |i: Interface, op: &str, size: u64| mb_per_s_per_host(&bw, i, op, size);
     for op in ["read", "write"] {
         for size in sizes {
             v.push(ordering(
@@ -627,13 +624,7 @@ pub fn quicksan() -> Vec<Ordering> {
         &mut |_, _, _| {},
     )
     .expect("energy runs");
-    let joules = |i: Interface, op: &str| {
-        e.iter()
-            .find(|r| r.interface == i && r.op == op)
-            .expect("a row per interface and op")
-            .energy
-            .joules_per_op
-    };
+    let joules = |i: Interface, op: &str| joules_per_op(&e, i, op);
     let src = "dissertation §5.4.7 (SPEC §4.4)";
     for op in ["read", "write", "mixed"] {
         for (winner, label) in [

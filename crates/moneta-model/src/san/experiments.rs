@@ -1057,6 +1057,15 @@ pub struct BandwidthRow {
     pub target_wait_us_mean: f64,
 }
 
+/// The per-host bandwidth of `rows`' row for one interface, op and size
+/// (the calibration checks and the orderings read the same rows).
+pub fn mb_per_s_per_host(rows: &[BandwidthRow], i: Interface, op: &str, size: u64) -> f64 {
+    rows.iter()
+        .find(|r| r.interface == i && r.op == op && r.size_bytes == size)
+        .expect("a row per interface, op and size")
+        .mb_per_s_per_host
+}
+
 fn bandwidth_row(
     r: &RunResult,
     interface: Interface,
@@ -1245,6 +1254,15 @@ pub struct EnergyRow {
     pub iops: f64,
     #[serde(flatten)]
     pub energy: EnergyPerOp,
+}
+
+/// The energy per request of `rows`' row for one interface and op.
+pub fn joules_per_op(rows: &[EnergyRow], i: Interface, op: &str) -> f64 {
+    rows.iter()
+        .find(|r| r.interface == i && r.op == op)
+        .expect("a row per interface and op")
+        .energy
+        .joules_per_op
 }
 
 /// Energy per request under the bandwidth load.
