@@ -44,11 +44,7 @@ fn seeded(seed: u64, len: usize) -> Vec<u8> {
     let mut s = seed;
     let mut out = Vec::with_capacity(len);
     while out.len() < len {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+        out.extend_from_slice(&moneta_model::kernel::rng::splitmix64(&mut s).to_le_bytes());
     }
     out.truncate(len);
     out
