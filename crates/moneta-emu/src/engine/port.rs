@@ -258,6 +258,11 @@ pub(super) struct PortState {
     last_save_ns: Ns,
     /// A failed flush of the dirty map is tried again at this time.
     dirty_retry_ns: Ns,
+    /// Why the last flush of new marks failed, until one succeeds (or a
+    /// save writes a map with granules in it): a save of an empty map
+    /// takes no space, so it says nothing of whether marks can be made
+    /// durable, and `save_dirty` must not clear the stats' error with it.
+    flush_error: Option<String>,
     /// Who is up as this node sees it (views, leases: `liveness.rs`).
     liveness: Liveness,
     /// Per slice, how many times its copy here entered split brain (a
@@ -401,6 +406,7 @@ impl PortState {
             refusals_out: VecDeque::new(),
             last_save_ns: 0,
             dirty_retry_ns: 0,
+            flush_error: None,
             active: BTreeMap::new(),
             marked_up: BTreeMap::new(),
         }
@@ -504,6 +510,7 @@ impl PortState {
         }
         match self.port.dirty.flush() {
             Ok(()) => {
+                self.flush_error = None;
                 if self.stats.dirty_save_error.take().is_some() {
                     port_log(
                         self.stats.node,
@@ -524,6 +531,7 @@ impl PortState {
                     );
                 }
                 self.stats.dirty_save_error = Some(e.to_string());
+                self.flush_error = Some(e.to_string());
                 false
             }
         }
@@ -593,8 +601,19 @@ impl PortState {
             return true;
         }
         self.last_save_ns = now;
-        self.stats.dirty_save_error = self.port.dirty.save().err().map(|e| e.to_string());
-        self.stats.dirty_save_error.is_none()
+        match self.port.dirty.save() {
+            Ok(()) => {
+                if !self.port.dirty.is_empty() {
+                    self.flush_error = None;
+                }
+                self.stats.dirty_save_error = self.flush_error.clone();
+                true
+            }
+            Err(e) => {
+                self.stats.dirty_save_error = Some(e.to_string());
+                false
+            }
+        }
     }
 
     pub(super) fn stats_with(&self, routes: &RouteTable) -> PortStats {
