@@ -1037,6 +1037,7 @@ impl<'a> Simulation<'a> {
         {
             Ok(tag) => {
                 th.tag = Some(tag);
+                th.issued_pieces += 1;
                 th.in_flight += 1;
                 th.time.submitted_ns = now;
                 d.holder[group * VIRTUAL_TAGS + virtual_tag.0 as usize] = t;
