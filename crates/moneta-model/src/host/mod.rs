@@ -598,7 +598,10 @@ mod tests {
             c.host.max_sectors = 0;
             let one = plan(&c, Op::Write, 512 << 10, PermissionOutcome::default());
             assert!(
-                whole.steps().iter().any(|s| matches!(s, Step::NextPiece { .. })),
+                whole
+                    .steps()
+                    .iter()
+                    .any(|s| matches!(s, Step::NextPiece { .. })),
                 "{stack:?}"
             );
             // Five block-layer passes, tags and PIOs; the copy once in all.
