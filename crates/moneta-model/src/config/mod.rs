@@ -338,6 +338,15 @@ pub struct HostConfig {
     pub fs_write_atomicity: bool,
     /// Extra serialized section per request (HASTE's driver lock).
     pub driver_lock_ns: u64,
+    /// The block queue's `max_sectors` (512 B sectors) for the Moneta
+    /// kernel stacks (Base to Balance): a request larger than it reaches
+    /// the driver as several device requests. Linux 2.6.18's
+    /// `blk_queue_make_request` sets `SAFE_MAX_SECTORS` (255) unless the
+    /// driver raises it with `blk_queue_max_sectors`, and `bio_add_page`
+    /// stops a bio at `q->max_sectors`, whole 4 KB pages at a time for an
+    /// O_DIRECT buffer ([`crate::host::request_pieces`]). 0 = no limit.
+    #[serde(default)]
+    pub max_sectors: u32,
     /// How much of a sleeping thread's wake-up is CPU time on the core it
     /// gets ([`WakeOnCore`]); its latency is the same either way.
     #[serde(default)]
@@ -742,6 +751,15 @@ impl layer::Layered for Config {
         let h = &self.host;
         range("host.cores", h.cores as u64, 1, 1024)?;
         range("host.threads_per_core", h.threads_per_core as u64, 1, 8)?;
+        if h.max_sectors != 0 {
+            // blk_queue_max_sectors raises anything below a page to a page.
+            range(
+                "host.max_sectors",
+                h.max_sectors as u64,
+                crate::host::PAGE_BYTES / 512,
+                1 << 16,
+            )?;
+        }
         let x = &self.direct;
         range(
             "direct.permission_records",

@@ -145,6 +145,9 @@ pub struct DevicePath {
 /// their sum) and GFS2 as the file system.
 pub fn host_config(device: &Config, interface: Interface, costs: &InterfaceCosts) -> Config {
     let mut c = device.clone();
+    // One request per access on the SAN path (`device_path`): Linux
+    // 2.6.18's request splitting (host.max_sectors) is not modelled here.
+    c.host.max_sectors = 0;
     match interface {
         // QuickSAN-D's library is Moneta-D's (`direct`); a device preset
         // set to `raw` keeps the device alone: the host software is not
@@ -250,6 +253,11 @@ pub fn device_path(host: &Config, op: Op, bytes: u64) -> Result<DevicePath, Stri
                 path.file_lock_after_ns = Some(path.before_ns);
             }
             Step::FileUnlock => debug_assert!(issued, "and given back after the completion"),
+            Step::NextPiece { .. } => {
+                return Err(format!(
+                    "a {bytes} B request is split by host.max_sectors; the SAN path models one request per access"
+                ))
+            }
             Step::Serial(..) | Step::Sleep { .. } => {
                 return Err(format!(
                 "stack {:?} has serialized sections; the SAN hosts run the optimized stacks only",
