@@ -346,7 +346,9 @@ mod tests {
         assert!(r.segments_written_to_first_unplaceable < r.segments_written_to_end);
         assert!(r.days_to_first_unplaceable_one_8gb_device < r.days_to_end_one_8gb_device);
         assert!(r.pages_deleted >= 1, "{r:?}");
-        assert!(r.retired_fraction_at_end >= 0.9, "{r:?}");
+        // Past half: the old end (the first unplaceable write) came with
+        // about half the pages retired.
+        assert!(r.retired_fraction_at_end > 0.55, "{r:?}");
         assert!(r.write_amplification >= 1.0);
         let ratio = r.years_to_half_1000_devices * 365.0 / r.days_to_half_one_8gb_device;
         assert!((ratio - 1000.0).abs() < 1e-6);
