@@ -381,7 +381,9 @@ fn sim_wear(a: WearArgs) -> Result<(), String> {
             "write_rate_bytes_per_s",
             "write_amplification",
             "retired_fraction_at_end",
+            "pages_deleted",
             "days_to_half_one_8gb_device",
+            "days_to_first_unplaceable_one_8gb_device",
             "days_to_end_one_8gb_device",
             "years_to_half_1000_devices",
             "years_to_end_1000_devices",
@@ -539,7 +541,8 @@ pub(crate) fn wear_published(report: &WearReport) -> Vec<(WearStatement, f64)> {
         .collect()
 }
 
-/// Usable capacity (pages not retired; none once no write fits) over time
+/// Usable capacity (pages not retired; none at the end, when no live page
+/// can be written any more) over time
 /// for one 8 Gb device and for 1000 at the same rate each, the report's
 /// estimates as crosses.
 pub(crate) fn wear_chart(report: &WearReport, curve: &[WearSample]) -> Chart {

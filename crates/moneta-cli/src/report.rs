@@ -725,8 +725,13 @@ fn nvmm_page(a: &ReportArgs) -> Result<Report, String> {
     );
     sections.push(ReportSection::Heading("Wear (SPEC §7 \"Wear\")".into()));
     sections.push(ReportSection::Paragraph(format!(
-        "Random single-segment write-backs at {WEAR_RATE_MB_S:.0} MB/s reaching the flash (\"moderate load\" has no rate in the report: ours is an assumption, and time scales as 1/rate), {:.0}% of the flash live, endurance ÷ {WEAR_ENDURANCE_SCALE} in the simulation and times multiplied back, scaled to one 8 Gb device and to 1000 at the same rate each. Capacity is the share of pages not retired, and none once no write fits (worn out). Only the shape is checked (\"wear: worn out / half retired\" below): the model has no gap between half and worn out.",
-        100.0 * WEAR_UTILIZATION
+        "Random single-segment write-backs at {WEAR_RATE_MB_S:.0} MB/s reaching the flash (\"moderate load\" has no rate in the report: ours is an assumption, and time scales as 1/rate), {:.0}% of the flash live at the start, endurance ÷ {WEAR_ENDURANCE_SCALE} in the simulation and times multiplied back, scaled to one 8 Gb device and to 1000 at the same rate each. Capacity is the share of pages not retired. A page that can no longer be written is deleted, so the live data shrinks with the capacity (the report: \"the usable storage per flash chip decreases\"), until no live page can be written: worn out. One device: first unplaceable write at {:.2} days, half retired at {:.2}, worn out at {:.2} ({:.0}% of pages retired, {} pages deleted). Only the shape is checked (\"wear: worn out / half retired\" below).",
+        100.0 * WEAR_UTILIZATION,
+        wear.days_to_first_unplaceable_one_8gb_device,
+        wear.days_to_half_one_8gb_device,
+        wear.days_to_end_one_8gb_device,
+        100.0 * wear.retired_fraction_at_end,
+        wear.pages_deleted
     )));
     sections.push(ReportSection::Chart(nvmm::wear_chart(&wear, &curve)));
     sections.push(ReportSection::Heading(

@@ -127,7 +127,19 @@ pub fn point(nvmm: &RunResult, ssd: &RunResult, dram: &RunResult) -> SweepPoint 
 }
 
 /// The wear estimate: how long until half the flash is retired, and until
-/// no write fits, at a write rate reaching the flash.
+/// it is worn out completely.
+///
+/// The report's estimate ("would lose half its storage capacity to the
+/// removal of bad pages in just under two days and would wear out
+/// completely in three"; "as individual pages wear out, they are removed
+/// from the system ... and the usable storage per flash chip decreases")
+/// counts capacity: half of it gone, then all of it. So the run does not
+/// stop at the first write that no longer fits: the host keeps writing at
+/// the same rate, and a page that cannot be written is deleted (the
+/// report's `delete`), so the live data shrinks with the capacity. "Worn
+/// out" is the end of that: no live page is left that can be written. The
+/// first unplaceable write is reported too (the estimate before the
+/// re-audit, which read "completely" as "the first write that fails").
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WearReport {
     pub preset: String,
@@ -136,10 +148,14 @@ pub struct WearReport {
     /// Endurance divided by this in the simulation; times multiplied back.
     pub endurance_scale: u64,
     pub write_rate_bytes_per_s: f64,
-    /// Share of the flash holding live virtual pages.
+    /// Share of the flash holding live virtual pages at the start.
     pub utilization: f64,
     pub segments_written_to_half: u64,
+    /// Segments written when the first write did not fit.
+    pub segments_written_to_first_unplaceable: u64,
     pub segments_written_to_end: u64,
+    /// Virtual pages deleted because they could not be written.
+    pub pages_deleted: u64,
     /// Share of flash pages retired when no write fit any more.
     pub retired_fraction_at_end: f64,
     /// Flash pages programmed per segment written by the host.
@@ -148,6 +164,7 @@ pub struct WearReport {
     pub days_to_end_simulated_flash: f64,
     /// Scaled to one 8 Gb (1 GB) device and to 1000 of them at the same rate.
     pub days_to_half_one_8gb_device: f64,
+    pub days_to_first_unplaceable_one_8gb_device: f64,
     pub days_to_end_one_8gb_device: f64,
     pub years_to_half_1000_devices: f64,
     pub years_to_end_1000_devices: f64,
@@ -198,7 +215,7 @@ pub fn wear(
 }
 
 /// [`wear`], and the retirement curve: the first page retired, every
-/// further 5%, and the end (no write fits).
+/// further 5%, and the end (no live page can be written).
 pub fn wear_with_curve(
     config: &NvmmConfig,
     write_rate_bytes_per_s: f64,
@@ -233,17 +250,28 @@ pub fn wear_with_curve(
     let base = journal.stats();
     let segments = journal.segments_per_page();
     let mut rng = Rng::stream(seed, 0x3EA5);
-    let (mut written, mut to_half) = (0u64, None);
+    // The live virtual pages; a page the journal dropped (a failed write
+    // that had consolidated it) or that could not be written leaves.
+    let mut live: Vec<u64> = (0..vpages).collect();
+    let (mut written, mut to_half, mut first_unplaceable) = (0u64, None, None);
+    let mut deleted = 0u64;
     // (segments written, retired fraction), sampled as retirement grows.
     let mut curve: Vec<(u64, f64)> = Vec::new();
     let mut next_sample = f64::MIN_POSITIVE;
     // Bounded: every write programs a page; flash wears out well before.
     let limit = config.flash_pages() * scaled.flash.endurance_cycles * 4 + 1_000_000;
-    while written < limit {
-        let vpn = rng.below(vpages);
+    while written < limit && !live.is_empty() {
+        let at = rng.below(live.len() as u64) as usize;
+        let vpn = live[at];
         let segment = rng.below(segments.into()) as u32;
         if journal.write_back(0, 0, vpn, 1 << segment, None).is_err() {
-            break;
+            first_unplaceable.get_or_insert(written);
+            journal.delete(vpn);
+            live.swap_remove(at);
+            deleted += 1;
+            // A failed write may have consolidated (and so dropped) others.
+            live.retain(|&v| journal.chain_length(v) > 0);
+            continue;
         }
         written += 1;
         let retired = journal.retired_fraction();
@@ -256,9 +284,9 @@ pub fn wear_with_curve(
         }
     }
     curve.push((written, journal.retired_fraction()));
-    // Worn out before half was retired (the live data no longer fits):
-    // "half" is then the end.
+    // Worn out before half was retired: "half" is then the end.
     let to_half = to_half.unwrap_or(written);
+    let first_unplaceable = first_unplaceable.unwrap_or(written);
     let s = journal.stats();
     let programmed = s.pages_programmed - base.pages_programmed;
     let seconds = |segs: u64| {
@@ -275,12 +303,15 @@ pub fn wear_with_curve(
         write_rate_bytes_per_s,
         utilization,
         segments_written_to_half: to_half,
+        segments_written_to_first_unplaceable: first_unplaceable,
         segments_written_to_end: written,
+        pages_deleted: deleted,
         retired_fraction_at_end: journal.retired_fraction(),
         write_amplification: programmed as f64 / written.max(1) as f64,
         days_to_half_simulated_flash: seconds(to_half) / day,
         days_to_end_simulated_flash: seconds(written) / day,
         days_to_half_one_8gb_device: seconds(to_half) * device_scale / day,
+        days_to_first_unplaceable_one_8gb_device: seconds(first_unplaceable) * device_scale / day,
         days_to_end_one_8gb_device: seconds(written) * device_scale / day,
         years_to_half_1000_devices: seconds(to_half) * device_scale * 1000.0 / day / 365.0,
         years_to_end_1000_devices: seconds(written) * device_scale * 1000.0 / day / 365.0,
@@ -309,9 +340,15 @@ mod tests {
         let r = wear(&c, 50e6, 0.25, 5000, 3).unwrap();
         println!("{r:?}");
         assert!(r.segments_written_to_half <= r.segments_written_to_end);
-        // Worn out: enough pages retired that writes stop fitting (with
-        // SLC endurance scaled to 20 cycles: a fifth or more).
-        assert!(r.retired_fraction_at_end >= 0.2, "{r:?}");
+        // The first write that does not fit comes before the end: the run
+        // goes on with the live data shrinking (pages deleted) until the
+        // capacity is gone, not only a fifth of it.
+        assert!(r.segments_written_to_first_unplaceable < r.segments_written_to_end);
+        assert!(r.days_to_first_unplaceable_one_8gb_device < r.days_to_end_one_8gb_device);
+        assert!(r.pages_deleted >= 1, "{r:?}");
+        // Past half: the old end (the first unplaceable write) came with
+        // about half the pages retired.
+        assert!(r.retired_fraction_at_end > 0.55, "{r:?}");
         assert!(r.write_amplification >= 1.0);
         let ratio = r.years_to_half_1000_devices * 365.0 / r.days_to_half_one_8gb_device;
         assert!((ratio - 1000.0).abs() < 1e-6);

@@ -258,6 +258,17 @@ impl Journal {
         durable
     }
 
+    /// Delete virtual page `vpn` from the flash (the report's `delete`:
+    /// "Immediately deletes the given flash page from the system"): every
+    /// version of it becomes stale, for collection to erase. A later write
+    /// creates it again.
+    pub fn delete(&mut self, vpn: u64) {
+        if vpn < u64::from(self.virtual_pages) && self.chain_len[vpn as usize] > 0 {
+            self.drop_chain(vpn);
+            self.debug_check();
+        }
+    }
+
     /// Debug builds check the bookkeeping ([`Self::check_invariants`])
     /// after every change of a small journal, and after changes 1, 2, 4, …
     /// of a large one ([`CHECK_EVERY_CHANGE_UP_TO`]); release builds do
