@@ -1174,10 +1174,8 @@ pub fn direct_vs_file_system() -> Vec<Check> {
 /// remote 4 KB access (one thread, distributed, 4 nodes), and §5.4.7's
 /// energy statements (distributed, 4 nodes, 4 KB, 8 threads per host).
 pub fn quicksan() -> Vec<Check> {
-    use crate::san::energy::HostPower;
-    use crate::san::experiments::{
-        bandwidth, energy, joules_per_op, latency, mb_per_s_per_host, topology, Setup,
-    };
+    use crate::san::energy::{energy, joules_per_op, HostPower};
+    use crate::san::experiments::{bandwidth, latency, mb_per_s_per_host, topology, Setup};
     use crate::san::interfaces::Interface;
     let device = Config::preset("quicksan-ssd").expect("shipped preset");
     let setup = |ops| Setup {

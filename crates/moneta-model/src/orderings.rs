@@ -506,10 +506,8 @@ pub fn asynchronous(points: &[AsyncPoint]) -> Vec<Ordering> {
 /// QuickSAN-D"). Distributed, 4 nodes, 8 threads per host, as the
 /// calibration checks.
 pub fn quicksan() -> Vec<Ordering> {
-    use crate::san::energy::HostPower;
-    use crate::san::experiments::{
-        bandwidth, energy, joules_per_op, latency, mb_per_s_per_host, topology, Setup,
-    };
+    use crate::san::energy::{energy, joules_per_op, HostPower};
+    use crate::san::experiments::{bandwidth, latency, mb_per_s_per_host, topology, Setup};
     use crate::san::interfaces::Interface;
     let device = Config::preset("quicksan-ssd").expect("shipped preset");
     let setup = |ops| Setup {

@@ -4,6 +4,8 @@
 //!
 //! - [`fabric`]: links, the switch and 802.3x pause between the ports,
 //!   with the per-element latencies derived from the published ones.
+//! - [`ids`] and [`error`]: the names of the SAN's hosts and devices, and
+//!   why it refuses a call.
 //! - [`address_map`]: the configuration utility: the global space on the
 //!   SSDs, mirroring, and the routing registers it programs.
 //! - [`system`]: the SAN as the simulator drives it: hosts, their devices
@@ -23,8 +25,10 @@
 
 pub mod address_map;
 pub mod energy;
+pub mod error;
 pub mod experiments;
 pub mod fabric;
+pub mod ids;
 pub mod interfaces;
 pub mod sort;
 pub mod system;
