@@ -38,13 +38,11 @@ use crate::config::{Config, InterfaceCosts};
 use crate::host::FileLock;
 use crate::kernel::rng::Rng;
 use crate::kernel::EventQueue;
+use crate::san::ids::{DeviceId, HostId};
 use crate::san::interfaces::{
     device_path, host_config, transport_path, DevicePath, FifoServers, Interface, TransportPath,
 };
-use crate::san::ids::{DeviceId, HostId};
-use crate::san::system::{
-    DeviceKind, San, SanConfig, SanCounters, SanEvent, SanRequest, Topology,
-};
+use crate::san::system::{DeviceKind, San, SanConfig, SanCounters, SanEvent, SanRequest, Topology};
 use crate::stats::LatencyHistogram;
 use crate::units::{transfer_ns, Ns, Op};
 use crate::workload::{OpMix, RunLimit};

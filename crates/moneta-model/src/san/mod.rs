@@ -18,12 +18,15 @@
 //!   SAN's event queue (latency, bandwidth, scaling, replication, energy).
 //! - [`sort`]: the two-stage distributed sort of §5.4.6 (SPEC §4.4).
 //! - [`energy`]: energy per operation (§5.4.7).
+//! - [`calibration_runs`]: the experiments of the calibration's set-up,
+//!   run once for the calibration checks and the orderings.
 //!
 //! The device's network port and packets are device components
 //! (`device::network`, `device::packet`): the simulator and, later, the
 //! emulator on real frames share them.
 
 pub mod address_map;
+pub mod calibration_runs;
 pub mod energy;
 pub mod error;
 pub mod experiments;
