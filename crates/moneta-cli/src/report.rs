@@ -19,6 +19,7 @@ use moneta_model::config::{Config, Stack};
 use moneta_model::nvmm::experiments::{latency_sweep, wear_with_curve};
 use moneta_model::nvmm::NvmmConfig;
 use moneta_model::orderings::{self, Ordering};
+use moneta_model::san::calibration_runs::QuicksanRuns;
 use moneta_model::san::experiments::{self, Setup};
 use moneta_model::san::interfaces::Interface;
 use moneta_model::summary::{xdd_point, PointSummary};
@@ -676,9 +677,10 @@ fn quicksan_page(a: &ReportArgs) -> Result<Report, String> {
         ReportSection::Heading("Bandwidth (§5.4.3)".into()),
         ReportSection::Chart(chart),
     ];
-    let checks = calibration::quicksan();
+    let runs = QuicksanRuns::run(calibration::SEED);
+    let checks = calibration::quicksan_checks(&runs);
     sections.extend(checks_section("Published numbers of chapter 5", &checks));
-    let mut page = reproduces_section(&checks, &orderings::quicksan());
+    let mut page = reproduces_section(&checks, &orderings::quicksan_orderings(&runs));
     page.append(&mut sections);
     Ok(Report {
         title: "QuickSAN (dissertation ch. 5): a SAN of SSDs with a network port".into(),

@@ -16,7 +16,7 @@ use crate::provenance::Provenance;
 use crate::DeviceArgs;
 use clap::{Args, Subcommand};
 use moneta_model::config::{Config, InterfaceCosts};
-use moneta_model::san::energy::HostPower;
+use moneta_model::san::energy::{self, HostPower};
 use moneta_model::san::experiments::{self, topology, Progress, Setup};
 use moneta_model::san::interfaces::Interface;
 use moneta_model::san::sort::{self, CpuCosts, SortSetup};
@@ -848,7 +848,7 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
     };
     let mut meter = Meter::new();
     let progress: Progress = &mut |d, n, w| meter.tick(d, n, w);
-    let rows = experiments::energy(
+    let rows = energy::energy(
         &setup,
         &interfaces,
         t,

@@ -9,7 +9,8 @@
 
 use moneta_model::config::Config;
 use moneta_model::kernel::Rng;
-use moneta_model::san::system::{DeviceId, San, SanConfig, SanEvent, SanRequest, Topology};
+use moneta_model::san::ids::DeviceId;
+use moneta_model::san::system::{San, SanConfig, SanEvent, SanRequest, Topology};
 use moneta_model::units::{Ns, Op};
 use std::time::Instant;
 

@@ -14,10 +14,11 @@
 //! inverts are in [`KNOWN_INVERSIONS`] with why; `tests/orderings.rs`
 //! holds every other one, and each known one to still being inverted.
 
-use crate::calibration::{self, AsyncPoint, CompletionPoint};
+use crate::calibration::{self, AsyncPoint, CompletionPoint, SEED};
 use crate::config::{Completion, Config, Stack};
 use crate::nvmm::calibration::compare;
 use crate::nvmm::workload::WorkloadKind;
+use crate::san::calibration_runs::QuicksanRuns;
 use crate::summary::xdd_point;
 use crate::workload::{OpMix, RunLimit};
 use serde::Serialize;
@@ -120,8 +121,6 @@ fn ordering(
         lower_is_better,
     }
 }
-
-const SEED: u64 = 1;
 
 fn preset(name: &str, stack: Stack) -> Config {
     let mut c = Config::preset(name).expect("shipped preset");
@@ -515,39 +514,18 @@ pub fn asynchronous(points: &[AsyncPoint]) -> Vec<Ordering> {
 /// QuickSAN-D"). Distributed, 4 nodes, 8 threads per host, as the
 /// calibration checks.
 pub fn quicksan() -> Vec<Ordering> {
-    use crate::san::energy::HostPower;
-    use crate::san::experiments::{
-        bandwidth, energy, joules_per_op, latency, mb_per_s_per_host, topology, Setup,
-    };
+    quicksan_orderings(&QuicksanRuns::run(SEED))
+}
+
+/// [`quicksan`]'s orderings on the calibration's runs made already
+/// (`moneta report` reads the same runs for the checks). The bandwidth
+/// orderings run their own sweep: three stacks at four sizes up to 1 MiB,
+/// 4,000 requests per point, which the checks do not measure.
+pub fn quicksan_orderings(runs: &QuicksanRuns) -> Vec<Ordering> {
+    use crate::san::calibration_runs::{distributed, setup, THREE_STACKS};
+    use crate::san::experiments::{bandwidth, mb_per_s_per_host};
     use crate::san::interfaces::Interface;
-    let device = Config::preset("quicksan-ssd").expect("shipped preset");
-    let setup = |ops| Setup {
-        costs: device.san.clone(),
-        device: device.clone(),
-        seed: SEED,
-        ops,
-        threads_per_host: 8,
-    };
-    let distributed = topology(false, 4).expect("4 nodes");
-    let interfaces = [
-        Interface::QuicksanD,
-        Interface::QuicksanOs,
-        Interface::Iscsi,
-    ];
-    let rows = latency(
-        &setup(2_000),
-        &interfaces,
-        distributed,
-        4096,
-        &mut |_, _, _| {},
-    )
-    .expect("latency runs");
-    let remote = |i: Interface, op: &str| {
-        rows.iter()
-            .find(|r| r.interface == i && r.locality == "remote" && r.op == op)
-            .expect("a remote row per interface and op")
-            .latency_us_mean
-    };
+    let remote = |i: Interface, op: &str| runs.remote(i, op).latency_us_mean;
     let mut v = Vec::new();
     for op in ["read", "write"] {
         for (winner, loser, label) in [
@@ -594,9 +572,9 @@ pub fn quicksan() -> Vec<Ordering> {
     ];
     let bw_mixes = [OpMix::Read, OpMix::Write, OpMix::Mixed(0.5)];
     let bw = bandwidth(
-        &setup(4_000),
-        &interfaces,
-        distributed,
+        &setup(SEED, 4_000),
+        &THREE_STACKS,
+        distributed(),
         false,
         &bw_mixes,
         &sizes,
@@ -635,18 +613,7 @@ pub fn quicksan() -> Vec<Ordering> {
             false,
         ));
     }
-    let mixes = [OpMix::Read, OpMix::Write, OpMix::Mixed(0.5)];
-    let e = energy(
-        &setup(20_000),
-        &interfaces,
-        distributed,
-        &mixes,
-        4096,
-        &HostPower::default(),
-        &mut |_, _, _| {},
-    )
-    .expect("energy runs");
-    let joules = |i: Interface, op: &str| joules_per_op(&e, i, op);
+    let joules = |i: Interface, op: &str| runs.joules_per_op(i, op);
     let src = "dissertation §5.4.7 (SPEC §4.4)";
     for op in ["read", "write", "mixed"] {
         for (winner, label) in [

@@ -16,15 +16,17 @@
 //!   of the distributed sort's iSCSI-like path.
 
 pub mod client;
+pub mod connection;
 pub mod proto;
 pub mod server;
 mod transmission;
 
 pub use client::NbdClient;
 
+pub use connection::{Export, Negotiated};
 pub use server::{
-    negotiate, negotiate_with, Export, Limits, Listen, NbdServer, Negotiated,
-    LOCAL_CHANNEL_RESERVE, MAX_CONNECTIONS_CAP,
+    negotiate, negotiate_with, Limits, Listen, NbdServer, LOCAL_CHANNEL_RESERVE,
+    MAX_CONNECTIONS_CAP,
 };
 
 /// The NBD URI of export `export` on the Unix socket `socket`

@@ -26,8 +26,8 @@
 //! rings the doorbell when one is ready (`reactor::watch_while_napping`,
 //! the SAN wire's watcher); while it works, the watcher sleeps.
 
+use crate::connection::{Export, Negotiated, ServerCounters, Slot, Stream};
 use crate::proto::{self, ProtoError, RequestHeader};
-use crate::server::{Export, Negotiated, ServerCounters, Slot, Stream};
 use moneta::{CompletionMode, Io, Moneta};
 use moneta_abi::channel::ResultCode;
 use moneta_emu::control::ControlPlane;

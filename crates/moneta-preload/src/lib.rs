@@ -111,6 +111,8 @@ extern "C" fn init() {
     }
     extern "C" fn child() {
         shim().after_fork_in_child();
+        // The child's run report counts its own rings.
+        report::after_fork_in_child();
     }
     // SAFETY: registering fork handlers that only take and release the
     // shim's own locks and forget the parent's channel in the child.

@@ -455,7 +455,6 @@ impl Shim {
         self.pid.store(kernel_pid(), Ordering::Release);
         // The child's run report counts its own requests.
         moneta_client::file::ROUTES.reset();
-        crate::report::after_fork_in_child();
         if let Ok(mut n) = self.notes.lock() {
             n.clear();
         }

@@ -10,8 +10,8 @@
 //! were never written, no hang). `run-report` checks the shim's run
 //! report files (issue 43).
 
+use crate::ctx::Ctx;
 use crate::pattern::{self, stamped};
-use crate::scenario::Ctx;
 use crate::sys;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};

@@ -23,6 +23,7 @@
 //! cuts a failing schedule down (fewer operations, fewer workers, fewer
 //! kinds of operation) and prints the smallest that still fails.
 
+mod ctx;
 mod fd_scenarios;
 mod io_cost;
 mod pattern;
@@ -226,7 +227,7 @@ fn run_scenarios(args: &[String]) -> i32 {
     } else {
         vec![name.as_str()]
     };
-    let c = scenario::Ctx {
+    let c = ctx::Ctx {
         mount: a.mount.clone(),
         moneta: a.moneta.clone(),
         dir: a.mount.join("torture-scenario"),

@@ -7,6 +7,7 @@
 //! parts in this process (or a plain child), then reads the files back
 //! after dropping their cached pages.
 
+use crate::ctx::Ctx;
 use crate::pattern::{self, stamped};
 use crate::sys;
 use std::path::{Path, PathBuf};
@@ -23,57 +24,6 @@ pub const SCENARIOS: &[&str] = &[
     "many-files",
     "near-full",
 ];
-
-pub struct Ctx {
-    pub mount: PathBuf,
-    pub moneta: PathBuf,
-    pub dir: PathBuf,
-}
-
-impl Ctx {
-    /// `moneta-torture step ARGS` through the shim.
-    fn shim(&self, args: &[&str]) -> Result<String, String> {
-        let me = std::env::current_exe().map_err(|e| e.to_string())?;
-        let o = Command::new(&self.moneta)
-            .arg("run")
-            .arg("--mount")
-            .arg(&self.mount)
-            .arg("--")
-            .arg(me)
-            .arg("step")
-            .args(args)
-            .env_remove("LD_PRELOAD")
-            .output()
-            .map_err(|e| format!("moneta run: {e}"))?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        if o.status.success() {
-            Ok(text)
-        } else {
-            Err(format!("shim step {args:?} failed ({}): {text}", o.status))
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    fn spawn_shim(&self, args: &[&str]) -> std::io::Result<std::process::Child> {
-        Command::new(&self.moneta)
-            .arg("run")
-            .arg("--mount")
-            .arg(&self.mount)
-            .arg("--")
-            .arg(std::env::current_exe()?)
-            .arg("step")
-            .args(args)
-            .env_remove("LD_PRELOAD")
-            .spawn()
-    }
-}
 
 /// Every scenario: issue 20's classes, then issue 42's.
 pub fn all() -> Vec<&'static str> {

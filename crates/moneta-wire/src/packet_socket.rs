@@ -24,7 +24,7 @@
 //! to kick it too). The benchmark measures both receive paths.
 
 use crate::frame::MAC_CONTROL_ETHERTYPE;
-use crate::transport::{PeerId, Transport, MAX_SKIPPED_PER_POLL};
+use crate::transport::{set_buffers, PeerId, Transport, MAX_SKIPPED_PER_POLL, SOCKET_BUFFER_BYTES};
 use crate::WireError;
 use moneta_model::device::packet::Mac;
 use std::ffi::CString;
@@ -33,8 +33,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 // Linux UAPI values the libc crate does not carry for this target.
 const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 const SO_ATTACH_FILTER: libc::c_int = 26;
-const SO_SNDBUFFORCE: libc::c_int = 32;
-const SO_RCVBUFFORCE: libc::c_int = 33;
 /// Bytes of an Ethernet header (the interface MTU does not count them).
 pub const ETHERNET_HEADER_BYTES: usize = 14;
 
@@ -102,25 +100,6 @@ pub struct PacketSocket {
 // SAFETY: the ring's memory belongs to this socket alone; moving the socket
 // to another thread moves its only user.
 unsafe impl Send for PacketSocket {}
-
-/// Ask for socket buffers of `bytes` (forced past the sysctl cap when the
-/// process may; best effort).
-pub(crate) fn set_buffers(fd: RawFd, bytes: usize) {
-    let v = bytes as libc::c_int;
-    for (force, plain) in [
-        (SO_SNDBUFFORCE, libc::SO_SNDBUF),
-        (SO_RCVBUFFORCE, libc::SO_RCVBUF),
-    ] {
-        // SAFETY: fd is an open socket; v outlives the calls.
-        unsafe {
-            let p = &v as *const libc::c_int as *const libc::c_void;
-            let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            if libc::setsockopt(fd, libc::SOL_SOCKET, force, p, len) != 0 {
-                libc::setsockopt(fd, libc::SOL_SOCKET, plain, p, len);
-            }
-        }
-    }
-}
 
 fn ifreq(name: &str) -> Result<IfReq, WireError> {
     if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains('\0') {
@@ -248,7 +227,7 @@ impl PacketSocket {
                 return Err(WireError::last_os("PACKET_IGNORE_OUTGOING"));
             }
         }
-        set_buffers(s, crate::udp::SOCKET_BUFFER_BYTES);
+        set_buffers(s, SOCKET_BUFFER_BYTES);
 
         let cname = CString::new(interface)
             .map_err(|_| WireError::Config(format!("bad interface name `{interface}`")))?;

@@ -85,3 +85,31 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
 /// At most this many unknown-source frames are skipped in one `poll_recv`
 /// (a bound on the loop; the rest wait for the next call).
 pub const MAX_SKIPPED_PER_POLL: usize = 64;
+
+// What the two socket transports (`packet_socket`, `udp`) share.
+
+/// Socket buffers asked for (the kernel may cap them without root).
+pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
+
+// Linux UAPI values the libc crate does not carry for this target.
+const SO_SNDBUFFORCE: libc::c_int = 32;
+const SO_RCVBUFFORCE: libc::c_int = 33;
+
+/// Ask for socket buffers of `bytes` (forced past the sysctl cap when the
+/// process may; best effort).
+pub(crate) fn set_buffers(fd: std::os::fd::RawFd, bytes: usize) {
+    let v = bytes as libc::c_int;
+    for (force, plain) in [
+        (SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        (SO_RCVBUFFORCE, libc::SO_RCVBUF),
+    ] {
+        // SAFETY: fd is an open socket; v outlives the calls.
+        unsafe {
+            let p = &v as *const libc::c_int as *const libc::c_void;
+            let len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            if libc::setsockopt(fd, libc::SOL_SOCKET, force, p, len) != 0 {
+                libc::setsockopt(fd, libc::SOL_SOCKET, plain, p, len);
+            }
+        }
+    }
+}

@@ -10,7 +10,7 @@
 //! the kernel fragments it, and one lost fragment loses the frame. The
 //! transport's frame limit is a parameter (default [`DEFAULT_MTU_BYTES`]).
 
-use crate::transport::{PeerId, Transport, MAX_SKIPPED_PER_POLL};
+use crate::transport::{set_buffers, PeerId, Transport, MAX_SKIPPED_PER_POLL, SOCKET_BUFFER_BYTES};
 use crate::WireError;
 use moneta_model::device::packet::Mac;
 use std::io::ErrorKind;
@@ -20,8 +20,6 @@ use std::os::fd::AsRawFd;
 /// Largest frame by default: what a 9000-byte IP MTU carries in one UDP
 /// datagram.
 pub const DEFAULT_MTU_BYTES: usize = 9000 - 28;
-/// Socket buffers asked for (the kernel may cap them without root).
-pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 
 /// A UDP socket and the socket addresses of the peers.
 pub struct UdpTransport {
@@ -44,7 +42,7 @@ impl UdpTransport {
         socket
             .set_nonblocking(true)
             .map_err(|e| WireError::io("UDP non-blocking", e))?;
-        crate::packet_socket::set_buffers(socket.as_raw_fd(), SOCKET_BUFFER_BYTES);
+        set_buffers(socket.as_raw_fd(), SOCKET_BUFFER_BYTES);
         Ok(UdpTransport {
             socket,
             node,

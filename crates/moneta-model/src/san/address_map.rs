@@ -14,7 +14,7 @@
 //! first holds its primary slice, the second the replica of the previous
 //! SSD's slice (SSD i mirrors SSD i−1), so any one SSD can fail.
 
-use super::system::SanError;
+use super::error::SanError;
 use crate::device::network::{RouteTable, SliceOwners};
 
 #[derive(Debug, Clone)]

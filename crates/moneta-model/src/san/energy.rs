@@ -20,7 +20,10 @@
 //!
 //! Left out: NIC and HBA power, DRAM activity, the power the PSU loses.
 
-use crate::san::experiments::RunResult;
+use crate::san::experiments::{mix_key, topology_key, Progress, RunResult, Setup};
+use crate::san::interfaces::Interface;
+use crate::san::system::Topology;
+use crate::workload::OpMix;
 use serde::Serialize;
 
 /// Power assumptions, in W.
@@ -88,6 +91,71 @@ pub fn per_op(run: &RunResult, hosts: u16, power: &HostPower) -> Result<EnergyPe
         switch_joules_per_op: switch,
         host_cpu_utilization: utilization,
     })
+}
+
+// ---------------------------------------------------------------------------
+// The experiment (`moneta san sim energy`).
+
+/// One row of `moneta san sim energy` (§5.4.7, Figure 5.10).
+#[derive(Debug, Clone, Serialize)]
+pub struct EnergyRow {
+    pub interface: Interface,
+    pub topology: &'static str,
+    pub op: &'static str,
+    pub size_bytes: u64,
+    pub iops: f64,
+    #[serde(flatten)]
+    pub energy: EnergyPerOp,
+}
+
+/// The energy per request of `rows`' row for one interface and op.
+pub fn joules_per_op(rows: &[EnergyRow], i: Interface, op: &str) -> f64 {
+    rows.iter()
+        .find(|r| r.interface == i && r.op == op)
+        .expect("a row per interface and op")
+        .energy
+        .joules_per_op
+}
+
+/// Energy per request under the bandwidth load.
+pub fn energy(
+    setup: &Setup,
+    interfaces: &[Interface],
+    topology: Topology,
+    mixes: &[OpMix],
+    size_bytes: u64,
+    power: &HostPower,
+    progress: Progress,
+) -> Result<Vec<EnergyRow>, String> {
+    let hosts = match topology {
+        Topology::Distributed { nodes } => nodes,
+        Topology::Centralized { clients, .. } => clients + 1,
+    };
+    let mut points = Vec::new();
+    for &i in interfaces {
+        for &m in mixes {
+            points.push((i, m));
+        }
+    }
+    let mut rows = Vec::new();
+    for (k, &(interface, mix)) in points.iter().enumerate() {
+        progress(
+            k,
+            points.len(),
+            &format!("{} {}", interface.key(), mix_key(mix)),
+        );
+        let r = setup.loaded(setup.san(topology, false), interface, mix, size_bytes)?;
+        rows.push(EnergyRow {
+            interface,
+            topology: topology_key(topology),
+            op: mix_key(mix),
+            size_bytes,
+            iops: crate::experiment::rate(r.ops, r.elapsed_ns),
+            energy: per_op(&r, hosts, power)?,
+        });
+    }
+    progress(points.len(), points.len(), "done");
+    Ok(rows)
 }
 
 #[cfg(test)]

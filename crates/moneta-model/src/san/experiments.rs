@@ -29,7 +29,7 @@
 //! On top of [`run`], one function per experiment returns its rows:
 //! [`latency`] (§5.4.2, one thread; Table 5.1's grouping beside the
 //! paper's block transport), [`bandwidth`] (§5.4.3), [`scaling`] (§5.4.4,
-//! 16 GB per node), [`replication`] (§5.4.5), [`energy`] (§5.4.7); the sort
+//! 16 GB per node), [`replication`] (§5.4.5); energy (§5.4.7) is `energy`, the sort
 //! (§5.4.6) is `sort`. Left out: host core contention, the issue-sleep
 //! completion's system call overlapping the device (it is counted after).
 
@@ -38,13 +38,11 @@ use crate::config::{Config, InterfaceCosts};
 use crate::host::FileLock;
 use crate::kernel::rng::Rng;
 use crate::kernel::EventQueue;
-use crate::san::energy::{per_op, EnergyPerOp, HostPower};
+use crate::san::ids::{DeviceId, HostId};
 use crate::san::interfaces::{
     device_path, host_config, transport_path, DevicePath, FifoServers, Interface, TransportPath,
 };
-use crate::san::system::{
-    DeviceId, DeviceKind, HostId, San, SanConfig, SanCounters, SanEvent, SanRequest, Topology,
-};
+use crate::san::system::{DeviceKind, San, SanConfig, SanCounters, SanEvent, SanRequest, Topology};
 use crate::stats::LatencyHistogram;
 use crate::units::{transfer_ns, Ns, Op};
 use crate::workload::{OpMix, RunLimit};
@@ -815,7 +813,7 @@ pub struct Setup {
 pub type Progress<'p> = &'p mut dyn FnMut(usize, usize, &str);
 
 impl Setup {
-    fn san(&self, topology: Topology, mirroring: bool) -> SanConfig {
+    pub(crate) fn san(&self, topology: Topology, mirroring: bool) -> SanConfig {
         SanConfig {
             device: self.device.clone(),
             topology,
@@ -848,7 +846,7 @@ impl Setup {
     /// `threads_per_host` threads on every client host, random `mix`
     /// requests of `size_bytes` over the whole global space: the load of
     /// the bandwidth, scaling, replication and energy experiments.
-    fn loaded(
+    pub(crate) fn loaded(
         &self,
         san: SanConfig,
         interface: Interface,
@@ -1238,68 +1236,6 @@ pub fn replication(
             size_bytes,
             latency_us_mean: one.latency.mean_ns() / 1e3,
             mb_per_s_per_host: all.mb_per_s_per_host(),
-        });
-    }
-    progress(points.len(), points.len(), "done");
-    Ok(rows)
-}
-
-/// One row of `moneta san sim energy` (§5.4.7, Figure 5.10).
-#[derive(Debug, Clone, Serialize)]
-pub struct EnergyRow {
-    pub interface: Interface,
-    pub topology: &'static str,
-    pub op: &'static str,
-    pub size_bytes: u64,
-    pub iops: f64,
-    #[serde(flatten)]
-    pub energy: EnergyPerOp,
-}
-
-/// The energy per request of `rows`' row for one interface and op.
-pub fn joules_per_op(rows: &[EnergyRow], i: Interface, op: &str) -> f64 {
-    rows.iter()
-        .find(|r| r.interface == i && r.op == op)
-        .expect("a row per interface and op")
-        .energy
-        .joules_per_op
-}
-
-/// Energy per request under the bandwidth load.
-pub fn energy(
-    setup: &Setup,
-    interfaces: &[Interface],
-    topology: Topology,
-    mixes: &[OpMix],
-    size_bytes: u64,
-    power: &HostPower,
-    progress: Progress,
-) -> Result<Vec<EnergyRow>, String> {
-    let hosts = match topology {
-        Topology::Distributed { nodes } => nodes,
-        Topology::Centralized { clients, .. } => clients + 1,
-    };
-    let mut points = Vec::new();
-    for &i in interfaces {
-        for &m in mixes {
-            points.push((i, m));
-        }
-    }
-    let mut rows = Vec::new();
-    for (k, &(interface, mix)) in points.iter().enumerate() {
-        progress(
-            k,
-            points.len(),
-            &format!("{} {}", interface.key(), mix_key(mix)),
-        );
-        let r = setup.loaded(setup.san(topology, false), interface, mix, size_bytes)?;
-        rows.push(EnergyRow {
-            interface,
-            topology: topology_key(topology),
-            op: mix_key(mix),
-            size_bytes,
-            iops: crate::experiment::rate(r.ops, r.elapsed_ns),
-            energy: per_op(&r, hosts, power)?,
         });
     }
     progress(points.len(), points.len(), "done");

@@ -24,8 +24,9 @@
 use crate::config::InterfaceCosts;
 use crate::kernel::rng::Rng;
 use crate::san::experiments::{self, client_hosts, Experiment, RequestSource, Scripted};
+use crate::san::ids::HostId;
 use crate::san::interfaces::Interface;
-use crate::san::system::{HostId, San, SanConfig};
+use crate::san::system::{San, SanConfig};
 use crate::units::{Ns, Op};
 use crate::workload::RunLimit;
 use serde::Serialize;

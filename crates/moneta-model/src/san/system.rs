@@ -21,7 +21,9 @@
 //! is taken at the model's current time.
 
 use super::address_map::AddressMap;
+use super::error::SanError;
 use super::fabric::{Switch, SwitchAction, SwitchFrame};
+use super::ids::{DeviceId, HostId};
 use crate::breakdown::{Component, DeviceParts};
 use crate::config::{Config, FabricTiming, NetworkConfig};
 use crate::device::network::{NetworkPort, Packet, PortOutput, Started, Transmitter};
@@ -30,15 +32,6 @@ use crate::device::pipeline::{Device, DeviceEvent, DeviceRequest};
 use crate::kernel::EventQueue;
 use crate::units::{DeviceAddr, Ns, Op, PhysTag};
 use std::collections::VecDeque;
-use std::fmt;
-
-/// A host (server or client machine).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HostId(pub u16);
-
-/// A QuickSAN device (SSD or NIC), one network port each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DeviceId(pub u16);
 
 /// What a device is (SPEC §4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,44 +115,6 @@ pub struct SanCounters {
     pub pauses: u64,
     pub max_rx_buffer_bytes: u64,
 }
-
-/// Why the SAN refused a call. Never a panic.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SanError {
-    BadConfig(String),
-    NoSuchHost(HostId),
-    NoSuchDevice(DeviceId),
-    /// The device has no memory of its own (a NIC) for `submit_local`.
-    NotAnSsd(DeviceId),
-    OutOfRange {
-        addr: u64,
-        len_bytes: u64,
-        capacity_bytes: u64,
-    },
-    ZeroLength,
-}
-
-impl fmt::Display for SanError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SanError::BadConfig(m) => write!(f, "bad SAN configuration: {m}"),
-            SanError::NoSuchHost(h) => write!(f, "no host {}", h.0),
-            SanError::NoSuchDevice(d) => write!(f, "no device {}", d.0),
-            SanError::NotAnSsd(d) => write!(f, "device {} is a NIC, it has no memory", d.0),
-            SanError::OutOfRange {
-                addr,
-                len_bytes,
-                capacity_bytes,
-            } => write!(
-                f,
-                "request [{addr}, +{len_bytes}) exceeds capacity {capacity_bytes}"
-            ),
-            SanError::ZeroLength => write!(f, "zero-length request"),
-        }
-    }
-}
-
-impl std::error::Error for SanError {}
 
 /// The SAN. API contract (the host interfaces rely on it):
 ///
