@@ -1290,7 +1290,8 @@ fn hole_stale(d: &Path, res: &Path) -> Result<(), String> {
         let r = sys::pwrite(fd, &data, off);
         out.say(format!("pwrite {off} {len} {}", sys::show(r)));
         if let Ok(n) = r {
-            model[off as usize..(off + n) as usize].copy_from_slice(&data[..n as usize]);
+            let n = n as usize;
+            model[off as usize..off as usize + n].copy_from_slice(&data[..n]);
         }
     }
     for how in ["writer", "reader"] {
