@@ -321,7 +321,8 @@ impl FileTable {
         if !reader.may_write() || reader.device_bytes().is_some() {
             return refuse("the descriptor may not write a file");
         }
-        let size = sys::file_len(reader.raw_fd()).map_err(|e| EmuError::io("fstat of the file", e))?;
+        let size =
+            sys::file_len(reader.raw_fd()).map_err(|e| EmuError::io("fstat of the file", e))?;
         if end > size {
             return refuse("the range is not inside the file");
         }

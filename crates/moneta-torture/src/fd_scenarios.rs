@@ -1312,7 +1312,10 @@ fn hole_stale(d: &Path, res: &Path) -> Result<(), String> {
             sys::close(rfd);
         }
         match r {
-            Ok(n) => out.say(format!("read {how}: {}", as_written(&buf[..n as usize], &model))),
+            Ok(n) => out.say(format!(
+                "read {how}: {}",
+                as_written(&buf[..n as usize], &model)
+            )),
             Err(e) => out.say(format!("read {how}: errno {e}")),
         }
     }

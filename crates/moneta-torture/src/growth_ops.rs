@@ -72,7 +72,13 @@ impl Worker {
         let punch = size >= 8192 && r.chance(50);
         let (off, len) = if punch {
             let off = r.below(size - 4096) / 4096 * 4096;
-            (off, r.length(MAX_IO).div_ceil(4096).saturating_mul(4096).min(size - off))
+            (
+                off,
+                r.length(MAX_IO)
+                    .div_ceil(4096)
+                    .saturating_mul(4096)
+                    .min(size - off),
+            )
         } else {
             // Grow the file past its end: a hole from the old end on.
             let off = size.div_ceil(4096) * 4096 + r.below(4) * 4096;
@@ -120,7 +126,10 @@ impl Worker {
         let w_len = w_len.min(off + len - w_off);
         let data = stamped(w_len, self.files[k].id, w_off, self.op as u32);
         let res = sys::pwrite(fd, &data, w_off);
-        self.say(format_args!("hole_write {k} pwrite {w_off} {w_len} {}", show(res)));
+        self.say(format_args!(
+            "hole_write {k} pwrite {w_off} {w_len} {}",
+            show(res)
+        ));
         match res {
             Ok(n) => self.files[k].model_write(w_off, &data[..n as usize]),
             Err(e) => return self.fail(format!("hole_write pwrite of file {k}: errno {e}")),
@@ -143,9 +152,7 @@ impl Worker {
             } else {
                 match sys::open(&self.files[k].path, libc::O_RDONLY) {
                     Ok(x) => x as i32,
-                    Err(e) => {
-                        return self.fail(format!("{what} open of file {k}: errno {e}"))
-                    }
+                    Err(e) => return self.fail(format!("{what} open of file {k}: errno {e}")),
                 }
             };
             let mut buf = vec![0u8; n as usize];
