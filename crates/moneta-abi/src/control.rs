@@ -84,6 +84,17 @@ pub enum Request {
         offset: u64,
         len: u64,
     },
+    /// A write about to fill holes of an open file (all of
+    /// `[offset, offset + len)` inside the file's size): the daemon has the
+    /// file system allocate them as unwritten extents (the kernel
+    /// allocates and says which blocks, SPEC §3.4), then answers as
+    /// `map-file`, with growth grants there. Refused (unauthorized) where
+    /// the daemon makes no such grants.
+    AllocateFile {
+        file_id: u32,
+        offset: u64,
+        len: u64,
+    },
     /// Revoke an open file: its records go, the daemon drops its descriptor.
     CloseFile {
         file_id: u32,
@@ -152,6 +163,10 @@ pub struct ChannelInfo {
     /// preallocated while new directly only then.
     #[serde(default)]
     pub growth: bool,
+    /// Whether the daemon also allocates holes inside a file for a direct
+    /// write (`allocate-file`; moneta-emu `growth`, "Growth into holes").
+    #[serde(default)]
+    pub growth_holes: bool,
 }
 
 /// A range this channel may access.
@@ -371,6 +386,11 @@ mod tests {
             Request::MapFile {
                 file_id: 3,
                 offset: 1 << 40,
+                len: 4096,
+            },
+            Request::AllocateFile {
+                file_id: 3,
+                offset: 8192,
                 len: 4096,
             },
             Request::CloseFile { file_id: 3 },

@@ -219,6 +219,12 @@ pub struct FileTableStats {
     pub growth_settles: u64,
     #[serde(default)]
     pub growth_settled_bytes: u64,
+    /// Holes the daemon had the file system allocate for a direct write
+    /// (`allocate-file`), and the bytes asked for.
+    #[serde(default)]
+    pub growth_allocations: u64,
+    #[serde(default)]
+    pub growth_allocated_bytes: u64,
     /// Whether the file systems' block-free tracepoints guard the mount
     /// (free_watch.rs): every freed block is revoked before reuse.
     #[serde(default)]

@@ -115,6 +115,18 @@ pub fn memfd(name: &str, len: u64) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// Free bytes of the file system holding `fd`, as an unprivileged writer
+/// sees them (`f_bavail`: without the blocks kept for root).
+pub fn available_bytes(fd: RawFd) -> io::Result<u64> {
+    // SAFETY: an all-zero statvfs is a valid value for the kernel to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: plain syscall writing into our struct.
+    if unsafe { libc::fstatvfs(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// Size of the file behind `fd`.
 pub fn file_len(fd: RawFd) -> io::Result<u64> {
     Ok(fstat(fd)?.st_size as u64)

@@ -726,6 +726,7 @@ impl MonetaFile {
         // not serve.
         let direct = |s: &Segment| matches!(s.kind, Kind::Direct(a) if a.can_write() || !self.access.can_write());
         let mut attempt = 0;
+        let mut allocated = false;
         loop {
             self.follow_epoch(m);
             let shared = self.kernel_writes.read().expect("kernel writes");
@@ -738,6 +739,20 @@ impl MonetaFile {
             // allocation, or a write racing with the map): zeros over it
             // would lose that data. Only the caller's bytes are written.
             if let Some(s) = segments.iter().find(|s| !direct(s)) {
+                // Holes only (and data this handle may write): the daemon
+                // may have the file system allocate them and grant them
+                // (growth into holes), then the write goes direct.
+                if !allocated
+                    && attempt < REVOKED_RETRIES
+                    && self.access.can_write()
+                    && m.info().growth_holes
+                    && segments.iter().all(|s| direct(s) || s.kind == Kind::Hole)
+                {
+                    allocated = true;
+                    if self.fetch(m, offset, end, true)? {
+                        continue;
+                    }
+                }
                 let why = match s.kind {
                     Kind::Kernel => s.why,
                     Kind::Hole | Kind::Unwritten => KernelReason::Hole,
@@ -1058,7 +1073,7 @@ impl MonetaFile {
                     // (128 extents) is continued, never asked again.
                     let size = self.len()?.div_ceil(self.block_bytes) * self.block_bytes;
                     let end = b.max(a.saturating_add(MAP_WINDOW_BYTES).min(size));
-                    self.fetch(m, a, end)?
+                    self.fetch(m, a, end, false)?;
                 }
             }
         }
@@ -1083,8 +1098,11 @@ impl MonetaFile {
         Ok(out)
     }
 
-    /// A soft miss: map `[from, to)` (or its first part) through the control plane.
-    fn fetch(&self, m: &Moneta, from: u64, to: u64) -> Result<(), EmuError> {
+    /// A soft miss: map `[from, to)` (or its first part) through the
+    /// control plane. With `allocate` (a write into holes inside the file),
+    /// the daemon first has the file system allocate the holes there
+    /// (`allocate-file`); whether it did (a refusal: the kernel writes).
+    fn fetch(&self, m: &Moneta, from: u64, to: u64, allocate: bool) -> Result<bool, EmuError> {
         m.count_soft_miss();
         let file_id = self.register(m, false)?.ok_or_else(|| {
             EmuError::new(
@@ -1092,14 +1110,25 @@ impl MonetaFile {
                 "the daemon does not serve this file",
             )
         })?;
-        let request = Request::MapFile {
-            file_id,
-            offset: from,
-            len: to - from,
+        let (offset, len) = (from, to - from);
+        let request = if allocate {
+            Request::AllocateFile {
+                file_id,
+                offset,
+                len,
+            }
+        } else {
+            Request::MapFile {
+                file_id,
+                offset,
+                len,
+            }
         };
-        let (end, extents) = match m.call_with_fd(request, None)? {
-            Response::FileExtents { end, extents } => (end, extents),
-            other => return Err(unexpected(other)),
+        let (end, extents) = match m.call_with_fd(request, None) {
+            Ok(Response::FileExtents { end, extents }) => (end, extents),
+            Ok(other) => return Err(unexpected(other)),
+            Err(e) if allocate && e.kind == ErrorKind::Unauthorized => return Ok(false),
+            Err(e) => return Err(e),
         };
         if end <= from || end > to {
             return Err(EmuError::new(
@@ -1114,7 +1143,7 @@ impl MonetaFile {
             self.grew.store(true, Ordering::Release);
         }
         self.insert(from, end, &extents);
-        Ok(())
+        Ok(true)
     }
 
     /// Replace the map of `[from, to)` with `extents` (holes between them).

@@ -377,6 +377,7 @@ impl ControlPlane {
                 preset: c.name.clone(),
                 config: c.to_json(),
                 growth: self.files.growth_on(),
+                growth_holes: self.files.growth_holes_on(),
             };
             return Ok((Response::Channel(info), Some(memory)));
         }
@@ -519,6 +520,17 @@ impl ControlPlane {
                     return Err(not_open(file_id));
                 }
                 let (end, extents) = self.files.map(channel, file_id, offset, len)?;
+                Ok((Response::FileExtents { end, extents }, None))
+            }
+            Request::AllocateFile {
+                file_id,
+                offset,
+                len,
+            } => {
+                if !session.files.contains(&file_id) {
+                    return Err(not_open(file_id));
+                }
+                let (end, extents) = self.files.allocate(channel, file_id, offset, len)?;
                 Ok((Response::FileExtents { end, extents }, None))
             }
             Request::CloseFile { file_id } => {

@@ -214,6 +214,9 @@ pub struct FileTable {
     /// ([`crate::growth`]; on unless `MONETA_GROWTH=0`, and only with a
     /// journal that could be recovered at start).
     growth: AtomicBool,
+    /// Whether growth grants also fill holes for a client's direct write
+    /// ([`FileTable::allocate`]; `MONETA_GROWTH_HOLES=1`, with growth).
+    growth_holes: bool,
     /// Where the growth journal lives, and the (st_dev, st_ino) of the
     /// files carrying the medium (to read a recovered file's extents).
     journal_at: OnceLock<(std::path::PathBuf, Vec<(u64, u64)>)>,
@@ -238,6 +241,7 @@ impl FileTable {
             mount_root: Mutex::new(None),
             frees: OnceLock::new(),
             growth: AtomicBool::new(growth),
+            growth_holes: growth::holes_enabled(),
             journal_at: OnceLock::new(),
             journal: Mutex::new(None),
             me: me.clone(),
@@ -260,6 +264,117 @@ impl FileTable {
     /// while new leaves the kernel path only then).
     pub fn growth_on(&self) -> bool {
         self.growth.load(Ordering::Acquire) && self.journal_at.get().is_some()
+    }
+
+    /// Whether growth grants also fill holes (clients ask `allocate-file`
+    /// for a write into a hole only then).
+    pub fn growth_holes_on(&self) -> bool {
+        self.growth_holes && self.growth_on()
+    }
+
+    /// A client's write is about to fill holes of `[offset, offset + len)`
+    /// (inside the file's size) of its open file ([`crate::growth`],
+    /// "Growth into holes"): the file system allocates them as unwritten
+    /// extents — `fallocate(FALLOC_FL_KEEP_SIZE)` through the inode's quiet
+    /// descriptor, which changes no byte anyone can read, no size and no
+    /// page, and raises no access event — and the soft miss that follows
+    /// makes them growth grants exactly as for preallocated space (cached
+    /// pages, pending kernel accesses and outside writers keep the window
+    /// on the kernel path; the blocks are zeroed on the medium first).
+    /// Refused (unauthorized: the client writes through the kernel) where
+    /// growth into holes is off, the descriptor may not write, the range is
+    /// not inside the file, or the file system is nearly full (monetad
+    /// allocates as root, which may use blocks kept from other users).
+    pub fn allocate(
+        &self,
+        channel: u16,
+        file_id: u32,
+        offset: u64,
+        len: u64,
+    ) -> Result<(u64, Vec<FileExtent>), EmuError> {
+        let refuse = |why: &str| {
+            Err(EmuError::new(
+                ErrorKind::Unauthorized,
+                format!("no allocation for a direct write: {why}"),
+            ))
+        };
+        if !self.growth_holes_on() || self.watcher().is_none() {
+            return refuse("growth into holes is off");
+        }
+        let end = match offset.checked_add(len) {
+            Some(e) if len > 0 => e,
+            _ => {
+                return Err(EmuError::new(
+                    ErrorKind::Request,
+                    "allocate-file needs a non-empty range inside the file",
+                ))
+            }
+        };
+        let (reader, inode) = {
+            let t = self.lock();
+            let f = t
+                .files
+                .get(&(channel, file_id))
+                .ok_or_else(|| not_open(file_id))?;
+            (f.extent_reader()?, f.inode())
+        };
+        if !reader.may_write() || reader.device_bytes().is_some() {
+            return refuse("the descriptor may not write a file");
+        }
+        let size =
+            sys::file_len(reader.raw_fd()).map_err(|e| EmuError::io("fstat of the file", e))?;
+        if end > size {
+            return refuse("the range is not inside the file");
+        }
+        match sys::available_bytes(reader.raw_fd()) {
+            Ok(free) if free >= len.saturating_add(growth::ALLOCATE_HEADROOM_BYTES) => {}
+            _ => return refuse("the file system is nearly full"),
+        }
+        if !self.has_quiet(inode) {
+            // Outside the lock (the reopen's event is answered by the
+            // layout watcher's thread, which may be waiting for it).
+            let made = growth::quiet_writer(reader.raw_fd()).and_then(|q| {
+                let h = growth::FileHandle::of(reader.raw_fd())
+                    .map_err(|e| EmuError::io("name_to_handle_at of the file", e))?;
+                Ok((q, h))
+            });
+            let (q, h) = match made {
+                Ok(x) => x,
+                Err(e) => return refuse(&e.to_string()),
+            };
+            let mut t = self.lock();
+            let st = t.inodes.entry(inode).or_default();
+            if st.quiet.is_none() {
+                st.quiet = Some(q);
+                st.handle = Some(h);
+            }
+        }
+        drop(reader);
+        {
+            let t = self.lock();
+            let Some(quiet) = t.inodes.get(&inode).and_then(|st| st.quiet.as_ref()) else {
+                return refuse("the file has no settling descriptor");
+            };
+            // The file system allocates the whole blocks the range touches.
+            let (from, to) = (offset, end);
+            // SAFETY: plain syscall on a descriptor the table owns.
+            let r = unsafe {
+                libc::fallocate64(
+                    quiet.as_raw_fd(),
+                    libc::FALLOC_FL_KEEP_SIZE,
+                    from as i64,
+                    (to - from) as i64,
+                )
+            };
+            if r != 0 {
+                let e = std::io::Error::last_os_error();
+                return refuse(&format!("fallocate: {e}"));
+            }
+            let mut stats = self.stats.lock().expect("stats");
+            stats.growth_allocations += 1;
+            stats.growth_allocated_bytes += to - from;
+        }
+        self.map(channel, file_id, offset, len)
     }
 
     /// Settle what the growth journal still records (monetad's start, before

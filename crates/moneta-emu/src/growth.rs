@@ -94,8 +94,19 @@
 //! (`MONETA_GROWTH=0` turns them off) wherever monetad serves an image,
 //! can keep the journal, and can open files by handle at start.
 //!
-//! Writes past the end of a file and into holes still go through the
-//! kernel (the shim's `new-or-growing-file` and `hole` reasons).
+//! **Growth into holes** (`MONETA_GROWTH_HOLES=1`, off by default): a
+//! client's write inside the file's size that meets only holes asks
+//! `allocate-file`; monetad has the file system allocate the range
+//! (`fallocate(FALLOC_FL_KEEP_SIZE)` through the quiet descriptor: no byte,
+//! size or page anyone can see changes, no access event), and the soft miss
+//! that follows makes the new unwritten extents growth grants as above
+//! (zeroed on the medium first: the blocks may be a deleted file's).
+//!
+//! Writes past the end of a file still go through the kernel (the shim's
+//! `new-or-growing-file` reason), and so do writes into holes without
+//! growth into holes (`hole`): the user's guide says why past the end is
+//! harder (the size must move after the data, and pending ranges past the
+//! end must outlive settles while in flight).
 
 use crate::medium::Medium;
 use moneta_abi::error::EmuError;
@@ -110,6 +121,21 @@ pub fn enabled() -> bool {
         Ok("0") | Ok("off") | Ok("no")
     )
 }
+
+/// Whether growth grants also fill holes for a client's direct write
+/// (`allocate-file`, "Growth into holes" above): with growth on, and
+/// `MONETA_GROWTH_HOLES` set to `1`, `on` or `yes` (off by default).
+pub fn holes_enabled() -> bool {
+    matches!(
+        std::env::var("MONETA_GROWTH_HOLES").as_deref(),
+        Ok("1") | Ok("on") | Ok("yes")
+    )
+}
+
+/// Free space (as an unprivileged writer sees it) an allocation for a
+/// direct write leaves at least: below it the write goes through the
+/// kernel, which answers ENOSPC exactly when it would.
+pub const ALLOCATE_HEADROOM_BYTES: u64 = 64 << 20;
 
 /// One pending range: file bytes `[logical, logical + len)` whose data is
 /// on the device at `physical` but whose extent is still unwritten.

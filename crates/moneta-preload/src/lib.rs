@@ -312,7 +312,20 @@ fn kernel_reason(
         }
     }
     if of.fresh.load(Ordering::Acquire) {
-        return Ok(Some(KernelReason::NewOrGrowingFile));
+        // A file being created stays on the kernel path (small files never
+        // cost a control-plane round trip) until its first fsync, or, where
+        // the daemon fills holes with growth grants, until it is big enough
+        // that the direct path pays: its writes into holes then go direct.
+        // What it wrote through the kernel so far is flushed by the first
+        // soft miss over it, which grants nothing where a page is cached.
+        let leave = op == RouteOp::Write
+            && shim().moneta().is_some_and(|m| m.info().growth_holes)
+            && moneta_abi::sys::file_len(fd)
+                .is_ok_and(|n| n >= moneta_client::file::DIRECT_AFTER_SYNC_BYTES);
+        if !leave {
+            return Ok(Some(KernelReason::NewOrGrowingFile));
+        }
+        of.fresh.store(false, Ordering::Release);
     }
     if of.direct_align.load(Ordering::Acquire) != 0 {
         let mut at = match offset {

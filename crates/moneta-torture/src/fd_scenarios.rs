@@ -29,6 +29,7 @@ pub const SCENARIOS: &[&str] = &[
     "truncate-race",
     "run-report",
     "growth-outside-writer",
+    "hole-stale",
 ];
 
 /// How long a step may take before it counts as hung.
@@ -70,6 +71,10 @@ pub fn run(name: &str, c: &Ctx) -> Option<Result<String, String>> {
         "run-report" => run_report(c),
         "growth-outside-writer" => differential(c, "growth-outside-writer", &["A"], |d| {
             plain_file(&d.join("A"), &stamped(GROWTH_BASE, 0x48, 0, 1))
+        }),
+        "hole-stale" => differential(c, "hole-stale", &["A"], |d| {
+            let _ = std::fs::remove_file(d.join("A"));
+            plain_file(&d.join("G"), &stamped(HOLE_FILE, 0x49, 0, 1))
         }),
         _ => return None,
     })
@@ -234,6 +239,7 @@ pub fn step(args: &[String]) -> Option<Result<(), String>> {
         "truncate-loop" => truncate_loop(&dir),
         "report-writer" => report_writer(&dir),
         "growth-outside-writer" => growth_outside_writer(&dir, &res),
+        "hole-stale" => hole_stale(&dir, &res),
         "hold-open" => hold_open(&dir),
         "report-exec" => {
             let fd = open_rw(&dir, 0);
@@ -1241,6 +1247,78 @@ fn hold_open(p: &Path) -> Result<(), String> {
     let _ = std::io::stdout().flush();
     let mut sink = String::new();
     let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut sink);
+    sys::close(fd);
+    Ok(())
+}
+
+/// `hole-stale`'s file size (and its garbage file's).
+const HOLE_FILE: u64 = 4 << 20;
+
+/// Growth into holes (monetad's `allocate-file`): the file system
+/// allocates a hole's blocks for a direct write, and they may be the very
+/// blocks a deleted file held. A file G of stamped bytes is deleted (its
+/// blocks freed, their bytes still on the medium); a new sparse file A of
+/// the same size then gets small, unaligned writes into its holes (each
+/// in a block of its own, so each allocation's block holds the write and
+/// bytes nobody wrote). Every byte nobody wrote must read as zeros, through
+/// the writing descriptor, a new read-only one, and (the differential's
+/// last look) the kernel: a grant made without zeroing the allocated blocks
+/// on the medium first shows G's bytes there.
+fn hole_stale(d: &Path, res: &Path) -> Result<(), String> {
+    let mut out = Results::new(res)?;
+    let g = d.join("G");
+    out.say(format!(
+        "unlink G {}",
+        std::fs::remove_file(&g).map_or_else(|e| e.to_string(), |()| "ok".into())
+    ));
+    // The free committed, so the allocator may hand G's blocks out again.
+    // SAFETY: plain syscall.
+    unsafe { libc::sync() };
+    let a = d.join("A");
+    let fd = sys::open(&a, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)
+        .map(|fd| fd as i32)
+        .map_err(|e| format!("create A: errno {e}"))?;
+    // SAFETY: plain syscall on our descriptor.
+    let r = unsafe { libc::ftruncate(fd, HOLE_FILE as i64) };
+    out.say(format!("ftruncate {}", errno_of(r as i64)));
+    let mut model = vec![0u8; HOLE_FILE as usize];
+    let pieces = 48u64;
+    for i in 0..pieces {
+        let off = i * (HOLE_FILE / pieces) / 4096 * 4096 + 1000 + i * 7;
+        let len = 100 + i * 13;
+        let data = stamped(len, 0x4a, off, 2);
+        let r = sys::pwrite(fd, &data, off);
+        out.say(format!("pwrite {off} {len} {}", sys::show(r)));
+        if let Ok(n) = r {
+            let n = n as usize;
+            model[off as usize..off as usize + n].copy_from_slice(&data[..n]);
+        }
+    }
+    for how in ["writer", "reader"] {
+        let rfd = if how == "writer" {
+            fd
+        } else {
+            match sys::open(&a, libc::O_RDONLY) {
+                Ok(x) => x as i32,
+                Err(e) => {
+                    out.say(format!("open {how}: errno {e}"));
+                    continue;
+                }
+            }
+        };
+        let mut buf = vec![0u8; HOLE_FILE as usize];
+        let r = sys::pread_full(rfd, &mut buf, 0);
+        if how == "reader" {
+            sys::close(rfd);
+        }
+        match r {
+            Ok(n) => out.say(format!(
+                "read {how}: {}",
+                as_written(&buf[..n as usize], &model)
+            )),
+            Err(e) => out.say(format!("read {how}: errno {e}")),
+        }
+    }
     sys::close(fd);
     Ok(())
 }

@@ -117,6 +117,7 @@ pub const OPS: &[(&str, u64)] = &[
     ("fd_reuse", 4),
     ("truncate_race", 4),
     ("prealloc_write", 20),
+    ("hole_write", 20),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -343,6 +344,7 @@ impl Worker {
             }
             "fallocate" => self.fallocate(k, r),
             "prealloc_write" => self.prealloc_write(k, r),
+            "hole_write" => self.hole_write(k, r),
             "fsync" | "fdatasync" | "sync_range" => {
                 let fd = self.files[k].rw();
                 // SAFETY: plain syscalls.
