@@ -1,13 +1,19 @@
 //! The replica protocol's deterministic simulator (`moneta_emu::san_sim`,
 //! issue 39 item 6): short schedules under the nemesis have no violation
 //! of the register model, and a seed replays exactly (same trace).
-//! `MONETA_SIM_SEED` replays a printed seed.
+//! The seeds are fixed (`FIXED_SEED`), so `make test` cannot fail by
+//! chance; `MONETA_SIM_SEED=N` replays a printed seed and
+//! `MONETA_SIM_SEED=random` draws one from the clock (the random hunt is
+//! `make san-sim`).
 
 use moneta_emu::san_sim::{self, SimOptions};
 use std::path::PathBuf;
 
+/// The first of the short schedules' seeds when none is asked for.
+const FIXED_SEED: u64 = 1000;
+
 fn seed() -> u64 {
-    moneta_model::kernel::rng::seed_from_env("MONETA_SIM_SEED")
+    moneta_model::kernel::rng::seed_fixed_unless_env("MONETA_SIM_SEED", FIXED_SEED)
 }
 
 fn dir(name: &str) -> PathBuf {

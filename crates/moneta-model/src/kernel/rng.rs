@@ -78,14 +78,29 @@ impl Rng {
 /// A randomized test's seed: the environment variable `var` if set, else
 /// the clock; printed (stderr) with how to run the test again with it.
 pub fn seed_from_env(var: &str) -> u64 {
-    let seed = std::env::var(var)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1, |d| d.as_nanos() as u64)
-        });
+    seed_choice(var, None)
+}
+
+/// A test's seed that is fixed unless asked otherwise: the environment
+/// variable `var` if it is a number, the clock if it says `random`, else
+/// `fixed` (so that a test run in CI can never fail by chance; the random
+/// hunt is asked for). Printed (stderr) with how to run it again.
+pub fn seed_fixed_unless_env(var: &str, fixed: u64) -> u64 {
+    seed_choice(var, Some(fixed))
+}
+
+fn seed_choice(var: &str, fixed: Option<u64>) -> u64 {
+    let set = std::env::var(var).ok();
+    let clock = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    };
+    let seed = match (set.as_deref().map(str::trim), fixed) {
+        (Some(s), _) if s.parse::<u64>().is_ok() => s.parse().expect("checked"),
+        (Some("random"), _) | (_, None) => clock(),
+        (_, Some(f)) => f,
+    };
     eprintln!("seed {seed} ({var}={seed} replays it)");
     seed
 }
