@@ -47,6 +47,7 @@ usage:
   moneta-torture shrink (the same options): cut a failing schedule down
   moneta-torture scenario NAME|all --mount DIR [--moneta PATH]: the scripted
                      schedules of the data-loss classes issue 20 found
+  moneta-torture scenarios: the scenario names (`scenario all` runs them)
   moneta-torture ops: the operation names (--skip takes them)
   moneta-torture io-cost --file F [--ops N] [--bytes B] [--write] [--api]:
                      N reads (writes) of an existing file, mean ns per call
@@ -184,6 +185,12 @@ fn main() {
         Some("step") => scenario::step(&args[1..]),
         Some("io-cost") => io_cost::main(&args[1..]),
         Some("scenario") => run_scenarios(&args[1..]),
+        Some("scenarios") => {
+            for name in scenario::all() {
+                println!("{name}");
+            }
+            0
+        }
         Some("ops") => {
             for (name, _) in worker::OPS {
                 println!("{name}");
