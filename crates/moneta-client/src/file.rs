@@ -327,6 +327,30 @@ impl Segment {
 /// at most 128 extents).
 const MAP_WINDOW_BYTES: u64 = 64 << 20;
 
+/// What one `allocate-file` asks the file system to allocate around a
+/// write into holes: the aligned chunk holding it (SPEC §3.4, "Sparse
+/// files": the library allocates 1 MB chunks, to limit fragmentation; here
+/// also so that one control-plane round trip, one `fallocate`, one
+/// zeroing on the medium and one journal record serve every later write
+/// into that chunk instead of each write paying them). `fallocate` with
+/// `KEEP_SIZE` over the chunk's parts that are not holes changes nothing
+/// anyone can read, so a chunk wider than the write is as safe as the
+/// write's own range.
+pub const ALLOCATE_CHUNK_BYTES: u64 = 1 << 20;
+
+/// The chunk(s) `allocate-file` asks for around a write of `[from, to)`
+/// into holes: aligned to [`ALLOCATE_CHUNK_BYTES`], inside the file's
+/// `size` (the daemon allocates only inside the size).
+fn allocation_window(from: u64, to: u64, size: u64) -> (u64, u64) {
+    let a = from / ALLOCATE_CHUNK_BYTES * ALLOCATE_CHUNK_BYTES;
+    let b = to
+        .div_ceil(ALLOCATE_CHUNK_BYTES)
+        .saturating_mul(ALLOCATE_CHUNK_BYTES)
+        .min(size)
+        .max(to);
+    (a, b)
+}
+
 /// Where a handle stands with the control plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Registration {
@@ -749,7 +773,8 @@ impl MonetaFile {
                     && segments.iter().all(|s| direct(s) || s.kind == Kind::Hole)
                 {
                     allocated = true;
-                    if self.fetch(m, offset, end, true)? {
+                    let (a, b) = allocation_window(offset, end, size);
+                    if self.fetch(m, a, b, true)? {
                         continue;
                     }
                 }
@@ -1235,6 +1260,25 @@ fn remove_range(ranges: &mut Vec<(u64, u64)>, from: u64, to: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_allocation_takes_the_aligned_chunks_inside_the_size() {
+        const C: u64 = ALLOCATE_CHUNK_BYTES;
+        // A small write in the middle of a big sparse file: its whole chunk.
+        assert_eq!(allocation_window(C + 1000, C + 1100, 64 * C), (C, 2 * C));
+        // Across a chunk boundary: both chunks.
+        assert_eq!(
+            allocation_window(2 * C - 10, 2 * C + 10, 64 * C),
+            (C, 3 * C)
+        );
+        // The last chunk stops at the size (unaligned), never past it.
+        assert_eq!(
+            allocation_window(C + 5, C + 10, C + 4096 + 7),
+            (C, C + 4103)
+        );
+        // A write that ends at the size keeps its own end.
+        assert_eq!(allocation_window(0, 100, 100), (0, 100));
+    }
 
     #[test]
     fn ranges_merge_and_split() {

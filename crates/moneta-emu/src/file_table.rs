@@ -215,7 +215,7 @@ pub struct FileTable {
     /// journal that could be recovered at start).
     growth: AtomicBool,
     /// Whether growth grants also fill holes for a client's direct write
-    /// ([`FileTable::allocate`]; `MONETA_GROWTH_HOLES=1`, with growth).
+    /// ([`FileTable::allocate`]; with growth, unless `MONETA_GROWTH_HOLES=0`).
     growth_holes: bool,
     /// Where the growth journal lives, and the (st_dev, st_ino) of the
     /// files carrying the medium (to read a recovered file's extents).

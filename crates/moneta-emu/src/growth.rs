@@ -94,9 +94,10 @@
 //! (`MONETA_GROWTH=0` turns them off) wherever monetad serves an image,
 //! can keep the journal, and can open files by handle at start.
 //!
-//! **Growth into holes** (`MONETA_GROWTH_HOLES=1`, off by default): a
-//! client's write inside the file's size that meets only holes asks
-//! `allocate-file`; monetad has the file system allocate the range
+//! **Growth into holes** (on by default; `MONETA_GROWTH_HOLES=0` turns it
+//! off): a client's write inside the file's size that meets only holes asks
+//! `allocate-file` for the aligned 1 MiB chunk(s) around it (moneta-client
+//! `ALLOCATE_CHUNK_BYTES`, SPEC §3.4); monetad has the file system allocate the range
 //! (`fallocate(FALLOC_FL_KEEP_SIZE)` through the quiet descriptor: no byte,
 //! size or page anyone can see changes, no access event), and the soft miss
 //! that follows makes the new unwritten extents growth grants as above
@@ -123,12 +124,14 @@ pub fn enabled() -> bool {
 }
 
 /// Whether growth grants also fill holes for a client's direct write
-/// (`allocate-file`, "Growth into holes" above): with growth on, and
-/// `MONETA_GROWTH_HOLES` set to `1`, `on` or `yes` (off by default).
+/// (`allocate-file`, "Growth into holes" above): with growth on, unless
+/// `MONETA_GROWTH_HOLES` is `0`, `off` or `no` (on by default: clients
+/// allocate a whole 1 MiB chunk per `allocate-file`, so its cost is paid
+/// once per chunk, not per write).
 pub fn holes_enabled() -> bool {
-    matches!(
+    !matches!(
         std::env::var("MONETA_GROWTH_HOLES").as_deref(),
-        Ok("1") | Ok("on") | Ok("yes")
+        Ok("0") | Ok("off") | Ok("no")
     )
 }
 

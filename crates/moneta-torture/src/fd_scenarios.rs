@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 pub const SCENARIOS: &[&str] = &[
     "fixed-numbers",
+    "raw-dup-numbers",
     "closed-control",
     "fd-reuse",
     "setfl-append",
@@ -38,6 +39,10 @@ const STEP_DEADLINE: Duration = Duration::from_secs(120);
 pub fn run(name: &str, c: &Ctx) -> Option<Result<String, String>> {
     Some(match name {
         "fixed-numbers" => differential(c, "fixed-numbers", &["A", "B"], |d| {
+            plain_file(&d.join("A"), &[b'a'; 4096])?;
+            plain_file(&d.join("B"), &[b'B'; 8192])
+        }),
+        "raw-dup-numbers" => differential(c, "raw-dup-numbers", &["A", "B"], |d| {
             plain_file(&d.join("A"), &[b'a'; 4096])?;
             plain_file(&d.join("B"), &[b'B'; 8192])
         }),
@@ -228,7 +233,8 @@ pub fn step(args: &[String]) -> Option<Result<(), String>> {
     let dir = PathBuf::from(args.get(1).cloned().unwrap_or_default());
     let res = PathBuf::from(args.get(2).cloned().unwrap_or_default());
     Some(match args.first().map(String::as_str)? {
-        "fixed-numbers" => fixed_numbers(&dir, &res),
+        "fixed-numbers" => fixed_numbers(&dir, &res, Dup::Libc),
+        "raw-dup-numbers" => fixed_numbers(&dir, &res, Dup::RawSyscall),
         "closed-control" => closed_control(&dir, &res),
         "setfl-append" => setfl_append(&dir, &res),
         "attributes" => attributes(&dir, &res),
@@ -261,9 +267,40 @@ pub fn step(args: &[String]) -> Option<Result<(), String>> {
     })
 }
 
-/// Case 1: the program's own files on fixed numbers, then it closes every
-/// number it did not open, and goes on with its file.
-fn fixed_numbers(d: &Path, res: &Path) -> Result<(), String> {
+/// How case 1 puts a file on a fixed number.
+#[derive(Clone, Copy)]
+enum Dup {
+    /// The C library's `dup2`.
+    Libc,
+    /// The raw system calls through the C library's `syscall()`:
+    /// `SYS_dup2` (where the architecture has it) and `SYS_dup3`,
+    /// alternating, as a program that bypasses the C library's wrappers
+    /// does (issue 42: the shim's own numbers may not be replaced unseen).
+    RawSyscall,
+}
+
+impl Dup {
+    fn onto(self, old: i32, new: i32) -> i32 {
+        match self {
+            // SAFETY: plain syscall; the program owns whatever number it names.
+            Dup::Libc => unsafe { libc::dup2(old, new) },
+            Dup::RawSyscall => {
+                #[cfg(target_arch = "x86_64")]
+                if new % 2 == 0 {
+                    // SAFETY: as above, the raw system call.
+                    return unsafe { libc::syscall(libc::SYS_dup2, old, new) } as i32;
+                }
+                // SAFETY: as above, the raw system call.
+                unsafe { libc::syscall(libc::SYS_dup3, old, new, 0) as i32 }
+            }
+        }
+    }
+}
+
+/// Case 1: the program's own files on fixed numbers (by `dup2`, or by the
+/// raw `SYS_dup2`/`SYS_dup3` system calls: scenario `raw-dup-numbers`),
+/// then it closes every number it did not open, and goes on with its file.
+fn fixed_numbers(d: &Path, res: &Path, dup: Dup) -> Result<(), String> {
     let mut out = Results::new(res)?;
     let fa = open_rw(&d.join("A"), 0)?;
     let mut buf = vec![0u8; 4096];
@@ -275,8 +312,7 @@ fn fixed_numbers(d: &Path, res: &Path) -> Result<(), String> {
     let mut placed = 0;
     for n in (3..=40).chain(500..=560) {
         if n != fa && n != fb {
-            // SAFETY: plain syscall; the program owns whatever number it names.
-            if unsafe { libc::dup2(fb, n) } == n {
+            if dup.onto(fb, n) == n {
                 placed += 1;
             }
         }
