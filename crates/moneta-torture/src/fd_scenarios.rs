@@ -311,10 +311,8 @@ fn fixed_numbers(d: &Path, res: &Path, dup: Dup) -> Result<(), String> {
     let fb = open_rw(&d.join("B"), 0)?;
     let mut placed = 0;
     for n in (3..=40).chain(500..=560) {
-        if n != fa && n != fb {
-            if dup.onto(fb, n) == n {
-                placed += 1;
-            }
+        if n != fa && n != fb && dup.onto(fb, n) == n {
+            placed += 1;
         }
     }
     out.say(format!("dup2 of B onto {placed} numbers"));
