@@ -91,16 +91,16 @@ test: setup
 	$(MONETA) san sim sort --scale 0.0005 --measure-records 200000
 	$(MONETA) san sim energy --ops 500
 	$(MONETA) san sim-protocol --seed 1 --runs 4 --ops 3000
-	$(CARGO) bench -p libmoneta --bench overhead -- --smoke
-	$(CARGO) bench -p libmoneta --bench fidelity -- --smoke
-	$(CARGO) bench -p moneta-nbd --bench nbd -- --smoke
-	$(CARGO) bench -p moneta-model --bench san_speed -- --smoke
-	$(CARGO) bench -p moneta-wire --bench wire -- --smoke
+	$(CARGO) bench --workspace --bench overhead -- --smoke
+	$(CARGO) bench --workspace --bench fidelity -- --smoke
+	$(CARGO) bench --workspace --bench nbd -- --smoke
+	$(CARGO) bench --workspace --bench san_speed -- --smoke
+	$(CARGO) bench --workspace --bench wire -- --smoke
 	$(MONETA) nvmm sim sweep --latencies 25000,75000 --threads 1,8
 	$(MONETA) nvmm sim wear --endurance-scale 1000
-	$(CARGO) bench -p moneta-model --bench nvmm_speed -- --smoke
-	$(CARGO) bench -p libnvmm --bench nvmm -- --smoke
-	$(CARGO) bench -p libnvmm --bench model_vs_library -- --smoke
+	$(CARGO) bench --workspace --bench nvmm_speed -- --smoke
+	$(CARGO) bench --workspace --bench nvmm -- --smoke
+	$(CARGO) bench --workspace --bench model_vs_library -- --smoke
 
 # The documentation site (docs/src, mdBook): the reference pages from the
 # code, the calibration results page with its provenance, the book in
@@ -118,11 +118,11 @@ bench: build
 	@mkdir -p out
 	$(MONETA) sim speed --preset moneta --ops 4000000
 	$(MONETA) sim speed --preset moneta --ops 4000000 --op write
-	$(CARGO) bench -p moneta-model --bench san_speed
-	$(CARGO) bench -p moneta-model --bench nvmm_speed
+	$(CARGO) bench --workspace --bench san_speed
+	$(CARGO) bench --workspace --bench nvmm_speed
 	$(MONETA) sim speed --preset onyx-late --ops 400000 --op write
-	$(CARGO) bench -p libmoneta --bench overhead -- --json $(CURDIR)/out/overhead.json
-	$(CARGO) bench -p moneta-nbd --bench nbd -- --json $(CURDIR)/out/nbd.json
+	$(CARGO) bench --workspace --bench overhead -- --json $(CURDIR)/out/overhead.json
+	$(CARGO) bench --workspace --bench nbd -- --json $(CURDIR)/out/nbd.json
 
 # The emulator's timing against the simulator's on this machine, now: the
 # fidelity floor (smallest modeled QD1 latency reproduced within 5%) and
@@ -130,7 +130,7 @@ bench: build
 # its figures against their goals and does not fail on a loaded machine.
 fidelity: build
 	@mkdir -p out
-	$(CARGO) bench -p libmoneta --bench fidelity -- --json $(CURDIR)/out/fidelity.json
+	$(CARGO) bench --workspace --bench fidelity -- --json $(CURDIR)/out/fidelity.json
 
 # The direct path's differential torture harness, long mode (issue 20,
 # README "The gate: moneta-torture"): the scripted data-loss classes, then

@@ -22,13 +22,18 @@ fn main() {
     }
     println!("cargo:rustc-env=MONETA_COMMIT={commit}");
     // Rebuild when HEAD moves: HEAD itself (a branch switch) and the ref it
-    // names (a commit on that branch).
+    // names (a commit on that branch), as a loose file or in packed-refs.
+    // Only files that exist are named: cargo counts a missing one as
+    // changed, so naming an absent packed-refs rebuilt the CLI every time.
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
         println!("cargo:rerun-if-changed={dir}/HEAD");
         if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
             let common = git(&["rev-parse", "--git-common-dir"]).unwrap_or(dir.clone());
-            println!("cargo:rerun-if-changed={common}/{reference}");
-            println!("cargo:rerun-if-changed={common}/packed-refs");
+            for file in [format!("{common}/{reference}"), format!("{common}/packed-refs")] {
+                if std::path::Path::new(&file).exists() {
+                    println!("cargo:rerun-if-changed={file}");
+                }
+            }
         }
     }
     // And when a tracked file changes, so that `-dirty` comes and goes with

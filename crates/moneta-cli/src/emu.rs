@@ -808,10 +808,14 @@ pub struct StatsArgs {
     /// Also one open channel's counters (the daemon's owner: any channel).
     #[arg(long)]
     channel: Option<u16>,
+    /// Every counter as JSON instead of the summary.
+    #[arg(long)]
+    json: bool,
 }
 
-/// `moneta stats`: the daemon's counters as JSON (with `client` for --run
-/// or --channel).
+/// `moneta stats`: a summary of the daemon's counters, its first line the
+/// device's totals and verdict (so `moneta stats | head -1` says something);
+/// `--json` prints every counter (with `client` for --run or --channel).
 pub fn stats(a: StatsArgs) -> Result<(), String> {
     let socket = match (&a.daemon, &a.mount) {
         (Some(d), _) => d.clone(),
@@ -822,7 +826,72 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
     let s = m
         .stats_of(a.run.as_deref(), a.channel)
         .map_err(|e| e.to_string())?;
-    crate::output::print_json(&s)
+    if a.json {
+        crate::output::print_json(&s)
+    } else {
+        crate::output::print_text(&stats_summary(&socket, &s))
+    }
+}
+
+/// What `moneta stats` prints without `--json`: the totals and the verdict
+/// on the first line, then what needs a look (refusals, stalls, a SAN
+/// port, the client asked about).
+fn stats_summary(socket: &Path, s: &moneta_abi::stats::EngineStats) -> String {
+    use moneta_model::units::{format_size, IEC_UNITS};
+    let bytes = |b: u64| format_size(b as f64, false, &IEC_UNITS);
+    let verdict = if s.verdict.is_empty() {
+        "no verdict before the first request".to_string()
+    } else {
+        s.verdict.clone()
+    };
+    let mut out = format!(
+        "monetad {}: {} requests ({} read, {} written), {} channels open; {verdict}\n",
+        socket.display(),
+        s.requests_completed,
+        bytes(s.bytes_read),
+        bytes(s.bytes_written),
+        s.channels_open,
+    );
+    let refused: u64 = s.errors.values().sum();
+    if refused > 0 {
+        let codes: Vec<String> = s.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        out += &format!("refused: {refused} ({})\n", codes.join(", "));
+    }
+    out += &format!(
+        "completions after their model time: mean {:.0} ns, p99 {:.0} ns, max {} ns\n",
+        s.lateness_ns_mean, s.lateness_ns_p99, s.lateness_ns_max
+    );
+    out += &format!(
+        "permission records in use: {}; files open: {}, inodes held: {}\n",
+        s.permission_records_in_use, s.files.files_open, s.files.inodes_held
+    );
+    if s.retag_stalls + s.error_queue_stalls + s.held > 0 {
+        out += &format!(
+            "stalls: {} waiting for a tag, {} on an error queue, {} held for a failover\n",
+            s.retag_stalls, s.error_queue_stalls, s.held
+        );
+    }
+    if let Some(p) = &s.san {
+        out += &format!(
+            "SAN port of node {}: {} packets sent, {} received, {} dropped, {} peer failures\n",
+            p.node, p.packets_sent, p.packets_received, p.packets_dropped, p.peer_failures
+        );
+    }
+    if let Some(c) = &s.client {
+        let t = c.total();
+        out += &format!(
+            "client{}: {} requests ({} read, {} written), {} refused, {} of {} connections open; {}\n",
+            c.run.as_deref().map(|r| format!(" run {r}")).unwrap_or_default(),
+            t.requests,
+            bytes(c.read.bytes),
+            bytes(c.write.bytes),
+            c.refused,
+            c.open,
+            c.connections,
+            c.verdict
+        );
+    }
+    out + "(moneta stats --json: every counter)"
 }
 
 #[derive(Args)]

@@ -143,7 +143,7 @@ impl Axis {
                     break;
                 }
                 let label = if m == 1.0 || few {
-                    moneta_model::units::format_number(v)
+                    moneta_model::units::format_label_number(v)
                 } else {
                     String::new()
                 };

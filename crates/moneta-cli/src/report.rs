@@ -14,7 +14,7 @@ use crate::nvmm::{self, WEAR_ENDURANCE_SCALE, WEAR_RATE_MB_S, WEAR_UTILIZATION};
 use crate::output::sweep_report;
 use crate::plot::{self, Chart, Report, ReportSection};
 use moneta_model::calibration::{self, AsyncPoint, CompletionPoint};
-use moneta_model::check::{self, Check};
+use moneta_model::check::Check;
 use moneta_model::config::{Config, Stack};
 use moneta_model::nvmm::experiments::{latency_sweep, wear_with_curve};
 use moneta_model::nvmm::NvmmConfig;
@@ -308,7 +308,7 @@ fn checks_section(title: &str, checks: &[Check]) -> Vec<ReportSection> {
                         c.name.clone(),
                         c.source.to_string(),
                         format!("{} {}", c.published_text(), c.unit),
-                        format!("{} {}", check::format_number(c.simulated), c.unit),
+                        format!("{} {}", moneta_model::units::format_table_number(c.simulated), c.unit),
                         format!("{:+.1}%", 100.0 * c.error()),
                         c.tolerance_text(),
                         verdict(c.within()),
@@ -335,7 +335,7 @@ fn reproduces_section(checks: &[Check], orderings: &[Ordering]) -> Vec<ReportSec
         format!(
             "{} (model {} {u}, published {} {u})",
             c.name,
-            check::format_number(c.simulated),
+            moneta_model::units::format_table_number(c.simulated),
             c.published_text(),
             u = c.unit
         )
@@ -771,7 +771,7 @@ fn nvmm_page(a: &ReportArgs) -> Result<Report, String> {
         } else {
             ("years", 365.0)
         };
-        let time = |days: f64| check::format_number(days / per_unit);
+        let time = |days: f64| moneta_model::units::format_table_number(days / per_unit);
         rows.push(vec![
             s.name.to_string(),
             format!("wear, {:.0}% capacity left", 100.0 * s.capacity_left),

@@ -389,6 +389,25 @@ fn stats_into_a_closed_pipe_end_quietly() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert!(o.status.success(), "status {}: {err}", o.status);
+    // The first line is the summary (issue 41), not the "{" of the JSON;
+    // --json is the JSON.
+    let o = run(moneta().args(["stats", "--daemon"]).arg(serve.socket()));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("monetad ")
+            && first.contains(" requests (")
+            && first.contains("channels open"),
+        "{text}"
+    );
+    let o = run(moneta()
+        .args(["stats", "--json", "--daemon"])
+        .arg(serve.socket()));
+    assert!(
+        json(&o)["channels_open"].is_u64(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
 }
 
 /// `moneta serve-group` (issue 21): several devices in one daemon, turned

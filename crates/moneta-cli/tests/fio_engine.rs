@@ -58,7 +58,7 @@ fn fio_kernel(path: &Path, engine: &str, args: &[&str]) -> Output {
 fn run_counts(m: &Mounted, run: &str) -> (u64, u64, u64) {
     let out = ok(
         moneta()
-            .args(["stats", "--daemon", &m.socket(), "--run", run])
+            .args(["stats", "--json", "--daemon", &m.socket(), "--run", run])
             .output()
             .unwrap(),
         "moneta stats --run",
@@ -287,7 +287,7 @@ fn fio_verifies_on_the_raw_device() {
     assert!(text.contains("err= 0"), "{text}");
     let out = ok(
         moneta()
-            .args(["stats", "--daemon"])
+            .args(["stats", "--json", "--daemon"])
             .arg(&d.socket)
             .args(["--run", &run])
             .output()

@@ -265,6 +265,7 @@ fn round_trip(fs: &str, size: &str) {
     );
     let stats: serde_json::Value = serde_json::from_str(&ok(&moneta(&[
         "stats",
+        "--json",
         "--daemon",
         socket.to_str().unwrap(),
     ])))
@@ -521,6 +522,45 @@ fn failed_up_leaves_nothing_behind() {
     ok(&up(&m, &[]));
     assert_eq!(std::fs::read_to_string(m.join("keep.txt")).unwrap(), "kept");
     ok(&down(&m, &["--purge"]));
+}
+
+/// `up --size 100T` where the image's file system cannot hold a file that
+/// large (ext4's limit is 16 TiB; here the child's RLIMIT_FSIZE of 1 TiB
+/// stands in for it, so the test does not depend on what /run/moneta is):
+/// the message names --size and what to do, not "File too large (os
+/// error 27)", and nothing is left behind.
+#[test]
+fn an_image_too_large_for_its_file_system_is_named() {
+    use std::os::unix::process::CommandExt;
+    let t = Scratch::new("large");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_moneta"));
+    cmd.args(["up", "--mount", t.mount.to_str().unwrap(), "--size", "100T"]);
+    // SAFETY: setrlimit and signal are async-signal-safe; nothing else runs
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 1 << 40,
+                rlim_max: 1 << 40,
+            };
+            // Past the limit a write or truncate fails with EFBIG (with
+            // SIGXFSZ ignored, as it stays across exec) instead of killing.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let o = cmd.output().expect("moneta runs");
+    refused(&o, "--size 100 TiB: larger than the largest file");
+    assert!(
+        !text(&o.stderr).contains("os error 27"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_nothing_left(&t.mount);
+    assert!(!state_dir(&t.mount).exists());
 }
 
 #[test]

@@ -136,7 +136,7 @@ fn a_run_reports_what_the_device_and_the_kernel_served() {
     let run_id = r["run_id"].as_str().unwrap();
     let s: serde_json::Value = serde_json::from_str(&ok(
         moneta()
-            .args(["stats", "--mount"])
+            .args(["stats", "--json", "--mount"])
             .arg(&m.mount)
             .args(["--run", run_id])
             .output()
@@ -149,7 +149,7 @@ fn a_run_reports_what_the_device_and_the_kernel_served() {
     // An unknown run has no counters.
     let none: serde_json::Value = serde_json::from_str(&ok(
         moneta()
-            .args(["stats", "--mount"])
+            .args(["stats", "--json", "--mount"])
             .arg(&m.mount)
             .args(["--run", "no-such-run"])
             .output()

@@ -7,11 +7,12 @@
 //! listed in [`KNOWN_DEVIATIONS`] with the reason, and the test asserts it
 //! still misses, so the README table can never silently go stale.
 
-use crate::check::{format_number, Check};
+use crate::check::Check;
 use crate::config::{Completion, Config, Stack};
 use crate::experiment::{rate, run};
 use crate::san::calibration_runs::QuicksanRuns;
 use crate::summary::{default_region_bytes, xdd_point};
+use crate::units::format_table_number;
 use crate::workload::{OpMix, RunLimit, Workload};
 use serde::Serialize;
 
@@ -1378,7 +1379,7 @@ pub fn markdown(checks: &[Check]) -> String {
             c.source,
             c.published_text(),
             c.unit,
-            format_number(c.simulated),
+            format_table_number(c.simulated),
             c.unit,
             100.0 * c.error(),
             tolerance,

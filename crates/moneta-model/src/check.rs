@@ -5,6 +5,8 @@
 
 use serde::Serialize;
 
+use crate::units::format_table_number;
+
 /// One published number and what the model predicts for it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
@@ -42,7 +44,7 @@ impl Check {
             Some((low, high)) if low == self.published || high == self.published => {
                 range_text((low, high))
             }
-            _ => format_number(self.published),
+            _ => format_table_number(self.published),
         }
     }
 
@@ -58,21 +60,14 @@ impl Check {
 /// bound) or "< high" (a lower bound of zero).
 fn range_text((low, high): (f64, f64)) -> String {
     if !high.is_finite() {
-        format!("> {}", format_number(low))
+        format!("> {}", format_table_number(low))
     } else if low == 0.0 {
-        format!("< {}", format_number(high))
+        format!("< {}", format_table_number(high))
     } else {
-        format!("{} … {}", format_number(low), format_number(high))
-    }
-}
-
-/// A published or simulated number as the tables print it.
-pub fn format_number(v: f64) -> String {
-    if v.abs() >= 1000.0 {
-        format!("{v:.0}")
-    } else if v.abs() >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+        format!(
+            "{} … {}",
+            format_table_number(low),
+            format_table_number(high)
+        )
     }
 }

@@ -63,17 +63,34 @@ pub fn format_size(bytes: f64, exact: bool, units: &SizeUnits) -> String {
             break;
         }
     }
-    let number = format_number(bytes / (10.0 * unit as f64).exp2());
+    let number = format_label_number(bytes / (10.0 * unit as f64).exp2());
     format!("{number}{}", units[unit])
 }
 
-/// `v` with at most three decimals and no trailing zeros (`1.5`, `2`).
-pub fn format_number(v: f64) -> String {
+/// A number in a label: `v` with at most three decimals and no trailing
+/// zeros (`1.5`, `2`, `0.125`). What sizes ([`format_size`]) and plot axis
+/// ticks print, where a value is as exact as it was given.
+pub fn format_label_number(v: f64) -> String {
     if v.fract() == 0.0 {
         format!("{v:.0}")
     } else {
         let s = format!("{v:.3}");
         s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// A measured or predicted number in a table: decimals by magnitude, so a
+/// column reads at about three significant digits: none from 1000 up
+/// (`1234`), one from 10 (`12.3`), two below (`1.23`, `0.05`). What the
+/// calibration tables and the report print for published and simulated
+/// values.
+pub fn format_table_number(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
     }
 }
 
@@ -215,6 +232,19 @@ mod tests {
             let arg = format_size(n as f64, true, &ARG_UNITS);
             assert_eq!(parse_size(&arg), Ok(n), "{arg}");
         }
+    }
+
+    #[test]
+    fn labels_trim_to_three_decimals_and_tables_round_by_magnitude() {
+        use super::*;
+        assert_eq!(format_label_number(2.0), "2");
+        assert_eq!(format_label_number(1.5), "1.5");
+        assert_eq!(format_label_number(0.12345), "0.123");
+        assert_eq!(format_label_number(1234.5), "1234.5");
+        assert_eq!(format_table_number(1234.4), "1234");
+        assert_eq!(format_table_number(12.345), "12.3");
+        assert_eq!(format_table_number(2.0), "2.00");
+        assert_eq!(format_table_number(-0.056), "-0.06");
     }
 
     #[test]

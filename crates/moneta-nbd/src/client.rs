@@ -8,6 +8,7 @@
 //! Every reply is checked (magic, cookie, lengths); a server error is an
 //! error value naming the request.
 
+use crate::error::{Error, ErrorKind, Result};
 use crate::proto::{self, RequestHeader};
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -21,33 +22,33 @@ pub struct NbdClient<S: Read + Write> {
     next_cookie: u64,
 }
 
-fn io_error(what: &str, e: std::io::Error) -> String {
-    format!("NBD {what}: {e}")
+fn io_error(what: &str, e: std::io::Error) -> Error {
+    Error::io(format!("NBD {what}"), e)
 }
 
 impl NbdClient<TcpStream> {
     /// Connect to `addr` (HOST:PORT) and open `export`. `timeout` bounds
     /// the connect and every later read and write.
-    pub fn connect_tcp(addr: &str, export: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn connect_tcp(addr: &str, export: &str, timeout: Duration) -> Result<Self> {
         let socket = addr
             .to_socket_addrs()
-            .map_err(|e| format!("NBD server {addr}: {e}"))?
+            .map_err(|e| Error::io(format!("NBD server {addr}"), e))?
             .next()
-            .ok_or_else(|| format!("NBD server {addr}: no address"))?;
+            .ok_or_else(|| Error::invalid(format!("NBD server {addr}: no address")))?;
         let stream = TcpStream::connect_timeout(&socket, timeout)
-            .map_err(|e| format!("connecting to NBD server {addr}: {e}"))?;
+            .map_err(|e| Error::io(format!("connecting to NBD server {addr}"), e))?;
         stream
             .set_read_timeout(Some(timeout))
             .and_then(|_| stream.set_write_timeout(Some(timeout)))
             .and_then(|_| stream.set_nodelay(true))
-            .map_err(|e| format!("NBD server {addr}: {e}"))?;
-        Self::negotiate(stream, export).map_err(|e| format!("NBD server {addr}: {e}"))
+            .map_err(|e| Error::io(format!("NBD server {addr}"), e))?;
+        Self::negotiate(stream, export).map_err(|e| e.context(format!("NBD server {addr}")))
     }
 }
 
 impl<S: Read + Write> NbdClient<S> {
     /// Fixed newstyle handshake and `NBD_OPT_GO` for `export`.
-    pub fn negotiate(mut stream: S, export: &str) -> Result<Self, String> {
+    pub fn negotiate(mut stream: S, export: &str) -> Result<Self> {
         let mut hello = [0u8; 18];
         stream
             .read_exact(&mut hello)
@@ -56,12 +57,12 @@ impl<S: Read + Write> NbdClient<S> {
         let opt = u64::from_be_bytes(hello[8..16].try_into().expect("8"));
         let flags = u16::from_be_bytes(hello[16..18].try_into().expect("2"));
         if magic != proto::NBDMAGIC || opt != proto::IHAVEOPT {
-            return Err(format!(
+            return Err(Error::protocol(format!(
                 "not a newstyle NBD server (magic {magic:#x} {opt:#x})"
-            ));
+            )));
         }
         if flags & proto::FLAG_FIXED_NEWSTYLE == 0 {
-            return Err("the server does not speak fixed newstyle".into());
+            return Err(Error::protocol("the server does not speak fixed newstyle"));
         }
         let mut client_flags = proto::FLAG_C_FIXED_NEWSTYLE;
         if flags & proto::FLAG_NO_ZEROES != 0 {
@@ -81,11 +82,11 @@ impl<S: Read + Write> NbdClient<S> {
             stream
                 .read_exact(&mut h)
                 .map_err(|e| io_error("option reply", e))?;
-            let (option, kind, len) = proto::parse_option_reply(&h).map_err(|e| e.to_string())?;
+            let (option, kind, len) = proto::parse_option_reply(&h)?;
             if option != proto::OPT_GO || len > proto::MAX_OPTION_BYTES {
-                return Err(format!(
+                return Err(Error::protocol(format!(
                     "unexpected option reply (option {option}, {len} B)"
-                ));
+                )));
             }
             let mut data = vec![0u8; len as usize];
             stream
@@ -102,8 +103,9 @@ impl<S: Read + Write> NbdClient<S> {
                     ));
                 }
                 proto::REP_ACK => {
-                    let (size, transmission_flags) = export_info
-                        .ok_or("the server acknowledged GO without the export's size")?;
+                    let (size, transmission_flags) = export_info.ok_or_else(|| {
+                        Error::protocol("the server acknowledged GO without the export's size")
+                    })?;
                     return Ok(NbdClient {
                         stream,
                         size,
@@ -113,12 +115,14 @@ impl<S: Read + Write> NbdClient<S> {
                 }
                 k if k & (1 << 31) != 0 => {
                     let text = String::from_utf8_lossy(&data);
-                    return Err(format!("export '{export}' refused (reply {k:#x}): {text}"));
+                    return Err(Error::refused(format!(
+                        "export '{export}' refused (reply {k:#x}): {text}"
+                    )));
                 }
                 _ => {}
             }
         }
-        Err("the server sent too many option replies".into())
+        Err(Error::protocol("the server sent too many option replies"))
     }
 
     /// The export's size in bytes.
@@ -131,7 +135,7 @@ impl<S: Read + Write> NbdClient<S> {
     }
 
     /// Send one request and wait for its simple reply; reads fill `data`.
-    fn exchange(&mut self, kind: u16, offset: u64, payload: Payload<'_>) -> Result<(), String> {
+    fn exchange(&mut self, kind: u16, offset: u64, payload: Payload<'_>) -> Result<()> {
         let length = match &payload {
             Payload::None => 0,
             Payload::Out(b) => b.len(),
@@ -140,7 +144,11 @@ impl<S: Read + Write> NbdClient<S> {
         let length = u32::try_from(length)
             .ok()
             .filter(|&l| l <= proto::MAX_PAYLOAD)
-            .ok_or_else(|| format!("NBD request of {length} B exceeds the protocol's limit"))?;
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "NBD request of {length} B exceeds the protocol's limit"
+                ))
+            })?;
         let cookie = self.next_cookie;
         self.next_cookie += 1;
         let header = proto::encode_request(&RequestHeader {
@@ -157,13 +165,16 @@ impl<S: Read + Write> NbdClient<S> {
         }
         let mut reply = [0u8; 16];
         self.stream.read_exact(&mut reply).map_err(what)?;
-        let (error, got) = proto::parse_simple_reply(&reply).map_err(|e| e.to_string())?;
+        let (error, got) = proto::parse_simple_reply(&reply)?;
         if got != cookie {
-            return Err(format!("NBD reply for cookie {got}, expected {cookie}"));
+            return Err(Error::protocol(format!(
+                "NBD reply for cookie {got}, expected {cookie}"
+            )));
         }
         if error != 0 {
-            return Err(format!(
-                "NBD server error {error} for request {kind} of {length} B at {offset}"
+            return Err(Error::new(
+                ErrorKind::Refused,
+                format!("NBD server error {error} for request {kind} of {length} B at {offset}"),
             ));
         }
         if let Payload::In(b) = payload {
@@ -172,15 +183,15 @@ impl<S: Read + Write> NbdClient<S> {
         Ok(())
     }
 
-    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.exchange(proto::CMD_READ, offset, Payload::In(buf))
     }
 
-    pub fn write(&mut self, offset: u64, buf: &[u8]) -> Result<(), String> {
+    pub fn write(&mut self, offset: u64, buf: &[u8]) -> Result<()> {
         self.exchange(proto::CMD_WRITE, offset, Payload::Out(buf))
     }
 
-    pub fn flush(&mut self) -> Result<(), String> {
+    pub fn flush(&mut self) -> Result<()> {
         self.exchange(proto::CMD_FLUSH, 0, Payload::None)
     }
 

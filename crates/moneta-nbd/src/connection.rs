@@ -3,6 +3,7 @@
 //! it may ask for, the stream it came on, what negotiation settled, and
 //! its place in the server's connection limits and counters.
 
+use crate::error::{Error, Result};
 use crate::proto;
 use moneta_model::units::parse_bytes;
 use std::io::{self, Read, Write};
@@ -26,7 +27,9 @@ pub struct Export {
 impl Export {
     /// Parse `NAME[:START:LEN][:ro]` (sizes in bytes or with K/M/G/T
     /// suffixes) against a device of `capacity` bytes.
-    pub fn parse(spec: &str, capacity: u64) -> Result<Export, String> {
+    pub fn parse(spec: &str, capacity: u64) -> Result<Export> {
+        let bytes =
+            |s: &str| parse_bytes(s).map_err(|e| Error::invalid(format!("export '{spec}': {e}")));
         let mut parts: Vec<&str> = spec.split(':').collect();
         let read_only = parts.last() == Some(&"ro");
         if read_only {
@@ -34,20 +37,22 @@ impl Export {
         }
         let (name, start, size) = match parts.as_slice() {
             [name] => (*name, 0, capacity),
-            [name, start, len] => (*name, parse_bytes(start)?, parse_bytes(len)?),
+            [name, start, len] => (*name, bytes(start)?, bytes(len)?),
             _ => {
-                return Err(format!(
+                return Err(Error::invalid(format!(
                     "export '{spec}': expected NAME, NAME:ro, NAME:START:LEN or NAME:START:LEN:ro"
-                ))
+                )))
             }
         };
         if name.is_empty() || name.len() > proto::MAX_STRING {
-            return Err(format!("export '{spec}': the name must be 1..=4096 bytes"));
+            return Err(Error::invalid(format!(
+                "export '{spec}': the name must be 1..=4096 bytes"
+            )));
         }
         if size == 0 || start.checked_add(size).is_none_or(|e| e > capacity) {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "export '{spec}': [{start}, +{size}) is empty or outside the device's {capacity} bytes"
-            ));
+            )));
         }
         Ok(Export {
             name: name.to_string(),

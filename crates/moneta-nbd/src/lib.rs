@@ -12,11 +12,13 @@
 //! - `transmission`: the transmission phase, inline on the reactor that
 //!   turns the device (each connection's requests read, submitted on its
 //!   channel and answered in the reactor's loop; no thread per connection).
+//! - [`error`]: the crate's error type (kind, context, cause).
 //! - [`client`]: a minimal client (GO, read, write, flush), the initiator
 //!   of the distributed sort's iSCSI-like path.
 
 pub mod client;
 pub mod connection;
+pub mod error;
 pub mod proto;
 pub mod server;
 mod transmission;
@@ -24,6 +26,7 @@ mod transmission;
 pub use client::NbdClient;
 
 pub use connection::{Export, Negotiated};
+pub use error::{Error, ErrorKind};
 pub use server::{
     negotiate, negotiate_with, Limits, Listen, NbdServer, LOCAL_CHANNEL_RESERVE,
     MAX_CONNECTIONS_CAP,

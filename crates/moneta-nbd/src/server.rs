@@ -27,6 +27,7 @@
 //! run (only those already on the device finish, at most a channel's tags).
 
 use crate::connection::{Export, Negotiated, ServerCounters, Slot, Stream};
+use crate::error::{Error, ErrorKind, Result};
 use crate::proto;
 use crate::transmission::{Hand, Handed, Inline};
 use moneta::{CompletionMode, Moneta};
@@ -81,18 +82,22 @@ impl Default for Limits {
 }
 
 impl Limits {
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<()> {
         if self.max_connections == 0 || self.max_connections > MAX_CONNECTIONS_CAP {
-            return Err(format!(
+            return Err(Error::invalid(format!(
                 "NBD connection limit {}: expected 1..={MAX_CONNECTIONS_CAP} (the device has {CHANNELS} channels; channel 0 is the engine's and {LOCAL_CHANNEL_RESERVE} stay with local clients)",
                 self.max_connections
-            ));
+            )));
         }
         if self.negotiation_deadline.is_zero() {
-            return Err("NBD negotiation deadline: must be more than 0".into());
+            return Err(Error::invalid(
+                "NBD negotiation deadline: must be more than 0",
+            ));
         }
         if self.idle_timeout.is_some_and(|t| t.is_zero()) {
-            return Err("NBD idle timeout: None (never) or more than 0".into());
+            return Err(Error::invalid(
+                "NBD idle timeout: None (never) or more than 0",
+            ));
         }
         Ok(())
     }
@@ -106,21 +111,21 @@ pub enum Listen {
 }
 
 impl Listen {
-    pub fn parse(s: &str) -> Result<Listen, String> {
+    pub fn parse(s: &str) -> Result<Listen> {
         if let Some(addr) = s.strip_prefix("tcp://") {
             if addr.is_empty() {
-                return Err(format!("'{s}': tcp://HOST:PORT"));
+                return Err(Error::invalid(format!("'{s}': tcp://HOST:PORT")));
             }
             Ok(Listen::Tcp(addr.to_string()))
         } else if let Some(path) = s.strip_prefix("unix:") {
             if path.is_empty() {
-                return Err(format!("'{s}': unix:PATH"));
+                return Err(Error::invalid(format!("'{s}': unix:PATH")));
             }
             Ok(Listen::Unix(PathBuf::from(path)))
         } else {
-            Err(format!(
+            Err(Error::invalid(format!(
                 "'{s}': expected tcp://HOST:PORT or unix:PATH (as nbd URIs nbd://HOST:PORT and nbd+unix:///?socket=PATH reach them)"
-            ))
+            )))
         }
     }
 }
@@ -196,40 +201,44 @@ impl NbdServer {
         plane: Arc<ControlPlane>,
         exports: Vec<Export>,
         listen: &[Listen],
-    ) -> Result<NbdServer, String> {
+    ) -> Result<NbdServer> {
         if exports.is_empty() {
-            return Err("no NBD export".into());
+            return Err(Error::invalid("no NBD export"));
         }
         for (i, e) in exports.iter().enumerate() {
             if exports[..i].iter().any(|o| o.name == e.name) {
-                return Err(format!("export name '{}' given twice", e.name));
+                return Err(Error::invalid(format!(
+                    "export name '{}' given twice",
+                    e.name
+                )));
             }
         }
         let mut listeners = Vec::new();
         for l in listen {
             listeners.push(match l {
                 Listen::Tcp(addr) => Listener::Tcp(
-                    TcpListener::bind(addr).map_err(|e| format!("NBD on tcp://{addr}: {e}"))?,
+                    TcpListener::bind(addr)
+                        .map_err(|e| Error::io(format!("NBD on tcp://{addr}"), e))?,
                 ),
                 Listen::Unix(path) => {
                     if let Ok(meta) = std::fs::symlink_metadata(path) {
                         use std::os::unix::fs::FileTypeExt;
                         if !meta.file_type().is_socket() || UnixStream::connect(path).is_ok() {
-                            return Err(format!(
+                            return Err(Error::invalid(format!(
                                 "NBD on unix:{}: exists and is not a stale socket",
                                 path.display()
-                            ));
+                            )));
                         }
                         let _ = std::fs::remove_file(path);
                     }
                     let l = UnixListener::bind(path)
-                        .map_err(|e| format!("NBD on unix:{}: {e}", path.display()))?;
+                        .map_err(|e| Error::io(format!("NBD on unix:{}", path.display()), e))?;
                     Listener::Unix(l, path.clone())
                 }
             });
         }
         if listeners.is_empty() {
-            return Err("no NBD listener".into());
+            return Err(Error::invalid("no NBD listener"));
         }
         Ok(NbdServer {
             plane,
@@ -244,7 +253,7 @@ impl NbdServer {
 
     /// Serve with these limits from now on (checked: a limit of 0, or one
     /// that would take the local clients' channels, is an error).
-    pub fn set_limits(&mut self, limits: Limits) -> Result<(), String> {
+    pub fn set_limits(&mut self, limits: Limits) -> Result<()> {
         limits.check()?;
         self.limits = limits;
         Ok(())
@@ -371,12 +380,12 @@ impl Drop for NbdServer {
     }
 }
 
-fn read_exact_or<S: Read>(s: &mut S, buf: &mut [u8]) -> Result<(), String> {
-    s.read_exact(buf).map_err(|e| format!("reading: {e}"))
+fn read_exact_or<S: Read>(s: &mut S, buf: &mut [u8]) -> Result<()> {
+    s.read_exact(buf).map_err(|e| Error::io("reading", e))
 }
 
-fn send<S: Write>(s: &mut S, bytes: &[u8]) -> Result<(), String> {
-    s.write_all(bytes).map_err(|e| format!("writing: {e}"))
+fn send<S: Write>(s: &mut S, bytes: &[u8]) -> Result<()> {
+    s.write_all(bytes).map_err(|e| Error::io("writing", e))
 }
 
 fn find(exports: &[Export], name: &str) -> Option<usize> {
@@ -389,10 +398,7 @@ fn find(exports: &[Export], name: &str) -> Option<usize> {
 
 /// Fixed newstyle negotiation (proto.md "Fixed newstyle negotiation").
 /// Ok(None): the client aborted; Err: it broke the protocol (close).
-pub fn negotiate<S: Read + Write>(
-    s: &mut S,
-    exports: &[Export],
-) -> Result<Option<Negotiated>, String> {
+pub fn negotiate<S: Read + Write>(s: &mut S, exports: &[Export]) -> Result<Option<Negotiated>> {
     negotiate_with(s, exports, &mut |_| Ok(()))
 }
 
@@ -405,8 +411,8 @@ pub fn negotiate<S: Read + Write>(
 pub fn negotiate_with<S: Read + Write>(
     s: &mut S,
     exports: &[Export],
-    admit: &mut dyn FnMut(usize) -> Result<(), String>,
-) -> Result<Option<Negotiated>, String> {
+    admit: &mut dyn FnMut(usize) -> Result<()>,
+) -> Result<Option<Negotiated>> {
     let mut hello = proto::NBDMAGIC.to_be_bytes().to_vec();
     hello.extend_from_slice(&proto::IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(proto::FLAG_FIXED_NEWSTYLE | proto::FLAG_NO_ZEROES).to_be_bytes());
@@ -415,7 +421,9 @@ pub fn negotiate_with<S: Read + Write>(
     read_exact_or(s, &mut b4)?;
     let client_flags = u32::from_be_bytes(b4);
     if client_flags & !(proto::FLAG_C_FIXED_NEWSTYLE | proto::FLAG_C_NO_ZEROES) != 0 {
-        return Err(format!("unknown client flags {client_flags:#x}"));
+        return Err(Error::protocol(format!(
+            "unknown client flags {client_flags:#x}"
+        )));
     }
     let no_zeroes = client_flags & proto::FLAG_C_NO_ZEROES != 0;
     let mut structured = false;
@@ -425,21 +433,24 @@ pub fn negotiate_with<S: Read + Write>(
         read_exact_or(s, &mut h)?;
         let magic = u64::from_be_bytes(h[0..8].try_into().expect("8"));
         if magic != proto::IHAVEOPT {
-            return Err(format!("option magic {magic:#x}"));
+            return Err(Error::protocol(format!("option magic {magic:#x}")));
         }
         let option = u32::from_be_bytes(h[8..12].try_into().expect("4"));
         let len = u32::from_be_bytes(h[12..16].try_into().expect("4"));
         if len > proto::MAX_OPTION_BYTES {
-            return Err(format!("option {option} with {len} bytes of data"));
+            return Err(Error::protocol(format!(
+                "option {option} with {len} bytes of data"
+            )));
         }
         let mut data = vec![0u8; len as usize];
         read_exact_or(s, &mut data)?;
         let reply = |kind: u32, d: &[u8]| proto::option_reply(option, kind, d);
         match option {
             proto::OPT_EXPORT_NAME => {
-                let name = String::from_utf8(data).map_err(|_| "export name not UTF-8")?;
+                let name = String::from_utf8(data)
+                    .map_err(|_| Error::protocol("export name not UTF-8"))?;
                 let Some(i) = find(exports, &name) else {
-                    return Err(format!("no export '{name}'"));
+                    return Err(Error::refused(format!("no export '{name}'")));
                 };
                 admit(i)?;
                 let e = &exports[i];
@@ -487,7 +498,7 @@ pub fn negotiate_with<S: Read + Write>(
                 };
                 if option == proto::OPT_GO {
                     if let Err(m) = admit(i) {
-                        send(s, &reply(proto::REP_ERR_POLICY, m.as_bytes()))?;
+                        send(s, &reply(proto::REP_ERR_POLICY, m.to_string().as_bytes()))?;
                         continue;
                     }
                 }
@@ -574,7 +585,7 @@ pub fn negotiate_with<S: Read + Write>(
 }
 
 /// Negotiate; after GO, hand the connection to the device's reactor.
-fn serve(mut stream: Stream, shared: &Shared, slot: Slot) -> Result<(), String> {
+fn serve(mut stream: Stream, shared: &Shared, slot: Slot) -> Result<()> {
     let counters = &*shared.counters;
     let limits = shared.limits;
     let deadline = Instant::now() + limits.negotiation_deadline;
@@ -587,16 +598,21 @@ fn serve(mut stream: Stream, shared: &Shared, slot: Slot) -> Result<(), String> 
     let plane = &shared.plane;
     // The channel is taken at GO, before the client is told yes.
     let mut attached: Option<(Moneta, Export)> = None;
-    let mut admit = |i: usize| -> Result<(), String> {
+    let mut admit = |i: usize| -> Result<()> {
         if let Some(m) = &refusal {
-            return Err(m.clone());
+            return Err(Error::refused(m.clone()));
         }
         let export = shared.exports[i].clone();
-        let moneta = moneta::attach(plane, None)
-            .map_err(|e| format!("no device channel for this connection: {e}"))?;
+        let moneta = moneta::attach(plane, None).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Device,
+                "no device channel for this connection",
+                e,
+            )
+        })?;
         moneta
             .grant_raw(export.start, export.size, !export.read_only)
-            .map_err(|e| format!("no grant of the export: {e}"))?;
+            .map_err(|e| Error::with_source(ErrorKind::Device, "no grant of the export", e))?;
         attached = Some((moneta, export));
         Ok(())
     };
@@ -621,7 +637,10 @@ fn serve(mut stream: Stream, shared: &Shared, slot: Slot) -> Result<(), String> 
         }
     };
     let Some((moneta, export)) = attached else {
-        return Err("negotiation ended without a channel".into());
+        return Err(Error::new(
+            ErrorKind::Device,
+            "negotiation ended without a channel",
+        ));
     };
     shared.hand.hand(Handed {
         moneta,
@@ -679,7 +698,7 @@ mod tests {
         option(proto::OPT_GO, &d)
     }
 
-    fn run(input: Vec<u8>) -> (Result<Option<Negotiated>, String>, Vec<u8>) {
+    fn run(input: Vec<u8>) -> (Result<Option<Negotiated>>, Vec<u8>) {
         let mut d = Duplex {
             input: Cursor::new(input),
             output: Vec::new(),

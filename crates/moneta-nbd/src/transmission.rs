@@ -99,11 +99,14 @@ impl Inline {
         plane: &Arc<ControlPlane>,
         counters: &Arc<ServerCounters>,
         idle_timeout: Option<Duration>,
-    ) -> Result<Inline, String> {
+    ) -> crate::error::Result<Inline> {
         // SAFETY: epoll_create1 has no preconditions; the result is checked.
         let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if epoll < 0 {
-            return Err(format!("epoll_create1: {}", io::Error::last_os_error()));
+            return Err(crate::error::Error::io(
+                "epoll_create1",
+                io::Error::last_os_error(),
+            ));
         }
         // SAFETY: a fresh descriptor we own.
         let epoll = Arc::new(unsafe { OwnedFd::from_raw_fd(epoll) });
@@ -119,7 +122,7 @@ impl Inline {
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(f)
-                .map_err(|e| format!("starting {name}: {e}"))
+                .map_err(|e| crate::error::Error::io(format!("starting {name}"), e))
         };
         {
             let (plane, wake, helped) = (plane.clone(), wake.clone(), helped.clone());

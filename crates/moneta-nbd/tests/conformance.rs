@@ -432,7 +432,8 @@ fn the_crate_client_reads_what_it_wrote_and_is_refused_cleanly() {
     assert!(back == data);
     // Past the export's end: the server's error, as a value.
     let e = c.write(4 * MIB - 1, &[1, 2]).unwrap_err();
-    assert!(e.contains("error 28"), "{e}");
+    assert!(e.to_string().contains("error 28"), "{e}");
+    assert_eq!(e.kind(), moneta_nbd::ErrorKind::Refused);
     c.disconnect();
     // The whole device sees the write at the export's offset.
     let mut all = NbdClient::negotiate(UnixStream::connect(&s.socket).unwrap(), "moneta").unwrap();
@@ -442,7 +443,8 @@ fn the_crate_client_reads_what_it_wrote_and_is_refused_cleanly() {
     let e = NbdClient::negotiate(UnixStream::connect(&s.socket).unwrap(), "nosuch")
         .err()
         .unwrap();
-    assert!(e.contains("refused"), "{e}");
+    assert!(e.to_string().contains("refused"), "{e}");
+    assert_eq!(e.kind(), moneta_nbd::ErrorKind::Refused);
 }
 
 // ---- Limits (issue 22 item 4) ----
@@ -658,7 +660,8 @@ fn local_clients_keep_channels_while_nbd_is_at_its_largest_limit() {
     let e = other
         .set_limits(limits(MAX_CONNECTIONS_CAP + 1))
         .unwrap_err();
-    assert!(e.contains("1..=1007"), "{e}");
+    assert!(e.to_string().contains("1..=1007"), "{e}");
+    assert_eq!(e.kind(), moneta_nbd::ErrorKind::Invalid);
     drop(other);
     // NBD at the largest limit: every connection after GO holds a channel.
     let t = Instant::now();

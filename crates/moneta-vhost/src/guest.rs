@@ -382,7 +382,10 @@ pub fn base_initramfs(
         ));
         binaries.push(path);
     }
-    let name = format!("initramfs-{:016x}.cpio", fnv(key.as_bytes()));
+    let name = format!(
+        "initramfs-{:016x}.cpio",
+        moneta_model::kernel::hash::fnv1a(key.as_bytes())
+    );
     let out = cache.join(&name);
     if out.exists() {
         return Ok(out);
@@ -477,13 +480,6 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
     let mut f = fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
     f.write_all(bytes).map_err(|e| e.to_string())?;
     fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
-}
-
-/// FNV-1a, for cache file names.
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! the workspace, for checksums that must never change under a dependency
 //! upgrade (STYLE.md rule 3): the replica simulator's trace hash, the SAN
 //! register's payload sum, the torture workers' digests and the shortened
-//! names of mount points' state directories.
+//! names of mount points' state directories, the VM runner's cached
+//! initramfs names.
 
 /// The FNV-1a offset basis: the hash of no bytes.
 pub const FNV1A_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
