@@ -1261,6 +1261,9 @@ pub fn quicksan_checks(runs: &QuicksanRuns) -> Vec<Check> {
     let gain = |op: &str, size| {
         per_host(Interface::QuicksanD, op, size) / per_host(Interface::Iscsi, op, size)
     };
+    // One row per figure on the report's page: the bandwidth statements
+    // are Fig. 5.5's (§5.4.3), the latency one Table 5.1 / 5.2's.
+    let src = "Fig. 5.5 (bandwidth): dissertation ch. 5 introduction and §5.5";
     v.push(check(
         "bandwidth: QuickSAN-D / iSCSI, 4 KB read".into(),
         src,
@@ -1289,7 +1292,7 @@ pub fn quicksan_checks(runs: &QuicksanRuns) -> Vec<Check> {
     };
     let lowest = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
     let highest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-    let src = "dissertation §5.4.7 (SPEC §4.4)";
+    let src = "Fig. 5.10 (energy per 4 KB IOP): dissertation §5.4.7 (SPEC §4.4)";
     let os = ratios(Interface::QuicksanOs);
     let d = ratios(Interface::QuicksanD);
     v.extend([
