@@ -323,10 +323,13 @@ fn checks_section(title: &str, checks: &[Check]) -> Vec<ReportSection> {
 /// and orderings: one row per figure or table of the paper (the checks'
 /// source), then the orderings.
 fn reproduces_section(checks: &[Check], orderings: &[Ordering]) -> Vec<ReportSection> {
+    // A check's source names its figure or table, then may carry its
+    // re-audit note (". Re-audit: ..."): the note is not the figure.
+    let figure_of = |c: &Check| -> &str { c.source.split(". Re-audit").next().unwrap_or(c.source) };
     let mut figures: Vec<&str> = Vec::new();
     for c in checks {
-        if !figures.contains(&c.source) {
-            figures.push(c.source);
+        if !figures.contains(&figure_of(c)) {
+            figures.push(figure_of(c));
         }
     }
     let within = checks.iter().filter(|c| c.within()).count();
@@ -346,7 +349,7 @@ fn reproduces_section(checks: &[Check], orderings: &[Ordering]) -> Vec<ReportSec
             let of = |ok: bool| -> Vec<String> {
                 checks
                     .iter()
-                    .filter(|c| c.source == figure && c.within() == ok)
+                    .filter(|c| figure_of(c) == figure && c.within() == ok)
                     .map(|c| if ok { c.name.clone() } else { miss_text(c) })
                     .collect()
             };
@@ -958,5 +961,38 @@ mod tests {
         assert!(raw.iter().zip(fs).all(|(r, f)| f.1 < r.1));
         assert_no_label_overlaps(&chart.title, &chart.to_svg(900, 480));
         check_balanced(&chart.to_svg(900, 480));
+    }
+
+    /// The page's summary has one row per figure: checks whose sources
+    /// differ only by a re-audit note share their figure's row, and each
+    /// check lands in "reproduces" or "does not" by its own tolerance.
+    #[test]
+    fn reproduces_rows_are_per_figure_without_the_re_audit_notes() {
+        let check = |name: &str, source: &'static str, simulated: f64| Check {
+            name: name.into(),
+            source,
+            published: 10.0,
+            simulated,
+            tolerance: 0.15,
+            unit: "µs",
+            bounds: None,
+        };
+        let checks = [
+            check("a", "Table 5.1 total", 10.5),
+            check("b", "Table 5.1 total. Re-audit: read again", 20.0),
+            check("c", "Fig. 5.10 energy", 10.0),
+        ];
+        let sections = reproduces_section(&checks, &[]);
+        let Some(ReportSection::Table { rows, .. }) = sections.get(2) else {
+            panic!("a table after the heading and the paragraph");
+        };
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        assert_eq!(rows[0][0], "Table 5.1 total");
+        assert_eq!(rows[0][1], "a");
+        assert!(rows[0][2].starts_with("b (model 20"), "{}", rows[0][2]);
+        assert_eq!(
+            rows[1],
+            vec!["Fig. 5.10 energy".to_string(), "c".into(), String::new()]
+        );
     }
 }

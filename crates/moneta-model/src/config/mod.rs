@@ -520,31 +520,52 @@ pub struct InterfaceCosts {
     /// POSIX write atomicity through the kernel file system (§5.2.2
     /// "Userspace access", §5.4.3): a write holds its file's lock from the
     /// file system's entry until the device has answered, so a host's
-    /// QuickSAN-OS writes run one at a time. QuickSAN-D relaxes it; iSCSI
-    /// and Fibre Channel are not given it (§5.4.3 says it of QuickSAN's
-    /// kernel interface; README "Fidelity" has the evidence).
+    /// QuickSAN-OS writes run one at a time. QuickSAN-D relaxes it.
     pub fs_write_atomicity: bool,
     /// With `fs_write_atomicity`: iSCSI and Fibre Channel writes take the
-    /// same lock (both run under GFS2, §5.1.1), held from the file system's
-    /// entry to the response. Off in the presets: the one-lock-per-host
-    /// scope is our assumption, and with it the published iSCSI ratios
-    /// move away (docs/src/fidelity/audit-nvmm-quicksan.md).
+    /// same lock (both run under GFS2, §5.1.1 "Both run under Linux and
+    /// GFS2"; §5.4.1), held from the file system's entry to the response.
     #[serde(default)]
     pub fs_write_atomicity_existing: bool,
-    /// iSCSI block transport, initiator plus target software at 4 KB:
-    /// 284.0 / 207.7 µs. The model adds the fabric's time for the TCP
-    /// traffic and the target SSD's time on top (Table 5.1 excludes the
-    /// device; the 10 GbE wire time of 4 KB is 3.3 µs, ~1% of the row).
+    /// iSCSI block transport at 4 KB: 284.0 / 207.7 µs, "the minimum
+    /// latency for a remote storage access ... excluding the cost of the
+    /// actual storage device" (§5.1.1), "the combination of software and
+    /// interconnect latency" (§5.1). Split (`san::interfaces::transport_path`)
+    /// into the CPU the two ends' software spends, itemized from the
+    /// sources of the keys below, and the rest: interconnect latency (NIC,
+    /// interrupts, the network stacks' scheduling) that holds no core and
+    /// that a loopback access (initiator and target on one host) skips.
+    /// The model adds the fabric's time and the target SSD's on top.
     pub iscsi_transport_ns_read: Ns,
     pub iscsi_transport_ns_write: Ns,
-    /// Share of the iSCSI software on the initiator (the rest runs on the
-    /// target's CPU). Our assumption: both ends run a TCP stack and an
-    /// iSCSI PDU layer of similar weight, so one half each.
-    pub iscsi_initiator_fraction: f64,
-    /// Cores the iSCSI target software runs on, per target host. Our
-    /// assumption: 1, the single event-loop thread of the Linux SCSI target
-    /// daemon (tgtd, scsi-target-utils on CentOS 5) that handles every PDU.
+    /// Cores tgtd's PDU work runs on, per target host: 1, its one epoll
+    /// event loop (tgt 1.0.14, the Linux SCSI target of CentOS 5:
+    /// `usr/tgtd.c` `event_loop`, `usr/iscsi/iscsi_tcp.c`): every PDU is
+    /// received, parsed and answered there.
     pub iscsi_target_cores: u32,
+    /// tgt's backing-store worker threads per target (the `rdwr` store's
+    /// `pread`/`pwrite`): `NR_WORKER_THREADS` = 4 (tgt 1.0.14
+    /// `usr/bs_thread.h`, `usr/bs_rdwr.c`).
+    pub iscsi_target_workers: u32,
+    /// Payload per iSCSI PDU: MaxRecvDataSegmentLength, RFC 3720 §12.12's
+    /// default 8192 B, tgt 1.0.14's too (`usr/iscsi/param.c`). A request's
+    /// data goes in this many-byte PDUs; each PDU costs its own system
+    /// calls at the target.
+    pub iscsi_max_data_segment_bytes: u64,
+    /// Thread hand-offs per request at the target, each a sleep and a
+    /// wake-up (Table 3.1's thread-sleep CPU, `host.costs.wake_ns_*`): tgt
+    /// 1.0.14's event loop → worker (`bs_thread_cmd_submit`,
+    /// `pthread_cond_signal`), worker → completion thread
+    /// (`bs_thread_worker_fn`: without signalfd, which kernel 2.6.18
+    /// lacks, a condition variable), completion thread → event loop
+    /// (`bs_thread_ack_fn`, a pipe the event loop polls): 3.
+    pub iscsi_target_handoffs: u32,
+    /// Thread hand-offs per request at the initiator: the SCSI command is
+    /// queued to the connection's transmit work (Linux
+    /// `drivers/scsi/libiscsi.c` `iscsi_queuecommand` →
+    /// `scsi_queue_work(host, &conn->xmitwork)`), and the caller sleeping
+    /// in its system call is woken at the completion: 2.
+    pub iscsi_initiator_handoffs: u32,
     /// CPU per KB of payload that each end's TCP/IP and iSCSI processing
     /// spends (receive or send path, its copies included), where it exceeds
     /// the host's copy cost. Table 5.1's row is the 4 KB cost; a request of

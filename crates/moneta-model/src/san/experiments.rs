@@ -13,9 +13,11 @@
 //!   `San::submit` through the host's own device (global address), the
 //!   completion path, software after.
 //! - iSCSI: OS entry, GFS2 and initiator software; the command PDU as
-//!   `San::send_message` to the target host (none when the target is the
-//!   host itself: TCP loopback, its cost is in the software); the target's
-//!   software on its CPU (`interfaces::TargetCpu`, FIFO);
+//!   `San::send_message` to the target host, plus Table 5.1's interconnect
+//!   latency each way (`TransportPath::interconnect_ns_each_way`; neither
+//!   when the target is the host itself: TCP loopback, its CPU is in the
+//!   software); the target's PDU work on tgtd's event loop and its block
+//!   IO on tgt's workers (`interfaces::TargetCpu`, FIFO each);
 //!   `San::submit_local` on the target SSD; the response PDU back; OS return.
 //! - Fibre Channel: OS entry and GFS2; the payload on the 8GFC ports of
 //!   the client and the target (FIFO each direction); the fixed transport
@@ -216,6 +218,8 @@ struct Engine<'a> {
     paths: HashMap<(Op, u64), Path>,
     scripts: Vec<VecDeque<Scripted>>,
     target_cpu: Vec<FifoServers>,
+    /// Per host: tgt's backing-store worker threads.
+    target_workers: Vec<FifoServers>,
     /// Fibre Channel ports per host: transmit and receive.
     fc_tx: Vec<FifoServers>,
     fc_rx: Vec<FifoServers>,
@@ -327,6 +331,9 @@ impl<'a> Engine<'a> {
         let target_cpu = (0..n)
             .map(|_| FifoServers::new(target_cores))
             .collect::<Result<_, _>>()?;
+        let target_workers = (0..n)
+            .map(|_| FifoServers::new(x.costs.iscsi_target_workers))
+            .collect::<Result<_, _>>()?;
         let ports = || {
             (0..n)
                 .map(|_| FifoServers::new(1))
@@ -344,6 +351,7 @@ impl<'a> Engine<'a> {
             paths: HashMap::new(),
             scripts,
             target_cpu,
+            target_workers,
             fc_tx: ports()?,
             fc_rx: ports()?,
             issued: 0,
@@ -402,7 +410,12 @@ impl<'a> Engine<'a> {
                 self.san.dropped_packets()
             ));
         }
-        self.result.target_cpu_ns = self.target_cpu.iter().map(|s| s.busy_ns()).sum();
+        self.result.target_cpu_ns = self
+            .target_cpu
+            .iter()
+            .chain(&self.target_workers)
+            .map(|s| s.busy_ns())
+            .sum();
         self.result.counters = self.san.counters(self.result.elapsed_ns);
         Ok(self.result)
     }
@@ -679,7 +692,12 @@ impl<'a> Engine<'a> {
         // Time since the cursor was the PDU on the fabric (zero on loopback).
         th.until(Component::Network, now);
         let submit = if self.x.interface == Interface::Iscsi {
-            let (start, end) = self.target_cpu[target_host.0 as usize].serve(now, p.target_ns);
+            // The event loop takes the PDU, then a worker the block IO.
+            let h = target_host.0 as usize;
+            let (start, end) = self.target_cpu[h].serve(now, p.target_ns);
+            th.until(Component::TargetWait, start);
+            th.until(Component::BlockTransport, end);
+            let (start, end) = self.target_workers[h].serve(end, p.target_worker_ns);
             th.until(Component::TargetWait, start);
             end
         } else {
@@ -695,16 +713,20 @@ impl<'a> Engine<'a> {
                 let t = token as u32;
                 // The command PDU arrives at the target, or the response at
                 // the initiator (once the SSD has answered).
-                if self.threads[t as usize].device_done {
-                    let th = &mut self.threads[t as usize];
-                    th.until(Component::Network, time_ns);
-                    let Some(Path::Transport(p)) = th.path else {
-                        unreachable!("messages are iSCSI's")
-                    };
-                    self.queue.push(time_ns + p.after_ns, HostEvent::Finish(t));
-                    self.unlock_at(time_ns, t);
+                // Over the wire, each way also takes the interconnect
+                // latency of Table 5.1's row (a loopback access has none).
+                let th = &mut self.threads[t as usize];
+                let Some(Path::Transport(p)) = th.path else {
+                    unreachable!("messages are iSCSI's")
+                };
+                th.until(Component::Network, time_ns);
+                let arrived = time_ns + p.interconnect_ns_each_way;
+                th.until(Component::BlockTransport, arrived);
+                if th.device_done {
+                    self.queue.push(arrived + p.after_ns, HostEvent::Finish(t));
+                    self.unlock_at(arrived, t);
                 } else {
-                    self.queue.push(time_ns, HostEvent::AtTarget(t));
+                    self.queue.push(arrived, HostEvent::AtTarget(t));
                 }
                 Ok(())
             }
