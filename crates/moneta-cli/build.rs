@@ -29,7 +29,10 @@ fn main() {
         println!("cargo:rerun-if-changed={dir}/HEAD");
         if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
             let common = git(&["rev-parse", "--git-common-dir"]).unwrap_or(dir.clone());
-            for file in [format!("{common}/{reference}"), format!("{common}/packed-refs")] {
+            for file in [
+                format!("{common}/{reference}"),
+                format!("{common}/packed-refs"),
+            ] {
                 if std::path::Path::new(&file).exists() {
                     println!("cargo:rerun-if-changed={file}");
                 }

@@ -403,11 +403,8 @@ fn stats_into_a_closed_pipe_end_quietly() {
     let o = run(moneta()
         .args(["stats", "--json", "--daemon"])
         .arg(serve.socket()));
-    assert!(
-        json(&o)["channels_open"].is_u64(),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
-    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON with --json");
+    assert!(v["channels_open"].is_u64(), "{v}");
 }
 
 /// `moneta serve-group` (issue 21): several devices in one daemon, turned
