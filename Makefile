@@ -188,12 +188,17 @@ clean:
 
 # The deterministic simulator of the replica protocol (moneta san sim-protocol:
 # the daemons' replica logic on one thread, virtual clock, in-memory wire,
-# seeded nemesis, register checker) for SAN_SIM_MINUTES of wall clock, schedules
-# from SAN_SIM_SEED (default: from the clock; printed, with the command that
-# replays a failing one, shrunk).
-SAN_SIM_MINUTES ?= 60
+# seeded nemesis with operator resolves and forces, register checker):
+# 20,000-operation schedules from SAN_SIM_SEED (default: from the clock;
+# printed, with the command that replays a failing one, shrunk) until
+# SAN_SIM_OPS operations (10 M) or SAN_SIM_MINUTES of wall clock (15),
+# whichever comes first, on SAN_SIM_JOBS threads (2).
+SAN_SIM_MINUTES ?= 15
+SAN_SIM_OPS ?= 10000000
+SAN_SIM_JOBS ?= 2
 san-sim: build
-	$(MONETA) san sim-protocol --minutes $(SAN_SIM_MINUTES) --ops 20000 --shrink 40 \
+	$(MONETA) san sim-protocol --minutes $(SAN_SIM_MINUTES) --max-ops $(SAN_SIM_OPS) \
+		--jobs $(SAN_SIM_JOBS) --ops 20000 --shrink 40 --keep-going \
 		$(if $(SAN_SIM_SEED),--seed $(SAN_SIM_SEED))
 
 # The SAN's randomized fault schedule with the register checker (issue 22

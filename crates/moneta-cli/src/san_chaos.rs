@@ -1227,6 +1227,14 @@ pub struct SimProtocolArgs {
     /// Run schedules for this long instead (wall clock), however many.
     #[arg(long)]
     minutes: Option<f64>,
+    /// Start no schedule once this many operations (final reads
+    /// included) were simulated; with `--minutes`, whichever comes first.
+    #[arg(long)]
+    max_ops: Option<u64>,
+    /// Schedules run at once, one thread each (each schedule is one
+    /// thread's run whatever the number: the same seed, the same trace).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
     /// Client operations per schedule.
     #[arg(long, default_value_t = 2000)]
     ops: u64,
@@ -1273,32 +1281,30 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
         PathBuf::from(format!("/dev/shm/moneta-simproto-{}", std::process::id()))
     });
     println!(
-        "sim-protocol: seed {seed}, {} node(s), {} ops per schedule, step {} ms{}",
+        "sim-protocol: seed {seed}, {} node(s), {} ops per schedule, step {} ms{}{}, {} job(s)",
         a.nodes,
         a.ops,
         a.step_ms,
-        match a.minutes {
-            Some(m) => format!(", for {m} min"),
-            None => format!(", {} schedule(s)", a.runs),
-        }
+        match (a.minutes, a.max_ops) {
+            (Some(m), _) => format!(", for {m} min"),
+            (None, Some(_)) => String::new(),
+            (None, None) => format!(", {} schedule(s)", a.runs),
+        },
+        match a.max_ops {
+            Some(n) => format!(", until {n} operations"),
+            None => String::new(),
+        },
+        a.jobs
     );
+    if a.jobs == 0 {
+        return Err("--jobs must be at least 1".into());
+    }
     let started = Instant::now();
     let deadline = a
         .minutes
         .map(|m| started + Duration::from_secs_f64(m * 60.0));
-    let (mut runs, mut ops, mut failed) = (0u64, 0u64, 0u64);
-    let mut steps: BTreeMap<String, u64> = BTreeMap::new();
-    let mut virtual_ns = 0u64;
-    let mut reads = 0u64;
-    loop {
-        let done = match deadline {
-            Some(d) => Instant::now() >= d,
-            None => runs >= a.runs,
-        };
-        if done {
-            break;
-        }
-        let mut o = SimOptions::new(seed.wrapping_add(runs), a.ops, &dir);
+    let options = |k: u64, dir: &std::path::Path| {
+        let mut o = SimOptions::new(seed.wrapping_add(k), a.ops, dir);
         o.nodes = a.nodes;
         o.blocks = a.blocks;
         o.clients = a.clients;
@@ -1306,18 +1312,76 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
         o.think_us = a.think_us;
         o.skip_steps = a.skip_steps.iter().copied().collect();
         o.keep_trace = a.trace;
-        let r = san_sim::run(&o)?;
-        runs += 1;
-        ops += r.ops + r.final_reads;
-        reads += r.reads_ok + r.final_reads;
-        virtual_ns += r.virtual_ns;
-        for (k, n) in &r.steps {
-            *steps.entry(k.clone()).or_insert(0) += n;
+        o
+    };
+    // Workers take the next schedule's index while the budget lasts; the
+    // main thread prints each report as it comes.
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let simulated = std::sync::atomic::AtomicU64::new(0);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let budget_left = || {
+        use std::sync::atomic::Ordering::Relaxed;
+        !stop.load(Relaxed)
+            && deadline.is_none_or(|d| Instant::now() < d)
+            && a.max_ops.is_none_or(|m| simulated.load(Relaxed) < m)
+    };
+    let (mut runs, mut ops, mut failed) = (0u64, 0u64, 0u64);
+    let mut steps: BTreeMap<String, u64> = BTreeMap::new();
+    let mut virtual_ns = 0u64;
+    let mut reads = 0u64;
+    let mut error = None;
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for j in 0..a.jobs {
+            let tx = tx.clone();
+            let (next, simulated, budget_left, options) =
+                (&next, &simulated, &budget_left, &options);
+            let dir = if a.jobs == 1 {
+                dir.clone()
+            } else {
+                dir.join(format!("job{j}"))
+            };
+            scope.spawn(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                while budget_left() {
+                    let k = next.fetch_add(1, Relaxed);
+                    if deadline.is_none() && a.max_ops.is_none() && k >= a.runs {
+                        break;
+                    }
+                    let o = options(k, &dir);
+                    let r = san_sim::run(&o);
+                    if let Ok(r) = &r {
+                        simulated.fetch_add(r.ops + r.final_reads, Relaxed);
+                    }
+                    if tx.send((o, r)).is_err() {
+                        break;
+                    }
+                }
+            });
         }
-        for line in &r.trace {
-            println!("{line}");
-        }
-        if !r.violations.is_empty() {
+        drop(tx);
+        for (o, r) in rx {
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    error = Some(e);
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                    continue;
+                }
+            };
+            runs += 1;
+            ops += r.ops + r.final_reads;
+            reads += r.reads_ok + r.final_reads;
+            virtual_ns += r.virtual_ns;
+            for (k, n) in &r.steps {
+                *steps.entry(k.clone()).or_insert(0) += n;
+            }
+            for line in &r.trace {
+                println!("{line}");
+            }
+            if r.violations.is_empty() {
+                continue;
+            }
             failed += 1;
             println!(
                 "seed {}: {} violation(s); replay: moneta san sim-protocol --seed {} --ops {} \
@@ -1336,25 +1400,36 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
                 println!("  {v}");
             }
             if a.shrink > 0 {
-                let (s, sr) = san_sim::shrink(&o, a.shrink)?;
-                let skip: Vec<String> = s.skip_steps.iter().map(|x| x.to_string()).collect();
-                println!(
-                    "  shrunk: --ops {} --skip-steps {} ({} of {} steps left): {}",
-                    s.ops,
-                    if skip.is_empty() {
-                        "''".into()
-                    } else {
-                        skip.join(",")
-                    },
-                    sr.steps_drawn.saturating_sub(s.skip_steps.len() as u64),
-                    sr.steps_drawn,
-                    sr.violations.first().cloned().unwrap_or_default()
-                );
+                let mut so = o.clone();
+                so.dir = dir.join("shrink");
+                match san_sim::shrink(&so, a.shrink) {
+                    Ok((s, sr)) => {
+                        let skip: Vec<String> =
+                            s.skip_steps.iter().map(|x| x.to_string()).collect();
+                        println!(
+                            "  shrunk: --ops {} --skip-steps {} ({} of {} steps left): {}",
+                            s.ops,
+                            if skip.is_empty() {
+                                "''".into()
+                            } else {
+                                skip.join(",")
+                            },
+                            sr.steps_drawn.saturating_sub(s.skip_steps.len() as u64),
+                            sr.steps_drawn,
+                            sr.violations.first().cloned().unwrap_or_default()
+                        );
+                    }
+                    Err(e) => println!("  shrink: {e}"),
+                }
             }
             if !a.keep_going {
-                break;
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
             }
         }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(e) = error {
+        return Err(e);
     }
     let secs = started.elapsed().as_secs_f64();
     println!(

@@ -456,8 +456,11 @@ impl DirtyMap {
             }
         }
         let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::File::open(&tmp)?.sync_all()?;
+        // One descriptor writes, syncs and, once renamed, takes the appends
+        // (it is the map's file then, at its end).
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
         std::fs::rename(&tmp, path)?;
         // The rename itself is durable only once its directory is synced.
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
@@ -466,7 +469,7 @@ impl DirtyMap {
         self.torn = false;
         // The new file holds everything marked; appends go to it now.
         self.unsaved.clear();
-        self.append = None;
+        self.append = Some(file);
         Ok(())
     }
 }
@@ -576,6 +579,34 @@ mod tests {
         let again = DirtyMap::load(&path).unwrap();
         assert_eq!(again.pending(1, 10), vec![0, 8192]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A save's descriptor takes the appends after it: they land in the
+    /// map's file (the renamed one), after what the save wrote.
+    #[test]
+    fn appends_after_a_save_land_in_the_saved_file() {
+        let dir = std::env::temp_dir().join(format!("moneta-dirty-resave-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("dirty");
+        let g = GRANULE_BYTES;
+        let mut m = DirtyMap::load(&path).unwrap();
+        m.mark(1, 0, g);
+        m.mark(1, g, g);
+        m.flush().unwrap();
+        m.clear(1, 0);
+        m.save().unwrap();
+        assert!(
+            !dir.join("dirty.tmp").exists(),
+            "the temporary file renamed"
+        );
+        m.mark(1, 5 * g, g);
+        m.flush().unwrap();
+        m.mark(2, 7 * g, g);
+        m.flush().unwrap();
+        let again = DirtyMap::load(&path).unwrap();
+        assert_eq!(again.pending(1, 10), vec![g, 5 * g]);
+        assert_eq!(again.pending(2, 10), vec![7 * g]);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

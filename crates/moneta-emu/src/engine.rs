@@ -978,6 +978,15 @@ impl<C: StampClock> DeviceThread<C> {
         }
     }
 
+    /// The port's counters and its copies' states (`moneta san status`).
+    fn port_snapshot(&self) -> Option<moneta_abi::stats::PortStats> {
+        match (self.port.as_ref(), self.driver.device().port()) {
+            (Some(p), Some(np)) => Some(p.stats_with(&np.routes)),
+            (Some(p), None) => Some(p.stats()),
+            _ => None,
+        }
+    }
+
     fn snapshot(&self) -> EngineStats {
         let mut s = self.stats.clone();
         let p = self.driver.protection().stats();
@@ -997,11 +1006,7 @@ impl<C: StampClock> DeviceThread<C> {
         s.accept_delay_ns_mean = self.accept_delay.mean_ns();
         s.accept_delay_ns_p99 = self.accept_delay.percentile_ns(0.99);
         s.device_time_requests = self.device_time.count();
-        s.san = match (self.port.as_ref(), self.driver.device().port()) {
-            (Some(p), Some(np)) => Some(p.stats_with(&np.routes)),
-            (Some(p), None) => Some(p.stats()),
-            _ => None,
-        };
+        s.san = self.port_snapshot();
         s.device_time_us = self
             .device_time
             .mean_us()

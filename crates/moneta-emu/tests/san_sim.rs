@@ -132,6 +132,22 @@ fn seed_71930362_copies_converge_after_failed_writes() {
     assert_schedule_holds_ops(71930362, 3000);
 }
 
+/// Found by a hunt on main (`moneta san sim-protocol --seed 39100000 --runs
+/// 400 --ops 20000 --keep-going`, the 231st schedule): a stale read of
+/// block 5 (slice 0, copies on n0 and n1) through n0 at 5.243 s, v229
+/// where v230 was acknowledged. After a lossy link on n0 and a recovery,
+/// n0 and n1 judged each other lost and back every 20 ms, out of phase;
+/// n0, its copy suspended, refused n1's mirrored write of v230; n1 (the
+/// other holder) took it alone on its own copy and acknowledged it while
+/// it heard n0, and n0, up to date again after their meeting, served
+/// v229. The model's detour (`device/pipeline.rs`) now takes a write
+/// alone here only in place of a holder that is down; a refusing holder
+/// that is heard makes the write fail (its granules handed over).
+#[test]
+fn seed_39100230_a_refused_mirrored_write_is_never_acknowledged_alone() {
+    assert_schedule_holds(39100230);
+}
+
 /// Replays a 20,000-operation schedule of `seed` and fails on any
 /// violation or on a block left unread at the end.
 fn assert_schedule_holds(seed: u64) {

@@ -209,16 +209,13 @@ impl SimNode {
 
     /// This node's copies as `moneta san status` shows them.
     pub fn slices(&self) -> Vec<SliceStatus> {
-        self.core
-            .snapshot()
-            .san
-            .map(|p| p.slices)
-            .unwrap_or_default()
+        self.port_stats().map(|p| p.slices).unwrap_or_default()
     }
 
-    /// Its port's counters and states.
+    /// Its port's counters and states (without the rest of the engine's
+    /// snapshot: the simulator asks after every turn while it settles).
     pub fn port_stats(&self) -> Option<PortStats> {
-        self.core.snapshot().san
+        self.core.port_snapshot()
     }
 
     /// The disk of its dirty map refuses writes (`full`) or takes them.
