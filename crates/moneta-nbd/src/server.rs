@@ -720,12 +720,12 @@ mod tests {
         input.extend(go("half"));
         let (r, out) = run(input);
         assert_eq!(
-            r,
-            Ok(Some(Negotiated {
+            r.expect("negotiation succeeds"),
+            Some(Negotiated {
                 export: 1,
                 structured: true,
                 meta: true
-            }))
+            })
         );
         let has = |kind: u32| out.windows(4).any(|w| w == kind.to_be_bytes());
         assert!(

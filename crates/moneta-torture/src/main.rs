@@ -490,7 +490,7 @@ fn daemon_counter(moneta: &Path, mount: &Path, key: &str) -> Option<u64> {
     let s = rest.find(socket_key)? + socket_key.len();
     let socket = &rest[s..s + rest[s..].find('"')?];
     let stats = Command::new(moneta)
-        .args(["stats", "--daemon", socket])
+        .args(["stats", "--json", "--daemon", socket])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&stats.stdout).replace(": ", ":");

@@ -92,7 +92,7 @@ impl Mounted {
     pub fn stats(&self) -> serde_json::Value {
         let out = ok(
             moneta()
-                .args(["stats", "--daemon", &self.socket()])
+                .args(["stats", "--json", "--daemon", &self.socket()])
                 .output()
                 .unwrap(),
             "moneta stats",

@@ -852,18 +852,9 @@ impl Device {
             .find(|&(n, _)| n != node);
         let me = routes.node;
         let other_down = other.is_some_and(|(n, _)| routes.is_down(n));
-        // This node's own copy takes a write alone only if up to date, and
-        // only in place of a holder that is down: one that refused the
-        // write while this node hears it may be serving its own copy,
-        // which would miss an acknowledged write (the replica simulator's
-        // seed 39100230: a holder whose copy was suspended refused a
-        // mirrored write; the writer, its partner, took it alone and
-        // acknowledged it, and the refusing holder, up to date again a
-        // moment later, read the version before). Then the write fails,
-        // its granules handed over so the copies converge.
+        // This node's own copy takes a write alone only if up to date.
         let own_ok = routes.refusal(addr, 1).is_none()
-            && routes.state(routes.slice_of(addr)) == super::network::ReplicaState::UpToDate
-            && routes.is_down(node);
+            && routes.state(routes.slice_of(addr)) == super::network::ReplicaState::UpToDate;
         let mirrored = routes.mirrored();
         let req = self.requests[request as usize].as_mut().expect("live");
         let mirrored_write = op == Op::Write && req.copies == 2;
