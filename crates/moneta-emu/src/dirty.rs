@@ -456,8 +456,10 @@ impl DirtyMap {
             }
         }
         let tmp = path.with_extension("tmp");
-        // One descriptor writes, syncs and, once renamed, takes the appends
-        // (it is the map's file then, at its end).
+        // One descriptor writes and syncs. It does not keep the appends:
+        // the next flush opens the map by its path, so a map file that
+        // vanished or that a mount now hides is found out (written whole
+        // where a restart will read it), never appended to unseen.
         let mut file = std::fs::File::create(&tmp)?;
         file.write_all(text.as_bytes())?;
         file.sync_all()?;
@@ -469,7 +471,7 @@ impl DirtyMap {
         self.torn = false;
         // The new file holds everything marked; appends go to it now.
         self.unsaved.clear();
-        self.append = Some(file);
+        self.append = None;
         Ok(())
     }
 }
