@@ -583,8 +583,8 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A save's descriptor takes the appends after it: they land in the
-    /// map's file (the renamed one), after what the save wrote.
+    /// Appends after a save land in the map's file (the renamed one),
+    /// after what the save wrote.
     #[test]
     fn appends_after_a_save_land_in_the_saved_file() {
         let dir = std::env::temp_dir().join(format!("moneta-dirty-resave-{}", std::process::id()));
