@@ -518,12 +518,13 @@ pub fn print_breakdown(p: &PointSummary) {
     let b = &p.breakdown_us;
     let total_us = b.total_mean_ns() / 1e3;
     println!(
-        "\nwhere time goes: {} / {}, {} {} B, {} threads, mean of {} requests",
+        "\nwhere time goes: {} / {}, {} {} B, {} {}, mean of {} requests",
         p.preset,
         p.stack,
         p.op,
         p.size_bytes,
         p.threads,
+        if p.threads == 1 { "thread" } else { "threads" },
         b.count()
     );
     println!("{:<38} {:>9} {:>7}", "component", "µs", "%");
@@ -574,10 +575,10 @@ pub fn print_comparison(
             Ok(())
         }
         Format::Table => {
-            if let Some(p) = points.first() {
+            if !points.is_empty() {
                 println!(
-                    "where time goes (mean µs per request): {} {} B, {} threads, seed {}",
-                    p.op, p.size_bytes, p.threads, p.seed
+                    "where time goes (mean µs per request): {}",
+                    compared_workload(points)
                 );
             }
             let width = labels.iter().map(|l| l.len()).max().unwrap_or(0).max(8);
@@ -649,12 +650,26 @@ pub fn cdf_chart(title: String, points: &[&PointSummary], labels: &[String]) -> 
     }
 }
 
-/// What a comparison ran: operation, size, threads, seed.
+/// What a comparison ran: the preset (when every point shares one),
+/// operation, size, threads, seed.
 fn compared_workload(points: &[PointSummary]) -> String {
     points.first().map_or(String::new(), |p| {
+        let preset = if points.iter().all(|q| q.preset == p.preset) {
+            format!("{}, ", p.preset)
+        } else {
+            String::new()
+        };
+        let threads = if p.threads == 1 { "thread" } else { "threads" };
         format!(
-            "{} {} B, {} threads, seed {}",
-            p.op, p.size_bytes, p.threads, p.seed
+            "{preset}{} {}, {} {threads}, seed {}",
+            p.op,
+            moneta_model::units::format_size(
+                p.size_bytes as f64,
+                true,
+                &moneta_model::units::LEGEND_UNITS
+            ),
+            p.threads,
+            p.seed
         )
     })
 }

@@ -1,5 +1,9 @@
 //! `moneta vm run`: a real guest kernel on the emulated device (QEMU with
-//! the device as its vhost-user-blk disk, crates/moneta-vhost).
+//! the device as its vhost-user-blk disk, crates/moneta-vhost); `moneta vm
+//! compare` ([`compare`]): the same fio job through the guest's kernel, the
+//! host's direct path and the simulator's kernel stacks.
+
+mod compare;
 
 use crate::DeviceArgs;
 use clap::{Args, Subcommand};
@@ -20,6 +24,10 @@ pub enum Vm {
     /// Boot a guest with the device as /dev/vda, run CMD in it, print its
     /// output and exit with its exit code.
     Run(VmRunArgs),
+    /// The same fio job on the guest's raw device, on XFS in the guest,
+    /// through the host's user-space direct path and through the
+    /// simulator's kernel stacks: one table (and figure) with the verdicts.
+    Compare(compare::VmCompareArgs),
 }
 
 #[derive(Args)]
@@ -73,19 +81,26 @@ pub struct VmRunArgs {
 pub fn vm(v: Vm) -> Result<(), String> {
     match v {
         Vm::Run(a) => run(a),
+        Vm::Compare(a) => compare::compare(a),
     }
 }
 
-fn run(a: VmRunArgs) -> Result<(), String> {
-    let config = a.device.config()?;
-    let medium = match &a.image {
+/// The emulated device of `device` (in memory, or in `image`) and its
+/// control plane; the preset's name.
+fn start_device(
+    device: &DeviceArgs,
+    seed: u64,
+    image: Option<&std::path::Path>,
+) -> Result<(Arc<Engine>, Arc<ControlPlane>, String), String> {
+    let config = device.config()?;
+    let medium = match image {
         Some(p) => Medium::image(p, config.device.capacity_bytes),
         None => Medium::anonymous(config.device.capacity_bytes),
     }
     .map_err(|e| e.to_string())?;
     let preset = config.name.clone();
     let options = EngineOptions {
-        seed: a.seed,
+        seed,
         ..EngineOptions::default()
     };
     let engine = Arc::new(Engine::start(config, medium, options).map_err(|e| e.to_string())?);
@@ -93,6 +108,18 @@ fn run(a: VmRunArgs) -> Result<(), String> {
     let plane = Arc::new(ControlPlane::new(engine.clone(), unsafe {
         libc::geteuid()
     }));
+    Ok((engine, plane, preset))
+}
+
+/// The vhost-user socket of this process, unless one was given.
+fn socket_or_default(socket: Option<&PathBuf>, tag: &str) -> PathBuf {
+    socket.cloned().unwrap_or_else(|| {
+        PathBuf::from(format!("/tmp/moneta-vm-{}{tag}.sock", std::process::id()))
+    })
+}
+
+fn run(a: VmRunArgs) -> Result<(), String> {
+    let (engine, plane, preset) = start_device(&a.device, a.seed, a.image.as_deref())?;
     let mut programs: Vec<String> = DEFAULT_PROGRAMS.iter().map(|p| p.to_string()).collect();
     programs.extend(a.program.iter().cloned());
     let spec = VmSpec {
@@ -106,9 +133,7 @@ fn run(a: VmRunArgs) -> Result<(), String> {
         memory_mib: a.memory_mib,
         timeout: Duration::from_secs(a.timeout_s),
         read_only: a.read_only,
-        socket: a.socket.clone().unwrap_or_else(|| {
-            PathBuf::from(format!("/tmp/moneta-vm-{}.sock", std::process::id()))
-        }),
+        socket: socket_or_default(a.socket.as_ref(), ""),
         echo_console: !a.quiet,
         echo_output: true,
         force_tcg: a.tcg,

@@ -4,7 +4,10 @@
 //! and compares; the host then finds the same bytes in the device's image.
 //! Through XFS in the guest: the file is there, and the host's xfs_repair
 //! finds the file system clean and a loop mount the same bytes. The
-//! command's exit code comes back. Needs root (the kernel's package is
+//! command's exit code comes back. What the guest flushed survives kill -9
+//! of the moneta process (the device and its vhost-user backend) and of
+//! QEMU together: a restarted guest mounts the XFS, the file is the same
+//! bytes, and the host's xfs_repair -n finds the file system clean. Needs root (the kernel's package is
 //! fetched into /var/cache/moneta/vm once), qemu-system-x86_64 and a
 //! static busybox (`make setup`); here QEMU runs TCG (PVM /dev/kvm).
 
@@ -183,4 +186,131 @@ fn the_guest_commands_exit_code_comes_back() {
     let out = vm_run(&s, &[], "echo before; exit 7");
     assert_eq!(out.status.code(), Some(7));
     assert!(String::from_utf8_lossy(&out.stdout).contains("before"));
+}
+
+/// Process ids of `pid`'s children (every thread's).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(c) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()));
+            }
+        }
+    }
+    out
+}
+
+/// The running `moneta vm run` and its QEMU, killed with SIGKILL on drop.
+struct Running {
+    child: std::process::Child,
+    qemu: Vec<u32>,
+}
+
+impl Running {
+    fn kill_all(&mut self) {
+        // The device (and its backend) first, then QEMU: both at once, as a crash would.
+        let _ = self.child.kill();
+        for &q in &self.qemu {
+            // SAFETY: kill has no memory preconditions; q is our child's child.
+            unsafe { libc::kill(q as i32, libc::SIGKILL) };
+        }
+        let _ = self.child.wait();
+        for &q in &self.qemu {
+            for _ in 0..100 {
+                if !Path::new(&format!("/proc/{q}")).exists() {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+#[test]
+fn what_the_guest_flushed_survives_kill_9_of_qemu_and_the_device() {
+    use std::io::BufRead;
+    if !needs() || !require_tool("xfs_repair", "checking the guest's XFS from the host") {
+        return;
+    }
+    let s = Scratch::new("kill9");
+    let seed = 4409u64;
+    let data = seeded(seed, 2 << 20);
+    let file = s.dir.join("data.bin");
+    std::fs::write(&file, &data).unwrap();
+    let image = s.dir.join("device.img");
+    let mut c = moneta();
+    c.args(["vm", "run", "--quiet", "--timeout-s", "400"])
+        .args(["--set", "device.capacity_bytes=1073741824"])
+        .arg("--image")
+        .arg(&image)
+        .arg("--socket")
+        .arg(s.dir.join("vhost.sock"))
+        .args(["--mount-fs", "xfs", "--put", file.to_str().unwrap()])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            // Flushed, then more written and never flushed, then killed mid-sleep.
+            "cp /files/data.bin /mnt/kept && sync && echo FLUSHED \
+             && dd if=/dev/zero of=/mnt/unflushed bs=64k count=64 status=none; sleep 600",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().expect("starting moneta vm run");
+    let stdout = child.stdout.take().unwrap();
+    let mut running = Running {
+        child,
+        qemu: Vec::new(),
+    };
+    let mut flushed = false;
+    for line in std::io::BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        eprintln!("guest: {line}");
+        if line.trim() == "FLUSHED" {
+            flushed = true;
+            break;
+        }
+    }
+    assert!(flushed, "seed {seed}: the guest never reported its flush");
+    // Let the unflushed write start, then kill the device and QEMU.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    running.qemu = children(running.child.id());
+    assert!(
+        !running.qemu.is_empty(),
+        "no QEMU under moneta vm run (pid {})",
+        running.child.id()
+    );
+    running.kill_all();
+    drop(running);
+    // A new device on the same image, a new guest: mount (the log is
+    // replayed), compare, unmount.
+    let out = vm_run(
+        &s,
+        &["--put", file.to_str().unwrap()],
+        "mount -t xfs /dev/vda /mnt && cmp /files/data.bin /mnt/kept && echo SAME-AFTER-KILL; \
+         rc=$?; umount /mnt; exit $rc",
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("SAME-AFTER-KILL"),
+        "seed {seed}: the flushed file did not survive kill -9: {stdout}"
+    );
+    let repair = Command::new("xfs_repair")
+        .arg("-n")
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(
+        repair.status.success(),
+        "seed {seed}: xfs_repair -n after kill -9: {}{}",
+        String::from_utf8_lossy(&repair.stdout),
+        String::from_utf8_lossy(&repair.stderr)
+    );
 }
