@@ -667,6 +667,9 @@ fn component_colour_of(name: &str, first_seen: usize) -> String {
     component_colour(i)
 }
 
+/// Angle of bar labels too long for their slot (see [`StackedBars::to_svg`]).
+const SLANT_DEGREES: f64 = 35.0;
+
 /// A bar's total above it: no "0.00", at most four digits before the point.
 fn format_total(v: f64) -> String {
     if v >= 100.0 {
@@ -733,7 +736,23 @@ impl StackedBars {
             + 40.0;
         // Room for the title, then for the totals above the tallest bar.
         let top = if self.title.is_empty() { 16.0 } else { 40.0 } + 18.0;
-        let bottom = 46.0;
+        // Bar labels too long for their slot even at 9 px are drawn slanted
+        // at full size, with room below the axis for the widest of them (the
+        // slot is estimated with a 60 px y axis; the axis itself needs the
+        // plot's height, which needs this room).
+        let label_wide = self
+            .bars
+            .iter()
+            .map(|(l, _)| text_width(l, font))
+            .fold(0.0, f64::max);
+        let slot_estimate = (w - 60.0 - legend_w - 20.0).max(60.0) / self.bars.len().max(1) as f64;
+        let slant =
+            label_wide > slot_estimate - 4.0 && font * (slot_estimate - 4.0) / label_wide < 9.0;
+        let bottom = if slant {
+            30.0 + label_wide * SLANT_DEGREES.to_radians().sin()
+        } else {
+            46.0
+        };
         let plot_h = (h - top - bottom).max(40.0);
         let y_axis = Axis::linear(
             0.0,
@@ -746,6 +765,13 @@ impl StackedBars {
             .map(|(_, l)| text_width(l, font))
             .fold(0.0, f64::max)
             + 38.0;
+        // A slanted first label reaches left of its bar by its run.
+        let left = if slant {
+            let run = label_wide * SLANT_DEGREES.to_radians().cos();
+            left.max(run - slot_estimate / 2.0 + 6.0)
+        } else {
+            left
+        };
         let plot_w = (w - left - legend_w - 20.0).max(60.0);
         let py = |y: f64| top + (1.0 - y_axis.frac(y)) * plot_h;
         let slot = plot_w / self.bars.len().max(1) as f64;
@@ -765,7 +791,7 @@ impl StackedBars {
             fit(widest(&mut self.bars.iter().map(|(_, parts)| {
                 format_total(parts.iter().map(|(_, v)| v.max(0.0)).sum())
             })));
-        let label_font = fit(widest(&mut self.bars.iter().map(|(l, _)| l.clone())));
+        let label_font = if slant { font } else { fit(label_wide) };
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -839,13 +865,20 @@ impl StackedBars {
                 py(base) - 4.0,
                 format_total(total)
             );
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="{label_font:.1}">{}</text>"#,
-                x + bar_w / 2.0,
-                top + plot_h + 18.0,
-                escape(label)
-            );
+            let (lx, ly) = (x + bar_w / 2.0, top + plot_h + 18.0);
+            if slant {
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{lx:.1}" y="{ly:.1}" text-anchor="end" font-size="{label_font:.1}" transform="rotate(-{SLANT_DEGREES} {lx:.1} {ly:.1})">{}</text>"#,
+                    escape(label)
+                );
+            } else {
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{lx:.1}" y="{ly:.1}" text-anchor="middle" font-size="{label_font:.1}">{}</text>"#,
+                    escape(label)
+                );
+            }
             s.push_str("</g>\n");
         }
         let _ = writeln!(
@@ -1605,6 +1638,39 @@ pub(crate) mod tests {
             };
             assert_no_label_overlaps("stacked bars", &bars.to_svg(900, 520));
         }
+    }
+
+    #[test]
+    fn bar_labels_too_long_for_their_slot_are_slanted_at_full_size() {
+        let label = |k: usize| format!("randwrite {} KB · guest XFS", 1 << k);
+        let bars = |n: usize| StackedBars {
+            title: "fio psync QD1: median latency per path (µs)".into(),
+            y_label: "median latency (µs)".into(),
+            bars: (0..n)
+                .map(|k| (label(k), vec![("guest".to_string(), 100.0 + k as f64)]))
+                .collect(),
+            percent: false,
+        };
+        // Three fit upright; eighteen do not, even shrunk to 9 px.
+        let upright = bars(3).to_svg(1100, 560);
+        assert!(!upright.contains("rotate(-35"), "{upright}");
+        let svg = bars(18).to_svg(1100, 560);
+        let slanted: Vec<&str> = svg
+            .split("<text")
+            .filter(|t| t.contains("rotate(-35"))
+            .collect();
+        assert_eq!(slanted.len(), 18, "{svg}");
+        for t in &slanted {
+            assert!(t.contains("font-size=\"12.0\""), "{t}");
+            // The label's far end stays inside the figure.
+            let x: f64 = t
+                .split_once(" x=\"")
+                .and_then(|(_, r)| r.split('"').next()?.parse().ok())
+                .expect("x");
+            let w = text_width(&label(17), 12.0) * SLANT_DEGREES.to_radians().cos();
+            assert!(x - w > -1.0 || !t.contains(&label(0)), "{t}");
+        }
+        assert_no_label_overlaps("slanted bars", &svg);
     }
 
     #[test]
