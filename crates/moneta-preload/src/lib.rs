@@ -402,6 +402,7 @@ fn write_at(of: &OpenFile, buf: &[u8], offset: u64) -> Result<usize, c_int> {
             // pwrite on an O_APPEND descriptor appends (Linux), and a
             // handle the daemon gave read-only access (opened O_APPEND)
             // writes through the kernel: the kernel's job.
+            settle_before_kernel_write(of)?;
             // SAFETY: the caller's buffer on the shim's own descriptor.
             let n =
                 unsafe { (real().pwrite64)(own, buf.as_ptr().cast(), buf.len(), offset as i64) };
@@ -417,9 +418,30 @@ fn write_at(of: &OpenFile, buf: &[u8], offset: u64) -> Result<usize, c_int> {
     })
 }
 
+/// Before an append through the kernel's page cache: what this process's
+/// handles of the file wrote direct into unwritten extents is settled
+/// first. Settling writes the device's bytes there through the kernel, so
+/// a later settle (at fsync) would otherwise put the device's older bytes
+/// over what the kernel appended now. The appending descriptor's own
+/// handle may not write (O_APPEND) and never grew: the handle that did is
+/// the same file's read-write one (torture seed 440044 on XFS: appended
+/// bytes read back as zeros after fdatasync). Another process's growth is
+/// not settled here.
+fn settle_before_kernel_write(of: &OpenFile) -> Result<(), c_int> {
+    let s = shim();
+    for fd in s.known() {
+        let Some(other) = s.get(fd) else { continue };
+        if other.identity == of.identity && other.own_fd(fd).is_some() {
+            with_file(&other, |m, f| f.settle(m).map_err(io_error))?;
+        }
+    }
+    Ok(())
+}
+
 /// A write to an O_APPEND file: through the kernel (atomic append), then
 /// made visible to the direct path.
 fn append(of: &OpenFile, fd: c_int, buf: &[u8]) -> Result<usize, c_int> {
+    settle_before_kernel_write(of)?;
     // SAFETY: the caller's buffer, passed on unchanged.
     let n = unsafe { (real().write)(fd, buf.as_ptr().cast(), buf.len()) };
     if n < 0 {
