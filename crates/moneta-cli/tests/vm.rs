@@ -152,17 +152,7 @@ fn xfs_in_the_guest_keeps_a_file_the_host_finds_intact() {
     );
     assert!(stdout.contains("SAME-ON-XFS"), "{stdout}");
     let image = s.dir.join("device.img");
-    let repair = Command::new("xfs_repair")
-        .arg("-n")
-        .arg(&image)
-        .output()
-        .unwrap();
-    assert!(
-        repair.status.success(),
-        "xfs_repair -n: {}{}",
-        String::from_utf8_lossy(&repair.stdout),
-        String::from_utf8_lossy(&repair.stderr)
-    );
+    assert_xfs_clean(&image, "after the guest's copy");
     let mnt = s.dir.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let mount = Command::new("mount")
@@ -302,14 +292,19 @@ fn what_the_guest_flushed_survives_kill_9_of_qemu_and_the_device() {
         out.status.success() && stdout.contains("SAME-AFTER-KILL"),
         "seed {seed}: the flushed file did not survive kill -9: {stdout}"
     );
+    assert_xfs_clean(&image, &format!("seed {seed}: after kill -9"));
+}
+
+/// `xfs_repair -n` finds nothing wrong with the XFS on `image`.
+fn assert_xfs_clean(image: &std::path::Path, when: &str) {
     let repair = Command::new("xfs_repair")
         .arg("-n")
-        .arg(&image)
+        .arg(image)
         .output()
         .unwrap();
     assert!(
         repair.status.success(),
-        "seed {seed}: xfs_repair -n after kill -9: {}{}",
+        "xfs_repair -n {when}: {}{}",
         String::from_utf8_lossy(&repair.stdout),
         String::from_utf8_lossy(&repair.stderr)
     );
