@@ -70,6 +70,8 @@ def run_verdict(prefix):
         os.remove(REPORT)
     except (OSError, ValueError) as e:
         return {"verdict": f"no run report: {e}"}
+    # The report file carries its provenance beside the results.
+    r = r.get("results", r)
     share = r.get("kernel_share")
     return {"verdict": r["verdict"], "faithful": r["faithful"],
             "device_share": None if share is None else 1.0 - share,

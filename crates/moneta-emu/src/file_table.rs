@@ -1138,6 +1138,11 @@ impl FileTable {
         let mut t = self.lock();
         let Table { files, inodes } = &mut *t;
         let st = inodes.entry(inode).or_default();
+        let from = if read {
+            from
+        } else {
+            from.min(end_block(files, st).unwrap_or(u64::MAX))
+        };
         st.changes.push(Change {
             owner,
             from,
@@ -1567,6 +1572,29 @@ impl FileTable {
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
     }
+}
+
+/// The start of the block (at [`BLOCK_FLOOR`]) holding the end of the
+/// file, read through any descriptor monetad has of it (None: none).
+///
+/// A kernel write or truncation starts there at the latest, whatever
+/// offset the kernel reported: an O_APPEND write (and `RWF_APPEND`) is
+/// reported at the descriptor's position or the call's offset, which may
+/// lie far past the end, while the kernel writes at the end; and a write
+/// or truncation past the end makes everything between the old end and it
+/// part of the file. A growth grant's pending range may reach past the end
+/// (the end's block, a preallocation beyond it): what the kernel writes or
+/// exposes there must be settled (or forgotten, past the size) before the
+/// kernel goes on, never settled from the medium over it later.
+fn end_block(files: &HashMap<(u16, u32), GrantedFile>, st: &InodeState) -> Option<u64> {
+    let fd = st.quiet.as_ref().map(|q| q.as_raw_fd()).or_else(|| {
+        st.holders
+            .iter()
+            .find_map(|h| files.get(h))
+            .map(|f| f.raw_fd())
+    })?;
+    let size = moneta_abi::sys::file_len(fd).ok()?;
+    Some(size / BLOCK_FLOOR * BLOCK_FLOOR)
 }
 
 /// A pending range's piece the client may not reach directly: data only

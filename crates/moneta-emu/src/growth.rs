@@ -50,6 +50,10 @@
 //!    - every kernel access of the file by any process (read, write,
 //!      truncate, fallocate, mmap: the reports of `layout_watch`, and the
 //!      shim's own announcements) — so every process sees what was written;
+//!      a write or truncation from the block holding the file's end at the
+//!      latest (`file_table::end_block`: an append is reported at the
+//!      descriptor's position, the kernel writes at the end), so a pending
+//!      range the kernel writes over is never settled over its bytes later;
 //!    - the shim's fsync/fdatasync of a handle that mapped a growth extent,
 //!      and its sync(2)/syncfs for every such handle of the process (it
 //!      announces a layout change of the whole file before the kernel's

@@ -31,6 +31,7 @@ pub const SCENARIOS: &[&str] = &[
     "run-report",
     "growth-outside-writer",
     "hole-stale",
+    "growth-kernel-write",
 ];
 
 /// How long a step may take before it counts as hung.
@@ -80,6 +81,9 @@ pub fn run(name: &str, c: &Ctx) -> Option<Result<String, String>> {
         "hole-stale" => differential(c, "hole-stale", &["A"], |d| {
             let _ = std::fs::remove_file(d.join("A"));
             plain_file(&d.join("G"), &stamped(HOLE_FILE, 0x49, 0, 1))
+        }),
+        "growth-kernel-write" => differential(c, "growth-kernel-write", &["A"], |d| {
+            cut_preallocated(&d.join("A"))
         }),
         _ => return None,
     })
@@ -246,6 +250,8 @@ pub fn step(args: &[String]) -> Option<Result<(), String>> {
         "report-writer" => report_writer(&dir),
         "growth-outside-writer" => growth_outside_writer(&dir, &res),
         "hole-stale" => hole_stale(&dir, &res),
+        "growth-kernel-write" => growth_kernel_write(&dir, &res),
+        "append-far" => append_far(&dir, &res),
         "hold-open" => hold_open(&dir),
         "report-exec" => {
             let fd = open_rw(&dir, 0);
@@ -1353,6 +1359,136 @@ fn hole_stale(d: &Path, res: &Path) -> Result<(), String> {
             Err(e) => out.say(format!("read {how}: errno {e}")),
         }
     }
+    sys::close(fd);
+    Ok(())
+}
+
+/// The part of `growth-kernel-write`'s file past its cut end: its last
+/// block is preallocated, the size ends inside it.
+const CUT_TAIL: u64 = 1000;
+
+/// A kernel write into a range pending from a growth grant, by another
+/// process under the shim (the daemon's settle rule: what the kernel wrote
+/// there since the grant is never settled from the medium). The file ends
+/// inside a preallocated block (fallocate, then a cut mid-block); this
+/// process opens it and writes direct into that block below the end (a
+/// growth grant: the whole block pending, zeroed on the medium). A second
+/// process appends through the kernel with its file position moved far
+/// past the end (`lseek` on an O_APPEND descriptor, then the raw
+/// `SYS_write`; the kernel appends at the end all the same, but reports
+/// the access at the position), and writes with `pwritev2(RWF_APPEND)` at
+/// a far offset, then this process runs
+/// fdatasync and closes (both settle). Every byte must read as the kernel
+/// alone leaves it: the appended bytes, not the medium's zeros.
+fn growth_kernel_write(d: &Path, res: &Path) -> Result<(), String> {
+    let mut out = Results::new(res)?;
+    let a = d.join("A");
+    let fd = open_rw(&a, 0)?;
+    // The appender starts first (its start, an exec, ends nothing of
+    // this process's), opens the file and waits.
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    // Under the shim when this step is (LD_PRELOAD is inherited).
+    let mut child = Command::new(me)
+        .args(["step", "append-far"])
+        .arg(&a)
+        .arg(res.with_extension("child"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn the appender: {e}"))?;
+    let mut line = String::new();
+    let opened = child
+        .stdout
+        .take()
+        .map(std::io::BufReader::new)
+        .map(|mut o| std::io::BufRead::read_line(&mut o, &mut line));
+    out.say(format!(
+        "appender: {}",
+        match opened {
+            Some(Ok(_)) => line.trim().to_string(),
+            _ => "no answer".into(),
+        }
+    ));
+    let data = stamped(512, 0x4b, GROWTH_BASE, 2);
+    out.say(format!(
+        "pwrite {GROWTH_BASE} 512 {}",
+        sys::show(sys::pwrite(fd, &data, GROWTH_BASE))
+    ));
+    drop(child.stdin.take());
+    let s = child.wait().map_err(|e| e.to_string())?;
+    out.say(format!("appender {}", s.success()));
+    let child = std::fs::read_to_string(res.with_extension("child")).unwrap_or_default();
+    out.say(child.trim_end());
+    // SAFETY: plain syscalls on our descriptor.
+    out.say(format!(
+        "fdatasync {}",
+        errno_of(unsafe { libc::fdatasync(fd) } as i64)
+    ));
+    let mut buf = vec![0u8; 2 * GROWTH_BASE as usize];
+    let r = sys::pread_full(fd, &mut buf, 0);
+    out.say(format!("read back {}", sys::show(r)));
+    sys::close(fd);
+    Ok(())
+}
+
+/// `growth-kernel-write`'s starting file (made plain): written bytes,
+/// then a preallocation, cut [`CUT_TAIL`] bytes into its first block.
+fn cut_preallocated(a: &Path) -> Result<(), String> {
+    plain_file(a, &stamped(GROWTH_BASE, 0x4b, 0, 1))?;
+    let fd = open_rw(a, 0)?;
+    // SAFETY: plain syscalls on our descriptor.
+    let r = unsafe {
+        if libc::fallocate(fd, 0, GROWTH_BASE as i64, GROWTH_PREALLOC as i64) != 0 {
+            -1
+        } else {
+            libc::ftruncate(fd, (GROWTH_BASE + CUT_TAIL) as i64) | libc::fsync(fd)
+        }
+    };
+    let e = sys::errno();
+    sys::close(fd);
+    if r != 0 {
+        return Err(format!("preallocating and cutting A: errno {e}"));
+    }
+    Ok(())
+}
+
+/// `append-far FILE RESULTS`: append through O_APPEND with the position
+/// far past the end (the raw `SYS_write`), then `pwritev2(RWF_APPEND)` at
+/// a far offset: kernel writes the shim does not interpose.
+fn append_far(a: &Path, res: &Path) -> Result<(), String> {
+    let mut out = Results::new(res)?;
+    let fd = open_rw(a, libc::O_APPEND)?;
+    let fd2 = open_rw(a, 0)?;
+    println!("open");
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    // Until the writer's stdin ends: it has written into the file by then.
+    let mut sink = String::new();
+    let _ = std::io::Read::read_to_string(&mut std::io::stdin(), &mut sink);
+    out.say(format!(
+        "lseek far {}",
+        sys::show(sys::seek(fd, (4 * GROWTH_PREALLOC) as i64, libc::SEEK_SET))
+    ));
+    let rec = stamped(160, 0x4b, 0, 3);
+    // The raw system call (the shim sees only the C library's write).
+    // SAFETY: plain syscall; the buffer is ours.
+    let r = unsafe { libc::syscall(libc::SYS_write, fd, rec.as_ptr(), rec.len()) };
+    out.say(format!("append {}", errno_of(r)));
+    sys::close(fd);
+    let fd = fd2;
+    let more = stamped(96, 0x4b, 0, 4);
+    let iov = sys::iovecs(&[&more]);
+    // SAFETY: plain syscall; the vector names our buffer.
+    let r = unsafe {
+        libc::pwritev2(
+            fd,
+            iov.as_ptr(),
+            iov.len() as i32,
+            (4 * GROWTH_PREALLOC) as i64,
+            libc::RWF_APPEND,
+        )
+    };
+    out.say(format!("pwritev2 append {}", errno_of(r as i64)));
     sys::close(fd);
     Ok(())
 }
