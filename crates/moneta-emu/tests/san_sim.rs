@@ -126,8 +126,31 @@ fn the_triaged_seeds_pass() {
 /// write" mark died with it; when n1 and n2 met again (both outdated,
 /// 4.302 s) each said "missed 0 granules" and nothing was resynced.
 /// Either version is allowed, but the copies must not differ.
+///
+/// A real divergence, not the checker's: both copies serve reads, so a
+/// client that reads v67 through n2 and then v66 through n1 sees the
+/// block go back in time (the register's floor is the highest version
+/// read: a stale read), and which version a read returns after the
+/// recovery depends on the node asked, for good. The protocol rule it
+/// breaks is DRBD's: every node that applies a replicated write keeps it
+/// in its activity log until it knows every copy has it, on the
+/// *receiving* side too (DRBD commit 6719fb036cea, "fix potential data
+/// divergence after multiple failures": "we need to set out of sync and do
+/// AL transactions … on the receiving side"; DRBD 9 also tells the
+/// secondaries which writes every node has, its peer acknowledgements,
+/// `P_PEER_ACK`), so the survivors of a writer that died mid-write know
+/// which blocks may differ and resync them. Here only the writer's own copies are marked unsure
+/// (`activity_begin`), and a writer that holds no copy marks nothing a
+/// survivor can see. The fix (not made): a holder marks a non-holder's
+/// mirrored write unsure with respect to its partner, durably, before it
+/// reaches the copy; the writer tells both holders once both acknowledged
+/// (a peer acknowledgement) and the mark is cleared; a mark left when the
+/// holders meet again is settled as the unsure granules of a lost partner
+/// are (`settle_unsure`). Its cost is a dirty-map fdatasync per new granule
+/// on each holder, so it needs an extent log first (README).
 #[test]
-#[ignore = "seed 71930362: failed unacknowledged writes leave the copies different (not fixed)"]
+#[ignore = "seed 71930362: a writer that holds no copy dies mid-write and the copies differ (no \
+            peer acknowledgement yet)"]
 fn seed_71930362_copies_converge_after_failed_writes() {
     assert_schedule_holds_ops(71930362, 3000);
 }
