@@ -873,6 +873,18 @@ fn kill_node(san: &San, node: usize) {
     );
     // SAFETY: kill(2) of this test's daemon, just checked.
     unsafe { libc::kill(pid, libc::SIGKILL) };
+    // kill(2) returns before the process is gone: until its exit has torn
+    // down its memory its command line still names the socket, and a `san
+    // restart` then refuses ("node n1 … is running"; 1 run of 6 failed so
+    // under load). Gone: no /proc entry, or a zombie's empty command line.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "n{node}'s daemon (pid {pid}) still runs 20 s after SIGKILL"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }
 
 /// Node `node`'s view of its copy of `slice` in `san status --format json`.

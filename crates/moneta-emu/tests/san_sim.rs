@@ -126,29 +126,52 @@ fn the_triaged_seeds_pass() {
 /// write" mark died with it; when n1 and n2 met again (both outdated,
 /// 4.302 s) each said "missed 0 granules" and nothing was resynced.
 /// Either version is allowed, but the copies must not differ.
+///
+/// A real divergence, not the checker's: both copies serve reads, so a
+/// client that reads v67 through n2 and then v66 through n1 sees the
+/// block go back in time (the register's floor is the highest version
+/// read: a stale read), and which version a read returns after the
+/// recovery depends on the node asked, for good. The protocol rule it
+/// breaks is DRBD's: every node that applies a replicated write keeps it
+/// in its activity log until it knows every copy has it, on the
+/// *receiving* side too (DRBD commit 6719fb036cea, "fix potential data
+/// divergence after multiple failures": "we need to set out of sync and do
+/// AL transactions … on the receiving side"; DRBD 9 also tells the
+/// secondaries which writes every node has, its peer acknowledgements,
+/// `P_PEER_ACK`), so the survivors of a writer that died mid-write know
+/// which blocks may differ and resync them. Here only the writer's own copies are marked unsure
+/// (`activity_begin`), and a writer that holds no copy marks nothing a
+/// survivor can see. The fix (not made): a holder marks a non-holder's
+/// mirrored write unsure with respect to its partner, durably, before it
+/// reaches the copy; the writer tells both holders once both acknowledged
+/// (a peer acknowledgement) and the mark is cleared; a mark left when the
+/// holders meet again is settled as the unsure granules of a lost partner
+/// are (`settle_unsure`). Its cost is a dirty-map fdatasync per new granule
+/// on each holder, so it needs an extent log first (README).
 #[test]
-#[ignore = "seed 71930362: failed unacknowledged writes leave the copies different (not fixed)"]
+#[ignore = "seed 71930362: a writer that holds no copy dies mid-write and the copies differ (no \
+            peer acknowledgement yet)"]
 fn seed_71930362_copies_converge_after_failed_writes() {
     assert_schedule_holds_ops(71930362, 3000);
 }
 
-/// Found by a hunt on main (`moneta san sim-protocol --seed 39100000 --runs
-/// 400 --ops 20000 --keep-going`, the 231st schedule): a stale read of
-/// block 5 (slice 0, copies on n0 and n1) through n0 at 5.243 s, v229
-/// where v230 was acknowledged. After a lossy link on n0 and a recovery,
-/// n0 and n1 judged each other lost and back every 20 ms, out of phase;
-/// n0, its copy suspended, refused n1's mirrored write of v230; n1 (the
-/// other holder) took it alone on its own copy and acknowledged it while
-/// it heard n0, and n0, up to date again after their meeting, served
-/// v229. Not fixed: restricting the model's detour (`device/pipeline.rs`)
-/// to take a write alone only in place of a holder that is down moved the
-/// violation (v230 read where v231 was acknowledged) instead of removing
-/// it, so that change was not kept; the 20 ms lost/back flapping is the
-/// next suspect. `cargo test --release -p moneta-emu --test san_sim --
-/// --ignored` shows the violation.
+/// Found by a hunt (`moneta san sim-protocol --seed 39100000 --runs 400
+/// --ops 20000 --keep-going`, the 231st schedule): a stale read of block 5
+/// (slice 0, copies on n0 and n1) through n0 at 5.243 s, v229 where v230
+/// was acknowledged. After a lossy link on n0 and a recovery, n0 and n1
+/// judged each other lost and back every 20 ms, out of phase. At 5.2266 s
+/// n0 had n1 back and their exchange made n1's copy a resync target with
+/// nothing to receive; n1 lost n0 again (5.22659 s), and n0's `SYNC_DONE`
+/// arrived after that (5.22664 s): n1's copy went up to date with its
+/// partner lost, skipping the suspension and the tie-breaker, and n1's
+/// held write of v230 was taken alone and acknowledged at 5.239 s while n0,
+/// which counted n1 up, served its own copy (v229). The root cause: only
+/// `MISSED_TAG` was taken from a partner that is up, not `SYNC_DONE_TAG`
+/// (`engine/port.rs`: now both). Restricting the model's detour to take a
+/// write alone only in place of a holder that is down had moved the
+/// violation (v231 acknowledged, v230 read) instead of removing it.
 #[test]
-#[ignore = "open: seed 39100230 still reads a stale version (issue 39)"]
-fn seed_39100230_a_refused_mirrored_write_is_never_acknowledged_alone() {
+fn seed_39100230_a_copy_is_never_made_up_to_date_by_a_lost_partner() {
     assert_schedule_holds(39100230);
 }
 

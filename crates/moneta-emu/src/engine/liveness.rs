@@ -25,8 +25,10 @@
 //!   (a loaded host: the views queued meanwhile would otherwise renew it
 //!   with the time they were read). A view that withdraws the promise
 //!   loses the peer at once (a link cut one way: the end that stopped
-//!   hearing tells the other within a view). A peer lost comes back on a
-//!   view saying it hears this node, with one lease to make its promise.
+//!   hearing tells the other within a view), unless it answers a view of
+//!   this node's that promised nothing either (the peer has not yet seen
+//!   this node take it back). A peer lost comes back on a view saying it
+//!   hears this node, with one lease to make its promise.
 //! - **Suspended, then alone.** A copy shared with a partner is read and
 //!   written only while the partner is up; once lost the copy is
 //!   *suspended* (no reads, no write alone). It may go on alone only
@@ -81,8 +83,9 @@ struct Peer {
     up: bool,
     /// When this node last sent it a view.
     sent_ns: Option<Ns>,
-    /// The views sent to it lately: sequence number and send time.
-    sent: VecDeque<(u16, Ns)>,
+    /// The views sent to it lately: sequence number, send time and
+    /// whether the view promised.
+    sent: VecDeque<(u16, Ns, bool)>,
     /// The next view's sequence number.
     next_seq: u16,
     /// The sequence number of its newest view, to echo.
@@ -216,14 +219,30 @@ impl Liveness {
                 .sent
                 .iter()
                 .rev()
-                .find(|&&(seq, _)| seq == view.echo)
-                .map(|&(_, at)| at);
+                .find(|&&(seq, _, _)| seq == view.echo)
+                .map(|&(_, at, _)| at);
             if let Some(at) = anchor {
                 p.lease_from_ns = p.lease_from_ns.max(Some(at));
             }
         } else if p.promised {
-            // It stopped counting this node up: lost at the next tick.
-            p.lease_from_ns = None;
+            // It stopped counting this node up: lost at the next tick;
+            // unless the view answers one of ours that promised nothing
+            // either (sent while this node counted the peer lost): the
+            // peer has not seen this node take it back yet, and that is
+            // no withdrawal. Counted as one, two peers that lost each
+            // other out of phase each came back on the other's view and
+            // were lost on its next, every view (20 ms), for good: the
+            // exchange never finished (seed 39100230). The lease still
+            // ends without a promise (`tick`).
+            let answered = p
+                .sent
+                .iter()
+                .rev()
+                .find(|&&(seq, _, _)| seq == view.echo)
+                .map(|&(_, _, promised)| promised);
+            if answered != Some(false) {
+                p.lease_from_ns = None;
+            }
         }
         p.promised = view.promise;
     }
@@ -260,7 +279,7 @@ impl Liveness {
         if p.sent.len() == SENT_KEPT {
             p.sent.pop_front();
         }
-        p.sent.push_back((seq, now));
+        p.sent.push_back((seq, now, p.up));
         View {
             hears,
             seq,
@@ -494,6 +513,90 @@ mod tests {
         l.view(20 * MS, 1, v(0, 0, NO_ECHO, false));
         assert!(l.tick(20 * MS).is_empty());
         assert!(l.is_up(1));
+    }
+
+    /// Nodes 0 and 1 exchanging views every 20 ms for `turns` turns, each
+    /// turn as the port's (`tick`, send, take what arrived; node 1's turn
+    /// after node 0's), over a link that loses 80% of the views both ways
+    /// for the first 40 turns (which, an LCG from `seed`). Returns the
+    /// turns at which either saw the other lost or back.
+    fn lossy_exchange(seed: u64, turns: usize) -> Vec<(usize, Change)> {
+        let (mut a, mut b) = (three(0), three(1));
+        a.set_wire(1, true);
+        b.set_wire(0, true);
+        let mut x = seed;
+        let mut lost = move || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % 100 < 80
+        };
+        let (mut to_a, mut to_b): (Vec<View>, Vec<View>) = (vec![], vec![]);
+        let mut changes = Vec::new();
+        for k in 0..turns {
+            let t = k as Ns * 20 * MS;
+            let (drop_a, drop_b) = if k < 40 {
+                (lost(), lost())
+            } else {
+                (false, false)
+            };
+            for c in a
+                .tick(t)
+                .into_iter()
+                .filter(|c| matches!(c, Change::Lost(1) | Change::Back(1)))
+            {
+                changes.push((k, c));
+            }
+            let view = a.view_for(1, t);
+            if !drop_a {
+                to_b.push(view);
+            }
+            for view in to_a.drain(..) {
+                a.view(t, 1, view);
+            }
+            for c in b
+                .tick(t)
+                .into_iter()
+                .filter(|c| matches!(c, Change::Lost(0) | Change::Back(0)))
+            {
+                changes.push((k, c));
+            }
+            let view = b.view_for(0, t);
+            if !drop_b {
+                to_a.push(view);
+            }
+            for view in to_b.drain(..) {
+                b.view(t, 0, view);
+            }
+        }
+        changes
+    }
+
+    #[test]
+    fn two_peers_that_lost_each_other_come_back_and_stay() {
+        // Counted as withdrawals, the views that answer a view promising
+        // nothing kept 2 of these 32 loss patterns (seeds 26 and 29) lost
+        // and back every turn, for good (seed 39100230 of the simulator).
+        for seed in 0..32 {
+            let changes = lossy_exchange(seed, 200);
+            let late: Vec<_> = changes.iter().filter(|(k, _)| *k >= 60).collect();
+            assert!(
+                late.is_empty(),
+                "seed {seed}: still lost and back 400 ms after the losses ended: {:?}",
+                &late[..late.len().min(6)]
+            );
+            // Both up at the end.
+            for peer in [0, 1] {
+                let last = changes
+                    .iter()
+                    .rev()
+                    .find(|(_, c)| matches!(c, Change::Lost(p) | Change::Back(p) if *p == peer));
+                assert!(
+                    last.is_none_or(|(_, c)| *c == Change::Back(peer)),
+                    "seed {seed}: {last:?}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -1871,7 +1871,16 @@ impl<C: StampClock> DeviceThread<C> {
                 continue;
             }
             if h.kind == PacketKind::WriteCompletion && h.tag == SYNC_DONE_TAG {
-                if let Some(routes) = self.driver.routes_mut() {
+                // Only from a partner that is up here, like `MISSED_TAG`:
+                // a copy made up to date while its partner is lost would
+                // skip the suspension and the tie-breaker (`lose`,
+                // `decide`) and take writes alone at once, while the
+                // partner, which counts this node up, serves its own copy
+                // (seed 39100230: a write acknowledged alone here 13 ms
+                // after the loss, then read stale there). Once back, the
+                // exchange starts over and the partner says it again.
+                let up = state.liveness.is_up(from);
+                if let Some(routes) = self.driver.routes_mut().filter(|_| up) {
                     let slice = h.addr as usize;
                     let generation = u64::from(h.offsets) | u64::from(h.size) << 16;
                     if routes.partner_of(slice) == Some(from)
