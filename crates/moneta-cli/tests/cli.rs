@@ -725,9 +725,8 @@ fn sizes_take_suffixes_and_plots_are_svg_in_existing_directories_only() {
 #[test]
 fn ctrl_c_during_a_sweep_prints_the_points_so_far() {
     use std::io::Read;
-    let dir = std::env::temp_dir().join(format!("moneta-cli-partial-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (svg, html) = (dir.join("partial.svg"), dir.join("partial.html"));
+    let dir = Scratch::new("partial");
+    let (svg, html) = (dir.0.join("partial.svg"), dir.0.join("partial.html"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_moneta"))
         .args(["sim", "sweep", "--ops", "100000", "--plot"])
         .arg(&svg)
@@ -763,13 +762,19 @@ fn ctrl_c_during_a_sweep_prints_the_points_so_far() {
     );
     // The figure and the page of the points so far say they are partial,
     // in their titles.
-    let done = out.lines().filter(|l| l.starts_with("read ")).count();
+    let done = out
+        .lines()
+        .filter(|l| {
+            ["read ", "write ", "mixed "]
+                .iter()
+                .any(|op| l.starts_with(op))
+        })
+        .count();
     let title = format!("PARTIAL: {done} of 36 points");
     for f in [&svg, &html] {
         let text = std::fs::read_to_string(f).unwrap();
         assert!(text.contains(&title), "{title}: {}", f.display());
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `moneta report`: every page, and the NVMM page with its figures (the
@@ -967,9 +972,8 @@ fn unknown_names_suggest_the_nearest_and_a_missing_san_is_an_error() {
 /// draws one series per operation and combination on one chart.
 #[test]
 fn sweeps_of_several_presets_and_thread_counts_overlay_them() {
-    let dir = std::env::temp_dir().join(format!("moneta-cli-overlay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let svg = dir.join("overlay.svg");
+    let dir = Scratch::new("overlay");
+    let svg = dir.0.join("overlay.svg");
     let o = moneta(&[
         "sim",
         "sweep",
@@ -1045,5 +1049,4 @@ fn sweeps_of_several_presets_and_thread_counts_overlay_them() {
     let one = moneta(&["sim", "run", "--qd", "1,4"]);
     assert_eq!(one.status.code(), Some(2));
     assert!(stderr(&one).contains("lists are for `sim sweep`"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
