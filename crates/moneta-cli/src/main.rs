@@ -174,6 +174,15 @@ impl DeviceArgs {
         self.config.is_some()
     }
 
+    /// These options with one preset and one stack of their lists.
+    fn with(&self, preset: &Option<String>, stack: &Option<String>) -> DeviceArgs {
+        DeviceArgs {
+            preset: preset.clone(),
+            stack: stack.clone(),
+            ..self.clone()
+        }
+    }
+
     pub(crate) fn config(&self) -> Result<Config, String> {
         let mut c = match &self.config {
             Some(path) => config_file(path)?,
@@ -196,6 +205,16 @@ impl DeviceArgs {
 /// Load `--config FILE`; errors name the file.
 pub(crate) fn config_file(path: &std::path::Path) -> Result<Config, String> {
     Config::from_file(path).map_err(|e| format!("--config {}: {e}", path.display()))
+}
+
+/// Which columns CSV output has.
+#[derive(Args, Clone)]
+struct ColumnArgs {
+    /// CSV columns: comma-separated field names of the JSON output, a
+    /// dotted field's prefix for all of it (breakdown_us, config.memory),
+    /// or all (about 200) [default: what ran and the table's numbers].
+    #[arg(long, value_name = "NAMES")]
+    columns: Option<String>,
 }
 
 /// The device, the seed and the output format of a run.
@@ -255,12 +274,29 @@ struct PatternArgs {
     region_bytes: Option<u64>,
     /// Requests each thread keeps in flight: 1 is synchronous (XDD); up to
     /// 64 (a channel's tags) is Moneta-D's asynchronous IO, with --stack
-    /// direct and DMA completion only.
-    #[arg(long, visible_alias = "qd", default_value_t = 1)]
-    queue_depth: u32,
+    /// direct and DMA completion only. `sim sweep` takes a comma-separated
+    /// list (1,8,32) and draws every depth on one chart.
+    #[arg(long, visible_alias = "qd", default_value = "1", value_delimiter = ',')]
+    queue_depth: Vec<u32>,
 }
 
 impl PatternArgs {
+    /// The one queue depth of a command that runs one depth.
+    fn depth(&self) -> Result<u32, String> {
+        match self.queue_depth[..] {
+            [d] => Ok(d),
+            _ => Err("--queue-depth takes one number here (lists are for `sim sweep`)".into()),
+        }
+    }
+
+    /// These arguments with queue depth `depth` alone.
+    fn at_depth(&self, depth: u32) -> PatternArgs {
+        PatternArgs {
+            queue_depth: vec![depth],
+            ..self.clone()
+        }
+    }
+
     fn workload(
         &self,
         config: &Config,
@@ -279,7 +315,7 @@ impl PatternArgs {
             .unwrap_or_else(|| default_region_bytes(config));
         let mut w = Workload::xdd(mix, size, threads, region, limit, seed);
         w.groups[0].random = self.pattern == Pattern::Random;
-        w.groups[0].queue_depth = self.queue_depth;
+        w.groups[0].queue_depth = self.depth()?;
         w.validate(config.device.capacity_bytes)?;
         Ok(w)
     }
@@ -305,6 +341,8 @@ struct RunArgs {
     /// Also print where time goes: mean µs per component (Table 3.1 style).
     #[arg(long)]
     breakdown: bool,
+    #[command(flatten)]
+    csv: ColumnArgs,
 }
 
 #[derive(Args)]
@@ -351,12 +389,16 @@ struct SweepArgs {
         default_value = "512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576"
     )]
     sizes: String,
-    /// Closed-loop threads (XDD's 16 in every paper's sweep).
-    #[arg(long, default_value_t = 16)]
-    threads: u32,
+    /// Closed-loop threads (XDD's 16 in every paper's sweep); a
+    /// comma-separated list (1,16) draws every count on one chart, as
+    /// lists of --preset, --stack and --queue-depth do.
+    #[arg(long, default_value = "16", value_delimiter = ',')]
+    threads: Vec<u32>,
     /// Run only points i, i+n, i+2n, … (0-based), for cluster job arrays.
     #[arg(long, value_name = "I/N")]
     shard: Option<String>,
+    #[command(flatten)]
+    csv: ColumnArgs,
     /// Write an SVG plot of bandwidth vs request size.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -533,7 +575,7 @@ pub(crate) fn parse_op(s: &str) -> Result<OpMix, String> {
 fn sim_run(a: RunArgs) -> Result<(), String> {
     let config = a.model.device.config()?;
     let limit = a.limit.limit(200_000)?;
-    warn_if_threads_exceed_ops(a.threads.into(), a.pattern.queue_depth, limit);
+    warn_if_threads_exceed_ops(a.threads.into(), a.pattern.depth()?, limit);
     let w = a
         .pattern
         .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
@@ -543,6 +585,7 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
         std::slice::from_ref(&point),
         a.model.format,
         false,
+        a.csv.columns.as_deref(),
         &provenance,
     )?;
     if a.breakdown && a.model.format == Format::Table {
@@ -554,22 +597,16 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
 /// `moneta sim compare`: the same workload on every (preset, stack) pair.
 fn sim_compare(a: CompareArgs) -> Result<(), String> {
     plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
-    let list = |s: &Option<String>| -> Vec<Option<String>> {
-        match s {
-            None => vec![None],
-            Some(s) => s.split(',').map(|x| Some(x.trim().to_string())).collect(),
-        }
-    };
-    let (presets, stacks) = (list(&a.model.device.preset), list(&a.model.device.stack));
     let limit = a.limit.limit(20_000)?;
     let mut points = Vec::new();
     let mut labels = Vec::new();
+    let (presets, stacks) = (
+        comma_list(&a.model.device.preset),
+        comma_list(&a.model.device.stack),
+    );
     for preset in &presets {
         for stack in &stacks {
-            let mut model = a.model.clone();
-            model.device.preset = preset.clone();
-            model.device.stack = stack.clone();
-            let config = model.device.config()?;
+            let config = a.model.device.with(preset, stack).config()?;
             let w = a
                 .pattern
                 .workload(&config, &a.op, a.size, a.threads, limit, a.model.seed)?;
@@ -597,6 +634,15 @@ fn sim_compare(a: CompareArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// A comma-separated list of `--preset` or `--stack` values: `[None]`
+/// when the option was not given (the default).
+fn comma_list(s: &Option<String>) -> Vec<Option<String>> {
+    match s {
+        None => vec![None],
+        Some(s) => s.split(',').map(|x| Some(x.trim().to_string())).collect(),
+    }
+}
+
 /// A simulation's provenance: its seed and, when the run is bounded by a
 /// count, the requests per point.
 fn sim_provenance(seed: u64, limit: RunLimit) -> provenance::Provenance {
@@ -621,7 +667,13 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 
 fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
-    let config = a.model.device.config()?;
+    // Every (preset, stack) of the lists, each checked before any runs.
+    let mut configs = Vec::new();
+    for preset in &comma_list(&a.model.device.preset) {
+        for stack in &comma_list(&a.model.device.stack) {
+            configs.push(a.model.device.with(preset, stack).config()?);
+        }
+    }
     let ops: Vec<&str> = a.op.split(',').map(str::trim).collect();
     let sizes = moneta_model::units::parse_size_list("--sizes", &a.sizes)?;
     let (shard, shards) = a
@@ -631,18 +683,28 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         .transpose()?
         .unwrap_or((0, 1));
     let limit = a.limit.limit(100_000)?;
-    warn_if_threads_exceed_ops(a.threads.into(), a.pattern.queue_depth, limit);
-    // Build (and so validate) every workload before running any.
-    let mut grid = Vec::with_capacity(ops.len() * sizes.len());
-    for op in &ops {
-        for &size in &sizes {
-            grid.push(
-                a.pattern
-                    .workload(&config, op, size, a.threads, limit, a.model.seed)?,
-            );
+    for &threads in &a.threads {
+        for &depth in &a.pattern.queue_depth {
+            warn_if_threads_exceed_ops(threads.into(), depth, limit);
         }
     }
-    let mine: Vec<Workload> = grid
+    // Build (and so validate) every workload before running any: one per
+    // configuration × threads × depth × operation × size.
+    let mut grid = Vec::new();
+    for (c, config) in configs.iter().enumerate() {
+        for &threads in &a.threads {
+            for &depth in &a.pattern.queue_depth {
+                let pattern = a.pattern.at_depth(depth);
+                for op in &ops {
+                    for &size in &sizes {
+                        let w = pattern.workload(config, op, size, threads, limit, a.model.seed)?;
+                        grid.push((c, w));
+                    }
+                }
+            }
+        }
+    }
+    let mine: Vec<(usize, Workload)> = grid
         .into_iter()
         .enumerate()
         .filter(|(i, _)| i % shards == shard)
@@ -652,14 +714,19 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
     let started = Instant::now();
     let mut points = Vec::with_capacity(mine.len());
     moneta_supervisor::signals::catch_signals();
-    for (k, w) in mine.iter().enumerate() {
+    for (k, (c, w)) in mine.iter().enumerate() {
         if moneta_supervisor::signals::signal_received() {
             break;
         }
         let (op, size) = (w.groups[0].op, w.groups[0].size_bytes);
         if progress {
+            let which = if configs.len() > 1 {
+                format!("{}/{} ", configs[*c].name, configs[*c].host.stack.name())
+            } else {
+                String::new()
+            };
             eprint!(
-                "\r[{}/{}] {} {} B … {:.1} s   ",
+                "\r[{}/{}] {which}{} {} B … {:.1} s   ",
                 k + 1,
                 mine.len(),
                 op.name(),
@@ -667,7 +734,11 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
                 started.elapsed().as_secs_f64()
             );
         }
-        points.push(workload_point(&config, w)?);
+        points.push(workload_point(&configs[*c], w)?);
+        if k == 0 {
+            // A --columns typo fails after one point, not after the sweep.
+            output::check_point_columns(a.csv.columns.as_deref(), &points[0])?;
+        }
     }
     if progress {
         eprintln!(
@@ -677,23 +748,31 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
             ""
         );
     }
-    let provenance = sim_provenance(a.model.seed, limit).partial(points.len() < mine.len());
-    output::print_points(&points, a.model.format, true, &provenance)?;
+    let partial = (points.len() < mine.len()).then(|| (points.len(), mine.len()));
+    let provenance = sim_provenance(a.model.seed, limit).partial(partial.is_some());
+    output::print_points(
+        &points,
+        a.model.format,
+        true,
+        a.csv.columns.as_deref(),
+        &provenance,
+    )?;
     if let Some(path) = &a.plot {
-        let svg = output::bandwidth_chart(&config, &points).to_svg(900, 480);
-        plot::write_file_from(path, &svg, &provenance).map_err(|e| e.to_string())?;
+        let mut chart = output::bandwidth_chart(&configs, &points);
+        output::mark_partial(&mut chart.title, partial);
+        plot::write_file_from(path, &chart.to_svg(900, 480), &provenance)
+            .map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &a.report {
-        let html = output::sweep_report(&config, &points).to_html();
-        plot::write_file_from(path, &html, &provenance).map_err(|e| e.to_string())?;
+        let mut report = output::sweep_report(&configs, &points);
+        output::mark_partial(&mut report.title, partial);
+        plot::write_file_from(path, &report.to_html(), &provenance).map_err(|e| e.to_string())?;
         eprintln!("wrote {}", path.display());
     }
-    if points.len() < mine.len() {
+    if let Some((done, all)) = partial {
         return Err(format!(
-            "{INTERRUPTED}: {} of {} points done, printed above",
-            points.len(),
-            mine.len()
+            "{INTERRUPTED}: {done} of {all} points done, printed above"
         ));
     }
     Ok(())

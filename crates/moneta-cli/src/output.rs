@@ -19,25 +19,24 @@ pub enum Format {
     Csv,
 }
 
-/// The columns of the terminal table and the HTML report (CSV and JSON
-/// carry every field).
-const COLUMNS: [&str; 13] = [
+/// The headings of [`row`]'s cells: the terminal table's and the HTML
+/// report's (CSV and JSON carry every field; the seed is said once).
+const TABLE_HEADER: [&str; 12] = [
     "op",
-    "size_bytes",
-    "threads",
-    "bandwidth_mb_per_s",
-    "iops",
-    "latency_us_mean",
-    "latency_us_p50",
-    "latency_us_p99",
-    "latency_us_p99_9",
-    "latency_us_max",
-    "power_w",
-    "cpu_utilization",
-    "seed",
+    "size",
+    "thr",
+    "MB/s",
+    "IOPS",
+    "mean µs",
+    "p50 µs",
+    "p99 µs",
+    "p99.9 µs",
+    "max µs",
+    "power W",
+    "cpu",
 ];
 
-fn row(p: &PointSummary) -> [String; 13] {
+fn row(p: &PointSummary) -> [String; 12] {
     [
         p.op.clone(),
         p.size_bytes.to_string(),
@@ -55,57 +54,68 @@ fn row(p: &PointSummary) -> [String; 13] {
             "-".to_string()
         },
         format!("{:.2}", p.cpu_utilization),
-        p.seed.to_string(),
     ]
 }
 
 /// Print points; `array` makes JSON's results an array even for one point
 /// (sweeps).
+/// `columns` picks CSV's columns (see [`select_columns`]).
 pub fn print_points(
     points: &[PointSummary],
     format: Format,
     array: bool,
+    columns: Option<&str>,
     provenance: &Provenance,
 ) -> Result<(), String> {
     match format {
         Format::Json if array || points.len() != 1 => print_result_json(points, provenance),
         Format::Json => print_result_json(&points[0], provenance),
-        Format::Csv => print_result_csv(points, provenance),
+        Format::Csv => {
+            if let Some(first) = points.first() {
+                check_point_columns(columns, first)?;
+            }
+            print_text(&csv_provenance(provenance))?;
+            print_csv_columns(points, Some(columns.unwrap_or(POINT_CSV_COLUMNS)))
+        }
         Format::Table => {
             if let Some(first) = points.first() {
                 let depth = match first.queue_depth {
                     1 => String::new(),
                     n => format!("  queue depth {n} per thread (asynchronous)"),
                 };
-                println!(
-                    "preset {}  stack {}  seed {}{depth}",
-                    first.preset, first.stack, first.seed
-                );
+                let varying = Varying::of(points);
+                let mut what = Vec::new();
+                if !varying.preset {
+                    what.push(format!("preset {}", first.preset));
+                }
+                if !varying.stack {
+                    what.push(format!("stack {}", first.stack));
+                }
+                what.push(format!("seed {}", first.seed));
+                let depth = if varying.depth { String::new() } else { depth };
+                println!("{}{depth}", what.join("  "));
             }
-            let header = [
-                "op",
-                "size",
-                "thr",
-                "MB/s",
-                "IOPS",
-                "mean µs",
-                "p50 µs",
-                "p99 µs",
-                "p99.9 µs",
-                "max µs",
-                "power W",
-                "cpu",
-            ];
-            let line = |c: [&str; 12]| {
+            let header = TABLE_HEADER;
+            // With lists of presets, stacks, threads or depths, each row
+            // first says which it is.
+            let varying = Varying::of(points);
+            let labels: Vec<String> = points.iter().map(|p| varying.label(p)).collect();
+            let width = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+            let line = |label: &str, c: [&str; 12]| {
+                let lead = if width > 0 {
+                    format!("{label:<width$}  ")
+                } else {
+                    String::new()
+                };
                 println!(
-                    "{:<6} {:>8} {:>4} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}",
+                    "{lead}{:<6} {:>8} {:>4} {:>9} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>5}",
                     c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10], c[11]
                 )
             };
-            line(header);
-            for p in points {
+            line("", header);
+            for (p, label) in points.iter().zip(&labels) {
                 let r = row(p);
-                line(std::array::from_fn(|i| r[i].as_str()));
+                line(label, std::array::from_fn(|i| r[i].as_str()));
             }
             Ok(())
         }
@@ -230,9 +240,72 @@ pub fn print_text(text: &str) -> Result<(), String> {
     }
 }
 
+/// A simulated point's CSV columns unless `--columns` says otherwise: what
+/// the table shows, what ran and the energy. `--columns all` gives every
+/// field of the JSON (about 200: the breakdown, the power components, the
+/// CDF and the whole configuration).
+pub const POINT_CSV_COLUMNS: &str = "preset,stack,op,read_fraction,size_bytes,pattern,threads,queue_depth,seed,ops,bandwidth_mb_per_s,iops,latency_us_mean,latency_us_p50,latency_us_p99,latency_us_p99_9,latency_us_max,power_w,energy_nj_per_op,cpu_utilization";
+
+/// The columns of `all` (every flattened field, in first-seen order) that
+/// `wanted` names: `all`, or a comma-separated list of names, each a column
+/// (`latency_us_p99`) or the prefix of dotted ones (`breakdown_us` gives
+/// every `breakdown_us.*`). A name that matches nothing is an error that
+/// lists the top-level names.
+pub fn select_columns<'a>(all: &[&'a str], wanted: &str) -> Result<Vec<&'a str>, String> {
+    if wanted.trim() == "all" {
+        return Ok(all.to_vec());
+    }
+    let mut picked: Vec<&str> = Vec::new();
+    for name in wanted.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let dotted = format!("{name}.");
+        let matches: Vec<&str> = all
+            .iter()
+            .copied()
+            .filter(|c| *c == name || c.starts_with(&dotted))
+            .collect();
+        if matches.is_empty() {
+            let mut top: Vec<&str> = all
+                .iter()
+                .map(|c| c.split('.').next().unwrap_or(c))
+                .collect();
+            top.dedup();
+            return Err(format!(
+                "--columns: no column {name:?}; columns are {} (dotted ones by their prefix), or all",
+                top.join(", ")
+            ));
+        }
+        for c in matches {
+            if !picked.contains(&c) {
+                picked.push(c);
+            }
+        }
+    }
+    Ok(picked)
+}
+
+/// Whether `wanted` (as `--columns` takes it) names only fields of
+/// `sample`, a simulated point: checked before a sweep runs, so that a
+/// typo costs no run.
+pub fn check_point_columns(wanted: Option<&str>, sample: &PointSummary) -> Result<(), String> {
+    let Some(wanted) = wanted else {
+        return Ok(());
+    };
+    let value = serde_json::to_value(sample).map_err(|e| e.to_string())?;
+    let mut cells = Vec::new();
+    flatten("", &value, &mut cells);
+    let names: Vec<&str> = cells.iter().map(|(k, _)| k.as_str()).collect();
+    select_columns(&names, wanted).map(|_| ())
+}
+
 /// CSV of results on stdout: one row per record, one column per field of
 /// its JSON form (see [`flatten`]); a field a record lacks is empty.
 pub fn print_csv<T: Serialize>(records: &[T]) -> Result<(), String> {
+    print_csv_columns(records, None)
+}
+
+/// [`print_csv`] with the columns `columns` selects ([`select_columns`];
+/// `None` is every column).
+pub fn print_csv_columns<T: Serialize>(records: &[T], columns: Option<&str>) -> Result<(), String> {
     let rows: Vec<Vec<(String, String)>> = records
         .iter()
         .map(|r| {
@@ -249,6 +322,9 @@ pub fn print_csv<T: Serialize>(records: &[T]) -> Result<(), String> {
                 header.push(key);
             }
         }
+    }
+    if let Some(wanted) = columns.filter(|_| !rows.is_empty()) {
+        header = select_columns(&header, wanted)?;
     }
     let mut out = csv::Writer::from_writer(std::io::stdout().lock());
     let io = |e: csv::Error| e.to_string();
@@ -304,14 +380,77 @@ fn flatten(prefix: &str, value: &Value, cells: &mut Vec<(String, String)>) {
     }
 }
 
+/// What set a sweep's points apart besides the operation and the size:
+/// the preset, stack, threads or queue depth, where the points hold more
+/// than one of it (lists of `--preset`, `--stack`, `--threads`,
+/// `--queue-depth`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Varying {
+    preset: bool,
+    stack: bool,
+    threads: bool,
+    depth: bool,
+}
+
+impl Varying {
+    pub fn of(points: &[PointSummary]) -> Varying {
+        let differ = |f: &dyn Fn(&PointSummary) -> String| {
+            points
+                .first()
+                .is_some_and(|p0| points.iter().any(|p| f(p) != f(p0)))
+        };
+        Varying {
+            preset: differ(&|p| p.preset.clone()),
+            stack: differ(&|p| p.stack.clone()),
+            threads: differ(&|p| p.threads.to_string()),
+            depth: differ(&|p| p.queue_depth.to_string()),
+        }
+    }
+
+    /// What sets `p` apart ("onyx-late, 1 thread"), empty when nothing varies.
+    pub fn label(&self, p: &PointSummary) -> String {
+        let mut parts = Vec::new();
+        if self.preset {
+            parts.push(p.preset.clone());
+        }
+        if self.stack {
+            parts.push(p.stack.clone());
+        }
+        if self.threads {
+            parts.push(threads_label(p.threads));
+        }
+        if self.depth {
+            parts.push(format!("QD{}", p.queue_depth));
+        }
+        parts.join(", ")
+    }
+
+    /// A series' name: the operation, then what sets it apart.
+    fn series_name(&self, p: &PointSummary) -> String {
+        match self.label(p) {
+            l if l.is_empty() => p.op.clone(),
+            l => format!("{}, {l}", p.op),
+        }
+    }
+}
+
+/// "1 thread", "16 threads".
+pub fn threads_label(n: u32) -> String {
+    format!("{n} thread{}", if n == 1 { "" } else { "s" })
+}
+
+/// One series per operation and what else varies (see [`Varying`]), in
+/// first-seen order.
 fn series_by_op(points: &[PointSummary], value: impl Fn(&PointSummary) -> f64) -> Vec<Series> {
+    let varying = Varying::of(points);
     let mut series: Vec<Series> = Vec::new();
     for p in points {
-        let s = match series.iter_mut().position(|s| s.name == p.op) {
+        let name = varying.series_name(p);
+        let s = match series.iter_mut().position(|s| s.name == name) {
             Some(i) => &mut series[i],
             None => {
                 series.push(Series {
-                    name: p.op.clone(),
+                    name,
                     points: Vec::new(),
                 });
                 series.last_mut().expect("just pushed")
@@ -322,42 +461,94 @@ fn series_by_op(points: &[PointSummary], value: impl Fn(&PointSummary) -> f64) -
     series
 }
 
-/// "preset, stack, N threads" for titles.
-fn run_label(config: &Config, points: &[PointSummary]) -> String {
-    let threads = points.first().map_or(0, |p| p.threads);
-    format!(
-        "{}, {} stack, {threads} threads",
-        config.name,
-        config.host.stack.name()
-    )
+/// "preset, stack, N threads" for titles: what every point shares (what
+/// varies is in the series' names), and the queue depth when it is not 1.
+fn run_label(points: &[PointSummary]) -> String {
+    let Some(p) = points.first() else {
+        return "no points".into();
+    };
+    let varying = Varying::of(points);
+    let mut parts = Vec::new();
+    if !varying.preset {
+        parts.push(p.preset.clone());
+    }
+    if !varying.stack {
+        parts.push(format!("{} stack", p.stack));
+    }
+    if !varying.threads {
+        parts.push(threads_label(p.threads));
+    }
+    if !varying.depth && p.queue_depth != 1 {
+        parts.push(format!("queue depth {}", p.queue_depth));
+    }
+    parts.join(", ")
 }
 
-/// Published points for the operations of `points` (see
-/// `calibration::published_bandwidth`), each beside the model's point of
-/// the same operation and size: (op, size, published MB/s, model MB/s).
+/// `what (detail)`, or `what` alone when there is no detail (a leading
+/// "; " of an empty first part dropped).
+fn titled(what: &str, detail: &str) -> String {
+    match detail.trim_start_matches("; ") {
+        "" => what.to_string(),
+        d => format!("{what} ({d})"),
+    }
+}
+
+/// Adds "PARTIAL: k of n points" to a title when the run stopped early.
+pub fn mark_partial(title: &mut String, partial: Option<(usize, usize)>) {
+    if let Some((done, all)) = partial {
+        title.push_str(&format!(" — PARTIAL: {done} of {all} points"));
+    }
+}
+
+/// The configuration a point ran: the one of `configs` with its preset and
+/// stack (the first when none matches).
+fn config_of<'a>(configs: &'a [Config], p: &PointSummary) -> &'a Config {
+    configs
+        .iter()
+        .find(|c| c.name == p.preset && c.host.stack.name() == p.stack)
+        .unwrap_or(&configs[0])
+}
+
 /// (op, size in bytes, published MB/s, model MB/s).
 pub type PublishedPoint = (String, u64, f64, f64);
 
+/// Published points for the points of `points` (see
+/// `calibration::published_bandwidth`), each beside the model's point of
+/// the same operation and size, named by the point's series (the model's
+/// curve it is compared with).
 pub fn published_beside(
-    config: &Config,
+    configs: &[Config],
     points: &[PointSummary],
 ) -> (Option<&'static str>, Vec<PublishedPoint>) {
+    let varying = Varying::of(points);
     let mut source = None;
     let mut rows = Vec::new();
+    if configs.is_empty() {
+        return (None, rows);
+    }
     for p in points {
+        let config = config_of(configs, p);
         if let Some((src, published)) = published_bandwidth(config, &p.op, p.threads) {
+            if p.queue_depth != 1 {
+                continue;
+            }
             if let Some(&(_, mb)) = published.iter().find(|(size, _)| *size == p.size_bytes) {
                 source = Some(src);
-                rows.push((p.op.clone(), p.size_bytes, mb, p.bandwidth_mb_per_s));
+                rows.push((
+                    varying.series_name(p),
+                    p.size_bytes,
+                    mb,
+                    p.bandwidth_mb_per_s,
+                ));
             }
         }
     }
     (source, rows)
 }
 
-pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
+pub fn bandwidth_chart(configs: &[Config], points: &[PointSummary]) -> Chart {
     let mut series = series_by_op(points, |p| p.bandwidth_mb_per_s);
-    let (_, published) = published_beside(config, points);
+    let (_, published) = published_beside(configs, points);
     let crosses = crate::plot::crosses_note(!published.is_empty());
     for (op, size, mb, _) in published {
         let name = format!("{PUBLISHED_PREFIX}{op}");
@@ -370,9 +561,9 @@ pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
         }
     }
     Chart {
-        title: format!(
-            "Bandwidth vs request size ({}{crosses})",
-            run_label(config, points)
+        title: titled(
+            "Bandwidth vs request size",
+            &format!("{}{crosses}", run_label(points)),
         ),
         x_label: "request size (bytes)".into(),
         y_label: "bandwidth (MB/s)".into(),
@@ -385,8 +576,8 @@ pub fn bandwidth_chart(config: &Config, points: &[PointSummary]) -> Chart {
 
 /// The published points beside the model's, with the error of each, and
 /// the mean absolute percentage error.
-fn published_table(config: &Config, points: &[PointSummary]) -> Vec<ReportSection> {
-    let (Some(source), rows) = published_beside(config, points) else {
+fn published_table(configs: &[Config], points: &[PointSummary]) -> Vec<ReportSection> {
+    let (Some(source), rows) = published_beside(configs, points) else {
         return vec![ReportSection::Paragraph(
             "No published points are known for this configuration (the papers' tables are for preset moneta with the 2q stack at 16 threads; Onyx's are withheld).".into(),
         )];
@@ -400,10 +591,16 @@ fn published_table(config: &Config, points: &[PointSummary]) -> Vec<ReportSectio
             rows.len()
         )),
         ReportSection::Table {
-            header: ["op", "size (B)", "published MB/s", "model MB/s", "error"]
-                .iter()
-                .map(|h| h.to_string())
-                .collect(),
+            header: [
+                "series",
+                "size (B)",
+                "published MB/s",
+                "model MB/s",
+                "error",
+            ]
+            .iter()
+            .map(|h| h.to_string())
+            .collect(),
             rows: rows
                 .iter()
                 .zip(&errors)
@@ -421,12 +618,12 @@ fn published_table(config: &Config, points: &[PointSummary]) -> Vec<ReportSectio
     ]
 }
 
-pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
+/// The HTML report of a sweep of one or more configurations (`configs`,
+/// at least one: the points' presets and stacks).
+pub fn sweep_report(configs: &[Config], points: &[PointSummary]) -> Report {
+    let what = run_label(points);
     let latency = Chart {
-        title: format!(
-            "Mean latency vs request size ({})",
-            run_label(config, points)
-        ),
+        title: titled("Mean latency vs request size", &what),
         x_label: "request size (bytes)".into(),
         y_label: "mean latency (µs, log scale)".into(),
         x_log2: true,
@@ -435,10 +632,7 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
         series: series_by_op(points, |p| p.latency_us_mean),
     };
     let power = Chart {
-        title: format!(
-            "Device power vs request size ({})",
-            run_label(config, points)
-        ),
+        title: titled("Device power vs request size", &what),
         x_label: "request size (bytes)".into(),
         y_label: "power (W)".into(),
         x_log2: true,
@@ -447,61 +641,107 @@ pub fn sweep_report(config: &Config, points: &[PointSummary]) -> Report {
         series: series_by_op(points, |p| p.power_w),
     };
     let seed = points.first().map_or(0, |p| p.seed);
+    let varying = Varying::of(points);
     let mut where_time_goes = vec![ReportSection::Heading("Where time goes".into())];
-    for op in ["read", "write", "mixed"] {
-        let of_op: Vec<&PointSummary> = points.iter().filter(|p| p.op == op).collect();
-        if of_op.is_empty() {
-            continue;
+    let mut names: Vec<String> = Vec::new();
+    for p in points {
+        let name = varying.series_name(p);
+        if !names.contains(&name) {
+            names.push(name);
         }
-        let labels: Vec<String> = of_op
+    }
+    for name in &names {
+        let of_series: Vec<&PointSummary> = points
+            .iter()
+            .filter(|p| varying.series_name(p) == *name)
+            .collect();
+        let labels: Vec<String> = of_series
             .iter()
             .map(|p| crate::plot::format_pow2(p.size_bytes as f64))
             .collect();
         where_time_goes.push(ReportSection::Bars(breakdown_bars(
-            format!(
-                "Where {op} time goes, by request size ({})",
-                run_label(config, points)
-            ),
-            &of_op,
+            titled(&format!("Where {name} time goes, by request size"), &what),
+            &of_series,
             &labels,
             true,
         )));
-        where_time_goes.push(ReportSection::Chart(cdf_chart(
-            format!(
-                "{op} latency CDF, by request size ({})",
-                run_label(config, points)
-            ),
-            &of_op,
-            &labels,
+        if of_series.iter().any(|p| has_distribution(p)) {
+            where_time_goes.push(ReportSection::Chart(cdf_chart(
+                titled(&format!("{name} latency CDF, by request size"), &what),
+                &of_series,
+                &labels,
+            )));
+        } else {
+            where_time_goes.push(ReportSection::Paragraph(format!(
+                "{name}: every request of a size takes the same time (within 2%), so there is no latency distribution to draw; the table below has the latencies."
+            )));
+        }
+    }
+    let config = &configs[0];
+    let title = if configs.len() == 1 {
+        format!("Moneta simulation: {}", config.name)
+    } else {
+        let names: Vec<String> = configs
+            .iter()
+            .map(|c| format!("{}/{}", c.name, c.host.stack.name()))
+            .collect();
+        format!("Moneta simulation: {}", names.join(" vs "))
+    };
+    let description = if configs.len() == 1 {
+        format!(
+            "{} Stack {}, seed {seed}.",
+            config.description,
+            config.host.stack.name()
+        )
+    } else {
+        let each: Vec<String> = configs
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} ({} stack): {}",
+                    c.name,
+                    c.host.stack.name(),
+                    c.description
+                )
+            })
+            .collect();
+        format!("{} Seed {seed}.", each.join(" "))
+    };
+    let (mut header, mut cells): (Vec<String>, Vec<Vec<String>>) = (
+        TABLE_HEADER.iter().map(|c| c.to_string()).collect(),
+        points.iter().map(|p| row(p).to_vec()).collect(),
+    );
+    if varying != Varying::default() {
+        header.insert(0, "series".into());
+        for (r, p) in cells.iter_mut().zip(points) {
+            r.insert(0, varying.label(p));
+        }
+    }
+    let mut sections = vec![
+        ReportSection::Paragraph(format!(
+            "{description} Bandwidth in 10^6 B/s, as in the papers. Re-running with the same seed and configuration gives the same numbers."
+        )),
+        ReportSection::Chart(bandwidth_chart(configs, points)),
+    ];
+    sections.extend(published_table(configs, points));
+    sections.extend([ReportSection::Chart(latency), ReportSection::Chart(power)]);
+    sections.extend(where_time_goes);
+    sections.push(ReportSection::Heading("Results".into()));
+    sections.push(ReportSection::Table {
+        header,
+        rows: cells,
+    });
+    for c in configs {
+        sections.push(ReportSection::Heading(format!(
+            "Resolved configuration: {} ({} stack)",
+            c.name,
+            c.host.stack.name()
         )));
+        sections.push(ReportSection::Preformatted(
+            toml::to_string(c).unwrap_or_default(),
+        ));
     }
-    Report {
-        title: format!("Moneta simulation: {}", config.name),
-        sections: vec![
-            ReportSection::Heading(config.description.clone()),
-            ReportSection::Paragraph(format!(
-                "Stack {}, seed {seed}. Bandwidth in 10^6 B/s, as in the papers. Re-running with the same seed and configuration gives the same numbers.",
-                config.host.stack.name()
-            )),
-            ReportSection::Chart(bandwidth_chart(config, points)),
-        ]
-        .into_iter()
-        .chain(published_table(config, points))
-        .chain([
-            ReportSection::Chart(latency),
-            ReportSection::Chart(power),
-        ])
-        .chain(where_time_goes)
-        .chain([
-            ReportSection::Table {
-                header: COLUMNS.iter().map(|c| c.to_string()).collect(),
-                rows: points.iter().map(|p| row(p).to_vec()).collect(),
-            },
-            ReportSection::Heading("Resolved configuration".into()),
-            ReportSection::Preformatted(toml::to_string(config).unwrap_or_default()),
-        ])
-        .collect(),
-    }
+    Report { title, sections }
 }
 
 /// Components that took time in any of `points`, in Table 3.1 order.
@@ -556,7 +796,7 @@ pub fn print_comparison(
     let refs: Vec<&PointSummary> = points.iter().collect();
     let components = components_of(&refs);
     match format {
-        Format::Json => print_points(points, format, true, provenance),
+        Format::Json => print_points(points, format, true, None, provenance),
         Format::Csv => {
             println!("{}", csv_provenance(provenance));
             println!("component,{}", labels.join(","));
@@ -604,14 +844,52 @@ pub fn print_comparison(
     }
 }
 
-/// One stacked bar per point, labelled by `labels`.
+/// The most segments a bar has: more cannot be told apart by colour.
+pub const MAX_SEGMENTS: usize = 8;
+
+/// The components a chart of `points` draws on their own (the largest by
+/// their summed share of each point's latency, at most [`MAX_SEGMENTS`] - 1
+/// when some must go into "other"), in Table 3.1 order, and those it sums
+/// as "other".
+fn drawn_components(points: &[&PointSummary]) -> (Vec<Component>, Vec<Component>) {
+    let all = components_of(points);
+    if all.len() <= MAX_SEGMENTS {
+        return (all, Vec::new());
+    }
+    let share = |c: Component| -> f64 {
+        points
+            .iter()
+            .map(|p| {
+                let total = p.breakdown_us.total_mean_ns();
+                if total > 0.0 {
+                    p.breakdown_us.mean_ns(c) / total
+                } else {
+                    0.0
+                }
+            })
+            .sum()
+    };
+    let mut by_share = all.clone();
+    by_share.sort_by(|a, b| share(*b).total_cmp(&share(*a)));
+    let kept = &by_share[..MAX_SEGMENTS - 1];
+    all.iter().partition(|c| kept.contains(c))
+}
+
+/// One stacked bar per point, labelled by `labels`: at most
+/// [`MAX_SEGMENTS`] segments coloured by family (`plot::Family`), the
+/// smallest components summed as "other" on top (the tables keep them all).
 pub fn breakdown_bars(
     title: String,
     points: &[&PointSummary],
     labels: &[String],
     percent: bool,
 ) -> StackedBars {
-    let components = components_of(points);
+    let (drawn, other) = drawn_components(points);
+    let other_name = format!(
+        "{} ({} smaller components)",
+        crate::plot::OTHER_COMPONENTS,
+        other.len()
+    );
     StackedBars {
         title,
         y_label: "mean latency (µs)".into(),
@@ -619,14 +897,30 @@ pub fn breakdown_bars(
             .iter()
             .zip(labels)
             .map(|(p, label)| {
-                let parts = components
+                let mut parts: Vec<(String, f64)> = drawn
                     .iter()
                     .map(|&c| (c.label().to_string(), p.breakdown_us.mean_ns(c) / 1e3))
                     .collect();
+                if !other.is_empty() {
+                    let rest = other
+                        .iter()
+                        .map(|&c| p.breakdown_us.mean_ns(c))
+                        .sum::<f64>();
+                    parts.push((other_name.clone(), rest / 1e3));
+                }
                 (label.clone(), parts)
             })
             .collect(),
         percent,
+    }
+}
+
+/// Whether a point's latencies spread (the slowest request more than 2%
+/// slower than the fastest): a CDF of a point without is a vertical line.
+pub fn has_distribution(p: &PointSummary) -> bool {
+    match (p.latency_cdf_us.first(), p.latency_cdf_us.last()) {
+        (Some(&(lo, _)), Some(&(hi, _))) => lo > 0.0 && hi > 1.02 * lo,
+        _ => false,
     }
 }
 
@@ -718,7 +1012,13 @@ pub fn compare_report(points: &[PointSummary], labels: &[String]) -> Report {
                 "Mean µs per request by component (SPEC §2.1 Table 3.1); each bar sums to the mean latency. Same seed, same numbers.".into(),
             ),
             ReportSection::Bars(compare_bars(points, labels)),
-            ReportSection::Chart(cdf_chart(format!("latency CDF: {what}"), &refs, labels)),
+            if points.iter().any(has_distribution) {
+                ReportSection::Chart(cdf_chart(format!("latency CDF: {what}"), &refs, labels))
+            } else {
+                ReportSection::Paragraph(
+                    "Every request takes the same time in each configuration (within 2%): no latency distribution to draw (more threads make one).".into(),
+                )
+            },
             ReportSection::Table {
                 header: std::iter::once("component".to_string())
                     .chain(labels.iter().cloned())
@@ -726,5 +1026,163 @@ pub fn compare_report(points: &[PointSummary], labels: &[String]) -> Report {
                 rows,
             },
         ],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plot::tests::{assert_no_label_overlaps, check_balanced};
+    use moneta_model::summary::xdd_point;
+    use moneta_model::workload::{OpMix, RunLimit};
+
+    fn point(preset: &str, size: u64, threads: u32) -> (Config, PointSummary) {
+        let c = Config::preset(preset).unwrap();
+        let p = xdd_point(&c, OpMix::Read, size, threads, RunLimit::Ops(400), 1).unwrap();
+        (c, p)
+    }
+
+    /// Several presets and thread counts in one sweep: one series per
+    /// operation and combination, named by what sets it apart; titles keep
+    /// what they share and never an empty "()"; the page renders with a
+    /// "series" column and no overlapping labels.
+    #[test]
+    fn a_sweep_of_several_configurations_overlays_them() {
+        let mut configs = Vec::new();
+        let mut points = Vec::new();
+        for preset in ["moneta", "onyx-late"] {
+            for threads in [1, 16] {
+                for size in [512, 4096] {
+                    let (c, p) = point(preset, size, threads);
+                    points.push(p);
+                    if !configs.iter().any(|k: &Config| k.name == c.name) {
+                        configs.push(c);
+                    }
+                }
+            }
+        }
+        let chart = bandwidth_chart(&configs, &points);
+        let names: Vec<&str> = chart.series.iter().map(|s| s.name.as_str()).collect();
+        assert!(names.contains(&"read, moneta, 2q, 1 thread"), "{names:?}");
+        assert!(
+            names.contains(&"read, onyx-late, spin, 16 threads"),
+            "{names:?}"
+        );
+        assert_eq!(
+            names
+                .iter()
+                .filter(|n| !n.starts_with(PUBLISHED_PREFIX))
+                .count(),
+            4
+        );
+        // Published points (moneta, 16 threads) take their series' name.
+        assert!(
+            names.contains(&"published read, moneta, 2q, 16 threads"),
+            "{names:?}"
+        );
+        assert!(
+            !chart.title.contains("()") && !chart.title.contains("(;"),
+            "{}",
+            chart.title
+        );
+        let html = sweep_report(&configs, &points).to_html();
+        check_balanced(&html);
+        assert!(html.contains("<th>series</th>"));
+        assert!(html.contains("Resolved configuration: onyx-late"));
+        for svg in html.split("<figure>").skip(1) {
+            assert_no_label_overlaps(
+                "sweep report figure",
+                svg.split("</figure>").next().unwrap(),
+            );
+        }
+        // One configuration: its name in the titles, no series column.
+        let one: Vec<PointSummary> = points
+            .iter()
+            .filter(|p| p.preset == "moneta" && p.threads == 16)
+            .cloned()
+            .collect();
+        let chart = bandwidth_chart(&configs[..1], &one);
+        assert_eq!(chart.series[0].name, "read");
+        assert!(
+            chart.title.contains("moneta, 2q stack, 16 threads"),
+            "{}",
+            chart.title
+        );
+        assert!(!sweep_report(&configs[..1], &one)
+            .to_html()
+            .contains("<th>series</th>"));
+        let mut title = chart.title.clone();
+        mark_partial(&mut title, Some((3, 36)));
+        assert!(title.ends_with("PARTIAL: 3 of 36 points"));
+    }
+
+    /// A bar has at most eight segments: the largest components, the rest
+    /// summed as "other" on top; every bar still sums to its latency.
+    #[test]
+    fn breakdown_bars_group_small_components_as_other() {
+        let points: Vec<PointSummary> = [512, 65536]
+            .iter()
+            .map(|&s| point("moneta", s, 16).1)
+            .collect();
+        let refs: Vec<&PointSummary> = points.iter().collect();
+        assert!(
+            components_of(&refs).len() > MAX_SEGMENTS,
+            "the case needs many components"
+        );
+        let bars = breakdown_bars("t".into(), &refs, &["a".into(), "b".into()], false);
+        for ((_, parts), p) in bars.bars.iter().zip(&points) {
+            assert!(parts.len() <= MAX_SEGMENTS, "{parts:?}");
+            let (last, _) = parts.last().unwrap();
+            assert!(last.starts_with("other ("), "{last}");
+            let sum: f64 = parts.iter().map(|(_, v)| v).sum();
+            let total = p.breakdown_us.total_mean_ns() / 1e3;
+            assert!(
+                (sum - total).abs() < 1e-6 * total.max(1.0),
+                "{sum} vs {total}"
+            );
+        }
+        // Few components: no "other".
+        let (drawn, other) = drawn_components(&refs[..1]);
+        assert!(drawn.len() <= MAX_SEGMENTS);
+        if components_of(&refs[..1]).len() <= MAX_SEGMENTS {
+            assert!(other.is_empty());
+        }
+    }
+
+    /// One thread of the deterministic model has no distribution to draw;
+    /// sixteen threads queueing do.
+    #[test]
+    fn a_cdf_only_where_latencies_spread() {
+        assert!(!has_distribution(&point("moneta", 4096, 1).1));
+        assert!(has_distribution(&point("onyx-late", 4096, 16).1));
+    }
+
+    #[test]
+    fn columns_are_selected_by_name_or_prefix() {
+        let all = [
+            "op",
+            "size_bytes",
+            "breakdown_us.dma",
+            "breakdown_us.ring",
+            "config.a.b",
+        ];
+        assert_eq!(select_columns(&all, "all").unwrap(), all.to_vec());
+        assert_eq!(
+            select_columns(&all, "size_bytes, breakdown_us,op").unwrap(),
+            vec!["size_bytes", "breakdown_us.dma", "breakdown_us.ring", "op"]
+        );
+        assert_eq!(
+            select_columns(&all, "config.a").unwrap(),
+            vec!["config.a.b"]
+        );
+        let e = select_columns(&all, "op,breakdown").unwrap_err();
+        assert!(
+            e.contains("\"breakdown\"") && e.contains("breakdown_us, config"),
+            "{e}"
+        );
+        // The default names only fields a point has.
+        let p = point("moneta", 4096, 1).1;
+        check_point_columns(Some(POINT_CSV_COLUMNS), &p).unwrap();
+        assert!(check_point_columns(Some("latency"), &p).is_err());
     }
 }

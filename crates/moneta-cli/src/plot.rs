@@ -3,7 +3,8 @@
 //! The `moneta` CLI uses this module to show sweep results: a [`Chart`] holds
 //! one or more [`Series`] of `(x, y)` points and renders to a standalone SVG
 //! document (axes, 1-2-5 "nice" ticks or log2 request-size ticks, grid,
-//! legend outside the plot area, a polyline plus markers per series).  A
+//! legend outside the plot area, a polyline plus markers per series, no
+//! markers on a dense one).  A
 //! [`Report`] strings headings, paragraphs, charts, tables and preformatted
 //! text together into one HTML file with inline SVGs.  Non-finite points (and
 //! non-positive values on a log axis) are skipped; all text is escaped.
@@ -39,6 +40,9 @@ const MARKERS: [Marker; 5] = [
     Marker::Diamond,
     Marker::Cross,
 ];
+
+/// A series with more points than this is a line without markers.
+const DENSE_POINTS: usize = 20;
 
 /// Approximate glyph width (in px) of the sans-serif font at `size` px.
 fn text_width(s: &str, size: f64) -> f64 {
@@ -556,10 +560,17 @@ impl Chart {
                     s,
                     r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="{:.1}" stroke-linejoin="round"/>"#,
                     coords.join(" "),
-                    2.0 + 1.5 * under.min(3.0)
+                    2.0 + 1.0 * under.min(3.0)
                 );
             }
-            for &(x, y) in pts {
+            // A dense line (a CDF's 25 points) is drawn without markers:
+            // they would cover it.
+            let markers = if published || pts.len() <= DENSE_POINTS {
+                &pts[..]
+            } else {
+                &[]
+            };
+            for &(x, y) in markers {
                 s.push_str(&marker_svg_sized(
                     shape,
                     px(x),
@@ -601,16 +612,18 @@ impl Chart {
                         ex + sample_w
                     );
                 }
-                s.push_str(&marker_svg(
-                    if published {
-                        Marker::Cross
-                    } else {
-                        MARKERS[style % MARKERS.len()]
-                    },
-                    ex + sample_w / 2.0,
-                    ey,
-                    colour,
-                ));
+                if published || data[i].len() <= DENSE_POINTS {
+                    s.push_str(&marker_svg(
+                        if published {
+                            Marker::Cross
+                        } else {
+                            MARKERS[style % MARKERS.len()]
+                        },
+                        ex + sample_w / 2.0,
+                        ey,
+                        colour,
+                    ));
+                }
                 let _ = writeln!(
                     s,
                     r#"<text x="{:.1}" y="{ey:.1}" dominant-baseline="middle">{}</text>"#,
@@ -630,13 +643,22 @@ impl Chart {
 /// more than one figure).
 pub fn stacked_svg(charts: &[Chart], width_px: u32, height_px: u32) -> String {
     let (w, h) = (width_px.max(200), height_px.max(150));
-    let total = h as usize * charts.len().max(1);
+    let docs: Vec<(String, u32)> = charts.iter().map(|c| (c.to_svg(w, h), h)).collect();
+    one_below_the_other(&docs, w)
+}
+
+/// SVG documents (each with its height) one below the other in one
+/// document `width_px` wide: the panels of one figure.
+pub fn one_below_the_other(docs: &[(String, u32)], width_px: u32) -> String {
+    let total = docs.iter().map(|(_, h)| *h as usize).sum::<usize>().max(1);
+    let w = width_px;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{total}\" viewBox=\"0 0 {w} {total}\">\n"
     );
-    for (k, chart) in charts.iter().enumerate() {
-        let one = chart.to_svg(w, h);
-        s.push_str(&one.replacen("<svg ", &format!("<svg y=\"{}\" ", k * h as usize), 1));
+    let mut y = 0;
+    for (one, h) in docs {
+        s.push_str(&one.replacen("<svg ", &format!("<svg y=\"{y}\" "), 1));
+        y += *h as usize;
     }
     s.push_str("</svg>\n");
     s
@@ -655,16 +677,124 @@ pub struct StackedBars {
     pub percent: bool,
 }
 
-/// The colour of a component by its name: its place in the breakdown's
-/// fixed order (`Component::ALL`), so that one component has one colour in
-/// every chart; names outside it follow, in the chart's first-seen order.
+/// The families of where time goes, each with its own hue: host OS,
+/// driver, user-space library, SAN transport and network, device (link,
+/// queues, ring) and media (the memory controllers and array). A segment's
+/// colour is its family's hue at a lightness of its own, so one component
+/// has one colour in every chart and a bar reads by family at a glance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    HostOs,
+    Driver,
+    Library,
+    Network,
+    Device,
+    Media,
+}
+
+impl Family {
+    /// The family's hue (degrees) and saturation (%): blue, amber,
+    /// magenta, violet, green, red.
+    fn hue(self) -> (u32, u32) {
+        match self {
+            Family::HostOs => (210, 75),
+            Family::Driver => (40, 90),
+            Family::Library => (320, 60),
+            Family::Network => (265, 45),
+            Family::Device => (155, 65),
+            Family::Media => (2, 70),
+        }
+    }
+
+    /// The family of `c`, and `c`'s place among the family's members.
+    pub fn of(c: moneta_model::breakdown::Component) -> (Family, usize) {
+        use moneta_model::breakdown::Component as C;
+        const FAMILIES: [(Family, &[C]); 6] = [
+            (
+                Family::HostOs,
+                &[
+                    C::SyscallEntry,
+                    C::FileSystem,
+                    C::BlockLayer,
+                    C::Interrupt,
+                    C::WakeUp,
+                    C::CoreWait,
+                    C::Preempted,
+                    C::Return,
+                ],
+            ),
+            (
+                Family::Driver,
+                &[
+                    C::Tag,
+                    C::CopyIn,
+                    C::Pio,
+                    C::DriverLock,
+                    C::LockWait,
+                    C::TagWait,
+                    C::SpinDetect,
+                    C::CopyOut,
+                ],
+            ),
+            (Family::Library, &[C::Library, C::PermissionMiss]),
+            (
+                Family::Network,
+                &[
+                    C::BlockTransport,
+                    C::TargetWait,
+                    C::NetworkWait,
+                    C::Network,
+                    C::PacketBuffer,
+                ],
+            ),
+            (
+                Family::Device,
+                &[
+                    C::Retag,
+                    C::Protection,
+                    C::DeviceQueue,
+                    C::DmaWait,
+                    C::Dma,
+                    C::RingWait,
+                    C::Ring,
+                    C::Notify,
+                ],
+            ),
+            (Family::Media, &[C::ControllerQueue, C::Array]),
+        ];
+        FAMILIES
+            .iter()
+            .find_map(|(f, members)| members.iter().position(|&m| m == c).map(|k| (*f, k)))
+            .unwrap_or((Family::Device, 0))
+    }
+}
+
+/// The name of the segment that sums the components a bar chart leaves
+/// out (see `output::breakdown_bars`): drawn grey.
+pub const OTHER_COMPONENTS: &str = "other";
+
+/// The colour of a component by its name: its family's hue at the
+/// lightness of its place in the family (see [`Family`]); the "other"
+/// segment is grey; names outside the breakdown follow the palette in the
+/// chart's first-seen order.
 fn component_colour_of(name: &str, first_seen: usize) -> String {
     use moneta_model::breakdown::Component;
-    let i = Component::ALL
-        .iter()
-        .position(|c| c.label() == name)
-        .unwrap_or(Component::ALL.len() + first_seen);
-    component_colour(i)
+    if name.starts_with(OTHER_COMPONENTS) {
+        return "#a0a0a0".into();
+    }
+    match Component::ALL.iter().find(|c| c.label() == name) {
+        Some(&c) => {
+            let (family, k) = Family::of(c);
+            let (hue, saturation) = family.hue();
+            // Dark and light alternate, so that neighbours in a family differ.
+            const LIGHTNESS: [u32; 8] = [32, 62, 45, 75, 38, 68, 52, 80];
+            format!(
+                "hsl({hue},{saturation}%,{}%)",
+                LIGHTNESS[k % LIGHTNESS.len()]
+            )
+        }
+        None => component_colour(first_seen),
+    }
 }
 
 /// Angle of bar labels too long for their slot (see [`StackedBars::to_svg`]).
@@ -1707,6 +1837,51 @@ pub(crate) mod tests {
         assert!(caught.is_err(), "a label past the edge must be caught");
         assert_eq!(format_total(3.754), "3.75");
         assert_eq!(format_total(0.004), "4.0e-3");
+    }
+
+    /// Components are coloured by family: one hue per family, members at
+    /// different lightness; "other" is grey; every component has a family.
+    #[test]
+    fn components_are_coloured_by_family() {
+        use moneta_model::breakdown::Component as C;
+        let hue = |c: C| {
+            let colour = component_colour_of(c.label(), 0);
+            colour.split(',').next().unwrap().to_string()
+        };
+        assert_eq!(hue(C::SyscallEntry), hue(C::Return));
+        assert_eq!(hue(C::Dma), hue(C::Ring));
+        assert_ne!(hue(C::SyscallEntry), hue(C::Dma));
+        assert_ne!(hue(C::Array), hue(C::Tag));
+        assert_ne!(
+            component_colour_of(C::SyscallEntry.label(), 0),
+            component_colour_of(C::BlockLayer.label(), 0)
+        );
+        assert_eq!(
+            component_colour_of("other (9 smaller components)", 3),
+            "#a0a0a0"
+        );
+        for c in C::ALL {
+            let (f, k) = Family::of(c);
+            assert!(
+                (f, k) != (Family::Device, 0) || c == C::Retag,
+                "{c:?} has no family"
+            );
+        }
+    }
+
+    /// A dense line (a CDF's 25 points) has no markers; a sweep's 12 do.
+    #[test]
+    fn dense_lines_have_no_markers() {
+        let line = |n: usize| Chart {
+            series: vec![Series {
+                name: "s".into(),
+                points: (1..=n).map(|i| (i as f64, i as f64)).collect(),
+            }],
+            ..Chart::default()
+        };
+        assert_eq!(line(25).to_svg(600, 400).matches("<circle").count(), 0);
+        // Twelve on the line and one in the legend.
+        assert_eq!(line(12).to_svg(600, 400).matches("<circle").count(), 13);
     }
 
     #[test]

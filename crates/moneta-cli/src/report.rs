@@ -456,7 +456,7 @@ fn moneta_page(a: &ReportArgs) -> Result<Report, String> {
         &checks,
     ));
     Ok(with_sections(
-        sweep_report(&c, &points),
+        sweep_report(std::slice::from_ref(&c), &points),
         "Moneta (MICRO'10, dissertation ch. 3, the 2011 array beside Onyx)",
         [summary, vec![commands(&[
             format!("moneta sim sweep --preset moneta --threads 16 --ops {} --seed {seed} --report moneta-sweep.html", a.ops),
@@ -561,7 +561,7 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
         &checks,
     ));
     Ok(with_sections(
-        sweep_report(&c, &points),
+        sweep_report(std::slice::from_ref(&c), &points),
         "Moneta-D (dissertation ch. 4): user-space access with device-checked permissions",
         [reproduces_section(&checks, &chapter_orderings), vec![commands(&[
             format!("moneta sim sweep --preset moneta-d --threads 16 --ops {} --seed {} --report moneta-d-sweep.html", a.ops, a.seed),
@@ -580,25 +580,32 @@ fn onyx_page(a: &ReportArgs) -> Result<Report, String> {
             "Nothing on this page is checked against a published number: Onyx's own results are withheld from the seeds, so the curves below are the model's predictions, which move with the Moneta model's mechanisms.".into(),
         ),
         commands(&[
-            format!("moneta sim sweep --preset onyx-late --threads 16 --ops {} --seed {}", a.ops, a.seed),
-            format!("moneta sim sweep --preset onyx-early --threads 16 --ops {} --seed {}", a.ops, a.seed),
+            format!("moneta sim sweep --preset onyx-late,onyx-early --threads 16 --ops {} --seed {} --plot onyx.svg", a.ops, a.seed),
         ]),
         ReportSection::Paragraph(
             "Onyx's own bandwidth tables (thesis Tables 5.1–5.3), its start-gap and BerkeleyDB results are withheld from the seeds to check predictions: no published Onyx point is drawn. The Moneta column of the same tables is on the Moneta page.".into(),
         ),
     ];
+    // Early and late completion on the same charts: one series per
+    // operation and preset.
+    let mut configs = Vec::new();
+    let mut points = Vec::new();
     for preset in ["onyx-late", "onyx-early"] {
         let c = Config::preset(preset).map_err(|e| e.to_string())?;
-        let points = sweep(&c, a.ops, a.seed)?;
-        let r = sweep_report(&c, &points);
-        sections.push(ReportSection::Heading(c.description.clone()));
-        sections.extend(
-            r.sections
-                .into_iter()
-                .filter(|s| matches!(s, ReportSection::Chart(_) | ReportSection::Table { .. }))
-                .take(3),
-        );
+        points.extend(sweep(&c, a.ops, a.seed)?);
+        sections.push(ReportSection::Paragraph(format!(
+            "{preset}: {}",
+            c.description
+        )));
+        configs.push(c);
     }
+    let r = sweep_report(&configs, &points);
+    sections.extend(
+        r.sections
+            .into_iter()
+            .filter(|s| matches!(s, ReportSection::Chart(_)))
+            .take(3),
+    );
     Ok(Report {
         title: "Onyx (Akel MS thesis 2011): Moneta with P8P PCM".into(),
         sections,
@@ -834,16 +841,34 @@ pub fn report(a: ReportArgs) -> Result<(), String> {
     if !a.out.is_dir() {
         std::fs::create_dir(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     }
-    let pages: [(&str, &str, Report); 5] = [
-        ("moneta.html", "Moneta", moneta_page(&a)?),
-        ("moneta-d.html", "Moneta-D", moneta_d_page(&a)?),
-        ("onyx.html", "Onyx", onyx_page(&a)?),
-        ("quicksan.html", "QuickSAN", quicksan_page(&a)?),
-        ("nvmm.html", "NVMM", nvmm_page(&a)?),
+    type Page = fn(&ReportArgs) -> Result<Report, String>;
+    let makers: [(&str, &str, Page); 5] = [
+        ("moneta.html", "Moneta", moneta_page),
+        ("moneta-d.html", "Moneta-D", moneta_d_page),
+        ("onyx.html", "Onyx", onyx_page),
+        ("quicksan.html", "QuickSAN", quicksan_page),
+        ("nvmm.html", "NVMM", nvmm_page),
     ];
-    for (file, _, r) in &pages {
-        write_page(&a.out, file, r)?;
+    // Progress on stderr, a line per page: the pages take tens of seconds.
+    let started = std::time::Instant::now();
+    let mut pages = Vec::with_capacity(makers.len());
+    for (k, (file, name, make)) in makers.into_iter().enumerate() {
+        eprintln!(
+            "moneta report: [{}/{}] {name} page … ({:.0} s so far)",
+            k + 1,
+            makers.len(),
+            started.elapsed().as_secs_f64()
+        );
+        let r = make(&a)?;
+        write_page(&a.out, file, &r)?;
+        pages.push((file, name, r));
     }
+    eprintln!(
+        "moneta report: {} pages in {:.0} s, in {}",
+        pages.len(),
+        started.elapsed().as_secs_f64(),
+        a.out.display()
+    );
     let index = Report {
         title: "Moneta in software: the papers' experiments, reproduced".into(),
         sections: vec![

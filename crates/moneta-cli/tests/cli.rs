@@ -266,8 +266,48 @@ fn results_report_p99_9_and_max_in_json_and_csv_alike() {
         v["latency_us_max"].as_f64().unwrap(),
     );
     assert!(p99 <= p99_9 && p99_9 <= max, "{p99} {p99_9} {max}");
-    // CSV: one column per JSON field, nested ones dotted, same numbers.
-    let csv = csv_rows(&moneta(&[&args[..], &["--format", "csv"]].concat()));
+    // CSV's default is narrow: what ran and the table's numbers.
+    let narrow = csv_rows(&moneta(&[&args[..], &["--format", "csv"]].concat()));
+    let narrow_header: Vec<&str> = narrow.lines().next().unwrap().split(',').collect();
+    assert!(narrow_header.len() <= 24, "{narrow_header:?}");
+    for c in [
+        "preset",
+        "stack",
+        "threads",
+        "latency_us_p99_9",
+        "energy_nj_per_op",
+    ] {
+        assert!(narrow_header.contains(&c), "{c}: {narrow_header:?}");
+    }
+    assert!(!narrow_header.iter().any(|h| h.contains('.')));
+    // A prefix picks a dotted field's columns.
+    let some = csv_rows(&moneta(
+        &[
+            &args[..],
+            &["--format", "csv", "--columns", "op,breakdown_us"],
+        ]
+        .concat(),
+    ));
+    let some_header: Vec<&str> = some.lines().next().unwrap().split(',').collect();
+    assert_eq!(some_header[0], "op");
+    assert!(
+        some_header[1..]
+            .iter()
+            .all(|h| h.starts_with("breakdown_us."))
+            && some_header.len() > 3
+    );
+    // A name that is no column is refused before anything runs.
+    let bad = moneta(&[&args[..], &["--format", "csv", "--columns", "latency"]].concat());
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stdout(&bad).is_empty() && stderr(&bad).contains("no column \"latency\""),
+        "{}",
+        stderr(&bad)
+    );
+    // --columns all: one column per JSON field, nested ones dotted, same numbers.
+    let csv = csv_rows(&moneta(
+        &[&args[..], &["--format", "csv", "--columns", "all"]].concat(),
+    ));
     let mut lines = csv.lines();
     let header: Vec<&str> = lines.next().unwrap().split(',').collect();
     let row = lines.next().unwrap();
@@ -685,8 +725,13 @@ fn sizes_take_suffixes_and_plots_are_svg_in_existing_directories_only() {
 #[test]
 fn ctrl_c_during_a_sweep_prints_the_points_so_far() {
     use std::io::Read;
+    let dir = Scratch::new("partial");
+    let (svg, html) = (dir.0.join("partial.svg"), dir.0.join("partial.html"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_moneta"))
-        .args(["sim", "sweep", "--ops", "100000"])
+        .args(["sim", "sweep", "--ops", "100000", "--plot"])
+        .arg(&svg)
+        .arg("--report")
+        .arg(&html)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -715,6 +760,21 @@ fn ctrl_c_during_a_sweep_prints_the_points_so_far() {
         out.contains("read        512"),
         "the first point is printed: {out}"
     );
+    // The figure and the page of the points so far say they are partial,
+    // in their titles.
+    let done = out
+        .lines()
+        .filter(|l| {
+            ["read ", "write ", "mixed "]
+                .iter()
+                .any(|op| l.starts_with(op))
+        })
+        .count();
+    let title = format!("PARTIAL: {done} of 36 points");
+    for f in [&svg, &html] {
+        let text = std::fs::read_to_string(f).unwrap();
+        assert!(text.contains(&title), "{title}: {}", f.display());
+    }
 }
 
 /// `moneta report`: every page, and the NVMM page with its figures (the
@@ -905,4 +965,88 @@ fn unknown_names_suggest_the_nearest_and_a_missing_san_is_an_error() {
         "{}",
         stderr(&o)
     );
+}
+
+/// `sim sweep` with lists of presets, threads and queue depths: every
+/// combination runs, the table says which row is which, and the figure
+/// draws one series per operation and combination on one chart.
+#[test]
+fn sweeps_of_several_presets_and_thread_counts_overlay_them() {
+    let dir = Scratch::new("overlay");
+    let svg = dir.0.join("overlay.svg");
+    let o = moneta(&[
+        "sim",
+        "sweep",
+        "--preset",
+        "moneta,onyx-late",
+        "--threads",
+        "1,4",
+        "--op",
+        "read",
+        "--sizes",
+        "512,4k",
+        "--ops",
+        "400",
+        "--format",
+        "json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let points = results(&o);
+    let points = points.as_array().unwrap();
+    assert_eq!(points.len(), 2 * 2 * 2);
+    let mut seen: Vec<(String, u64)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["preset"].as_str().unwrap().to_string(),
+                p["threads"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.dedup();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    let text = std::fs::read_to_string(&svg).unwrap();
+    for name in [
+        "read, moneta, 2q, 1 thread",
+        "read, moneta, 2q, 4 threads",
+        "read, onyx-late, spin, 1 thread",
+        "read, onyx-late, spin, 4 threads",
+    ] {
+        assert!(text.contains(&format!("<title>{name}</title>")), "{name}");
+    }
+    assert!(
+        !text.contains("()") && !text.contains("(;"),
+        "a title with nothing in its parentheses"
+    );
+    // The table names each row's preset and threads.
+    let table = moneta(&[
+        "sim",
+        "sweep",
+        "--preset",
+        "moneta,onyx-late",
+        "--qd",
+        "1,4",
+        "--stack",
+        "direct",
+        "--threads",
+        "4",
+        "--op",
+        "read",
+        "--sizes",
+        "4k",
+        "--ops",
+        "400",
+    ]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let t = stdout(&table);
+    assert!(
+        t.contains("moneta, QD4") && t.contains("onyx-late, QD1"),
+        "{t}"
+    );
+    // One depth where only one is meant.
+    let one = moneta(&["sim", "run", "--qd", "1,4"]);
+    assert_eq!(one.status.code(), Some(2));
+    assert!(stderr(&one).contains("lists are for `sim sweep`"));
 }

@@ -130,7 +130,7 @@ impl Job {
         format!(
             "fio --name=moneta --filename={filename} --rw={} --bs={} --direct=1 \
              --ioengine={} --iodepth={} --size={region} --runtime={runtime_s} --time_based \
-             --norandommap --randrepeat=0 --output-format=json",
+             --norandommap --randrepeat=0 --lat_percentiles=1 --output-format=json",
             self.rw, self.size_bytes, self.engine, self.queue_depth
         )
     }
@@ -257,6 +257,7 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
         .first()
         .map_or(String::new(), |(_, r)| r.kernel_release.clone());
     let notes = transport_notes(&rows, &accel);
+    let (layer_header, layers) = layer_table(&rows, &accel);
     let all_faithful = runs.iter().all(|(_, r)| r.faithful);
     let provenance = Provenance::here().seed(a.seed).verdict(if all_faithful {
         "faithful"
@@ -281,23 +282,26 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
             for n in &notes {
                 println!("{n}");
             }
+            println!(
+                "\nper layer, median µs per IO (a difference at or below zero is within noise):"
+            );
+            output::print_aligned(&layer_header, &layers);
         }
     }
-    let bars = figure(&rows, &accel);
+    let panels = figures(&rows, &accel);
     if let Some(p) = &a.plot {
-        plot::write_file_from(p, &bars.to_svg(1100, 560), &provenance)
+        let docs: Vec<(String, u32)> = panels.iter().map(|b| (b.to_svg(1100, 520), 520)).collect();
+        plot::write_file_from(p, &plot::one_below_the_other(&docs, 1100), &provenance)
             .map_err(|e| e.to_string())?;
         eprintln!("wrote {}", p.display());
     }
     if let Some(p) = &a.report {
-        let mut sections = vec![
-            ReportSection::Paragraph(format!(
-                "{accel}; guest kernel {kernel}; preset {preset}. Measured rows: fio in the \
+        let mut sections = vec![ReportSection::Paragraph(format!(
+            "{accel}; guest kernel {kernel}; preset {preset}. Measured rows: fio in the \
                  guest (O_DIRECT) and the host's user-space channel on the same emulated device; \
                  simulated rows: one thread through the model's stacks."
-            )),
-            ReportSection::Bars(bars),
-        ];
+        ))];
+        sections.extend(panels.into_iter().map(ReportSection::Bars));
         for (path, r) in &runs {
             sections.push(ReportSection::Paragraph(format!("{path}: {}", r.verdict)));
         }
@@ -310,6 +314,24 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
         });
         sections.push(ReportSection::Heading("Per-IO transport".into()));
         sections.extend(notes.iter().cloned().map(ReportSection::Paragraph));
+        sections.push(ReportSection::Heading("Per layer".into()));
+        sections.push(ReportSection::Paragraph(format!(
+            "Each layer's median cost per IO, as the differences of the rows above give it: the \
+             device is the model's time alone (the raw stack); the user-space path is the host's \
+             direct path over it; the guest kernel and virtio-blk are the raw guest over the \
+             host's direct path ({accel}{}); the file system is XFS over the raw guest. The \
+             model's column is its stacks' differences (direct over raw; its base kernel stack, \
+             Table 3.1's layers, over direct). A difference at or below zero is within noise.",
+            if accel.starts_with("TCG") {
+                ": an emulated CPU's, not a real kernel's"
+            } else {
+                ""
+            }
+        )));
+        sections.push(ReportSection::Table {
+            header: layer_header,
+            rows: layers,
+        });
         let report = Report {
             title: format!("Guest kernel against the direct path ({accel})"),
             sections,
@@ -381,7 +403,9 @@ fn accel_short(r: &VmResult) -> &'static str {
     }
 }
 
-/// One fio job's numbers (µs; fio's p50 and p99 are of completion latency).
+/// One fio job's numbers (µs): mean, p50 and p99 all of fio's total
+/// latency, submission to completion (`lat`; the job asks for its
+/// percentiles), as the host and simulated rows measure theirs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Measured {
     mean: f64,
@@ -424,7 +448,15 @@ fn fio_numbers(text: &str) -> Result<Measured, String> {
     let mean = side["lat_ns"]["mean"]
         .as_f64()
         .ok_or_else(|| format!("fio's JSON has no lat_ns.mean: {text}"))?;
-    let pct = |p: &str| side["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1e3;
+    // Total latency's percentiles (--lat_percentiles=1): io_uring's
+    // completion latency alone (clat) would leave out its submission.
+    let percentiles = &side["lat_ns"]["percentile"];
+    if !percentiles.is_object() {
+        return Err(format!(
+            "fio's JSON has no lat_ns.percentile (an fio without --lat_percentiles?): {text}"
+        ));
+    }
+    let pct = |p: &str| percentiles[p].as_f64().unwrap_or(0.0) / 1e3;
     Ok(Measured {
         mean: mean / 1e3,
         p50: pct("50.000000"),
@@ -548,6 +580,18 @@ fn latency_of(rows: &[Row], job: &str, path: &str) -> Option<(f64, f64)> {
         .map(|r| (r.latency_us_p50, r.latency_us_mean))
 }
 
+/// `x` over `y` (median, mean) in words: a difference at or below zero at
+/// the median is "within noise" (a layer cannot make an IO faster; a
+/// negative difference is the run's noise, not a gain).
+fn over(x: (f64, f64), y: (f64, f64)) -> String {
+    let (median, mean) = (x.0 - y.0, x.1 - y.1);
+    if median <= 0.0 {
+        format!("within noise (median {median:+.1} µs, mean {mean:+.1} µs)")
+    } else {
+        format!("median {median:.1} µs, mean {mean:.1} µs")
+    }
+}
+
 /// Per psync QD1 job: the guest kernel's cost over the host's direct path
 /// on the same device (the guest's block layer, virtio and, under TCG,
 /// the emulated CPU), XFS's over the raw device, and the simulator's
@@ -555,18 +599,10 @@ fn latency_of(rows: &[Row], job: &str, path: &str) -> Option<(f64, f64)> {
 /// Medians first: on a loaded host a mean is its tail's.
 fn transport_notes(rows: &[Row], accel: &str) -> Vec<String> {
     let mut notes = Vec::new();
-    let mut seen: Vec<&str> = Vec::new();
-    for r in rows.iter().filter(|r| r.engine == "psync") {
-        if seen.contains(&r.job.as_str()) {
-            continue;
-        }
-        seen.push(&r.job);
-        let m = |p: &str| latency_of(rows, &r.job, p);
+    for job in psync_jobs(rows) {
+        let m = |p: &str| latency_of(rows, job, p);
         let (Some(host), Some(sim_direct)) = (m("host direct"), m("sim direct")) else {
             continue;
-        };
-        let over = |x: (f64, f64), y: (f64, f64)| {
-            format!("median {:.1} µs, mean {:.1} µs", x.0 - y.0, x.1 - y.1)
         };
         let mut parts = Vec::new();
         if let Some(raw) = m("guest raw") {
@@ -592,21 +628,91 @@ fn transport_notes(rows: &[Row], accel: &str) -> Vec<String> {
             "the model's kernel stacks over its direct stack: {}",
             sim.join(", ")
         ));
-        notes.push(format!("{}: {}", r.job, parts.join("; ")));
+        notes.push(format!("{job}: {}", parts.join("; ")));
     }
     notes
 }
 
+/// The psync QD1 jobs of `rows`, in order, once each.
+fn psync_jobs(rows: &[Row]) -> Vec<&str> {
+    let mut jobs: Vec<&str> = Vec::new();
+    for r in rows.iter().filter(|r| r.engine == "psync") {
+        if !jobs.contains(&r.job.as_str()) {
+            jobs.push(&r.job);
+        }
+    }
+    jobs
+}
+
+/// Per psync QD1 job, each layer's median cost per IO as the differences
+/// of the rows give it, measured beside modeled: the device (the model's
+/// `raw` stack: its time alone), the user-space path over it (host direct
+/// over `raw`; the model: `direct` over `raw`), the guest kernel and
+/// virtio-blk over the user-space path (guest raw over host direct; the
+/// model: its `base` kernel stack over `direct`, Table 3.1's layers), and
+/// the file system (guest XFS over guest raw; the model has none here).
+/// A difference at or below zero is within noise. (header, rows)
+fn layer_table(rows: &[Row], accel: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let short = accel.split(':').next().unwrap_or(accel);
+    let header = [
+        "job",
+        "layer",
+        &format!("measured ({short}), median µs"),
+        "model, µs",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut out = Vec::new();
+    let diff = |x: Option<f64>, y: Option<f64>| match (x, y) {
+        (Some(x), Some(y)) if x - y <= 0.0 => format!("within noise ({:+.1})", x - y),
+        (Some(x), Some(y)) => format!("{:.1}", x - y),
+        _ => "-".into(),
+    };
+    for job in psync_jobs(rows) {
+        let p50 = |p: &str| latency_of(rows, job, p).map(|v| v.0);
+        let sim = |p: &str| latency_of(rows, job, p).map(|v| v.1);
+        let layers = [
+            (
+                "device (model time)",
+                "-".to_string(),
+                sim("sim raw").map_or("-".into(), |v| format!("{v:.1}")),
+            ),
+            (
+                "user-space path (channel)",
+                diff(p50("host direct"), sim("sim raw")),
+                diff(sim("sim direct"), sim("sim raw")),
+            ),
+            (
+                "guest kernel + virtio-blk",
+                diff(p50("guest raw"), p50("host direct")),
+                diff(sim("sim base"), sim("sim direct")),
+            ),
+            (
+                "file system (XFS)",
+                diff(p50("guest XFS"), p50("guest raw")),
+                "-".to_string(),
+            ),
+        ];
+        for (layer, measured, model) in layers {
+            out.push(vec![job.to_string(), layer.to_string(), measured, model]);
+        }
+    }
+    (header, out)
+}
+
 /// Median latency per path of the psync QD1 jobs (every path has them;
 /// the mean of a loaded host is its tail's), one bar per (job, path), one
-/// colour per kind.
-fn figure(rows: &[Row], accel: &str) -> StackedBars {
-    StackedBars {
-        title: format!("fio psync QD1: median latency per path (µs); guest rows {accel}"),
+/// colour per kind, in two panels with their own scales: the guest's rows
+/// (hundreds of µs to ms under TCG) above, the host's direct path and the
+/// simulator's stacks (µs) below, so that neither flattens the other.
+fn figures(rows: &[Row], accel: &str) -> Vec<StackedBars> {
+    let panel = |title: String, guest: bool| StackedBars {
+        title,
         y_label: "median latency (µs)".into(),
         bars: rows
             .iter()
-            .filter(|r| r.engine == "psync")
+            .filter(|r| r.engine == "psync" && r.path.starts_with("guest") == guest)
             .map(|r| {
                 let kind = match r.faithful {
                     Some(false) => format!("{} (not faithful)", r.kind),
@@ -619,7 +725,21 @@ fn figure(rows: &[Row], accel: &str) -> StackedBars {
             })
             .collect(),
         percent: false,
-    }
+    };
+    vec![
+        panel(
+            format!("fio psync QD1 in the guest ({accel}): median latency (µs)"),
+            true,
+        ),
+        panel(
+            "fio psync QD1: the host's direct path and the model's stacks: median latency (µs)"
+                .into(),
+            false,
+        ),
+    ]
+    .into_iter()
+    .filter(|p| !p.bars.is_empty())
+    .collect()
 }
 
 #[cfg(test)]
@@ -630,8 +750,8 @@ mod tests {
     fn guest_output_is_split_into_each_jobs_json() {
         let json = |mean: f64| {
             format!(
-                "{{\"jobs\":[{{\"read\":{{\"total_ios\":10,\"iops\":5.0,\"lat_ns\":{{\"mean\":{mean}}},\
-                 \"clat_ns\":{{\"percentile\":{{\"99.000000\":9000}}}}}},\"write\":{{\"total_ios\":0}}}}]}}"
+                "{{\"jobs\":[{{\"read\":{{\"total_ios\":10,\"iops\":5.0,\
+                 \"lat_ns\":{{\"mean\":{mean},\"percentile\":{{\"99.000000\":9000}}}}}},\"write\":{{\"total_ios\":0}}}}]}}"
             )
         };
         let lines: Vec<String> = vec![
@@ -657,9 +777,74 @@ mod tests {
         assert!(guest_results(&lines[..4], 1).is_err(), "no end marker");
     }
 
+    fn row(job: &str, path: &str, p50: f64, mean: f64) -> Row {
+        Row {
+            job: job.into(),
+            engine: "psync".into(),
+            path: path.into(),
+            latency_us_p50: p50,
+            latency_us_mean: mean,
+            ..row_of(&Job {
+                rw: "randread".into(),
+                size_bytes: 4096,
+                engine: "psync",
+                queue_depth: 1,
+            })
+        }
+    }
+
+    /// Each layer is the difference of two rows; one at or below zero is
+    /// "within noise", never a layer that makes an IO faster.
+    #[test]
+    fn layers_are_row_differences_and_negative_ones_are_noise() {
+        let j = "randread 4 KB psync QD1";
+        let rows = vec![
+            row(j, "guest raw", 130.0, 500.0),
+            row(j, "guest XFS", 120.0, 520.0),
+            row(j, "host direct", 5.5, 80.0),
+            row(j, "sim raw", 4.8, 4.8),
+            row(j, "sim direct", 8.8, 8.8),
+            row(j, "sim base", 20.8, 20.8),
+            row(j, "sim spin", 12.8, 12.8),
+        ];
+        let (header, table) = layer_table(&rows, "TCG: guest CPU emulated");
+        assert_eq!(header[2], "measured (TCG), median µs");
+        let cell =
+            |layer: &str, col: usize| table.iter().find(|r| r[1] == layer).unwrap()[col].clone();
+        assert_eq!(cell("device (model time)", 3), "4.8");
+        assert_eq!(cell("user-space path (channel)", 2), "0.7");
+        assert_eq!(cell("user-space path (channel)", 3), "4.0");
+        assert_eq!(cell("guest kernel + virtio-blk", 2), "124.5");
+        assert_eq!(cell("guest kernel + virtio-blk", 3), "12.0");
+        assert_eq!(cell("file system (XFS)", 2), "within noise (-10.0)");
+        let notes = transport_notes(&rows, "TCG");
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0].contains("XFS over the raw device: within noise (median -10.0 µs"),
+            "{}",
+            notes[0]
+        );
+        assert!(
+            notes[0].contains("median 124.5 µs, mean 420.0 µs per IO"),
+            "{}",
+            notes[0]
+        );
+        // Two panels: the guest's rows, then the host's and the model's.
+        let panels = figures(&rows, "TCG");
+        assert_eq!(panels.len(), 2);
+        assert!(panels[0].bars.iter().all(|(l, _)| l.contains("guest")));
+        assert!(panels[1].bars.iter().all(|(l, _)| !l.contains("guest")));
+    }
+
     #[test]
     fn fio_json_without_latency_is_an_error_not_zero() {
         assert!(fio_numbers("{\"jobs\":[{\"read\":{\"total_ios\":1}}]}").is_err());
         assert!(fio_numbers("not json").is_err());
+        // Completion latency's percentiles alone are not taken for total
+        // latency's (io_uring's submission would be left out).
+        let clat_only = "{\"jobs\":[{\"read\":{\"total_ios\":1,\"lat_ns\":{\"mean\":5000},\
+                         \"clat_ns\":{\"percentile\":{\"50.000000\":4000}}}}]}";
+        let e = fio_numbers(clat_only).unwrap_err();
+        assert!(e.contains("lat_percentiles"), "{e}");
     }
 }
