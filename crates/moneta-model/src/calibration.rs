@@ -920,9 +920,12 @@ pub fn direct_completions() -> Vec<Check> {
 pub const ASYNC_THREADS: [u32; 2] = [1, 8];
 
 /// Requests an asynchronous thread keeps in flight: every tag of its
-/// process's channel (64, SPEC §3.1) shared by the threads. Our assumption:
-/// the text gives no depth, but says the 8-thread runs contend "during tag
-/// allocation", which they do only if together they ask for all 64.
+/// process's channel (64, SPEC §3.1) shared by the threads. The 64 is the
+/// channel's DMA buffer, 1 MB in 16 KB slices, one per tag (dissertation
+/// §4.3.2); a request above 16 KB holds several (`direct.dma_slice_bytes`),
+/// so fewer are in flight. Our assumption: the text gives no depth, but
+/// says the 8-thread runs contend "during tag allocation", which they do
+/// only if together they ask for all 64.
 pub fn async_queue_depth(threads: u32) -> u32 {
     crate::workload::CHANNEL_TAGS / threads
 }

@@ -34,7 +34,12 @@
 //! core ahead of them, and a context that spins holds its context only
 //! (our assumption: a core's contexts together run software no faster than
 //! one, Hyper-Threading's throughput gain is not modelled; a pause-loop
-//! spinner takes none of the core). Contexts are numbered so that the
+//! spinner takes none of the core). With `host.smt_sibling_share` the
+//! contexts share the core instead (Hyper-Threading's throughput gain): a
+//! software step that starts while a sibling context holds a thread
+//! (computing, spinning or polling) runs at that share of its speed, the
+//! stretch counted as `Component::CoreWait`; serialized sections (locks,
+//! the scheduler thread) and handlers are not stretched. Contexts are numbered so that the
 //! scheduler's highest-first choice spreads threads over the cores before it
 //! doubles them up; the interrupt core is context 0. A woken thread's context switch (SPEC §2.2's 2 µs of
 //! switching, `io_scheduler_switch_ns`) runs on the core it gets. Moneta-D's
@@ -332,7 +337,8 @@ struct Simulation<'a> {
     /// Hardware thread contexts (context `k` runs on core `k % host.cores`).
     cores: Vec<Core>,
     /// With SMT, each core's execution is free from then on (FIFO of its
-    /// contexts' software steps); empty without SMT.
+    /// contexts' software steps, or of its handlers alone with
+    /// `host.smt_sibling_share`); empty without SMT.
     execution_free_at: Vec<Ns>,
     run_queue: VecDeque<u32>,
     /// Asynchronous application threads (groups with a queue depth above 1).
@@ -683,18 +689,32 @@ impl<'a> Simulation<'a> {
     }
 
     /// When thread `t`'s software step of `ns`, ready at `now`, starts on
-    /// its core: at once without SMT, else after its sibling contexts'
-    /// steps ahead of it (the core's execution is a FIFO server).
-    fn execute(&mut self, t: u32, now: Ns, ns: Ns) -> Ns {
+    /// its core and how long it runs: at once and `ns` without SMT; with
+    /// SMT and no `host.smt_sibling_share`, after its sibling contexts'
+    /// steps ahead of it (the core's execution is a FIFO server); with a
+    /// share, after any handler on the core, and stretched to `ns ÷ share`
+    /// when a sibling context holds a thread at its start.
+    fn execute(&mut self, t: u32, now: Ns, ns: Ns) -> (Ns, Ns) {
         let n = self.execution_free_at.len();
         if n == 0 {
-            return now;
+            return (now, ns);
         }
         let k = self.threads[t as usize].core.expect("on a core");
         let free = &mut self.execution_free_at[k % n];
         let start = now.max(*free);
-        *free = start + ns;
-        start
+        let Some(share) = self.config.host.smt_sibling_share else {
+            *free = start + ns;
+            return (start, ns);
+        };
+        let sibling_busy = (k % n..self.cores.len())
+            .step_by(n)
+            .any(|j| j != k && self.cores[j].thread.is_some());
+        let runs = if sibling_busy {
+            (ns as f64 / share).ceil() as Ns
+        } else {
+            ns
+        };
+        (start, runs)
     }
 
     /// A spinning thread of `group`'s channel reads and clears its
@@ -765,12 +785,12 @@ impl<'a> Simulation<'a> {
         if preempted + switch > 0 {
             th.time.spend(Component::Preempted, preempted);
             let ready = now + preempted;
-            let start = self.execute(t, ready, switch);
+            let (start, runs) = self.execute(t, ready, switch);
             let time = &mut self.threads[t as usize].time;
-            time.spend(Component::CoreWait, start - ready);
+            time.spend(Component::CoreWait, start - ready + runs - switch);
             time.spend(Component::WakeUp, switch);
-            self.cpu_busy_ns += start - ready + switch;
-            self.queue.push(start + switch, Event::Resume(t));
+            self.cpu_busy_ns += start - ready + runs;
+            self.queue.push(start + runs, Event::Resume(t));
             return Ok(());
         }
         loop {
@@ -807,14 +827,16 @@ impl<'a> Simulation<'a> {
                 Step::Cpu(ns) => {
                     // With SMT it may wait for its sibling contexts' steps,
                     // holding its context (busy, as the OS would count it).
-                    let start = self.execute(t, now, ns);
-                    self.cpu_busy_ns += start - now + ns;
+                    let (start, runs) = self.execute(t, now, ns);
+                    self.cpu_busy_ns += start - now + runs;
                     let time = &mut self.threads[t as usize].time;
-                    time.spend(Component::CoreWait, start - now);
+                    // Waiting for the core's execution, before the step or
+                    // (SMT sharing) stretched beside a busy sibling.
+                    time.spend(Component::CoreWait, start - now + runs - ns);
                     // Labelled by the plan (`Plan::software`), counted at the start.
                     time.cursor_ns += ns;
                     self.threads[t as usize].step += 1;
-                    self.queue.push(start + ns, Event::Resume(t));
+                    self.queue.push(start + runs, Event::Resume(t));
                     return Ok(());
                 }
                 Step::Serial(server, ns) => {
@@ -1053,6 +1075,21 @@ impl<'a> Simulation<'a> {
             th.time.gap = Some(Component::TagWait);
             return Ok(false);
         };
+        // A request beyond one DMA-buffer slice also holds the slices
+        // (tags) after its own; without enough of them it waits, keeping none.
+        let slot = group * VIRTUAL_TAGS + virtual_tag.0 as usize;
+        let slices = dma_slices(self.config.direct.dma_slice_bytes, th.bytes);
+        while d.slices[slot].len() + 1 < slices {
+            match d.virtual_tags[group].allocate() {
+                Some(extra) => d.slices[slot].push(extra),
+                None => {
+                    d.release_slices(group, virtual_tag);
+                    self.tag_waiters.push_back(t);
+                    th.time.gap = Some(Component::TagWait);
+                    return Ok(false);
+                }
+            }
+        }
         let request = ChannelRequest {
             op: th.op,
             addr: d.maps[group].device_addr(th.addr),
@@ -1074,7 +1111,7 @@ impl<'a> Simulation<'a> {
             }
             Err(ChannelRefusal::MissingRecord { steps }) => {
                 // Hard miss: the table evicted the record.
-                d.virtual_tags[group].release(virtual_tag);
+                d.release_slices(group, virtual_tag);
                 d.hard_misses += 1;
                 let extent = d.maps[group].extent_of(th.addr);
                 d.install(&mut self.driver, group, extent);
@@ -1190,6 +1227,15 @@ impl<'a> Simulation<'a> {
 /// Virtual tags of a channel (SPEC §3.1).
 const VIRTUAL_TAGS: usize = CHANNEL_TAGS as usize;
 
+/// Tags (DMA-buffer slices of `slice_bytes`) a request of `bytes` holds:
+/// at least one, at most the channel's all; one when slices are off (0).
+fn dma_slices(slice_bytes: u64, bytes: u64) -> usize {
+    if slice_bytes == 0 {
+        return 1;
+    }
+    (bytes.div_ceil(slice_bytes) as usize).clamp(1, VIRTUAL_TAGS)
+}
+
 /// The Moneta-D library in a run (SPEC §3.2): each thread group is one
 /// process with its own channel and file.
 struct DirectLibrary {
@@ -1199,6 +1245,9 @@ struct DirectLibrary {
     virtual_tags: Vec<TagPool>,
     /// Thread holding each (group, virtual tag).
     holder: Vec<u32>,
+    /// The further tags (DMA-buffer slices, `direct.dma_slice_bytes`) each
+    /// (group, virtual tag)'s request holds.
+    slices: Vec<Vec<PhysTag>>,
     /// Each channel's last read of TAGSTATUSREGISTER (forwarding).
     register_reads: Vec<Option<StatusRead>>,
     soft_misses: u64,
@@ -1231,6 +1280,7 @@ impl DirectLibrary {
                 .map(|_| TagPool::new(VIRTUAL_TAGS as u32))
                 .collect(),
             holder: vec![u32::MAX; maps.len() * VIRTUAL_TAGS],
+            slices: vec![Vec::new(); maps.len() * VIRTUAL_TAGS],
             register_reads: vec![None; maps.len()],
             maps,
             soft_misses: 0,
@@ -1258,10 +1308,19 @@ impl DirectLibrary {
             .expect("a valid record of a channel in range");
     }
 
+    /// Free `group`'s `virtual_tag` and the further slices it holds.
+    fn release_slices(&mut self, group: usize, virtual_tag: PhysTag) {
+        let slot = group * VIRTUAL_TAGS + virtual_tag.0 as usize;
+        for extra in self.slices[slot].drain(..) {
+            self.virtual_tags[group].release(extra);
+        }
+        self.virtual_tags[group].release(virtual_tag);
+    }
+
     /// A request of (channel, virtual tag) finished: free the tag, name its thread.
     fn release(&mut self, channel: u16, virtual_tag: u8) -> u32 {
         let group = channel as usize - 1;
-        self.virtual_tags[group].release(PhysTag(virtual_tag));
+        self.release_slices(group, PhysTag(virtual_tag));
         std::mem::replace(
             &mut self.holder[group * VIRTUAL_TAGS + virtual_tag as usize],
             u32::MAX,
@@ -1479,6 +1538,8 @@ mod tests {
         // compute little, so twice the contexts keep about twice the requests in flight.
         let mut c = Config::preset("moneta-d").unwrap();
         c.host.cores = 2;
+        c.host.threads_per_core = 1;
+        c.host.smt_sibling_share = None;
         let one = run(&c, &xdd(OpMix::Write, 512, 4, 6000)).unwrap();
         c.host.threads_per_core = 2;
         let two = run(&c, &xdd(OpMix::Write, 512, 4, 6000)).unwrap();
@@ -1492,12 +1553,57 @@ mod tests {
         let mut k = Config::preset("moneta").unwrap();
         k.set_stack(Stack::Spin);
         k.host.cores = 1;
+        k.host.threads_per_core = 1;
+        k.host.smt_sibling_share = None;
         let alone = run(&k, &xdd(OpMix::Read, 512, 2, 4000)).unwrap();
         k.host.threads_per_core = 2;
         let shared = run(&k, &xdd(OpMix::Read, 512, 2, 4000)).unwrap();
         let gain = shared.iops() / alone.iops();
         assert!(gain > 1.0 && gain < 1.3, "sibling contexts gain {gain}");
         assert!(shared.breakdown.mean_ns(Component::CoreWait) > 1000.0);
+    }
+
+    #[test]
+    fn a_busy_sibling_context_runs_software_at_its_share() {
+        // One core, two contexts sharing it at 0.65 of a core each.
+        let mut k = Config::preset("moneta").unwrap();
+        k.set_stack(Stack::Spin);
+        k.host.cores = 1;
+        k.host.threads_per_core = 1;
+        k.host.smt_sibling_share = None;
+        let one_context = run(&k, &xdd(OpMix::Read, 512, 1, 2000)).unwrap();
+        let alone = run(&k, &xdd(OpMix::Read, 512, 2, 4000)).unwrap();
+        k.host.threads_per_core = 2;
+        k.host.smt_sibling_share = Some(0.65);
+        // A thread alone on the core runs at full speed: its sibling is idle.
+        let lone = run(&k, &xdd(OpMix::Read, 512, 1, 2000)).unwrap();
+        assert_eq!(
+            lone.groups[0].latency.mean_ns(),
+            one_context.groups[0].latency.mean_ns(),
+            "an idle sibling costs nothing"
+        );
+        assert_eq!(lone.breakdown.mean_ns(Component::CoreWait), 0.0);
+        // Two spinning threads: each context's software runs at 0.65 while
+        // the other computes or spins, so the core does more than one
+        // context's work (all of a spinner's time is the other's loss) but
+        // never more than 2 × 0.65 of it.
+        let shared = run(&k, &xdd(OpMix::Read, 512, 2, 4000)).unwrap();
+        assert_eq!(shared.ops, 4000);
+        let gain = shared.iops() / alone.iops();
+        assert!(
+            gain > 1.0 && gain <= 1.3 + 1e-9,
+            "sibling contexts gain {gain}"
+        );
+        assert!(shared.breakdown.mean_ns(Component::CoreWait) > 0.0);
+        // A lower share takes more of the gain away.
+        k.host.smt_sibling_share = Some(0.5);
+        let half = run(&k, &xdd(OpMix::Read, 512, 2, 4000)).unwrap();
+        assert!(half.iops() < shared.iops());
+        // A share outside (0, 1] is refused.
+        k.host.smt_sibling_share = Some(1.5);
+        assert!(k.validate().is_err());
+        k.host.smt_sibling_share = Some(f64::NAN);
+        assert!(k.validate().is_err());
     }
 
     #[test]
@@ -1749,6 +1855,34 @@ mod tests {
         let mut c = Config::preset("moneta-d").unwrap();
         c.set_stack(Stack::Direct);
         c
+    }
+
+    #[test]
+    fn a_request_beyond_a_dma_slice_holds_the_slices_after_its_tag() {
+        assert_eq!(dma_slices(16384, 512), 1);
+        assert_eq!(dma_slices(16384, 16384), 1);
+        assert_eq!(dma_slices(16384, 16385), 2);
+        assert_eq!(dma_slices(16384, 256 << 10), 16);
+        assert_eq!(dma_slices(16384, 4 << 20), VIRTUAL_TAGS);
+        assert_eq!(dma_slices(0, 256 << 10), 1);
+        // 256 KB requests at depth 16 on one channel: its 1 MB buffer holds
+        // 4, so the slices cost bandwidth where the queue asked for more.
+        let mut c = direct();
+        let w = asynchronous(OpMix::Read, 256 << 10, 1, 16, 400);
+        c.direct.dma_slice_bytes = 0;
+        let whole = run(&c, &w).unwrap();
+        c.direct.dma_slice_bytes = 16384;
+        let sliced = run(&c, &w).unwrap();
+        assert_eq!(sliced.ops, 400);
+        assert!(sliced.breakdown.mean_ns(Component::TagWait) > 0.0);
+        assert!(sliced.iops() <= whole.iops(), "slices cannot add bandwidth");
+        // Requests of one slice are untouched.
+        let small = asynchronous(OpMix::Read, 16384, 1, 16, 2000);
+        c.direct.dma_slice_bytes = 0;
+        let a = run(&c, &small).unwrap();
+        c.direct.dma_slice_bytes = 16384;
+        let b = run(&c, &small).unwrap();
+        assert_eq!((a.elapsed_ns, a.ops), (b.elapsed_ns, b.ops));
     }
 
     #[test]

@@ -366,6 +366,22 @@ pub struct HostConfig {
     /// gets ([`WakeOnCore`]); its latency is the same either way.
     #[serde(default)]
     pub wake_on_core: WakeOnCore,
+    /// With `threads_per_core` above 1: the share of its own speed a
+    /// context's software runs at while a sibling context of its core holds
+    /// a thread (computing, spinning or polling: a spin loop executes), in
+    /// place of the FIFO in which the contexts take turns and a spinner
+    /// takes none of the core. A step that starts beside a busy sibling
+    /// takes its time ÷ this share (processor sharing, sampled at the
+    /// step's start); on a core whose siblings are idle it runs at full
+    /// speed. Absent = the FIFO. Source for the presets' value: VMware's
+    /// vSphere 4.1 resource-management guide ("An application running on
+    /// one logical processor of a busy core can expect slightly more than
+    /// half of the throughput that it obtains while running alone on a
+    /// non-hyperthreaded processor", Xeon 5500 named) and Intel's
+    /// Hyper-Threading gain of "up to 30%" for two threads on one core
+    /// (Marr et al., Intel Technology Journal 6(1), 2002): 1.3 / 2 = 0.65.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smt_sibling_share: Option<f64>,
     pub costs: KernelCosts,
 }
 
@@ -443,6 +459,17 @@ pub struct DirectConfig {
     /// Part of issue-sleep spent in the system call before sleeping.
     pub syscall_ns_read: u64,
     pub syscall_ns_write: u64,
+    /// Bytes of the channel's DMA buffer each virtual tag owns: a request
+    /// of more than one slice also occupies the slices after its tag's, so
+    /// it holds `⌈bytes ÷ slice⌉` of its channel's tags (at most all of
+    /// them) until it completes. Dissertation §4.3.2: "Each channel has a
+    /// private 1 MB DMA buffer ... each tag corresponding to one 16 KB
+    /// slice of the channel's DMA buffer. ... The access that uses the tag
+    /// can be larger than 16 KB, but it is the software's responsibility
+    /// to not issue requests that overlap in the buffer." 0 = a request
+    /// holds one tag whatever its size.
+    #[serde(default)]
+    pub dma_slice_bytes: u64,
 }
 
 /// DDR-attached NVM ramdisk (SPEC §6).
@@ -787,6 +814,14 @@ impl layer::Layered for Config {
         let h = &self.host;
         range("host.cores", h.cores as u64, 1, 1024)?;
         range("host.threads_per_core", h.threads_per_core as u64, 1, 8)?;
+        if let Some(share) = h.smt_sibling_share {
+            if !(share.is_finite() && share > 0.0 && share <= 1.0) {
+                return Err(err(
+                    "host.smt_sibling_share",
+                    format!("{share} is out of range: a share in (0, 1]"),
+                ));
+            }
+        }
         if h.max_sectors != 0 {
             // blk_queue_max_sectors raises anything below a page to a page.
             range(
