@@ -2,7 +2,8 @@
 //! the code so that they cannot drift from it.
 //!
 //! - `reference/cli.md`: every command and option, walked from clap's own
-//!   description of the command line (the same text `--help` prints).
+//!   description of the command line (the same text `--help` prints), and
+//!   the exit codes of the error kinds (`crate::error`).
 //! - `reference/config.md`: every configuration key of the two preset roots
 //!   (`moneta` for the devices and SANs, `nvmm-mlc` for NVMM) with its
 //!   default, unit and source (the comment beside the key in the shipped
@@ -140,6 +141,10 @@ pub fn cli_reference(cli: &Command) -> String {
     let mut cmd = cli.clone();
     cmd.build();
     command_section(&mut out, &cmd, &[]);
+    if !out.ends_with("\n\n") {
+        out.push('\n');
+    }
+    out.push_str(&crate::error::exit_status_markdown());
     out
 }
 

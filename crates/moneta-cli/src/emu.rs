@@ -583,7 +583,7 @@ fn san_node(path: &Path, node: &str, config: &Config) -> Result<(String, SanFile
     Ok((role, file, index))
 }
 
-pub fn run_bench(a: BenchArgs) -> Result<(), String> {
+pub fn run_bench(a: BenchArgs) -> crate::error::Result<()> {
     let mode = CompletionMode::parse(&a.completion).ok_or_else(|| {
         format!(
             "--completion {}: expected dma, forwarding or issue-sleep",
@@ -676,11 +676,10 @@ pub fn run_bench(a: BenchArgs) -> Result<(), String> {
     }
     print_bench(&summary, a.model.format)?;
     if moneta_supervisor::signals::signal_received() {
-        return Err(format!(
-            "{}: stopped after {} requests; the results above are theirs",
-            crate::INTERRUPTED,
+        return Err(crate::error::Error::interrupted(format!(
+            "interrupted: stopped after {} requests; the results above are theirs",
             result.ops
-        ));
+        )));
     }
     Ok(())
 }

@@ -17,6 +17,7 @@
 
 mod docs;
 mod emu;
+mod error;
 mod fio_sweep;
 mod mount;
 mod nvmm;
@@ -34,6 +35,7 @@ mod sort_worker;
 mod vm;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use error::{Error, Result};
 use moneta_model::config::{preset_names, preset_source, Config, Stack, TECHNOLOGIES};
 use moneta_model::experiment::{rate, run};
 use moneta_model::summary::{default_region_bytes, workload_point};
@@ -183,28 +185,29 @@ impl DeviceArgs {
         }
     }
 
-    pub(crate) fn config(&self) -> Result<Config, String> {
+    pub(crate) fn config(&self) -> Result<Config> {
         let mut c = match &self.config {
             Some(path) => config_file(path)?,
             None => Config::preset(self.preset.as_deref().unwrap_or("moneta"))
-                .map_err(|e| e.to_string())?,
+                .map_err(|e| Error::config("", e))?,
         };
         if let Some(t) = &self.tech {
-            c.set_technology(t).map_err(|e| e.to_string())?;
+            c.set_technology(t).map_err(|e| Error::config("", e))?;
         }
         if let Some(s) = &self.stack {
-            c.set_stack(Stack::parse(s).map_err(|e| e.to_string())?);
+            c.set_stack(Stack::parse(s).map_err(|e| Error::config("", e))?);
         }
         for kv in &self.set {
-            c.set(kv).map_err(|e| format!("--set {kv}: {e}"))?;
+            c.set(kv)
+                .map_err(|e| Error::config(format!("--set {kv}"), e))?;
         }
         Ok(c)
     }
 }
 
 /// Load `--config FILE`; errors name the file.
-pub(crate) fn config_file(path: &std::path::Path) -> Result<Config, String> {
-    Config::from_file(path).map_err(|e| format!("--config {}: {e}", path.display()))
+pub(crate) fn config_file(path: &std::path::Path) -> Result<Config> {
+    Config::from_file(path).map_err(|e| Error::config(format!("--config {}", path.display()), e))
 }
 
 /// Which columns CSV output has.
@@ -241,14 +244,16 @@ pub(crate) struct LimitArgs {
 }
 
 impl LimitArgs {
-    pub(crate) fn limit(&self, default_ops: u64) -> Result<RunLimit, String> {
+    pub(crate) fn limit(&self, default_ops: u64) -> Result<RunLimit> {
         match (self.ops, self.duration_ms) {
-            (Some(0), _) => Err("--ops must be positive".into()),
+            (Some(0), _) => Err(Error::usage("--ops must be positive")),
             (Some(n), _) => Ok(RunLimit::Ops(n)),
             (None, Some(ms)) if ms.is_finite() && ms > 0.0 => {
                 Ok(RunLimit::DurationNs((ms * 1e6) as u64))
             }
-            (None, Some(ms)) => Err(format!("--duration-ms {ms} must be a positive number")),
+            (None, Some(ms)) => Err(Error::usage(format!(
+                "--duration-ms {ms} must be a positive number"
+            ))),
             (None, None) => Ok(RunLimit::Ops(default_ops)),
         }
     }
@@ -282,10 +287,12 @@ struct PatternArgs {
 
 impl PatternArgs {
     /// The one queue depth of a command that runs one depth.
-    fn depth(&self) -> Result<u32, String> {
+    fn depth(&self) -> Result<u32> {
         match self.queue_depth[..] {
             [d] => Ok(d),
-            _ => Err("--queue-depth takes one number here (lists are for `sim sweep`)".into()),
+            _ => Err(Error::usage(
+                "--queue-depth takes one number here (lists are for `sim sweep`)",
+            )),
         }
     }
 
@@ -305,7 +312,7 @@ impl PatternArgs {
         threads: u32,
         limit: RunLimit,
         seed: u64,
-    ) -> Result<Workload, String> {
+    ) -> Result<Workload> {
         let mix = match parse_op(op)? {
             OpMix::Mixed(_) => OpMix::Mixed(self.read_fraction),
             other => other,
@@ -316,7 +323,8 @@ impl PatternArgs {
         let mut w = Workload::xdd(mix, size, threads, region, limit, seed);
         w.groups[0].random = self.pattern == Pattern::Random;
         w.groups[0].queue_depth = self.depth()?;
-        w.validate(config.device.capacity_bytes)?;
+        w.validate(config.device.capacity_bytes)
+            .map_err(Error::usage)?;
         Ok(w)
     }
 }
@@ -447,16 +455,14 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("moneta: {e}");
-            // The shell's code for Ctrl-C, after the partial results.
-            ExitCode::from(if e.starts_with(INTERRUPTED) { 130 } else { 2 })
+            // The kind's code (docs: reference/cli.md, "Exit status"): the
+            // shell's 130 after an interrupt, with the partial results.
+            ExitCode::from(e.exit_code())
         }
     }
 }
 
-/// How an error from a command stopped by Ctrl-C begins.
-const INTERRUPTED: &str = "interrupted";
-
-fn dispatch(cli: Cli) -> Result<(), String> {
+fn dispatch(cli: Cli) -> Result<()> {
     if matches!(
         cli.command,
         Command::Presets { .. }
@@ -469,31 +475,32 @@ fn dispatch(cli: Cli) -> Result<(), String> {
         quiet_on_closed_stdout();
     }
     match cli.command {
-        Command::Presets { verbose } => presets(verbose),
+        Command::Presets { verbose } => presets(verbose)?,
         Command::Sim(sim) => match *sim {
-            Sim::Run(a) => sim_run(a),
-            Sim::Sweep(a) => sim_sweep(a),
-            Sim::Fairness(a) => sim_fairness(a),
-            Sim::Compare(a) => sim_compare(a),
-            Sim::Speed(a) => sim_speed(a),
+            Sim::Run(a) => sim_run(a)?,
+            Sim::Sweep(a) => sim_sweep(a)?,
+            Sim::Fairness(a) => sim_fairness(a)?,
+            Sim::Compare(a) => sim_compare(a)?,
+            Sim::Speed(a) => sim_speed(a)?,
         },
-        Command::Serve(a) => emu::serve(*a),
-        Command::Vm(v) => vm::vm(*v),
-        Command::ServeGroup(a) => emu::serve_group(a),
-        Command::Bench(a) => emu::run_bench(*a),
-        Command::Stats(a) => emu::stats(a),
-        Command::FioSweep(a) => fio_sweep::fio_sweep(a),
-        Command::Up(a) => mount::up(*a),
-        Command::Down(a) => mount::down(a),
-        Command::Status(a) => mount::status(a),
-        Command::Run(a) => emu::run_program(a),
-        Command::Calibrate { format } => calibrate(format),
-        Command::Docs(a) => docs::run(a, &Cli::command()),
-        Command::Report(a) => report::report(a),
-        Command::San(c) => san::dispatch(*c),
-        Command::Nvmm(c) => nvmm::dispatch(*c),
-        Command::Config(ConfigCommand::Dump(a)) => config_dump(&a),
+        Command::Serve(a) => emu::serve(*a)?,
+        Command::Vm(v) => vm::vm(*v)?,
+        Command::ServeGroup(a) => emu::serve_group(a)?,
+        Command::Bench(a) => emu::run_bench(*a)?,
+        Command::Stats(a) => emu::stats(a)?,
+        Command::FioSweep(a) => fio_sweep::fio_sweep(a)?,
+        Command::Up(a) => mount::up(*a)?,
+        Command::Down(a) => mount::down(a)?,
+        Command::Status(a) => mount::status(a)?,
+        Command::Run(a) => emu::run_program(a)?,
+        Command::Calibrate { format } => calibrate(format)?,
+        Command::Docs(a) => docs::run(a, &Cli::command())?,
+        Command::Report(a) => report::report(a)?,
+        Command::San(c) => san::dispatch(*c)?,
+        Command::Nvmm(c) => nvmm::dispatch(*c)?,
+        Command::Config(ConfigCommand::Dump(a)) => config_dump(&a)?,
     }
+    Ok(())
 }
 
 /// A closed stdout (`moneta sim sweep … | head -1`) ends the process
@@ -528,7 +535,7 @@ pub(crate) fn warn_if_threads_exceed_ops(threads: u64, depth: u32, limit: RunLim
     }
 }
 
-fn config_dump(a: &DeviceArgs) -> Result<(), String> {
+fn config_dump(a: &DeviceArgs) -> Result<()> {
     let c = a.config()?;
     println!(
         "# Moneta configuration \"{}\": every key, as `moneta config dump` resolved it.\n\
@@ -540,7 +547,7 @@ fn config_dump(a: &DeviceArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn presets(verbose: bool) -> Result<(), String> {
+fn presets(verbose: bool) -> Result<()> {
     for name in preset_names() {
         let c = Config::preset(name).map_err(|e| e.to_string())?;
         if verbose {
@@ -568,11 +575,11 @@ fn presets(verbose: bool) -> Result<(), String> {
     Ok(())
 }
 
-pub(crate) fn parse_op(s: &str) -> Result<OpMix, String> {
-    OpMix::parse(s.trim())
+pub(crate) fn parse_op(s: &str) -> Result<OpMix> {
+    OpMix::parse(s.trim()).map_err(Error::usage)
 }
 
-fn sim_run(a: RunArgs) -> Result<(), String> {
+fn sim_run(a: RunArgs) -> Result<()> {
     let config = a.model.device.config()?;
     let limit = a.limit.limit(200_000)?;
     warn_if_threads_exceed_ops(a.threads.into(), a.pattern.depth()?, limit);
@@ -595,7 +602,7 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
 }
 
 /// `moneta sim compare`: the same workload on every (preset, stack) pair.
-fn sim_compare(a: CompareArgs) -> Result<(), String> {
+fn sim_compare(a: CompareArgs) -> Result<()> {
     plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
     let limit = a.limit.limit(20_000)?;
     let mut points = Vec::new();
@@ -654,8 +661,8 @@ fn sim_provenance(seed: u64, limit: RunLimit) -> provenance::Provenance {
 }
 
 /// `i/n` with i < n.
-fn parse_shard(s: &str) -> Result<(usize, usize), String> {
-    let bad = || format!("--shard {s}: expected I/N with 0 <= I < N");
+fn parse_shard(s: &str) -> Result<(usize, usize)> {
+    let bad = || Error::usage(format!("--shard {s}: expected I/N with 0 <= I < N"));
     let (i, n) = s.split_once('/').ok_or_else(bad)?;
     let i: usize = i.trim().parse().map_err(|_| bad())?;
     let n: usize = n.trim().parse().map_err(|_| bad())?;
@@ -665,7 +672,7 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     Ok((i, n))
 }
 
-fn sim_sweep(a: SweepArgs) -> Result<(), String> {
+fn sim_sweep(a: SweepArgs) -> Result<()> {
     plot::check_outputs(a.plot.as_deref(), a.report.as_deref())?;
     // Every (preset, stack) of the lists, each checked before any runs.
     let mut configs = Vec::new();
@@ -771,14 +778,14 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         eprintln!("wrote {}", path.display());
     }
     if let Some((done, all)) = partial {
-        return Err(format!(
-            "{INTERRUPTED}: {done} of {all} points done, printed above"
-        ));
+        return Err(Error::interrupted(format!(
+            "interrupted: {done} of {all} points done, printed above"
+        )));
     }
     Ok(())
 }
 
-fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
+fn sim_fairness(a: FairnessArgs) -> Result<()> {
     let config = a.model.device.config()?;
     let limit = a.limit.limit(100_000)?;
     warn_if_threads_exceed_ops(
@@ -845,7 +852,7 @@ fn sim_fairness(a: FairnessArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn sim_speed(a: SpeedArgs) -> Result<(), String> {
+fn sim_speed(a: SpeedArgs) -> Result<()> {
     let config = a.model.device.config()?;
     let op = parse_op(&a.op)?;
     warn_if_threads_exceed_ops(a.threads.into(), 1, RunLimit::Ops(a.ops));
@@ -883,7 +890,7 @@ fn sim_speed(a: SpeedArgs) -> Result<(), String> {
     Ok(())
 }
 
-fn calibrate(format: Format) -> Result<(), String> {
+fn calibrate(format: Format) -> Result<()> {
     moneta_supervisor::signals::catch_signals();
     let groups = moneta_model::calibration::groups();
     let finished = run_check_groups(&groups);
@@ -907,10 +914,10 @@ fn calibrate(format: Format) -> Result<(), String> {
         missed
     );
     if done < groups.len() {
-        return Err(format!(
-            "{INTERRUPTED}: {done} of {} groups of checks done, printed above",
+        return Err(Error::interrupted(format!(
+            "interrupted: {done} of {} groups of checks done, printed above",
             groups.len()
-        ));
+        )));
     }
     Ok(())
 }

@@ -28,6 +28,7 @@
 //! mount table, loop devices, /proc) are `moneta_supervisor`'s, shared with
 //! `moneta san up`; this file holds what an instance of a mount point is.
 
+use crate::error::{Error, Result};
 use clap::{Args, ValueEnum};
 use moneta_model::config::Config;
 use moneta_supervisor::daemon::{daemon_pids, is_our_daemon, stop_daemon};
@@ -209,7 +210,7 @@ impl Instance {
         l
     }
 
-    fn for_mount(mount: &Path) -> Result<Instance, String> {
+    fn for_mount(mount: &Path) -> Result<Instance> {
         let mount = canonical(mount)?;
         let name = instance_name(&mount);
         Ok(Instance::at(run_dir().join(name), mount))
@@ -242,7 +243,7 @@ fn run_dir() -> PathBuf {
 
 /// The mount point as the kernel will name it: absolute, symlinks resolved
 /// as far as the path exists, `.` and `..` removed from the rest.
-fn canonical(path: &Path) -> Result<PathBuf, String> {
+fn canonical(path: &Path) -> Result<PathBuf> {
     let abs = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -334,7 +335,7 @@ struct ImageRecord {
 
 /// The socket and mount point of the instance mounted at `mount`, for
 /// `moneta run`; an error if it is not up.
-pub fn running(mount: &Path) -> Result<(PathBuf, PathBuf), String> {
+pub fn running(mount: &Path) -> Result<(PathBuf, PathBuf)> {
     let inst = Instance::for_mount(mount)?;
     let state = read_state(&inst).ok_or_else(|| {
         format!(
@@ -348,7 +349,8 @@ pub fn running(mount: &Path) -> Result<(PathBuf, PathBuf), String> {
             "the daemon of {} is not answering on {} (moneta status; moneta up repairs it)",
             inst.mount.display(),
             state.socket.display()
-        ));
+        )
+        .into());
     }
     Ok((state.socket, inst.mount))
 }
@@ -377,12 +379,12 @@ fn read_state(inst: &Instance) -> Option<State> {
 /// system is unmounted (and its last writes land) while they still serve.
 /// Over a plain loop device the daemon stops first (it may hold files of
 /// the mount open).
-fn teardown(inst: &Instance) -> Result<Vec<String>, String> {
+fn teardown(inst: &Instance) -> Result<Vec<String>> {
     let mut done = Vec::new();
     let device_path = mounted_at(&inst.fuse_dir).is_some()
         || !loops_for(&inst.fuse_file).is_empty()
         || !nbdfuse_pids(inst).is_empty();
-    let stop_daemons = |done: &mut Vec<String>| -> Result<(), String> {
+    let stop_daemons = |done: &mut Vec<String>| -> Result<()> {
         for pid in daemon_pids(&inst.socket) {
             if stop_daemon(pid, &inst.socket)? {
                 done.push(format!("stopped monetad (pid {pid})"));
@@ -418,7 +420,7 @@ fn teardown(inst: &Instance) -> Result<Vec<String>, String> {
     for socket in [&inst.socket, &inst.nbd_socket] {
         match fs::remove_file(socket) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(format!("removing {}: {e}", socket.display()))
+                return Err(format!("removing {}: {e}", socket.display()).into())
             }
             _ => {}
         }
@@ -435,7 +437,7 @@ fn nbdfuse_pids(inst: &Instance) -> Vec<i32> {
 
 /// Unmount nbdfuse's FUSE mount (nbdfuse then exits), or kill nbdfuse if
 /// it does not go; remove the mount directory. Whether there was one.
-fn stop_nbdfuse(inst: &Instance) -> Result<bool, String> {
+fn stop_nbdfuse(inst: &Instance) -> Result<bool> {
     let mut any = false;
     if mounted_at(&inst.fuse_dir).is_some() {
         any = true;
@@ -527,13 +529,15 @@ impl Alive {
 // Fault injection
 
 /// Between steps: stop if interrupted, and the test hook of FAULT_ENV.
-fn checkpoint(step: &str) -> Result<(), String> {
+fn checkpoint(step: &str) -> Result<()> {
     interrupted()?;
     let Ok(fault) = std::env::var(FAULT_ENV) else {
         return Ok(());
     };
     match fault.split_once('@') {
-        Some(("fail", s)) if s == step => Err(format!("{FAULT_ENV}: failing after step {step}")),
+        Some(("fail", s)) if s == step => {
+            Err(format!("{FAULT_ENV}: failing after step {step}").into())
+        }
         Some(("panic", s)) if s == step => panic!("{FAULT_ENV}: panicking after step {step}"),
         Some(("stall", s)) if s == step => {
             eprintln!("moneta: {FAULT_ENV}: stalled after step {step} until a signal");
@@ -564,11 +568,7 @@ impl Wanted {
     /// Resolve the arguments against the image's record (when the image is
     /// reused: its file system and size are facts) and check the device
     /// configuration, all before anything is touched.
-    fn resolve(
-        a: &UpArgs,
-        inst: &Instance,
-        record: Option<&ImageRecord>,
-    ) -> Result<Wanted, String> {
+    fn resolve(a: &UpArgs, inst: &Instance, record: Option<&ImageRecord>) -> Result<Wanted> {
         let explicit = a.preset.is_some() || a.config.is_some() || !a.set.is_empty();
         let (preset, file, sets) = match record {
             Some(r) if !explicit => (r.preset.clone(), r.config.clone(), r.sets.clone()),
@@ -579,7 +579,8 @@ impl Wanted {
                 a.config
                     .as_deref()
                     .map(|p| {
-                        fs::canonicalize(p).map_err(|e| format!("--config {}: {e}", p.display()))
+                        fs::canonicalize(p)
+                            .map_err(|e| Error::io(format!("--config {}", p.display()), e))
                     })
                     .transpose()?,
                 a.set.clone(),
@@ -587,30 +588,32 @@ impl Wanted {
         };
         let mut config = match &file {
             Some(p) => crate::config_file(p)?,
-            None => Config::preset(&preset).map_err(|e| e.to_string())?,
+            None => Config::preset(&preset).map_err(|e| Error::config("", e))?,
         };
         let preset = config.name.clone();
         for kv in &sets {
             if kv.split('=').next().map(str::trim) == Some("device.capacity_bytes") {
-                return Err(format!(
+                return Err(Error::usage(format!(
                     "--set {kv}: the capacity is the image's size; use --size"
-                ));
+                )));
             }
-            config.set(kv).map_err(|e| format!("--set {kv}: {e}"))?;
+            config
+                .set(kv)
+                .map_err(|e| Error::config(format!("--set {kv}"), e))?;
         }
         let granule = config.memory.stripe_bytes * config.memory.controllers as u64;
         let (fs, size) = match record {
             Some(r) => {
                 let image = inst.image.display();
                 if let Some(fs) = a.fs.filter(|&f| f != r.fs) {
-                    return Err(format!(
+                    return Err(Error::usage(format!(
                         "{image} holds {}, not {}; --fresh makes a new image (its files are lost)",
                         r.fs.name(),
                         fs.name()
-                    ));
+                    )));
                 }
                 if let Some(size) = a.size.filter(|&s| s != r.size_bytes) {
-                    return Err(format!("{image} is {} bytes ({}), not {size}; --fresh makes a new image (its files are lost)", r.size_bytes, human(r.size_bytes)));
+                    return Err(Error::usage(format!("{image} is {} bytes ({}), not {size}; --fresh makes a new image (its files are lost)", r.size_bytes, human(r.size_bytes))));
                 }
                 (r.fs, r.size_bytes)
             }
@@ -627,19 +630,19 @@ impl Wanted {
             } else {
                 above.to_string()
             };
-            return Err(format!(
+            return Err(Error::usage(format!(
                 "--size {size}: the device's capacity must be a multiple of memory.stripe_bytes × memory.controllers = {} × {} = {granule} bytes (preset {preset}); {near} would do",
                 config.memory.stripe_bytes, config.memory.controllers
-            ));
+            )));
         }
         config
             .set(&format!("device.capacity_bytes={size}"))
-            .map_err(|e| format!("--size {size}: {e}"))?;
+            .map_err(|e| Error::config(format!("--size {size}"), e))?;
         if fs == Fs::Xfs && size < XFS_MIN_BYTES {
-            return Err(format!(
+            return Err(Error::usage(format!(
                 "--size {size}: XFS needs at least {} ({XFS_MIN_BYTES} bytes); use --fs ext4 for a smaller device",
                 human(XFS_MIN_BYTES)
-            ));
+            )));
         }
         Ok(Wanted {
             fs,
@@ -705,17 +708,17 @@ fn differences(a: &UpArgs, s: &State) -> Vec<String> {
 
 /// Loop devices and mounts are root's; say so up front rather than fail
 /// halfway with EPERM.
-pub(crate) fn need_root(what: &str) -> Result<(), String> {
+pub(crate) fn need_root(what: &str) -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(format!(
+        return Err(Error::usage(format!(
             "moneta {what} needs root (it attaches loop devices and mounts)"
-        ));
+        )));
     }
     Ok(())
 }
 
-pub fn up(a: UpArgs) -> Result<(), String> {
+pub fn up(a: UpArgs) -> Result<()> {
     need_root("up")?;
     fs::create_dir_all(RUN_DIR).map_err(|e| format!("creating {RUN_DIR}: {e}"))?;
     let inst = Instance::for_mount(&a.mount)?;
@@ -729,14 +732,15 @@ pub fn up(a: UpArgs) -> Result<(), String> {
         missing = alive.missing(true);
         if alive.all() {
             if a.fresh {
-                return Err(format!("{mount} is up: --fresh would replace the file system under it; moneta down --mount {mount} first"));
+                return Err(format!("{mount} is up: --fresh would replace the file system under it; moneta down --mount {mount} first").into());
             }
             let diffs = differences(&a, s);
             if !diffs.is_empty() {
                 return Err(format!(
                     "{mount} is already up with {}; moneta down --mount {mount} first",
                     diffs.join(", ")
-                ));
+                )
+                .into());
             }
             println!(
                 "{mount} is already up: {} {} on {}, monetad pid {} ({}) on {}",
@@ -788,7 +792,8 @@ pub fn up(a: UpArgs) -> Result<(), String> {
             "{mount} is already a mount point ({} from {}); choose another --mount",
             m.fstype,
             m.source.display()
-        ));
+        )
+        .into());
     }
 
     // Checked before anything is made: a mount point that cannot be one.
@@ -797,7 +802,8 @@ pub fn up(a: UpArgs) -> Result<(), String> {
             return Err(format!(
                 "{}: exists and is not a directory; choose another --mount",
                 p.display()
-            ));
+            )
+            .into());
         }
     }
 
@@ -926,7 +932,7 @@ pub fn up(a: UpArgs) -> Result<(), String> {
 }
 
 /// A loop device over `backing` (direct I/O or buffered), detached on rollback.
-fn attach_loop(backing: &Path, direct_io: bool, rb: &mut Rollback) -> Result<PathBuf, String> {
+fn attach_loop(backing: &Path, direct_io: bool, rb: &mut Rollback) -> Result<PathBuf> {
     let dev = system::attach_loop(backing, direct_io)?;
     {
         let dev = dev.clone();
@@ -940,7 +946,7 @@ fn attach_loop(backing: &Path, direct_io: bool, rb: &mut Rollback) -> Result<Pat
 
 /// Mount the file system on `dev` at the mount point (made if missing),
 /// unmounted on rollback.
-fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Result<(), String> {
+fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Result<()> {
     refuse_non_empty(&inst.mount)?;
     let made = make_dirs(&inst.mount)?;
     // `down --purge` removes what `up` made, and only that.
@@ -973,7 +979,7 @@ fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Re
 /// nbdfuse serving the daemon's NBD export as `inst.fuse_file`, detached
 /// like the daemon; returns its pid once the file is there with the
 /// device's size.
-fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, String> {
+fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32> {
     if Command::new("nbdfuse").arg("--version").output().is_err() {
         return Err(
             "--kernel-path device needs nbdfuse (Debian: apt-get install libnbd-bin)".into(),
@@ -1007,7 +1013,7 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32, S
 const MADE_DIRS: &str = "made-dirs";
 
 /// Mounting over a directory with files would hide them: say so instead.
-fn refuse_non_empty(mount: &Path) -> Result<(), String> {
+fn refuse_non_empty(mount: &Path) -> Result<()> {
     let Ok(entries) = fs::read_dir(mount) else {
         return Ok(());
     };
@@ -1024,7 +1030,7 @@ fn refuse_non_empty(mount: &Path) -> Result<(), String> {
         mount.display(),
         names[..names.len().min(3)].join(", "),
         if names.len() > 3 { ", …" } else { "" }
-    ))
+    ).into())
 }
 
 /// Remove the directories `up` made for the mount point (innermost first,
@@ -1040,13 +1046,13 @@ fn remove_made_dirs(inst: &Instance) -> Vec<PathBuf> {
 }
 
 /// `mkdir -p` returning the directories it made, outermost first.
-fn make_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
+fn make_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut missing = Vec::new();
     let mut p = dir;
     loop {
         match fs::metadata(p) {
             Ok(m) if m.is_dir() => break,
-            Ok(_) => return Err(format!("{}: exists and is not a directory", p.display())),
+            Ok(_) => return Err(format!("{}: exists and is not a directory", p.display()).into()),
             Err(_) => {
                 missing.push(p.to_path_buf());
                 match p.parent() {
@@ -1063,7 +1069,7 @@ fn make_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
             for made in missing[..i].iter().rev() {
                 let _ = fs::remove_dir(made);
             }
-            return Err(format!("creating {}: {e}", d.display()));
+            return Err(format!("creating {}: {e}", d.display()).into());
         }
     }
     Ok(missing)
@@ -1072,12 +1078,7 @@ fn make_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
 /// `moneta serve` on the image, detached: its own session (no terminal
 /// signals, survives the shell), cwd `/` (never keeps a mount busy), output
 /// to the log. Returns once it accepts connections.
-fn start_daemon(
-    inst: &Instance,
-    want: &Wanted,
-    nbd: bool,
-    rb: &mut Rollback,
-) -> Result<u32, String> {
+fn start_daemon(inst: &Instance, want: &Wanted, nbd: bool, rb: &mut Rollback) -> Result<u32> {
     let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
     let mut cmd = Command::new(&exe);
     cmd.arg("serve");
@@ -1123,7 +1124,7 @@ fn start_daemon(
 // ---------------------------------------------------------------------------
 // down
 
-pub fn down(a: DownArgs) -> Result<(), String> {
+pub fn down(a: DownArgs) -> Result<()> {
     need_root("down")?;
     let inst = Instance::for_mount(&a.mount)?;
     let mount = inst.mount.display().to_string();
@@ -1149,14 +1150,15 @@ pub fn down(a: DownArgs) -> Result<(), String> {
                 return Err(format!(
                     "{mount} is busy, nothing was stopped; these processes use it: {}",
                     list.join("; ")
-                ));
+                )
+                .into());
             }
         }
     }
     let done = teardown(&inst)?;
     match fs::remove_file(&inst.state) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => {
-            return Err(format!("removing {}: {e}", inst.state.display()))
+            return Err(format!("removing {}: {e}", inst.state.display()).into())
         }
         _ => {}
     }
@@ -1199,7 +1201,7 @@ pub fn down(a: DownArgs) -> Result<(), String> {
 // ---------------------------------------------------------------------------
 // status
 
-pub fn status(a: StatusArgs) -> Result<(), String> {
+pub fn status(a: StatusArgs) -> Result<()> {
     let root = run_dir();
     let mut dirs: Vec<PathBuf> = match fs::read_dir(&root) {
         Ok(entries) => entries
@@ -1210,7 +1212,7 @@ pub fn status(a: StatusArgs) -> Result<(), String> {
             .map(|e| e.path())
             .collect(),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("{}: {e}", root.display())),
+        Err(e) => return Err(format!("{}: {e}", root.display()).into()),
     };
     dirs.sort();
     let rows: Vec<serde_json::Value> = dirs.into_iter().map(status_row).collect();

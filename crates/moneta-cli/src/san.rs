@@ -121,7 +121,7 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
-    fn device(&self) -> Result<Config, String> {
+    fn device(&self) -> crate::error::Result<Config> {
         let mut d = self.device.clone();
         if !d.given_file() && d.preset.is_none() {
             d.preset = Some(DEVICE_PRESET.into());
@@ -293,28 +293,29 @@ pub struct EnergyArgs {
     host_busy_w: f64,
 }
 
-pub fn dispatch(command: SanCommand) -> Result<(), String> {
+pub fn dispatch(command: SanCommand) -> crate::error::Result<()> {
     match command {
         SanCommand::Sim(s) => match *s {
-            SanSim::Latency(a) => latency(a),
-            SanSim::Bandwidth(a) => bandwidth(a),
-            SanSim::Scaling(a) => scaling(a),
-            SanSim::Replication(a) => replication(a),
-            SanSim::Sort(a) => sort_command(a),
-            SanSim::Energy(a) => energy(a),
+            SanSim::Latency(a) => latency(a)?,
+            SanSim::Bandwidth(a) => bandwidth(a)?,
+            SanSim::Scaling(a) => scaling(a)?,
+            SanSim::Replication(a) => replication(a)?,
+            SanSim::Sort(a) => sort_command(a)?,
+            SanSim::Energy(a) => energy(a)?,
         },
-        SanCommand::Up(a) => crate::san_up::up(a),
-        SanCommand::Down(a) => crate::san_up::down(a),
-        SanCommand::Status(a) => crate::san_up::status(a),
-        SanCommand::Restart(a) => crate::san_up::restart(a),
-        SanCommand::Fault(a) => crate::san_up::fault(a),
-        SanCommand::Resolve(a) => crate::san_up::resolve(a),
-        SanCommand::Bench(a) => crate::san_bench::run(a),
-        SanCommand::Sort(a) => crate::san_sort::run(*a),
-        SanCommand::Chaos(a) => crate::san_chaos::run(*a),
-        SanCommand::SimProtocol(a) => crate::san_chaos::sim_protocol(a),
-        SanCommand::SortWorker(a) => crate::sort_worker::run(a),
+        SanCommand::Up(a) => crate::san_up::up(a)?,
+        SanCommand::Down(a) => crate::san_up::down(a)?,
+        SanCommand::Status(a) => crate::san_up::status(a)?,
+        SanCommand::Restart(a) => crate::san_up::restart(a)?,
+        SanCommand::Fault(a) => crate::san_up::fault(a)?,
+        SanCommand::Resolve(a) => crate::san_up::resolve(a)?,
+        SanCommand::Bench(a) => crate::san_bench::run(a)?,
+        SanCommand::Sort(a) => crate::san_sort::run(*a)?,
+        SanCommand::Chaos(a) => crate::san_chaos::run(*a)?,
+        SanCommand::SimProtocol(a) => crate::san_chaos::sim_protocol(a)?,
+        SanCommand::SortWorker(a) => crate::sort_worker::run(a)?,
     }
+    Ok(())
 }
 
 fn parse_topology(name: &str, nodes: u16) -> Result<Topology, String> {

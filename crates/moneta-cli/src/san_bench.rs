@@ -84,7 +84,7 @@ struct Row {
     verdict: String,
 }
 
-pub fn run(a: SanBenchArgs) -> Result<(), String> {
+pub fn run(a: SanBenchArgs) -> crate::error::Result<()> {
     let state = load_state(&a.name)?;
     let file = SanFile::load(&state.san_file).map_err(|e| e.to_string())?;
     let nodes = state.nodes.len() as u16;
@@ -288,11 +288,10 @@ pub fn run(a: SanBenchArgs) -> Result<(), String> {
         }
     }
     if moneta_supervisor::signals::signal_received() {
-        return Err(format!(
-            "{}: {} points measured, printed above",
-            crate::INTERRUPTED,
+        return Err(crate::error::Error::interrupted(format!(
+            "interrupted: {} points measured, printed above",
             rows.len()
-        ));
+        )));
     }
     Ok(())
 }

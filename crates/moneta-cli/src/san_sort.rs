@@ -456,7 +456,7 @@ fn run_phase(
     corrupt: Option<&str>,
     deadline: Instant,
     progress: bool,
-) -> Result<Vec<String>, String> {
+) -> crate::error::Result<Vec<String>> {
     let mut running = Vec::new();
     let kill_all = |running: &mut Vec<Worker>| {
         for w in running.iter_mut() {
@@ -478,7 +478,7 @@ fn run_phase(
             Ok(w) => running.push(w),
             Err(e) => {
                 kill_all(&mut running);
-                return Err(e);
+                return Err(e.into());
             }
         }
     }
@@ -496,13 +496,14 @@ fn run_phase(
                         kill_all(&mut running);
                         return Err(format!(
                             "the {phase} worker of node {node} failed ({status}): {tail}"
-                        ));
+                        )
+                        .into());
                     }
                     outputs[node as usize] = Some(out);
                 }
                 Err(e) => {
                     kill_all(&mut running);
-                    return Err(format!("waiting for the {phase} workers: {e}"));
+                    return Err(format!("waiting for the {phase} workers: {e}").into());
                 }
             }
         }
@@ -511,7 +512,8 @@ fn run_phase(
             kill_all(&mut running);
             return Err(format!(
                 "the {phase} workers of nodes {late:?} did not finish in time (--timeout-s); killed"
-            ));
+            )
+            .into());
         }
         moneta_supervisor::signals::interrupted().inspect_err(|_| kill_all(&mut running))?;
         std::thread::sleep(Duration::from_millis(20));
@@ -572,7 +574,7 @@ fn run_once(
     checksum: u64,
     exe: &Path,
     progress: bool,
-) -> Result<SortRun, String> {
+) -> crate::error::Result<SortRun> {
     let access: Vec<Access> = match via {
         Via::Direct => hosts
             .direct
@@ -694,18 +696,20 @@ fn run_once(
     })
 }
 
-pub fn run(a: SortRunArgs) -> Result<(), String> {
+pub fn run(a: SortRunArgs) -> crate::error::Result<()> {
     if a.io_bytes < RECORD_BYTES as u64 {
         return Err(format!(
             "--io-bytes {} must hold at least one record ({RECORD_BYTES} B)",
             a.io_bytes
-        ));
+        )
+        .into());
     }
     if CompletionMode::parse(&a.completion).is_none() {
         return Err(format!(
             "--completion {}: expected dma, forwarding or issue-sleep",
             a.completion
-        ));
+        )
+        .into());
     }
     if a.timeout_s == 0 {
         return Err("--timeout-s must be at least 1".into());
@@ -738,7 +742,8 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
                             crate::mount::human(m.capacity_bytes()),
                             crate::mount::human(global),
                             REMOTE_NOT_SERVED
-                        ));
+                        )
+                        .into());
                     }
                 }
             }
@@ -747,7 +752,8 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
                     "--via nbd: {} has no NBD servers (moneta san up --nbd-port PORT; with \
                      --socket, --nbd HOST:PORT of that daemon's `serve --nbd`)",
                     hosts.describe
-                ))
+                )
+                .into())
             }
             _ => {}
         }
@@ -832,7 +838,7 @@ pub fn run(a: SortRunArgs) -> Result<(), String> {
     if bad.is_empty() {
         Ok(())
     } else {
-        Err(format!("validation failed: {}", bad.join("; ")))
+        Err(format!("validation failed: {}", bad.join("; ")).into())
     }
 }
 

@@ -365,14 +365,11 @@ fn read_state(dir: &Path) -> Result<Option<SanState>, String> {
     Ok(read_json(&dir.join("state.json"))?)
 }
 
-pub fn up(a: SanUpArgs) -> Result<(), String> {
+pub fn up(a: SanUpArgs) -> crate::error::Result<()> {
     need_root("san up")?;
     check_name(&a.name)?;
     if a.nodes == 0 || a.nodes > MAX_LOCAL_NODES {
-        return Err(format!(
-            "--nodes {}: 1 to {MAX_LOCAL_NODES} on one machine",
-            a.nodes
-        ));
+        return Err(format!("--nodes {}: 1 to {MAX_LOCAL_NODES} on one machine", a.nodes).into());
     }
     match (a.reactors, a.daemons) {
         (Some(0), _) => return Err("--reactors 0: at least one".into()),
@@ -389,12 +386,13 @@ pub fn up(a: SanUpArgs) -> Result<(), String> {
             "--size {}: must be a power of two (the routing registers select a slice by \
              the upper address bits)",
             a.size
-        ));
+        )
+        .into());
     }
     let dir = san_dir(&a.name);
     let _lock = lock_san(&a.name)?;
     if let Some(state) = read_state(&dir)? {
-        return up_again(&a, size, &state);
+        return Ok(up_again(&a, size, &state)?);
     }
     // Leftovers of a crash that skipped the rollback go first.
     teardown(&a.name, None)?;

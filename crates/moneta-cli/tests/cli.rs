@@ -242,6 +242,36 @@ impl Drop for Scratch {
     }
 }
 
+/// The exit code the command-line reference gives an error kind (its
+/// "Exit status" table, generated from the CLI's error kinds).
+fn documented_exit_code(kind: &str) -> i32 {
+    let page =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/src/reference/cli.md");
+    let text = std::fs::read_to_string(&page).unwrap();
+    let table = text
+        .split("## Exit status")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{} has no exit status section", page.display()));
+    table
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells.len() > 3 && cells[2] == kind).then(|| cells[1].parse().ok())?
+        })
+        .next()
+        .unwrap_or_else(|| panic!("no exit code for '{kind}' in {}", page.display()))
+}
+
+#[test]
+fn the_documented_exit_codes_are_the_shells() {
+    // Ctrl-C: 128 + SIGINT, as a shell reports a command it interrupted.
+    assert_eq!(documented_exit_code("interrupted"), 130);
+    // A bad command line: clap's own code, which its parse errors use.
+    assert_eq!(documented_exit_code("usage"), 2);
+    let o = moneta(&["sim", "run", "--no-such-option"]);
+    assert_eq!(o.status.code(), Some(documented_exit_code("usage")));
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -437,7 +467,11 @@ fn configuration_errors_name_the_key_and_what_is_allowed() {
         ),
     ] {
         let o = moneta(&args);
-        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert_eq!(
+            o.status.code(),
+            Some(documented_exit_code("config")),
+            "{args:?}"
+        );
         let err = stderr(&o);
         for needle in needles {
             assert!(err.contains(needle), "{args:?}: {err}");
@@ -754,7 +788,11 @@ fn ctrl_c_during_a_sweep_prints_the_points_so_far() {
         .unwrap()
         .read_to_string(&mut err)
         .unwrap();
-    assert_eq!(status.code(), Some(130), "{err}");
+    assert_eq!(
+        status.code(),
+        Some(documented_exit_code("interrupted")),
+        "{err}"
+    );
     assert!(err.contains("interrupted"), "{err}");
     assert!(
         out.contains("read        512"),
