@@ -1087,7 +1087,7 @@ mod tests {
         );
         let html = sweep_report(&configs, &points).to_html();
         check_balanced(&html);
-        assert!(html.contains("<th>series</th>"));
+        assert!(html.contains("<th>series</th><th>op</th>"));
         assert!(html.contains("Resolved configuration: onyx-late"));
         for svg in html.split("<figure>").skip(1) {
             assert_no_label_overlaps(
@@ -1110,7 +1110,7 @@ mod tests {
         );
         assert!(!sweep_report(&configs[..1], &one)
             .to_html()
-            .contains("<th>series</th>"));
+            .contains("<th>series</th><th>op</th>"));
         let mut title = chart.title.clone();
         mark_partial(&mut title, Some((3, 36)));
         assert!(title.ends_with("PARTIAL: 3 of 36 points"));
