@@ -331,6 +331,13 @@ pub struct SsdConfig {
     pub mmap_miss_limit: u32,
     /// Where the SSD writes evicted pages.
     pub write_allocation: WriteAllocation,
+    /// The controller's write buffer gathers evicted OS pages until one
+    /// flash page is full and programs it once (with `write_allocation =
+    /// "log"`); false: each OS page is programmed into a flash page of its
+    /// own. The report: the SSD controller "typically has a small amount of
+    /// SRAM or DRAM to cache metadata and to buffer writes [Marvell 2012]".
+    #[serde(default)]
+    pub write_buffer: bool,
     pub ways: u32,
 }
 
