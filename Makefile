@@ -198,7 +198,7 @@ SAN_SIM_OPS ?= 10000000
 SAN_SIM_JOBS ?= 2
 san-sim: build
 	$(MONETA) san sim-protocol --minutes $(SAN_SIM_MINUTES) --max-ops $(SAN_SIM_OPS) \
-		--jobs $(SAN_SIM_JOBS) --ops 20000 --shrink 40 --keep-going \
+		--jobs $(SAN_SIM_JOBS) --ops 20000 --shrink 40 --keep-going --split-brains \
 		$(if $(SAN_SIM_SEED),--seed $(SAN_SIM_SEED))
 
 # The SAN's randomized fault schedule with the register checker (issue 22

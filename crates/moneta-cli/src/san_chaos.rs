@@ -1258,6 +1258,11 @@ pub struct SimProtocolArgs {
     /// Print each schedule's trace (and the nodes' log).
     #[arg(long)]
     trace: bool,
+    /// Operator-made split brains: a force may take a copy whose partner
+    /// is alive behind a cut, and both holders of a split brain are asked
+    /// at once to discard their side (exactly one may be granted).
+    #[arg(long)]
+    split_brains: bool,
     /// On a failure, shrink it (at most this many more runs).
     #[arg(long, default_value_t = 0)]
     shrink: usize,
@@ -1312,6 +1317,7 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
         o.think_us = a.think_us;
         o.skip_steps = a.skip_steps.iter().copied().collect();
         o.keep_trace = a.trace;
+        o.split_brains = a.split_brains;
         o
     };
     // Workers take the next schedule's index while the budget lasts; the
@@ -1385,7 +1391,7 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
             failed += 1;
             println!(
                 "seed {}: {} violation(s); replay: moneta san sim-protocol --seed {} --ops {} \
-                 --nodes {} --blocks {} --clients {} --step-ms {} --think-us {} --trace",
+                 --nodes {} --blocks {} --clients {} --step-ms {} --think-us {}{} --trace",
                 o.seed,
                 r.violations.len(),
                 o.seed,
@@ -1394,7 +1400,12 @@ pub fn sim_protocol(a: SimProtocolArgs) -> Result<(), String> {
                 o.blocks,
                 o.clients,
                 o.step_ms,
-                o.think_us
+                o.think_us,
+                if o.split_brains {
+                    " --split-brains"
+                } else {
+                    ""
+                }
             );
             for v in r.violations.iter().take(10) {
                 println!("  {v}");

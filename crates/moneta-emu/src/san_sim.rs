@@ -103,6 +103,13 @@ pub struct SimOptions {
     pub dir: PathBuf,
     /// Keep the trace's lines (and the ports' log) in the report.
     pub keep_trace: bool,
+    /// Operator-made split brains: a `Force` step may also force an
+    /// outdated copy whose partner is alive behind a cut (both sides then
+    /// write), and a `Resolve` step on a slice in split brain on both
+    /// holders sends both contradicting `resolve --discard`s at once (one
+    /// must be granted, the other refused). Off, the schedules of a seed
+    /// are the ones found before this existed.
+    pub split_brains: bool,
 }
 
 impl SimOptions {
@@ -118,6 +125,7 @@ impl SimOptions {
             skip_steps: BTreeSet::new(),
             dir: dir.to_path_buf(),
             keep_trace: false,
+            split_brains: false,
         }
     }
 }
@@ -220,6 +228,9 @@ struct Block {
     /// Bumped by each `--force` of its slice (a read that began before
     /// has no floor).
     forced: u64,
+    /// Two sides write it (an operator forced a copy whose partner was
+    /// alive): no single history, no floor, until a resolve is granted.
+    split: bool,
     /// The version the first final read returned, and through which node:
     /// after the final recovery both copies are one (every other final
     /// read must return it).
@@ -257,8 +268,8 @@ struct Node {
     /// Faults on its links (for heal).
     faulted: bool,
     /// `resolve --discard` answers awaited, with the slices in split
-    /// brain here when it was asked.
-    resolves: Vec<(ResolveAnswer, Vec<u32>)>,
+    /// brain here when it was asked, and the contest it belongs to.
+    resolves: Vec<(ResolveAnswer, Vec<u32>, Option<usize>)>,
 }
 
 struct Sim<'a> {
@@ -287,6 +298,9 @@ struct Sim<'a> {
     final_retry: Ns,
     /// A recovery's resolve, due then.
     recover_resolve: Option<(Ns, usize)>,
+    /// Contradicting resolves sent at once: the slice and each side's
+    /// answer (granted or not) as it comes.
+    contests: Vec<(u32, [Option<bool>; 2])>,
     /// The nemesis's next step, due then (`u64::MAX`: none).
     step_at: Ns,
     /// The last step of the virtual clock (`advance`).
@@ -364,6 +378,7 @@ impl<'a> Sim<'a> {
             final_pending: Vec::new(),
             final_retry: 0,
             recover_resolve: None,
+            contests: Vec::new(),
             step_at: u64::MAX,
             step_ns: TICK_NS,
         })
@@ -611,7 +626,7 @@ impl Sim<'_> {
                     .expect("alive")
                     .read_data(tag, &mut got);
                 let st = self.blocks[b];
-                let floor = if p.forced == st.forced {
+                let floor = if p.forced == st.forced && !st.split {
                     p.floor
                 } else {
                     Floor { acked: 0, read: 0 }
@@ -726,27 +741,33 @@ impl Sim<'_> {
 
     fn resolves(&mut self) {
         for i in 0..self.o.nodes {
-            let answers: Vec<(Result<String, String>, Vec<u32>)> = {
+            type Answer = (Result<String, String>, Vec<u32>, Option<usize>);
+            let answers: Vec<Answer> = {
                 let n = &mut self.nodes[i as usize];
                 let mut got = Vec::new();
-                n.resolves.retain(|(rx, slices)| match rx.try_recv() {
-                    Ok(a) => {
-                        got.push((a, slices.clone()));
-                        false
-                    }
-                    Err(mpsc::TryRecvError::Empty) => true,
-                    Err(mpsc::TryRecvError::Disconnected) => false,
-                });
+                n.resolves
+                    .retain(|(rx, slices, contest)| match rx.try_recv() {
+                        Ok(a) => {
+                            got.push((a, slices.clone(), *contest));
+                            false
+                        }
+                        Err(mpsc::TryRecvError::Empty) => true,
+                        Err(mpsc::TryRecvError::Disconnected) => false,
+                    });
                 got
             };
-            for (a, slices) in answers {
+            for (a, slices, contest) in answers {
                 // A granted `--discard` gives up what this side wrote alone
                 // on its split-brain slices (DRBD's discard-my-data): the
                 // other side's copy is resynced over it.
                 if a.is_ok() {
                     self.give_up(&slices);
+                    self.unsplit(&slices);
                 }
                 self.trace(format!("n{i} resolve answered: {a:?} (slices {slices:?})"));
+                if let Some(c) = contest {
+                    self.contest_answer(c, a.is_ok());
+                }
             }
         }
     }
@@ -762,7 +783,103 @@ impl Sim<'_> {
             .collect()
     }
 
+    /// One side's answer in contest `c` (`resolve_contested`): once both
+    /// have answered, two grants are a violation (the first's winner would
+    /// lose its acknowledged writes to the second).
+    fn contest_answer(&mut self, c: usize, granted: bool) {
+        let Some((slice, answers)) = self.contests.get_mut(c) else {
+            return;
+        };
+        let slice = *slice;
+        // Each holder answers once per contest: the first answer, then
+        // the second.
+        let side = usize::from(answers[0].is_some());
+        answers[side] = Some(granted);
+        if let [Some(a), Some(b)] = *answers {
+            match (a, b) {
+                (true, true) => self.violation(format!(
+                    "two contradicting resolves of slice {slice}'s split brain were both granted"
+                )),
+                (true, false) | (false, true) => self.did(
+                    "resolve-decided",
+                    format!("slice {slice}: one resolve granted"),
+                ),
+                (false, false) => self.did(
+                    "resolve-both-refused",
+                    format!("slice {slice}: both contradicting resolves refused"),
+                ),
+            }
+        }
+    }
+
+    /// The node an operator making split brains forces, from `i` on: the
+    /// first live one with an outdated copy (`i` if none has).
+    fn force_target(&self, i: u16) -> u16 {
+        (0..self.o.nodes)
+            .map(|k| (i + k) % self.o.nodes)
+            .find(|&j| !self.slices_in(j, "outdated").is_empty())
+            .unwrap_or(i)
+    }
+
+    /// The blocks of `slices` have one history again (a granted resolve).
+    fn unsplit(&mut self, slices: &[u32]) {
+        for b in 0..self.o.blocks as usize {
+            if slices.contains(&((self.addr[b] / self.slice_bytes) as u32)) {
+                self.blocks[b].split = false;
+            }
+        }
+    }
+
+    /// Both holders of a slice in split brain on both are asked at once to
+    /// discard their own side (`SimOptions::split_brains`). Returns whether
+    /// there was such a slice.
+    fn resolve_contested(&mut self, k: usize) -> bool {
+        let mut both: Vec<(u32, [u16; 2])> = Vec::new();
+        for i in 0..self.o.nodes {
+            let Some(sim) = self.nodes[i as usize].sim.as_ref() else {
+                continue;
+            };
+            for x in sim.slices() {
+                if x.state == "split-brain"
+                    && i < x.partner
+                    && self.slices_in(x.partner, "split-brain").contains(&x.slice)
+                {
+                    both.push((x.slice, [i, x.partner]));
+                }
+            }
+        }
+        if both.is_empty() {
+            return false;
+        }
+        let (slice, holders) = both[k % both.len()];
+        let c = self.contests.len();
+        self.contests.push((slice, [None, None]));
+        // The order the two requests are made in comes from the seed too.
+        let order = if k / both.len() % 2 == 0 {
+            [0, 1]
+        } else {
+            [1, 0]
+        };
+        for side in order {
+            let node = holders[side];
+            let n = &mut self.nodes[node as usize];
+            let rx = n.sim.as_mut().expect("alive").discard(Some(slice as usize));
+            n.resolves.push((rx, vec![slice], Some(c)));
+        }
+        self.did(
+            "resolve-contested",
+            format!(
+                "resolve --discard n{} and --discard n{} --slice {slice} at once",
+                holders[order[0]], holders[order[1]]
+            ),
+        );
+        true
+    }
+
     fn resolve(&mut self, k: usize) {
+        if self.o.split_brains && self.resolve_contested(k) {
+            return;
+        }
         let Some(node) = resolve_target(&self.split_brain_nodes(), k) else {
             self.did("resolve-none", "resolve: no split brain".into());
             return;
@@ -770,7 +887,7 @@ impl Sim<'_> {
         let slices = self.slices_in(node, "split-brain");
         let n = &mut self.nodes[node as usize];
         let rx = n.sim.as_mut().expect("alive").discard(None);
-        n.resolves.push((rx, slices));
+        n.resolves.push((rx, slices, None));
         self.did("resolve", format!("resolve --discard n{node}"));
     }
 
@@ -937,6 +1054,11 @@ impl Sim<'_> {
                 self.did("skipped", format!("force n{i}: it is down"))
             }
             Step::Force(i) => {
+                let i = if self.o.split_brains {
+                    self.force_target(i)
+                } else {
+                    i
+                };
                 // The operator forces a copy whose partner is down (the
                 // force's contract: "it may lack writes the partner
                 // acknowledged before it went down"). A partner that is
@@ -952,11 +1074,19 @@ impl Sim<'_> {
                     .filter(|x| x.state == "outdated")
                     .map(|x| (x.slice, x.partner))
                     .collect();
-                let partner_down: Vec<u32> = outdated
+                let mut partner_down: Vec<u32> = outdated
                     .iter()
                     .filter(|&&(_, p)| !self.alive(p))
                     .map(|&(s, _)| s)
                     .collect();
+                // With operator-made split brains, a partner alive behind
+                // a cut too: the force's own check (the partner is
+                // unreachable from here) is all that stops it.
+                let mut split = Vec::new();
+                if self.o.split_brains && partner_down.is_empty() {
+                    split = outdated.iter().map(|&(s, _)| s).collect();
+                    partner_down.clone_from(&split);
+                }
                 if partner_down.is_empty() {
                     self.did(
                         "skipped",
@@ -976,6 +1106,13 @@ impl Sim<'_> {
                     .collect();
                 // The operator accepted the loss of what those copies missed.
                 self.give_up(&forced);
+                // And, the partner alive, two sides now write those slices.
+                for b in 0..self.o.blocks as usize {
+                    let slice = (self.addr[b] / self.slice_bytes) as u32;
+                    if split.contains(&slice) && forced.contains(&slice) {
+                        self.blocks[b].split = true;
+                    }
+                }
                 self.did(
                     if forced.is_empty() {
                         "force-refused"

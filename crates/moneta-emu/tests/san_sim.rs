@@ -67,6 +67,41 @@ fn short_schedules_keep_every_acknowledged_write() {
     assert!(acted > 0, "seed {seed}: the nemesis did nothing: {kinds:?}");
 }
 
+/// Operator-made split brains (`SimOptions::split_brains`): a copy forced
+/// while its partner is alive behind a cut, both sides written, and the
+/// two holders asked at once to discard their own side. Exactly one of
+/// the two contradicting resolves may be granted (two grants are a
+/// violation), and the copies converge on the winner's.
+#[test]
+#[ignore = "these schedules make no split brain yet: no force step finds an outdated copy (make \
+            san-sim runs the nemesis)"]
+fn operator_split_brains_are_resolved_once() {
+    let seed = seed();
+    let mut kinds = std::collections::BTreeMap::new();
+    for k in 0..4 {
+        let mut o = SimOptions::new(seed + k, 5000, &dir("split"));
+        o.split_brains = true;
+        let r = san_sim::run(&o).unwrap();
+        assert!(
+            r.violations.is_empty(),
+            "seed {}: {:#?}\nreplay: moneta san sim-protocol --seed {} --ops 5000 --split-brains \
+             --trace",
+            o.seed,
+            r.violations,
+            o.seed
+        );
+        for (kind, n) in r.steps {
+            *kinds.entry(kind).or_insert(0) += n;
+        }
+    }
+    println!("seed {seed}: nemesis {kinds:?}");
+    let got = |k: &str| kinds.get(k).copied().unwrap_or(0);
+    assert!(
+        got("resolve-contested") > 0 && got("resolve-decided") > 0,
+        "seed {seed}: no split brain was made and contested: {kinds:?}"
+    );
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let seed = seed();
