@@ -20,7 +20,8 @@
 #[allow(dead_code)]
 mod sqlite;
 
-use nvmm::{ModelTiming, Nvmm, Options, Stats, VirtualClock};
+use moneta_model::kernel::VirtualClock;
+use nvmm::{ModelTiming, Nvmm, Options, Stats};
 use rusqlite::Connection;
 use sqlite::{checkpoint, open_in, open_on, transaction, SCHEMA};
 use std::path::PathBuf;

@@ -30,4 +30,4 @@ pub mod uffd;
 pub use error::{ErrorKind, NvmmError, Result};
 pub use log::{FLASH_PAGE_BYTES, PAGE_BYTES};
 pub use region::{perms, Face, Nvmm, Options, Replay, Stats};
-pub use timing::{timing_from_env, Clock, FixedLatency, FlashTiming, ModelTiming, VirtualClock};
+pub use timing::{timing_from_env, FixedLatency, FlashTiming, ModelTiming, SharedClock};

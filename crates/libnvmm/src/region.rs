@@ -48,7 +48,7 @@ use crate::error::{ErrorKind, NvmmError, Result};
 use crate::gc::{self, GcOutcome};
 use crate::log::{AlignedBuf, Log, Target, FLASH_PAGE_BYTES, PAGE_BYTES};
 use crate::table::{self, Table};
-use crate::timing::{Clock, FixedLatency, FlashTiming, WallClock};
+use crate::timing::{FixedLatency, FlashTiming, SharedClock, WallClock};
 use crate::tokens::Tokens;
 use crate::uffd::{Fault, Userfault};
 use moneta_model::nvmm::cache::BlockCache;
@@ -96,9 +96,9 @@ pub struct Options {
     /// one before it). Older tokens stay restorable while there is room.
     pub retain_syncs: u64,
     /// The clock of flash completion times (None: the wall clock). A
-    /// [`crate::timing::VirtualClock`] makes waits jump instead of sleep
+    /// [`moneta_model::kernel::VirtualClock`] makes waits jump instead of sleep
     /// (the twin test runs both faces on one).
-    pub clock: Option<Arc<dyn Clock>>,
+    pub clock: Option<SharedClock>,
     /// Run the background collector thread (GC still runs when the version
     /// area is full).
     pub background_gc: bool,
@@ -200,8 +200,8 @@ struct Shared {
     stop: AtomicBool,
     wake: OwnedFd,
     /// The clock flash completion times are on: the wall clock, or a
-    /// [`crate::timing::VirtualClock`].
-    clock: Arc<dyn Clock>,
+    /// [`moneta_model::kernel::VirtualClock`].
+    clock: SharedClock,
     /// The handler's own polling schedule is always on the wall clock.
     wall: WallClock,
     counters: Counters,
@@ -438,7 +438,7 @@ impl State {
 
     /// Write the dirty `block` back (sync); it is clean once written.
     fn write_back(&mut self, sh: &Shared, block: u64) -> Result<()> {
-        self.write_segment_back(sh, sh.clock.now_ns(), block)?;
+        self.write_segment_back(sh, sh.clock.now(), block)?;
         self.cache.set_dirty(block, false);
         Ok(())
     }
@@ -562,7 +562,7 @@ impl State {
             let Some(mut buf) = self.spare.pop() else {
                 return Ok(());
             };
-            let (done_ns, _, _) = self.read_block(sh.clock.now_ns(), next, Some(&mut buf))?;
+            let (done_ns, _, _) = self.read_block(sh.clock.now(), next, Some(&mut buf))?;
             self.prefetching.push(Prefetched {
                 block: next,
                 done_ns,
@@ -575,7 +575,7 @@ impl State {
 
     /// Install the prefetched blocks whose reads have completed.
     fn install_due_prefetches(&mut self, sh: &Shared) -> Result<()> {
-        let now = sh.clock.now_ns();
+        let now = sh.clock.now();
         let mut i = 0;
         while i < self.prefetching.len() {
             if self.prefetching[i].done_ns <= now {
@@ -610,7 +610,7 @@ impl State {
             }
             return sh.wake_block(block);
         }
-        let t0 = sh.clock.now_ns();
+        let t0 = sh.clock.now();
         if let Some(i) = self.prefetching.iter().position(|p| p.block == block) {
             let p = self.prefetching.swap_remove(i);
             let source = Source::Buffer(p.buf.as_ptr(), p.done_ns);
@@ -622,7 +622,7 @@ impl State {
             bump(&sh.counters.miss_modeled_ns, modeled);
         }
         bump(&sh.counters.misses, 1);
-        bump(&sh.counters.miss_handler_ns, sh.clock.now_ns() - t0);
+        bump(&sh.counters.miss_handler_ns, sh.clock.now() - t0);
         Ok(())
     }
 
@@ -662,7 +662,7 @@ impl State {
                 sh.wake_block(block)
             };
         }
-        let (_, _, src) = self.read_block(sh.clock.now_ns(), block, None)?;
+        let (_, _, src) = self.read_block(sh.clock.now(), block, None)?;
         // SAFETY: src is `buf` or the zero block, a live buffer of a block.
         unsafe { sh.fill_block(block, src, false) }
     }
@@ -672,7 +672,7 @@ impl State {
         for block in self.cache.dirty_blocks() {
             self.write_back(sh, block)?;
         }
-        sh.clock.wait_until(self.program_busy_until_ns);
+        sh.clock.advance_to(self.program_busy_until_ns);
         self.commit()
     }
 
@@ -759,7 +759,7 @@ impl MissFace for Filling<'_> {
 
     fn write_back(&mut self, now_ns: u64, block: u64) -> Result<u64> {
         self.st.write_segment_back(self.sh, now_ns, block)?;
-        Ok(self.sh.clock.now_ns())
+        Ok(self.sh.clock.now())
     }
 
     fn evict(&mut self, block: u64) -> Result<()> {
@@ -789,11 +789,11 @@ impl MissFace for Filling<'_> {
         let Source::Buffer(src, _) = self.source else {
             unreachable!("fetch names the bytes before a fill");
         };
-        self.sh.clock.wait_until(data_ns.max(victim_out_ns));
+        self.sh.clock.advance_to(data_ns.max(victim_out_ns));
         // SAFETY: src is `buf`, the zero block or a prefetch buffer, each a
         // live buffer of a whole block; the block lies in the registered range.
         unsafe { self.sh.fill_block(block, src, !self.write)? };
-        Ok(self.sh.clock.now_ns())
+        Ok(self.sh.clock.now())
     }
 }
 
@@ -1036,7 +1036,7 @@ fn prepare(path: &Path, size: u64, options: Options, real: bool) -> Result<Arc<S
             wake,
             clock: options
                 .clock
-                .unwrap_or_else(|| Arc::new(WallClock::new()) as Arc<dyn Clock>),
+                .unwrap_or_else(|| Arc::new(WallClock::new()) as SharedClock),
             wall: WallClock::new(),
             counters: Counters::default(),
             spin_ns: options.handler_spin_ns,
@@ -1322,7 +1322,7 @@ impl Face {
 
     /// Now on the region's clock (virtual with [`Options::clock`]).
     pub fn clock_ns(&self) -> u64 {
-        self.shared.clock.now_ns()
+        self.shared.clock.now()
     }
 }
 
@@ -1386,7 +1386,7 @@ impl Nvmm {
 /// deliver them to the real face: a missing block is a missing-page fault;
 /// a store to a resident clean block (installed write-protected) is a
 /// write-protect fault; anything else is a hit the library never sees.
-/// With a [`crate::timing::VirtualClock`] it runs in virtual time; the
+/// With a [`moneta_model::kernel::VirtualClock`] it runs in virtual time; the
 /// twin test (`tests/twin.rs`) runs one trace through both faces.
 pub struct Replay {
     face: Face,
@@ -1566,9 +1566,7 @@ fn fault_handler(sh: &Shared) {
             continue;
         }
         let timeout_ms = match next_due {
-            Some(due) => {
-                (due.saturating_sub(sh.clock.now_ns()).div_ceil(1_000_000)).min(100) as i32
-            }
+            Some(due) => (due.saturating_sub(sh.clock.now()).div_ceil(1_000_000)).min(100) as i32,
             None => 100,
         };
         let Some(uffd) = &sh.uffd else { return };

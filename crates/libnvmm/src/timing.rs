@@ -18,6 +18,7 @@
 //! `nvmm_open_ex` use the model with that preset (see [`timing_from_env`]),
 //! so C programs run at a technology's speed without a change.
 
+use moneta_model::kernel::Clock;
 use std::time::{Duration, Instant};
 
 /// When flash operations complete. `now_ns` and the results are nanoseconds
@@ -114,45 +115,25 @@ pub fn timing_from_env() -> Result<Option<ModelTiming>, String> {
     }
 }
 
-/// What flash completion times are waited on (DESIGN "one model, two
-/// clocks"): the wall clock of the real face, or a virtual clock whose
-/// waits jump to the deadline (the model face, and the twin test).
-pub trait Clock: Send + Sync {
-    fn now_ns(&self) -> u64;
-    /// Return no earlier than `deadline_ns` on this clock.
-    fn wait_until(&self, deadline_ns: u64);
-}
-
-/// Virtual time: starts at 0, moves only when something waits.
-#[derive(Debug, Default)]
-pub struct VirtualClock(std::sync::atomic::AtomicU64);
-
-impl VirtualClock {
-    pub fn new() -> Self {
-        Self::default()
-    }
-}
-
-impl Clock for VirtualClock {
-    fn now_ns(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
-    }
-    fn wait_until(&self, deadline_ns: u64) {
-        self.0
-            .fetch_max(deadline_ns, std::sync::atomic::Ordering::AcqRel);
-    }
-}
+/// The clock flash completion times are on, shared by the region's threads:
+/// a [`WallClock`] (the real face) or a `moneta_model::kernel::VirtualClock`
+/// whose waits jump to the deadline (the model face, and the twin test).
+pub type SharedClock = std::sync::Arc<dyn Clock + Send + Sync>;
 
 impl Clock for WallClock {
-    fn now_ns(&self) -> u64 {
+    fn now(&self) -> u64 {
         WallClock::now_ns(self)
     }
-    fn wait_until(&self, deadline_ns: u64) {
+    fn advance_to(&self, deadline_ns: u64) {
         WallClock::wait_until(self, deadline_ns)
     }
 }
 
-/// The wall clock the timing runs on: nanoseconds since `origin`.
+/// The wall clock the timing runs on: nanoseconds since `origin`. Unlike the
+/// emulator's device thread, which spins through every wait, a waiter here
+/// sleeps while the deadline is far (a flash program is ~1 ms away). The
+/// other clock of the one `Clock` trait is `moneta_model::kernel::VirtualClock`
+/// (the model face and the twin test).
 #[derive(Clone, Copy, Debug)]
 pub struct WallClock {
     origin: Instant,

@@ -22,11 +22,12 @@
 //! With the same inputs (no access libnvmm cannot see, no prefetch) the two
 //! make the same cache decisions access for access: the last test.
 
+use moneta_model::kernel::VirtualClock;
 use moneta_model::nvmm::controller::HybridController;
 use moneta_model::nvmm::workload::{Access, AccessKind};
 use moneta_model::nvmm::NvmmConfig;
 use nvmm::testkit::{fast_dir, seed_from_env, Rng, TempPath};
-use nvmm::{ModelTiming, Options, Replay, VirtualClock, FLASH_PAGE_BYTES};
+use nvmm::{ModelTiming, Options, Replay, FLASH_PAGE_BYTES};
 use std::sync::Arc;
 
 const REGION: u64 = 4 << 20;

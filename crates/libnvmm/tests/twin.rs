@@ -13,8 +13,9 @@
 //! misses, and the clock) must be equal to the nanosecond.
 //! `controller_vs_library.rs` compares libnvmm with the controller itself.
 
+use moneta_model::kernel::VirtualClock;
 use nvmm::testkit::{fast_dir, seed_from_env, Rng, TempPath};
-use nvmm::{ModelTiming, Nvmm, Options, Replay, Stats, VirtualClock};
+use nvmm::{ModelTiming, Nvmm, Options, Replay, Stats};
 use std::sync::Arc;
 
 const REGION: u64 = 4 << 20;

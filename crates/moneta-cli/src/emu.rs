@@ -167,13 +167,19 @@ struct ServeLine {
     serve: ServeArgs,
 }
 
-fn read_serve_args(path: &Path) -> Result<ServeArgs, String> {
+fn read_serve_args(path: &Path) -> crate::error::Result<ServeArgs> {
     use clap::Parser;
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let args: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
     ServeLine::try_parse_from(args)
         .map(|l| l.serve)
-        .map_err(|e| format!("{}: {}", path.display(), e.render().to_string().trim()))
+        .map_err(|e| {
+            crate::error::Error::usage(format!(
+                "{}: {}",
+                path.display(),
+                e.render().to_string().trim()
+            ))
+        })
 }
 
 /// Serve every device of `a` in this process; the first to fail stops all.
@@ -291,12 +297,12 @@ pub struct BenchArgs {
     realtime: bool,
 }
 
-fn medium_for(config: &Config, image: Option<&Path>) -> Result<Medium, String> {
+fn medium_for(config: &Config, image: Option<&Path>) -> crate::error::Result<Medium> {
     match image {
         Some(p) => Medium::image(p, config.device.capacity_bytes),
         None => Medium::anonymous(config.device.capacity_bytes),
     }
-    .map_err(|e| e.to_string())
+    .map_err(|e| crate::error::Error::failed(e.to_string()))
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -321,12 +327,12 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Release);
 }
 
-pub fn serve(a: ServeArgs) -> Result<(), String> {
+pub fn serve(a: ServeArgs) -> crate::error::Result<()> {
     serve_on(a, None)
 }
 
 /// Serve one device, on `reactor` or (None) its own.
-fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
+fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result<()> {
     // Connections, channels and granted files are descriptors.
     moneta_emu::accept::raise_open_files_limit();
     if let Some(ns) = &a.netns {
@@ -531,7 +537,11 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> Result<(), String> {
 }
 
 /// Check this daemon's place in a SAN file and describe it.
-fn san_node(path: &Path, node: &str, config: &Config) -> Result<(String, SanFile, u16), String> {
+fn san_node(
+    path: &Path,
+    node: &str,
+    config: &Config,
+) -> crate::error::Result<(String, SanFile, u16)> {
     let file = SanFile::load(path).map_err(|e| e.to_string())?;
     let index = file.node_index(node).map_err(|e| e.to_string())?;
     let has_memory = file.has_memory(index);
@@ -542,7 +552,8 @@ fn san_node(path: &Path, node: &str, config: &Config) -> Result<(String, SanFile
             if has_memory { "is" } else { "is not" },
             config.name,
             config.network.has_memory
-        ));
+        )
+        .into());
     }
     if has_memory && config.device.capacity_bytes != file.device_capacity_bytes {
         return Err(format!(
@@ -550,7 +561,8 @@ fn san_node(path: &Path, node: &str, config: &Config) -> Result<(String, SanFile
             path.display(),
             file.device_capacity_bytes,
             config.device.capacity_bytes
-        ));
+        )
+        .into());
     }
     let map = file.address_map().map_err(|e| e.to_string())?;
     let owned: Vec<String> = (0..map.capacity_bytes() / map.slice_bytes())
@@ -815,7 +827,7 @@ pub struct StatsArgs {
 /// `moneta stats`: a summary of the daemon's counters, its first line the
 /// device's totals and verdict (so `moneta stats | head -1` says something);
 /// `--json` prints every counter (with `client` for --run or --channel).
-pub fn stats(a: StatsArgs) -> Result<(), String> {
+pub fn stats(a: StatsArgs) -> crate::error::Result<()> {
     let socket = match (&a.daemon, &a.mount) {
         (Some(d), _) => d.clone(),
         (None, Some(mount)) => crate::mount::running(mount)?.0,
@@ -826,10 +838,11 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         .stats_of(a.run.as_deref(), a.channel)
         .map_err(|e| e.to_string())?;
     if a.json {
-        crate::output::print_json(&s)
+        crate::output::print_json(&s)?;
     } else {
-        crate::output::print_text(&stats_summary(&socket, &s))
+        crate::output::print_text(&stats_summary(&socket, &s))?;
     }
+    Ok(())
 }
 
 /// What `moneta stats` prints without `--json`: the totals and the verdict
@@ -991,7 +1004,7 @@ fn syncfs(mount: &Path) {
 /// the mount's daemon (the shim sits next to this binary), pass signals on,
 /// report what it did at its exit (crate::run_report) and exit with its
 /// status (128 + the signal that killed it).
-pub fn run_program(a: RunArgs) -> Result<(), String> {
+pub fn run_program(a: RunArgs) -> crate::error::Result<()> {
     use std::os::unix::process::ExitStatusExt;
     let (socket, mount) = crate::mount::running(&a.mount)?;
     let exe = std::env::current_exe().map_err(|e| format!("locating moneta: {e}"))?;
@@ -1000,7 +1013,8 @@ pub fn run_program(a: RunArgs) -> Result<(), String> {
         return Err(format!(
             "{} is missing (cargo build --release builds it)",
             shim.display()
-        ));
+        )
+        .into());
     }
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(other) if !other.is_empty() => format!("{}:{other}", shim.display()),

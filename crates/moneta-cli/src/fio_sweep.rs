@@ -75,7 +75,7 @@ struct Cell {
     verdict: String,
 }
 
-pub fn fio_sweep(a: FioSweepArgs) -> Result<(), String> {
+pub fn fio_sweep(a: FioSweepArgs) -> crate::error::Result<()> {
     let (socket, mount) = crate::mount::running(&a.mount)?;
     let engine = match &a.engine {
         Some(e) => e.clone(),
@@ -87,7 +87,8 @@ pub fn fio_sweep(a: FioSweepArgs) -> Result<(), String> {
         return Err(format!(
             "{}: no fio engine (make -C fio-engine builds it)",
             engine.display()
-        ));
+        )
+        .into());
     }
     let m = Moneta::connect(&socket).map_err(|e| format!("{}: {e}", socket.display()))?;
     let mut config = Config::preset(&a.preset).map_err(|e| e.to_string())?;
@@ -101,7 +102,7 @@ pub fn fio_sweep(a: FioSweepArgs) -> Result<(), String> {
         let mix = match rw.as_str() {
             "randread" => OpMix::Read,
             "randwrite" => OpMix::Write,
-            other => return Err(format!("--rw {other}: randread or randwrite")),
+            other => return Err(format!("--rw {other}: randread or randwrite").into()),
         };
         for &qd in &a.depths {
             let run = format!("fio-sweep-{}-{rw}-{qd}", std::process::id());
@@ -162,7 +163,7 @@ pub fn fio_sweep(a: FioSweepArgs) -> Result<(), String> {
         }
     }
     let _ = std::fs::remove_file(&file);
-    print(&a, &cells)
+    Ok(print(&a, &cells)?)
 }
 
 /// One fio run through the engine: its job's JSON.

@@ -1371,7 +1371,7 @@ mod tests {
         let full = root.join("full");
         fs::create_dir_all(&full).unwrap();
         fs::write(full.join("precious.txt"), "x").unwrap();
-        let e = refuse_non_empty(&full).unwrap_err();
+        let e = refuse_non_empty(&full).unwrap_err().to_string();
         assert!(e.contains("not empty") && e.contains("precious.txt"), "{e}");
         assert!(refuse_non_empty(&root.join("missing")).is_ok());
         let inst = Instance::at(root.join("state"), root.join("a/b/mnt"));

@@ -173,7 +173,7 @@ pub struct WearArgs {
     plot: Option<PathBuf>,
 }
 
-pub fn dispatch(command: NvmmCommand) -> Result<(), String> {
+pub fn dispatch(command: NvmmCommand) -> crate::error::Result<()> {
     match command {
         NvmmCommand::Sim(sim) => match *sim {
             NvmmSim::Run(a) => sim_run(a),
@@ -232,7 +232,7 @@ fn emit<T: Serialize>(
     }
 }
 
-fn sim_run(a: RunArgs) -> Result<(), String> {
+fn sim_run(a: RunArgs) -> crate::error::Result<()> {
     let config = a.common.config()?;
     let kind = WorkloadKind::parse(&a.workload)?;
     let workload = match (kind, &a.trace) {
@@ -264,7 +264,7 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
         rows.push(run(&config, system, &workload, a.common.seed).map_err(|e| e.to_string())?);
     }
     meter.tick(systems.len(), systems.len(), "");
-    emit(
+    Ok(emit(
         &a.common,
         &config,
         &format!(
@@ -285,10 +285,10 @@ fn sim_run(a: RunArgs) -> Result<(), String> {
             "flash_programs",
             "flash_erases",
         ],
-    )
+    )?)
 }
 
-fn sim_sweep(a: SweepArgs) -> Result<(), String> {
+fn sim_sweep(a: SweepArgs) -> crate::error::Result<()> {
     let config = a.common.config()?;
     let setup = SweepSetup {
         workloads: parse_list(
@@ -325,7 +325,7 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
         let svg = plot::stacked_svg(&sweep_charts(&config, &setup, &points), 900, 480);
         write_plot(path, &svg)?;
     }
-    emit(
+    Ok(emit(
         &a.common,
         &config,
         &format!(
@@ -345,10 +345,10 @@ fn sim_sweep(a: SweepArgs) -> Result<(), String> {
             "slowdown_vs_dram",
             "nvmm_hit_rate",
         ],
-    )
+    )?)
 }
 
-fn sim_wear(a: WearArgs) -> Result<(), String> {
+fn sim_wear(a: WearArgs) -> crate::error::Result<()> {
     let mut config = a.common.config()?;
     config
         .set(&format!("flash.blocks_per_plane={}", a.blocks_per_plane))
@@ -370,7 +370,7 @@ fn sim_wear(a: WearArgs) -> Result<(), String> {
     if let Some(path) = &a.plot {
         write_plot(path, &wear_chart(&report, &curve).to_svg(900, 480))?;
     }
-    emit(
+    Ok(emit(
         &a.common,
         &config,
         "NVMM wear (SPEC §7 estimates: one 8 Gb device with a 32 GB cache, moderate load: \
@@ -388,10 +388,10 @@ fn sim_wear(a: WearArgs) -> Result<(), String> {
             "years_to_half_1000_devices",
             "years_to_end_1000_devices",
         ],
-    )
+    )?)
 }
 
-fn write_plot(path: &Path, svg: &str) -> Result<(), String> {
+fn write_plot(path: &Path, svg: &str) -> crate::error::Result<()> {
     plot::write_file(path, svg).map_err(|e| e.to_string())?;
     eprintln!("wrote {}", path.display());
     Ok(())

@@ -53,7 +53,7 @@ const OPS: [(&str, OpMix); 3] = [
     ("mixed", OpMix::Mixed(0.5)),
 ];
 
-fn sweep(config: &Config, ops: u64, seed: u64) -> Result<Vec<PointSummary>, String> {
+fn sweep(config: &Config, ops: u64, seed: u64) -> crate::error::Result<Vec<PointSummary>> {
     let mut points = Vec::new();
     for (_, op) in OPS {
         for size in SIZES {
@@ -86,7 +86,11 @@ fn sizes_arg(sizes: &[u64]) -> String {
 
 /// Random reads on `config` for each of [`SCALING_SIZES`] and
 /// [`SCALING_THREADS`]: (size, threads, bandwidth MB/s).
-fn thread_scaling(config: &Config, ops: u64, seed: u64) -> Result<Vec<(u64, u32, f64)>, String> {
+fn thread_scaling(
+    config: &Config,
+    ops: u64,
+    seed: u64,
+) -> crate::error::Result<Vec<(u64, u32, f64)>> {
     let mut out = Vec::new();
     for size in SCALING_SIZES {
         for threads in SCALING_THREADS {
@@ -415,7 +419,7 @@ fn with_sections(
     r
 }
 
-fn moneta_page(a: &ReportArgs) -> Result<Report, String> {
+fn moneta_page(a: &ReportArgs) -> crate::error::Result<Report> {
     let c = Config::preset("moneta").map_err(|e| e.to_string())?;
     let points = sweep(&c, a.ops, a.seed)?;
     let mut checks = calibration::table_3_4();
@@ -468,7 +472,7 @@ fn moneta_page(a: &ReportArgs) -> Result<Report, String> {
     ))
 }
 
-fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
+fn moneta_d_page(a: &ReportArgs) -> crate::error::Result<Report> {
     let c = Config::preset("moneta-d").map_err(|e| e.to_string())?;
     let points = sweep(&c, a.ops, a.seed)?;
     let mut checks: Vec<Check> = calibration::other_systems()
@@ -573,7 +577,7 @@ fn moneta_d_page(a: &ReportArgs) -> Result<Report, String> {
     ))
 }
 
-fn onyx_page(a: &ReportArgs) -> Result<Report, String> {
+fn onyx_page(a: &ReportArgs) -> crate::error::Result<Report> {
     let mut sections = vec![
         ReportSection::Heading("What reproduces and what does not".into()),
         ReportSection::Paragraph(
@@ -612,7 +616,7 @@ fn onyx_page(a: &ReportArgs) -> Result<Report, String> {
     })
 }
 
-fn quicksan_page(a: &ReportArgs) -> Result<Report, String> {
+fn quicksan_page(a: &ReportArgs) -> crate::error::Result<Report> {
     let device = Config::preset("quicksan-ssd").map_err(|e| e.to_string())?;
     let setup = Setup {
         costs: device.san.clone(),
@@ -703,7 +707,7 @@ fn quicksan_page(a: &ReportArgs) -> Result<Report, String> {
 /// points of them as crosses and in a table with their errors; then all
 /// of the report's statements. The sweep is `make nvmm`'s, in full (64
 /// points, about a second).
-fn nvmm_page(a: &ReportArgs) -> Result<Report, String> {
+fn nvmm_page(a: &ReportArgs) -> crate::error::Result<Report> {
     let config = NvmmConfig::preset("nvmm-mlc").map_err(|e| e.to_string())?;
     let setup = nvmm::report_sweep(a.seed);
     let points = latency_sweep(&config, &setup, &mut |_, _| {}).map_err(|e| e.to_string())?;
@@ -830,14 +834,14 @@ fn verdict(within: bool) -> String {
     if within { "ok" } else { "miss" }.to_string()
 }
 
-fn write_page(dir: &Path, name: &str, report: &Report) -> Result<(), String> {
+fn write_page(dir: &Path, name: &str, report: &Report) -> crate::error::Result<()> {
     let path = dir.join(name);
     plot::write_file(&path, &report.to_html()).map_err(|e| e.to_string())?;
     eprintln!("moneta: wrote {}", path.display());
     Ok(())
 }
 
-pub fn report(a: ReportArgs) -> Result<(), String> {
+pub fn report(a: ReportArgs) -> crate::error::Result<()> {
     if !a.out.is_dir() {
         std::fs::create_dir(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     }

@@ -68,7 +68,7 @@
 use crate::medium::Medium;
 use crate::reactor::{Pass, Poller, Reactor, Wake};
 use crate::sys;
-use crate::wall_clock::{StampClock, WallClock};
+use crate::wall_clock::WallClock;
 use moneta_abi::channel::{
     self, ChannelMemory, ResultCode, CHANNELS, CHANNEL_TAGS, DMA_BUFFER_BYTES, SLICE_BYTES,
 };
@@ -654,7 +654,7 @@ struct OpenChannel {
 /// The device's logic, generic over the clock that drives it: the wall
 /// clock in the engine, a manual clock in tests that compare it with the
 /// simulator (both go through the model's `DeviceDriver`).
-struct DeviceThread<C: StampClock = WallClock> {
+struct DeviceThread<C: Clock = WallClock> {
     shared: Arc<Shared>,
     clock: C,
     driver: DeviceDriver,
@@ -691,7 +691,7 @@ struct DeviceThread<C: StampClock = WallClock> {
     runs: Vec<(u64, u64, u64)>,
 }
 
-impl<C: StampClock> DeviceThread<C> {
+impl<C: Clock> DeviceThread<C> {
     fn new(
         shared: Arc<Shared>,
         options: &EngineOptions,
@@ -857,7 +857,7 @@ impl Poller for DeviceThread<WallClock> {
     }
 }
 
-impl<C: StampClock> Drop for DeviceThread<C> {
+impl<C: Clock> Drop for DeviceThread<C> {
     /// Tell the engine its device has left the reactor.
     fn drop(&mut self) {
         *self.shared.left.lock().expect("left") = true;
@@ -865,7 +865,7 @@ impl<C: StampClock> Drop for DeviceThread<C> {
     }
 }
 
-impl<C: StampClock> DeviceThread<C> {
+impl<C: Clock> DeviceThread<C> {
     /// One turn of the device at `now`: take new commands, then deliver
     /// the model events due. Returns whether it did anything.
     fn turn(&mut self, now: Ns) -> bool {

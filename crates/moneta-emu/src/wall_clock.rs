@@ -1,5 +1,6 @@
-//! The wall clock (DESIGN "One model, two clocks"): the same `Clock` trait the
-//! simulator's virtual clock implements, but `now` is real elapsed time and
+//! The wall clock (DESIGN "One model, two clocks"): the model's one `Clock`
+//! trait (`moneta_model::kernel::Clock`, which the simulator's virtual clock
+//! implements too), but `now` is real elapsed time and
 //! `advance_to` waits for real time to get there (a bounded busy-wait: the
 //! emulator's device thread never sleeps through an event that is due).
 //!
@@ -39,37 +40,6 @@ impl WallClock {
     }
 }
 
-/// A clock the device thread can run on: the model's [`Clock`] plus the
-/// conversion between its time and the CLOCK_MONOTONIC readings clients
-/// stamp on commands and find in due words. The wall clock converts; a
-/// manual clock (the deterministic twin test) reads its own time as both.
-pub trait StampClock: Clock {
-    /// This clock's time of a stamp (0 for stamps before the clock started).
-    fn model_time(&self, monotonic: u64) -> Ns;
-    /// The stamp of this clock's time `t`.
-    fn monotonic_of(&self, t: Ns) -> u64;
-}
-
-impl StampClock for WallClock {
-    fn model_time(&self, monotonic: u64) -> Ns {
-        WallClock::model_time(self, monotonic)
-    }
-
-    fn monotonic_of(&self, t: Ns) -> u64 {
-        WallClock::monotonic_of(self, t)
-    }
-}
-
-impl StampClock for moneta_model::kernel::VirtualClock {
-    fn model_time(&self, monotonic: u64) -> Ns {
-        monotonic
-    }
-
-    fn monotonic_of(&self, t: Ns) -> u64 {
-        t
-    }
-}
-
 impl Default for WallClock {
     fn default() -> Self {
         Self::new()
@@ -84,10 +54,18 @@ impl Clock for WallClock {
 
     /// Spin until real time reaches `t`. Callers keep the wait short: the
     /// device thread only calls this for events at most a poll period away.
-    fn advance_to(&mut self, t: Ns) {
+    fn advance_to(&self, t: Ns) {
         while self.now() < t {
             std::hint::spin_loop();
         }
+    }
+
+    fn model_time(&self, monotonic: u64) -> Ns {
+        WallClock::model_time(self, monotonic)
+    }
+
+    fn monotonic_of(&self, t: Ns) -> u64 {
+        WallClock::monotonic_of(self, t)
     }
 }
 
@@ -97,7 +75,7 @@ mod tests {
 
     #[test]
     fn advance_waits_for_real_time() {
-        let mut c = WallClock::new();
+        let c = WallClock::new();
         let t = c.now() + 200_000;
         c.advance_to(t);
         assert!(c.now() >= t);

@@ -502,7 +502,7 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    fn run<C: Clock>(mut self, mut clock: C) -> Result<RunResult, String> {
+    fn run<C: Clock>(mut self, clock: C) -> Result<RunResult, String> {
         for t in 0..self.threads.len() as u32 {
             self.queue.push(0, Event::Wake(t));
         }
@@ -513,11 +513,13 @@ impl<'a> Simulation<'a> {
             match (device_due, host_due) {
                 (None, None) => break,
                 (Some(d), h) if h.is_none_or(|h| d <= h) => {
+                    debug_assert!(d >= clock.now(), "time went backwards: {d}");
                     clock.advance_to(d);
                     self.deliver_device(d);
                 }
                 _ => {
                     let (now, event) = self.queue.pop().expect("peeked");
+                    debug_assert!(now >= clock.now(), "time went backwards: {now}");
                     clock.advance_to(now);
                     self.events += 1;
                     match event {

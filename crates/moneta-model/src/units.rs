@@ -108,6 +108,10 @@ pub type Ns = u64;
 /// One 512-byte sector, the addressing unit of the command interface (SPEC §1.2).
 pub const SECTOR_BYTES: u64 = 512;
 
+/// x86's page: the unit in which `bio_add_page` builds an O_DIRECT bio
+/// (Linux 2.6.18 `fs/direct-io.c`, one page of the user's buffer per call).
+pub const PAGE_BYTES: u64 = 4096;
+
 /// A byte address in the device's internal (storage) address space.
 #[derive(
     Copy, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,

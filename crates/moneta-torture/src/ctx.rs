@@ -3,6 +3,7 @@
 //! and how a step runs through the shim (`moneta run -- moneta-torture
 //! step ARGS`).
 
+use crate::error::Result;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -14,7 +15,7 @@ pub struct Ctx {
 
 impl Ctx {
     /// `moneta-torture step ARGS` through the shim.
-    pub fn shim(&self, args: &[&str]) -> Result<String, String> {
+    pub fn shim(&self, args: &[&str]) -> Result<String> {
         let me = std::env::current_exe().map_err(|e| e.to_string())?;
         let o = Command::new(&self.moneta)
             .arg("run")
@@ -35,7 +36,7 @@ impl Ctx {
         if o.status.success() {
             Ok(text)
         } else {
-            Err(format!("shim step {args:?} failed ({}): {text}", o.status))
+            Err(format!("shim step {args:?} failed ({}): {text}", o.status).into())
         }
     }
 

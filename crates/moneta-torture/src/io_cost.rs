@@ -10,6 +10,7 @@
 //! descriptor, each system call the shim's per-IO checks make (getpid,
 //! F_GETFL, statx, sysinfo) against the kernel's own pread of cached bytes.
 
+use crate::error::Result;
 use crate::pattern::Rng;
 use crate::sys;
 use std::path::PathBuf;
@@ -24,7 +25,7 @@ struct Args {
     checks: bool,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
+fn parse(args: &[String]) -> Result<Args> {
     let mut a = Args {
         file: PathBuf::new(),
         ops: 100_000,
@@ -47,7 +48,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--write" => a.write = true,
             "--api" => a.api = true,
             "--checks" => a.checks = true,
-            other => return Err(format!("io-cost: unknown option {other:?}")),
+            other => return Err(format!("io-cost: unknown option {other:?}").into()),
         }
         i += 1;
     }
@@ -131,7 +132,7 @@ pub fn main(args: &[String]) -> i32 {
 
 /// libmoneta's handle of the open file `fd` (MONETA_SOCKET names the
 /// daemon, as `moneta run` sets it).
-fn api_file(fd: i32) -> Result<(moneta_client::Moneta, moneta_client::file::MonetaFile), String> {
+fn api_file(fd: i32) -> Result<(moneta_client::Moneta, moneta_client::file::MonetaFile)> {
     let socket = std::env::var("MONETA_SOCKET").map_err(|_| "MONETA_SOCKET is not set")?;
     let m =
         moneta_client::Moneta::connect(std::path::Path::new(&socket)).map_err(|e| e.to_string())?;

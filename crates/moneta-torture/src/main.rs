@@ -24,6 +24,7 @@
 //! kinds of operation) and prints the smallest that still fails.
 
 mod ctx;
+mod error;
 mod fd_scenarios;
 mod io_cost;
 mod pattern;
@@ -98,7 +99,7 @@ impl RunArgs {
     }
 }
 
-fn parse_run(args: &[String]) -> Result<RunArgs, String> {
+fn parse_run(args: &[String]) -> crate::error::Result<RunArgs> {
     let mut a = RunArgs {
         mount: PathBuf::new(),
         moneta: PathBuf::from("moneta"),
@@ -134,7 +135,9 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
             "--skip" => {
                 for op in value(&mut i)?.split(',').filter(|s| !s.is_empty()) {
                     if !worker::OPS.iter().any(|o| o.0 == op) {
-                        return Err(format!("--skip: no operation {op:?} (moneta-torture ops)"));
+                        return Err(
+                            format!("--skip: no operation {op:?} (moneta-torture ops)").into()
+                        );
                     }
                     a.skip.insert(op.to_string());
                 }
@@ -143,12 +146,12 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
             "--no-fill" => a.fill = false,
             "--results" => a.results = PathBuf::from(value(&mut i)?),
             "--json" => a.json = true,
-            other => return Err(format!("unknown option {other:?}\n{USAGE}")),
+            other => return Err(format!("unknown option {other:?}\n{USAGE}").into()),
         }
         i += 1;
     }
     if a.mount.as_os_str().is_empty() {
-        return Err(format!("--mount is required\n{USAGE}"));
+        return Err(format!("--mount is required\n{USAGE}").into());
     }
     if !(1..=32).contains(&a.workers) {
         return Err("--workers: from 1 to 32".into());
@@ -576,13 +579,13 @@ fn run_tool(tool: &str, args: &[&std::ffi::OsStr]) -> String {
 }
 
 /// FICLONE `from` to a new file `to`; the digest of what `to` holds.
-fn reflink(from: &Path, to: &Path) -> Result<u64, String> {
+fn reflink(from: &Path, to: &Path) -> crate::error::Result<u64> {
     let src = sys::open(from, libc::O_RDONLY).map_err(|e| format!("open: errno {e}"))? as i32;
     let dst = match sys::open(to, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL) {
         Ok(fd) => fd as i32,
         Err(e) => {
             sys::close(src);
-            return Err(format!("create: errno {e}"));
+            return Err(format!("create: errno {e}").into());
         }
     };
     // SAFETY: FICLONE with a source descriptor.
@@ -592,7 +595,7 @@ fn reflink(from: &Path, to: &Path) -> Result<u64, String> {
     let result = if r == 0 {
         read_whole(dst).map(|b| pattern::digest(&b))
     } else {
-        Err(format!("FICLONE: errno {e}"))
+        Err(format!("FICLONE: errno {e}").into())
     };
     sys::close(dst);
     if result.is_err() {
@@ -602,7 +605,7 @@ fn reflink(from: &Path, to: &Path) -> Result<u64, String> {
 }
 
 /// The whole file, read after its cached pages are written back and dropped.
-fn read_whole(fd: i32) -> Result<Vec<u8>, String> {
+fn read_whole(fd: i32) -> crate::error::Result<Vec<u8>> {
     // SAFETY: plain syscalls on our descriptor.
     unsafe {
         libc::fsync(fd);
@@ -615,7 +618,7 @@ fn read_whole(fd: i32) -> Result<Vec<u8>, String> {
     Ok(b)
 }
 
-fn read_path(p: &Path) -> Result<Vec<u8>, String> {
+fn read_path(p: &Path) -> crate::error::Result<Vec<u8>> {
     let fd =
         sys::open(p, libc::O_RDONLY).map_err(|e| format!("open {}: errno {e}", p.display()))?;
     let r = read_whole(fd as i32);

@@ -8,6 +8,7 @@
 //! after dropping their cached pages.
 
 use crate::ctx::Ctx;
+use crate::error::Result;
 use crate::pattern::{self, stamped};
 use crate::sys;
 use std::path::{Path, PathBuf};
@@ -35,14 +36,14 @@ pub fn all() -> Vec<&'static str> {
 }
 
 /// Run one scenario: Ok(what was checked) or Err(what was lost).
-pub fn run(name: &str, c: &Ctx) -> Result<String, String> {
+pub fn run(name: &str, c: &Ctx) -> Result<String> {
     let _ = std::fs::remove_dir_all(&c.dir);
     std::fs::create_dir_all(&c.dir).map_err(|e| e.to_string())?;
     if let Some(r) = crate::fd_scenarios::run(name, c) {
         if r.is_ok() {
             let _ = std::fs::remove_dir_all(&c.dir);
         }
-        return r;
+        return r.map_err(crate::error::Error::from);
     }
     let r = match name {
         "exec-after-open" => exec_after_open(c),
@@ -53,7 +54,7 @@ pub fn run(name: &str, c: &Ctx) -> Result<String, String> {
         "sparse-writers" => sparse_writers(c),
         "many-files" => many_files(c),
         "near-full" => near_full(c),
-        other => Err(format!("no scenario {other:?} ({})", all().join(", "))),
+        other => Err(format!("no scenario {other:?} ({})", all().join(", ")).into()),
     };
     if r.is_ok() {
         let _ = std::fs::remove_dir_all(&c.dir);
@@ -61,27 +62,27 @@ pub fn run(name: &str, c: &Ctx) -> Result<String, String> {
     r
 }
 
-fn plain_file(p: &Path, bytes: &[u8]) -> Result<(), String> {
+fn plain_file(p: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(p, bytes).map_err(|e| format!("{}: {e}", p.display()))?;
     std::fs::File::open(p)
         .and_then(|f| f.sync_all())
-        .map_err(|e| e.to_string())
+        .map_err(crate::error::Error::from)
 }
 
-fn read_back(p: &Path) -> Result<Vec<u8>, String> {
+fn read_back(p: &Path) -> Result<Vec<u8>> {
     crate::read_path(p)
 }
 
-fn expect_eq(what: &str, got: &[u8], want: &[u8]) -> Result<(), String> {
+fn expect_eq(what: &str, got: &[u8], want: &[u8]) -> Result<()> {
     match crate::first_difference(got, want) {
         None => Ok(()),
-        Some(d) => Err(format!("{what}: {d}")),
+        Some(d) => Err(crate::error::Error::lost(format!("{what}: {d}"))),
     }
 }
 
 /// Class 2: a descriptor opened and written through the shim, a child that
 /// execs (with and without the shim) writes after it, the parent syncs.
-fn exec_after_open(c: &Ctx) -> Result<String, String> {
+fn exec_after_open(c: &Ctx) -> Result<String> {
     for shim_child in [true, false] {
         let f = c.path(&format!("exec-{shim_child}"));
         plain_file(&f, &vec![0u8; 64 << 10])?;
@@ -111,7 +112,7 @@ fn exec_after_open(c: &Ctx) -> Result<String, String> {
 
 /// Class 3: a plain process maps a file and touches it; a shim process
 /// pwrites and fsyncs; the mapping then stores and msyncs.
-fn mmap_beside_shim(c: &Ctx) -> Result<String, String> {
+fn mmap_beside_shim(c: &Ctx) -> Result<String> {
     let f = c.path("mapped");
     plain_file(&f, &vec![0u8; 64 << 10])?;
     let fd = sys::open(&f, libc::O_RDWR).map_err(|e| format!("open: {e}"))? as i32;
@@ -157,7 +158,7 @@ fn mmap_beside_shim(c: &Ctx) -> Result<String, String> {
 
 /// Class 4: parent and child write 3,000 records each through one
 /// descriptor (one file position).
-fn fork_position(c: &Ctx) -> Result<String, String> {
+fn fork_position(c: &Ctx) -> Result<String> {
     let f = c.path("records");
     plain_file(&f, &vec![0u8; 6000 * 64])?;
     let out = c.shim(&["fork-records", f.to_str().unwrap_or(""), "3000"])?;
@@ -171,10 +172,7 @@ fn fork_position(c: &Ctx) -> Result<String, String> {
         }
     }
     if seen.len() != 6000 {
-        return Err(format!(
-            "{} of 6000 records are in the file ({out})",
-            seen.len()
-        ));
+        return Err(format!("{} of 6000 records are in the file ({out})", seen.len()).into());
     }
     Ok("6000 of 6000 records written through a shared descriptor by parent and child".into())
 }
@@ -185,7 +183,7 @@ fn fill(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Whether any filler holds a byte that is not its own.
-fn check_fillers(fills: &[PathBuf]) -> Result<(), String> {
+fn check_fillers(fills: &[PathBuf]) -> Result<()> {
     for f in fills {
         let b = read_back(f)?;
         if let Some(i) = b.iter().position(|&x| x != crate::FILL_BYTE) {
@@ -194,7 +192,8 @@ fn check_fillers(fills: &[PathBuf]) -> Result<(), String> {
                 f.display(),
                 b.get(i / 16 * 16..i / 16 * 16 + 16)
                     .and_then(pattern::parse)
-            ));
+            )
+            .into());
         }
     }
     Ok(())
@@ -208,7 +207,7 @@ fn model_blocks(p: &Path) -> Vec<(u64, u32)> {
         .collect()
 }
 
-fn check_blocks(f: &Path, model: &[(u64, u32)], id: u16) -> Result<usize, String> {
+fn check_blocks(f: &Path, model: &[(u64, u32)], id: u16) -> Result<usize> {
     let got = read_back(f)?;
     for &(b, v) in model {
         let at = (b * 4096) as usize;
@@ -218,7 +217,8 @@ fn check_blocks(f: &Path, model: &[(u64, u32)], id: u16) -> Result<usize, String
                 "{}: block {b} lost its synced version {v} (holds {:?})",
                 f.display(),
                 got.get(at..at + 16).and_then(pattern::parse)
-            ));
+            )
+            .into());
         }
     }
     Ok(model.len())
@@ -228,7 +228,7 @@ fn check_blocks(f: &Path, model: &[(u64, u32)], id: u16) -> Result<usize, String
 /// while xfs_fsr (or e4defrag) defragments it; then a plain process fills
 /// the disk. Every synced block must be in the file, no filler may hold
 /// the writer's bytes.
-fn defragment(c: &Ctx) -> Result<String, String> {
+fn defragment(c: &Ctx) -> Result<String> {
     let fs = crate::fs_type(&c.mount);
     let tool = if fs == "ext4" { "e4defrag" } else { "xfs_fsr" };
     let f = c.path("fragmented");
@@ -256,7 +256,7 @@ fn defragment(c: &Ctx) -> Result<String, String> {
     }
     let status = writer.wait().map_err(|e| e.to_string())?;
     if !status.success() {
-        return Err(format!("the writer failed: {status}"));
+        return Err(format!("the writer failed: {status}").into());
     }
     let fills = fill(&c.dir);
     let blocks = check_blocks(&f, &model_blocks(&model), 0xF5);
@@ -276,7 +276,7 @@ fn defragment(c: &Ctx) -> Result<String, String> {
 
 /// Class 5: a loop device attached to a held file, discarded, detached;
 /// the holder then rewrites every block.
-fn loop_discard(c: &Ctx) -> Result<String, String> {
+fn loop_discard(c: &Ctx) -> Result<String> {
     let f = c.path("looped");
     let go = c.path("looped.go");
     let model = c.path("looped.model");
@@ -310,12 +310,12 @@ fn loop_discard(c: &Ctx) -> Result<String, String> {
     let _ = std::fs::write(&go, b"go");
     let status = writer.wait().map_err(|e| e.to_string())?;
     if !discarded {
-        return Err(format!(
-            "could not attach and discard a loop device on the file ({dev:?})"
-        ));
+        return Err(
+            format!("could not attach and discard a loop device on the file ({dev:?})").into(),
+        );
     }
     if !status.success() {
-        return Err(format!("the writer failed: {status}"));
+        return Err(format!("the writer failed: {status}").into());
     }
     let fills = fill(&c.dir);
     let blocks = check_blocks(&f, &model_blocks(&model), 0xF6);
@@ -332,7 +332,7 @@ fn loop_discard(c: &Ctx) -> Result<String, String> {
 
 /// Class 6: four shim processes write separate blocks of one sparse file,
 /// fsync after each.
-fn sparse_writers(c: &Ctx) -> Result<String, String> {
+fn sparse_writers(c: &Ctx) -> Result<String> {
     let f = c.path("sparse");
     let file = std::fs::File::create(&f).map_err(|e| e.to_string())?;
     file.set_len(16 << 20).map_err(|e| e.to_string())?;
@@ -352,7 +352,7 @@ fn sparse_writers(c: &Ctx) -> Result<String, String> {
     for mut ch in children {
         let s = ch.wait().map_err(|e| e.to_string())?;
         if !s.success() {
-            return Err(format!("a writer failed: {s}"));
+            return Err(format!("a writer failed: {s}").into());
         }
     }
     let got = read_back(&f)?;
@@ -362,9 +362,7 @@ fn sparse_writers(c: &Ctx) -> Result<String, String> {
         for (b, v) in model {
             let at = (b * 4096) as usize;
             if got.get(at..at + 4096) != Some(&stamped(4096, 0xF7, b * 4096, v)[..]) {
-                return Err(format!(
-                    "block {b} (writer {w}) lost its synced version {v}"
-                ));
+                return Err(format!("block {b} (writer {w}) lost its synced version {v}").into());
             }
             checked += 1;
         }
@@ -375,7 +373,7 @@ fn sparse_writers(c: &Ctx) -> Result<String, String> {
 }
 
 /// 1,100 files open in one shim process: every read and write works.
-fn many_files(c: &Ctx) -> Result<String, String> {
+fn many_files(c: &Ctx) -> Result<String> {
     for i in 0..MANY_FILES {
         let p = c.dir.join(format!("many{i}"));
         std::fs::write(&p, [7u8; 8192]).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -392,7 +390,7 @@ fn many_files(c: &Ctx) -> Result<String, String> {
 
 /// Near a full disk, a 4 KiB write into a hole succeeds under the shim
 /// when it does through the kernel.
-fn near_full(c: &Ctx) -> Result<String, String> {
+fn near_full(c: &Ctx) -> Result<String> {
     let (a, b) = (c.path("hole-shim"), c.path("hole-kernel"));
     for p in [&a, &b] {
         let f = std::fs::File::create(p).map_err(|e| e.to_string())?;
@@ -424,12 +422,12 @@ fn near_full(c: &Ctx) -> Result<String, String> {
     match (kernel, shim) {
         (Ok(()), Ok(_)) => Ok("a 4 KiB write into a hole near a full disk succeeds through the shim as through the kernel".into()),
         (Err(k), Ok(_)) => Ok(format!("the kernel refused ({k}) and the shim succeeded")),
-        (Ok(()), Err(s)) => Err(format!("the kernel wrote into the hole, the shim did not: {s}")),
+        (Ok(()), Err(s)) => Err(format!("the kernel wrote into the hole, the shim did not: {s}").into()),
         (Err(k), Err(s)) => Ok(format!("both refused: kernel {k}; shim {s}")),
     }
 }
 
-fn plain_pwrite(p: &Path, off: u64, len: u64, version: u32) -> Result<(), String> {
+fn plain_pwrite(p: &Path, off: u64, len: u64, version: u32) -> Result<()> {
     let fd = sys::open(p, libc::O_RDWR).map_err(|e| format!("open: errno {e}"))? as i32;
     let r = sys::pwrite(fd, &stamped(len, 1, off, version), off);
     // SAFETY: plain syscall.
@@ -437,7 +435,7 @@ fn plain_pwrite(p: &Path, off: u64, len: u64, version: u32) -> Result<(), String
     sys::close(fd);
     match r {
         Ok(n) if n as u64 == len && s == 0 => Ok(()),
-        other => Err(format!("pwrite {}, fsync {s}", sys::show(other))),
+        other => Err(format!("pwrite {}, fsync {s}", sys::show(other)).into()),
     }
 }
 
@@ -446,7 +444,7 @@ pub fn step(args: &[String]) -> i32 {
     let arg = |i: usize| args.get(i).cloned().unwrap_or_default();
     let num = |i: usize| arg(i).parse::<u64>().unwrap_or(0);
     let r = if let Some(r) = crate::fd_scenarios::step(args) {
-        r
+        r.map_err(crate::error::Error::from)
     } else {
         match arg(0).as_str() {
             "pwrite-sync" => {
@@ -463,7 +461,7 @@ pub fn step(args: &[String]) -> i32 {
             ),
             "block-writer" => block_writer(&PathBuf::from(arg(1)), num(2), num(3), num(4)),
             "many-files" => many_files_step(&PathBuf::from(arg(1)), num(2)),
-            other => Err(format!("no step {other:?}")),
+            other => Err(format!("no step {other:?}").into()),
         }
     };
     match r {
@@ -475,7 +473,7 @@ pub fn step(args: &[String]) -> i32 {
     }
 }
 
-fn exec_parent(f: &Path, shim_child: bool) -> Result<(), String> {
+fn exec_parent(f: &Path, shim_child: bool) -> Result<()> {
     let fd = sys::open(f, libc::O_RDWR).map_err(|e| format!("open: errno {e}"))? as i32;
     // SAFETY: plain syscall: the file becomes standard output.
     if unsafe { libc::dup2(fd, 1) } != 1 {
@@ -492,12 +490,12 @@ fn exec_parent(f: &Path, shim_child: bool) -> Result<(), String> {
     let s = cmd.status().map_err(|e| e.to_string())?;
     // SAFETY: plain syscall.
     if !s.success() || unsafe { libc::fsync(1) } != 0 {
-        return Err(format!("child {s}"));
+        return Err(format!("child {s}").into());
     }
     Ok(())
 }
 
-fn fork_records(f: &Path, records: u64) -> Result<(), String> {
+fn fork_records(f: &Path, records: u64) -> Result<()> {
     let fd = sys::open(f, libc::O_RDWR).map_err(|e| format!("open: errno {e}"))? as i32;
     let rec = |role: u64, i: u64| stamped(64, 9, ((role << 16) | i) * 4 * 16, 1);
     // SAFETY: the child makes system calls only, then _exit.
@@ -523,7 +521,7 @@ const FRAGMENTED_BLOCKS: u64 = 256;
 
 /// A fragmented file (its blocks interleaved with another file's, which is
 /// then removed), written by a plain process.
-fn make_fragmented(f: &Path) -> Result<(), String> {
+fn make_fragmented(f: &Path) -> Result<()> {
     let other = f.with_extension("interleave");
     let fd = sys::open(f, libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC)
         .map_err(|e| format!("open: errno {e}"))? as i32;
@@ -540,12 +538,12 @@ fn make_fragmented(f: &Path) -> Result<(), String> {
     }
     sys::close(od);
     sys::close(fd);
-    std::fs::remove_file(&other).map_err(|e| e.to_string())
+    std::fs::remove_file(&other).map_err(crate::error::Error::from)
 }
 
 /// Blocks of the (existing, fragmented) file rewritten and synced every
 /// ~2 ms for `seconds`.
-fn frag_writer(f: &Path, seconds: u64, model: &Path) -> Result<(), String> {
+fn frag_writer(f: &Path, seconds: u64, model: &Path) -> Result<()> {
     const BLOCKS: u64 = FRAGMENTED_BLOCKS;
     let fd = sys::open(f, libc::O_RDWR).map_err(|e| format!("open: errno {e}"))? as i32;
     let mut versions = vec![0u32; BLOCKS as usize];
@@ -556,11 +554,11 @@ fn frag_writer(f: &Path, seconds: u64, model: &Path) -> Result<(), String> {
         n += 1;
         let b = rng.below(BLOCKS);
         if sys::pwrite(fd, &stamped(4096, 0xF5, b * 4096, n), b * 4096) != Ok(4096) {
-            return Err(format!("pwrite: errno {}", sys::errno()));
+            return Err(format!("pwrite: errno {}", sys::errno()).into());
         }
         // SAFETY: plain syscall.
         if unsafe { libc::fdatasync(fd) } != 0 {
-            return Err(format!("fdatasync: errno {}", sys::errno()));
+            return Err(format!("fdatasync: errno {}", sys::errno()).into());
         }
         versions[b as usize] = n;
         std::thread::sleep(Duration::from_millis(2));
@@ -571,23 +569,23 @@ fn frag_writer(f: &Path, seconds: u64, model: &Path) -> Result<(), String> {
         .enumerate()
         .map(|(b, v)| format!("{b} {v}\n"))
         .collect();
-    std::fs::write(model, text).map_err(|e| e.to_string())
+    std::fs::write(model, text).map_err(crate::error::Error::from)
 }
 
 /// Write every block, sync, say ready, wait for `go`, write every block
 /// again and sync: the model is the second version.
-fn write_wait_write(f: &Path, go: &Path, model: &Path) -> Result<(), String> {
+fn write_wait_write(f: &Path, go: &Path, model: &Path) -> Result<()> {
     let fd = sys::open(f, libc::O_RDWR).map_err(|e| format!("open: errno {e}"))? as i32;
     let blocks = 1024u64;
     for v in [1u32, 2] {
         for b in 0..blocks {
             if sys::pwrite(fd, &stamped(4096, 0xF6, b * 4096, v), b * 4096) != Ok(4096) {
-                return Err(format!("pwrite: errno {}", sys::errno()));
+                return Err(format!("pwrite: errno {}", sys::errno()).into());
             }
         }
         // SAFETY: plain syscall.
         if unsafe { libc::fsync(fd) } != 0 {
-            return Err(format!("fsync: errno {}", sys::errno()));
+            return Err(format!("fsync: errno {}", sys::errno()).into());
         }
         if v == 1 {
             std::fs::write(go.with_extension("ready"), b"").map_err(|e| e.to_string())?;
@@ -599,10 +597,10 @@ fn write_wait_write(f: &Path, go: &Path, model: &Path) -> Result<(), String> {
     }
     sys::close(fd);
     let text: String = (0..blocks).map(|b| format!("{b} 2\n")).collect();
-    std::fs::write(model, text).map_err(|e| e.to_string())
+    std::fs::write(model, text).map_err(crate::error::Error::from)
 }
 
-fn block_writer(f: &Path, me: u64, writers: u64, writes: u64) -> Result<(), String> {
+fn block_writer(f: &Path, me: u64, writers: u64, writes: u64) -> Result<()> {
     let fd = sys::open(f, libc::O_RDWR).map_err(|e| format!("open: errno {e}"))? as i32;
     let blocks = (16 << 20) / 4096 / writers;
     let mut rng = pattern::Rng::new(me + 77);
@@ -610,24 +608,24 @@ fn block_writer(f: &Path, me: u64, writers: u64, writes: u64) -> Result<(), Stri
     for n in 1..=writes as u32 {
         let b = rng.below(blocks) * writers + me;
         if sys::pwrite(fd, &stamped(4096, 0xF7, b * 4096, n), b * 4096) != Ok(4096) {
-            return Err(format!("pwrite: errno {}", sys::errno()));
+            return Err(format!("pwrite: errno {}", sys::errno()).into());
         }
         // SAFETY: plain syscall.
         if unsafe { libc::fsync(fd) } != 0 {
-            return Err(format!("fsync: errno {}", sys::errno()));
+            return Err(format!("fsync: errno {}", sys::errno()).into());
         }
         model.insert(b, n);
     }
     sys::close(fd);
     let text: String = model.iter().map(|(b, v)| format!("{b} {v}\n")).collect();
-    std::fs::write(f.with_extension(format!("w{me}")), text).map_err(|e| e.to_string())
+    std::fs::write(f.with_extension(format!("w{me}")), text).map_err(crate::error::Error::from)
 }
 
 /// More files than a channel may hold (1,024).
 const MANY_FILES: u64 = 1100;
 
 /// Open `n` existing files at once, write and read each through the shim.
-fn many_files_step(dir: &Path, n: u64) -> Result<(), String> {
+fn many_files_step(dir: &Path, n: u64) -> Result<()> {
     let mut fds = Vec::new();
     for i in 0..n {
         let p = dir.join(format!("many{i}"));
@@ -637,11 +635,11 @@ fn many_files_step(dir: &Path, n: u64) -> Result<(), String> {
     for (i, &fd) in fds.iter().enumerate() {
         let data = stamped(4096, 3, 4096, i as u32);
         if sys::pwrite(fd, &data, 4096) != Ok(4096) {
-            return Err(format!("pwrite of file {i}: errno {}", sys::errno()));
+            return Err(format!("pwrite of file {i}: errno {}", sys::errno()).into());
         }
         let mut back = vec![0u8; 4096];
         if sys::pread(fd, &mut back, 4096) != Ok(4096) || back != data {
-            return Err(format!("pread of file {i}: errno {}", sys::errno()));
+            return Err(format!("pread of file {i}: errno {}", sys::errno()).into());
         }
     }
     for fd in fds {

@@ -88,12 +88,12 @@ use super::liveness::{self, Change, Liveness, VIEW_TAG};
 use super::{DeviceThread, SLICE_BYTES};
 use crate::dirty::{unsure, weak, DirtyMap, GRANULE_BYTES, UNSURE, WEAK};
 use crate::replica_meta::{CopyMeta, ReplicaMeta, Stored};
-use crate::wall_clock::StampClock;
 use moneta_model::device::network::HeaderFields;
 use moneta_model::device::network::{Packet, PortOutput};
 use moneta_model::device::network::{ReplicaState, RouteTable};
 use moneta_model::device::packet::{PacketHeader, PacketKind};
 use moneta_model::device::pipeline::{PayloadSource, CMD_WRITE, CTRL_DEGRADED, CTRL_REFUSED};
+use moneta_model::kernel::Clock;
 use moneta_model::units::Ns;
 use moneta_wire::reliable::PeerState;
 use moneta_wire::{Endpoint, Transport, WireError, WireEvent};
@@ -717,7 +717,7 @@ impl PortState {
     }
 }
 
-impl<C: StampClock> DeviceThread<C> {
+impl<C: Clock> DeviceThread<C> {
     /// One turn of the port at `now` (module header). Returns whether it
     /// did anything.
     pub(super) fn port_turn(&mut self, now: Ns) -> bool {

@@ -51,7 +51,7 @@ impl SimNode {
             post_ahead_ns: 0,
             ..EngineOptions::default()
         };
-        let mut clock = VirtualClock::new();
+        let clock = VirtualClock::new();
         clock.advance_to(now);
         let mut core = DeviceThread::new(shared.clone(), &options, clock, Some(port))?;
         let memory = Arc::new(

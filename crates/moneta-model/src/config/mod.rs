@@ -827,7 +827,7 @@ impl layer::Layered for Config {
             range(
                 "host.max_sectors",
                 h.max_sectors as u64,
-                crate::host::PAGE_BYTES / 512,
+                crate::units::PAGE_BYTES / 512,
                 1 << 16,
             )?;
         }

@@ -27,7 +27,7 @@ pub mod extent_map;
 
 use crate::breakdown::{Component, Parts};
 use crate::config::{Completion, Config, Stack};
-use crate::units::{Ns, Op};
+use crate::units::{Ns, Op, PAGE_BYTES};
 use std::collections::VecDeque;
 
 /// A file's write lock in a kernel file system (POSIX write atomicity): a
@@ -135,10 +135,6 @@ pub enum Step {
     /// step `from` (the per-piece block layer, tag, PIO and issue).
     NextPiece { from: u8 },
 }
-
-/// x86's page: the unit in which `bio_add_page` builds an O_DIRECT bio
-/// (Linux 2.6.18 `fs/direct-io.c`, one page of the user's buffer per call).
-pub const PAGE_BYTES: u64 = 4096;
 
 /// How a kernel request of `bytes` reaches the Moneta driver: `(piece
 /// bytes, pieces)`. Linux 2.6.18's `bio_add_page` refuses a page that
