@@ -845,7 +845,7 @@ pub fn report(a: ReportArgs) -> crate::error::Result<()> {
     if !a.out.is_dir() {
         std::fs::create_dir(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;
     }
-    type Page = fn(&ReportArgs) -> Result<Report, String>;
+    type Page = fn(&ReportArgs) -> crate::error::Result<Report>;
     let makers: [(&str, &str, Page); 5] = [
         ("moneta.html", "Moneta", moneta_page),
         ("moneta-d.html", "Moneta-D", moneta_d_page),
