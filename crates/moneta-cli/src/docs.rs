@@ -16,6 +16,7 @@
 //! the repository and `moneta docs --check` fails when one is stale. Results
 //! pages, which carry their provenance, are made by `make docs` instead.
 
+use crate::error::Error;
 use clap::Command;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -60,7 +61,7 @@ pub fn pages(cli: &Command) -> Vec<(String, String)> {
     ]
 }
 
-pub fn run(args: DocsArgs, cli: &Command) -> Result<(), String> {
+pub fn run(args: DocsArgs, cli: &Command) -> crate::error::Result<()> {
     let mut stale = Vec::new();
     for (rel, text) in pages(cli) {
         let path = args.out.join(&rel);
@@ -83,21 +84,21 @@ pub fn run(args: DocsArgs, cli: &Command) -> Result<(), String> {
     if stale.is_empty() {
         Ok(())
     } else {
-        Err(format!(
+        Err(Error::failed(format!(
             "generated documentation is stale ({}); run `moneta docs --out {}` and commit",
             stale.join("; "),
             args.out.display()
-        ))
+        )))
     }
 }
 
-fn write_page(path: &Path, text: &str) -> Result<(), String> {
+fn write_page(path: &Path, text: &str) -> crate::error::Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
     }
     let tmp = path.with_extension("md.tmp");
-    std::fs::write(&tmp, text).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(&tmp, text).map_err(|e| Error::io(tmp.display().to_string(), e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path.display().to_string(), e))
 }
 
 /// The `moneta calibrate` table as a results page, with its provenance.

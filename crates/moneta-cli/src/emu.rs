@@ -1,6 +1,7 @@
 //! The emulator's commands: `moneta serve` (monetad) and `moneta bench`
 //! (XDD through libmoneta, on an embedded device or a running daemon).
 
+use crate::error::Error;
 use crate::output::{self, Format};
 use crate::{parse_op, LimitArgs, ModelArgs};
 use clap::Args;
@@ -169,12 +170,13 @@ struct ServeLine {
 
 fn read_serve_args(path: &Path) -> crate::error::Result<ServeArgs> {
     use clap::Parser;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::failed_with(path.display().to_string(), e))?;
     let args: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
     ServeLine::try_parse_from(args)
         .map(|l| l.serve)
         .map_err(|e| {
-            crate::error::Error::usage(format!(
+            Error::usage(format!(
                 "{}: {}",
                 path.display(),
                 e.render().to_string().trim()
@@ -183,27 +185,27 @@ fn read_serve_args(path: &Path) -> crate::error::Result<ServeArgs> {
 }
 
 /// Serve every device of `a` in this process; the first to fail stops all.
-pub fn serve_group(a: ServeGroupArgs) -> Result<(), String> {
+pub fn serve_group(a: ServeGroupArgs) -> crate::error::Result<()> {
     let devices = a
         .devices
         .iter()
         .map(|p| read_serve_args(p))
         .collect::<Result<Vec<_>, _>>()?;
     let count = match a.reactors {
-        Some(0) => return Err("--reactors 0: at least one".into()),
+        Some(0) => return Err(Error::usage("--reactors 0: at least one")),
         Some(n) => n.min(devices.len()),
         None => moneta_emu::reactor::default_count(devices.len()),
     };
     let reactors = (0..count)
         .map(|i| Reactor::start(&format!("moneta-reactor{i}"), a.realtime).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Error::failed_with("starting the reactors", e))?;
     eprintln!(
         "monetad: {} devices on {count} reactor(s) (cores: {})",
         devices.len(),
         moneta_abi::fidelity::cores()
     );
-    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+    let results: Vec<crate::error::Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = devices
             .into_iter()
             .enumerate()
@@ -213,7 +215,7 @@ pub fn serve_group(a: ServeGroupArgs) -> Result<(), String> {
                 std::thread::Builder::new()
                     .name(format!("moneta-serve{i}"))
                     .spawn_scoped(scope, move || {
-                        let r = serve_on(args, Some(reactor)).map_err(|e| format!("{file}: {e}"));
+                        let r = serve_on(args, Some(reactor)).map_err(|e| e.context(file));
                         // One device down (or failing to start) stops the group.
                         STOP.store(true, Ordering::Release);
                         r
@@ -225,19 +227,28 @@ pub fn serve_group(a: ServeGroupArgs) -> Result<(), String> {
             .map(|h| match h {
                 Ok(h) => h
                     .join()
-                    .unwrap_or_else(|_| Err("a serving thread panicked".into())),
+                    .unwrap_or_else(|_| Err(Error::failed("a serving thread panicked"))),
                 Err(e) => {
                     STOP.store(true, Ordering::Release);
-                    Err(format!("starting a serving thread: {e}"))
+                    Err(Error::io("starting a serving thread", e))
                 }
             })
             .collect()
     });
-    let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
+    // The first failure is the error, its cause kept; the others are
+    // named after it.
+    let mut errors = results.into_iter().filter_map(Result::err);
+    match errors.next() {
+        None => Ok(()),
+        Some(first) => {
+            let others: Vec<String> = errors.map(|e| e.to_string()).collect();
+            if others.is_empty() {
+                Err(first)
+            } else {
+                let context = format!("also: {}", others.join("; "));
+                Err(Error::with_source(first.kind(), "", first).context(context))
+            }
+        }
     }
 }
 
@@ -302,7 +313,7 @@ fn medium_for(config: &Config, image: Option<&Path>) -> crate::error::Result<Med
         Some(p) => Medium::image(p, config.device.capacity_bytes),
         None => Medium::anonymous(config.device.capacity_bytes),
     }
-    .map_err(|e| crate::error::Error::failed(e.to_string()))
+    .map_err(|e| Error::failed(e.to_string()))
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -337,7 +348,8 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
     moneta_emu::accept::raise_open_files_limit();
     if let Some(ns) = &a.netns {
         // This thread and those it starts open their sockets there.
-        moneta_wire::netns::enter_netns(ns).map_err(|e| format!("--netns {ns}: {e}"))?;
+        moneta_wire::netns::enter_netns(ns)
+            .map_err(|e| Error::failed_with(format!("--netns {ns}"), e))?;
     }
     let config = a.model.device.config()?;
     let san = match (&a.san, &a.node) {
@@ -365,11 +377,11 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
             // What failed mirrors missed is kept beside the image.
             let dirty = match &a.image {
                 Some(image) => DirtyMap::load(&image.with_extension("dirty"))
-                    .map_err(|e| format!("the dirty map beside the image: {e}"))?,
+                    .map_err(|e| Error::failed_with("the dirty map beside the image", e))?,
                 None => DirtyMap::in_memory(),
             };
             // What the image says of the mirrored copies it holds.
-            let slices = file.mirrored_slices(*index).map_err(|e| e.to_string())?;
+            let slices = file.mirrored_slices(*index).map_err(Error::because)?;
             let meta = match &a.image {
                 Some(image) => ReplicaMeta::load(
                     image,
@@ -378,11 +390,11 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
                     *index,
                     &slices,
                 )
-                .map_err(|e| format!("the replica metadata on the image: {e}"))?,
+                .map_err(|e| Error::failed_with("the replica metadata on the image", e))?,
                 None => ReplicaMeta::in_memory(&file.name, *index, &slices),
             };
             let path = a.san.as_deref().expect("a SAN node has its file");
-            let secret = file.secret(path).map_err(|e| e.to_string())?;
+            let secret = file.secret(path).map_err(Error::because)?;
             if secret.is_none() {
                 eprintln!(
                     "monetad: {} names no secret_file: frames carry no MAC, and anyone on \
@@ -392,11 +404,11 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
             }
             let port = file
                 .open_port(*index, faults.clone(), dirty, meta, secret, 0)
-                .map_err(|e| e.to_string())?;
+                .map_err(Error::because)?;
             Engine::start_san(config, medium, options, port, reactor.as_ref())
         }
     };
-    let engine = Arc::new(engine.map_err(|e| e.to_string())?);
+    let engine = Arc::new(engine.map_err(Error::because)?);
     let capacity = engine.address_space_bytes();
     // SAFETY: geteuid has no preconditions.
     let owner = unsafe { libc::geteuid() };
@@ -444,7 +456,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
             std::thread::Builder::new()
                 .name("moneta-watch-fs".into())
                 .spawn(watch)
-                .map_err(|e| format!("starting the file-system watch: {e}"))?;
+                .map_err(|e| Error::failed_with("starting the file-system watch", e))?;
         }
     }
     let nbd = if a.nbd.is_empty() {
@@ -487,7 +499,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
             per_uid: a.channels_per_uid,
             reserve: a.root_channel_reserve,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(Error::because)?;
     let options = moneta_emu::daemon::DaemonOptions {
         socket_mode: a.socket_mode,
         socket_group: a.socket_group,
@@ -497,7 +509,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
             ..Default::default()
         },
     };
-    let daemon = Daemon::bind_with(&a.socket, plane, options).map_err(|e| e.to_string())?;
+    let daemon = Daemon::bind_with(&a.socket, plane, options).map_err(Error::because)?;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -526,7 +538,7 @@ fn serve_on(a: ServeArgs, reactor: Option<Arc<Reactor>>) -> crate::error::Result
             );
             scope.spawn(|| server.run(&STOP));
         }
-        let r = daemon.run(&STOP).map_err(|e| e.to_string());
+        let r = daemon.run(&STOP).map_err(Error::because);
         // Whatever ended the daemon ends the NBD listener too.
         STOP.store(true, Ordering::Release);
         r
@@ -542,8 +554,8 @@ fn san_node(
     node: &str,
     config: &Config,
 ) -> crate::error::Result<(String, SanFile, u16)> {
-    let file = SanFile::load(path).map_err(|e| e.to_string())?;
-    let index = file.node_index(node).map_err(|e| e.to_string())?;
+    let file = SanFile::load(path).map_err(Error::because)?;
+    let index = file.node_index(node).map_err(Error::because)?;
     let has_memory = file.has_memory(index);
     if has_memory != config.network.has_memory {
         return Err(format!(
@@ -564,7 +576,7 @@ fn san_node(
         )
         .into());
     }
-    let map = file.address_map().map_err(|e| e.to_string())?;
+    let map = file.address_map().map_err(Error::because)?;
     let owned: Vec<String> = (0..map.capacity_bytes() / map.slice_bytes())
         .flat_map(|s| {
             let base = s * map.slice_bytes();
@@ -608,9 +620,9 @@ pub fn run_bench(a: BenchArgs) -> crate::error::Result<()> {
             if a.model.device.given() {
                 return Err("--preset, --config, --stack, --tech and --set describe an embedded device; a daemon has its own (moneta serve --preset …)".into());
             }
-            let m = Moneta::connect(socket).map_err(|e| e.to_string())?;
+            let m = Moneta::connect(socket).map_err(Error::because)?;
             let config: Config = serde_json::from_value(m.info().config.clone())
-                .map_err(|e| format!("the daemon's configuration: {e}"))?;
+                .map_err(|e| Error::failed_with("the daemon's configuration", e))?;
             (m, config, socket.display().to_string())
         }
         None => {
@@ -623,7 +635,7 @@ pub fn run_bench(a: BenchArgs) -> crate::error::Result<()> {
                 realtime: a.realtime,
                 ..EngineOptions::default()
             };
-            let m = moneta::embedded(config.clone(), medium, options).map_err(|e| e.to_string())?;
+            let m = moneta::embedded(config.clone(), medium, options).map_err(Error::because)?;
             (m, config, "embedded".to_string())
         }
     };
@@ -665,9 +677,9 @@ pub fn run_bench(a: BenchArgs) -> crate::error::Result<()> {
     moneta_supervisor::signals::catch_signals();
     m.grant_raw(a.region_offset, region, mix != OpMix::Read)
         .map_err(|e| format!("{e} (raw grants need the daemon's owner)"))?;
-    let before = m.stats().map_err(|e| e.to_string())?;
-    let result = bench::run(&m, &spec).map_err(|e| e.to_string())?;
-    let device = m.stats().map_err(|e| e.to_string())?;
+    let before = m.stats().map_err(Error::because)?;
+    let result = bench::run(&m, &spec).map_err(Error::because)?;
+    let device = m.stats().map_err(Error::because)?;
     let mut summary = BenchSummary::new(&config.name, &target, &spec, &result, &m, &before, device);
     if a.compare_sim {
         let mut sim_config = config.clone();
@@ -688,7 +700,7 @@ pub fn run_bench(a: BenchArgs) -> crate::error::Result<()> {
     }
     print_bench(&summary, a.model.format)?;
     if moneta_supervisor::signals::signal_received() {
-        return Err(crate::error::Error::interrupted(format!(
+        return Err(Error::interrupted(format!(
             "interrupted: stopped after {} requests; the results above are theirs",
             result.ops
         )));
@@ -717,15 +729,18 @@ fn bench_provenance(s: &BenchSummary) -> crate::provenance::Provenance {
         .verdict(&s.verdict)
 }
 
-fn print_bench(s: &BenchSummary, format: Format) -> Result<(), String> {
+fn print_bench(s: &BenchSummary, format: Format) -> crate::error::Result<()> {
     if !s.faithful {
         // On stderr whatever the format: the numbers are the host's, not
         // the modeled device's.
         eprintln!("moneta: warning: {}", s.verdict);
     }
     match format {
-        Format::Json => output::print_result_json(s, &bench_provenance(s)),
-        Format::Csv => output::print_result_csv(std::slice::from_ref(s), &bench_provenance(s)),
+        Format::Json => Ok(output::print_result_json(s, &bench_provenance(s))?),
+        Format::Csv => Ok(output::print_result_csv(
+            std::slice::from_ref(s),
+            &bench_provenance(s),
+        )?),
         Format::Table => {
             println!(
                 "emulator: preset {}  {}  {} {} B  threads {}  qd {}  completion {}  seed {}",
@@ -833,10 +848,11 @@ pub fn stats(a: StatsArgs) -> crate::error::Result<()> {
         (None, Some(mount)) => crate::mount::running(mount)?.0,
         (None, None) => PathBuf::from(DEFAULT_SOCKET),
     };
-    let m = Moneta::connect(&socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let m = Moneta::connect(&socket)
+        .map_err(|e| Error::failed_with(socket.display().to_string(), e))?;
     let s = m
         .stats_of(a.run.as_deref(), a.channel)
-        .map_err(|e| e.to_string())?;
+        .map_err(Error::because)?;
     if a.json {
         crate::output::print_json(&s)?;
     } else {
@@ -961,23 +977,35 @@ fn forward_signals() {
 struct ReportDir(PathBuf, bool);
 
 impl ReportDir {
-    fn create() -> Result<ReportDir, String> {
+    fn create() -> crate::error::Result<ReportDir> {
         let template = std::env::temp_dir().join("moneta-run-XXXXXX");
         let mut bytes = std::ffi::CString::new(template.as_os_str().as_encoded_bytes())
-            .map_err(|e| e.to_string())?
+            .map_err(|e| {
+                Error::with_source(
+                    crate::error::ErrorKind::Failed,
+                    "the temporary directory's name",
+                    e,
+                )
+            })?
             .into_bytes_with_nul();
         // SAFETY: mkdtemp rewrites the NUL-terminated template in place
         // (mode 0700).
         let made = unsafe { libc::mkdtemp(bytes.as_mut_ptr().cast()) };
         if made.is_null() {
-            return Err(format!(
-                "creating the report directory: {}",
-                std::io::Error::last_os_error()
+            return Err(Error::io(
+                "creating the report directory",
+                std::io::Error::last_os_error(),
             ));
         }
         bytes.pop();
         Ok(ReportDir(
-            PathBuf::from(String::from_utf8(bytes).map_err(|e| e.to_string())?),
+            PathBuf::from(String::from_utf8(bytes).map_err(|e| {
+                Error::with_source(
+                    crate::error::ErrorKind::Failed,
+                    "the report directory's name",
+                    e,
+                )
+            })?),
             true,
         ))
     }
@@ -1007,7 +1035,7 @@ fn syncfs(mount: &Path) {
 pub fn run_program(a: RunArgs) -> crate::error::Result<()> {
     use std::os::unix::process::ExitStatusExt;
     let (socket, mount) = crate::mount::running(&a.mount)?;
-    let exe = std::env::current_exe().map_err(|e| format!("locating moneta: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| Error::failed_with("locating moneta", e))?;
     let shim = exe.with_file_name("libmoneta_preload.so");
     if !shim.exists() {
         return Err(format!(
@@ -1057,11 +1085,11 @@ pub fn run_program(a: RunArgs) -> crate::error::Result<()> {
         .env(moneta::RUN_ID_ENV, &run_id)
         .env("MONETA_RUN_REPORT_DIR", &dir.0)
         .spawn()
-        .map_err(|e| format!("running {}: {e}", a.command[0]))?;
+        .map_err(|e| Error::failed_with(format!("running {}", a.command[0]), e))?;
     CHILD.store(child.id() as i32, Ordering::Release);
     let status = child
         .wait()
-        .map_err(|e| format!("waiting for {}: {e}", a.command[0]))?;
+        .map_err(|e| Error::failed_with(format!("waiting for {}", a.command[0]), e))?;
     CHILD.store(0, Ordering::Release);
     let exit_status = status
         .code()
@@ -1107,31 +1135,37 @@ pub fn run_program(a: RunArgs) -> crate::error::Result<()> {
     eprintln!("{}", crate::run_report::render(&report));
     if let Some(path) = &a.report {
         let text = crate::output::result_json(&report, &crate::provenance::Provenance::here())?;
-        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Error::failed_with(path.display().to_string(), e))?;
     }
     drop(dir);
     std::process::exit(exit_status);
 }
 
 /// `--socket-mode`: permission bits in octal (`0660`, `660`).
-fn parse_mode(s: &str) -> Result<u32, String> {
+fn parse_mode(s: &str) -> crate::error::Result<u32> {
     u32::from_str_radix(s.trim_start_matches("0o"), 8)
         .ok()
         .filter(|m| m & !0o777 == 0)
-        .ok_or_else(|| format!("{s}: expected permission bits in octal, 0 ..= 0777"))
+        .ok_or_else(|| {
+            Error::usage(format!(
+                "{s}: expected permission bits in octal, 0 ..= 0777"
+            ))
+        })
 }
 
 /// `--socket-group`: a group name or a numeric gid.
-fn parse_group(s: &str) -> Result<u32, String> {
+fn parse_group(s: &str) -> crate::error::Result<u32> {
     if let Ok(gid) = s.parse::<u32>() {
         return Ok(gid);
     }
-    let name = std::ffi::CString::new(s).map_err(|_| format!("{s}: not a group name"))?;
+    let name =
+        std::ffi::CString::new(s).map_err(|_| Error::usage(format!("{s}: not a group name")))?;
     // SAFETY: a NUL-terminated name; the result is read at once, before
     // any other getgr* call on this thread.
     let group = unsafe { libc::getgrnam(name.as_ptr()) };
     if group.is_null() {
-        return Err(format!("{s}: no such group"));
+        return Err(Error::usage(format!("{s}: no such group")));
     }
     // SAFETY: getgrnam returned a valid entry.
     Ok(unsafe { (*group).gr_gid })

@@ -109,6 +109,17 @@ impl Error {
         Error::new(ErrorKind::Failed, context)
     }
 
+    /// A failure of the work whose whole story is its cause (the cause's
+    /// text is the message; the cause stays the source).
+    pub fn because(source: impl Into<Cause>) -> Error {
+        Error::with_source(ErrorKind::Failed, "", source)
+    }
+
+    /// A failure of the work while doing `context`, caused by `source`.
+    pub fn failed_with(context: impl Into<String>, source: impl Into<Cause>) -> Error {
+        Error::with_source(ErrorKind::Failed, context, source)
+    }
+
     pub fn interrupted(context: impl Into<String>) -> Error {
         Error::new(ErrorKind::Interrupted, context)
     }
@@ -187,6 +198,20 @@ impl From<moneta_supervisor::Error> for Error {
         let kind = match e.kind() {
             moneta_supervisor::ErrorKind::Interrupted => ErrorKind::Interrupted,
             _ => ErrorKind::Failed,
+        };
+        Error::with_source(kind, "", e)
+    }
+}
+
+/// The model's: a configuration that does not check is a config error, a
+/// size, op or workload that does not parse or fit is the command line's,
+/// a request the model refuses itself is a failure.
+impl From<moneta_model::Error> for Error {
+    fn from(e: moneta_model::Error) -> Error {
+        let kind = match e.kind() {
+            moneta_model::ErrorKind::Config => ErrorKind::Config,
+            moneta_model::ErrorKind::Parse | moneta_model::ErrorKind::Workload => ErrorKind::Usage,
+            moneta_model::ErrorKind::Model => ErrorKind::Failed,
         };
         Error::with_source(kind, "", e)
     }
@@ -274,6 +299,30 @@ mod tests {
             .unwrap()
             .is::<moneta_model::config::ConfigError>());
         assert!(e.to_string().starts_with("--preset nope: "), "{e}");
+    }
+
+    #[test]
+    fn the_models_errors_keep_their_kind_and_cause() {
+        let c = moneta_model::config::Config::preset("moneta").unwrap();
+        let mut w = moneta_model::workload::Workload::xdd(
+            moneta_model::workload::OpMix::Read,
+            4096,
+            0,
+            1 << 20,
+            moneta_model::workload::RunLimit::Ops(1),
+            1,
+        );
+        let e = Error::from(moneta_model::experiment::run(&c, &w).unwrap_err());
+        assert_eq!(e.kind(), ErrorKind::Usage);
+        assert_eq!(e.to_string(), "the workload has no threads");
+        assert!(e.source().unwrap().is::<moneta_model::Error>());
+        w.groups[0].threads = 1;
+        let e = Error::from(moneta_model::units::parse_size("4GB").unwrap_err());
+        assert_eq!(e.kind(), ErrorKind::Usage);
+        let e = Error::from(moneta_model::Error::from(
+            moneta_model::config::Config::preset("nope").unwrap_err(),
+        ));
+        assert_eq!(e.kind(), ErrorKind::Config);
     }
 
     #[test]

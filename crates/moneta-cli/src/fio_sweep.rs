@@ -7,6 +7,7 @@
 //! daemon's counters of that run say how many of fio's requests the device
 //! served and how late it posted them.
 
+use crate::error::Error;
 use crate::output::{self, Format};
 use clap::Args;
 use moneta::Moneta;
@@ -80,7 +81,7 @@ pub fn fio_sweep(a: FioSweepArgs) -> crate::error::Result<()> {
     let engine = match &a.engine {
         Some(e) => e.clone(),
         None => std::env::current_exe()
-            .map_err(|e| e.to_string())?
+            .map_err(Error::because)?
             .with_file_name("libmoneta_fio.so"),
     };
     if !engine.exists() {
@@ -90,10 +91,13 @@ pub fn fio_sweep(a: FioSweepArgs) -> crate::error::Result<()> {
         )
         .into());
     }
-    let m = Moneta::connect(&socket).map_err(|e| format!("{}: {e}", socket.display()))?;
-    let mut config = Config::preset(&a.preset).map_err(|e| e.to_string())?;
+    let m = Moneta::connect(&socket)
+        .map_err(|e| Error::failed_with(format!("{}", socket.display()), e))?;
+    let mut config = Config::preset(&a.preset).map_err(Error::because)?;
     for kv in &a.set {
-        config.set(kv).map_err(|e| format!("--set {kv}: {e}"))?;
+        config
+            .set(kv)
+            .map_err(|e| Error::failed_with(format!("--set {kv}"), e))?;
     }
     config.set_stack(Stack::Direct);
     let file = mount.join("moneta-fio-sweep");
@@ -116,7 +120,7 @@ pub fn fio_sweep(a: FioSweepArgs) -> crate::error::Result<()> {
                 .unwrap_or(0.0);
             let client = m
                 .stats_of(Some(&run), None)
-                .map_err(|e| e.to_string())?
+                .map_err(Error::because)?
                 .client
                 .unwrap_or_default();
             let ops = if mix == OpMix::Read {
@@ -163,7 +167,7 @@ pub fn fio_sweep(a: FioSweepArgs) -> crate::error::Result<()> {
         }
     }
     let _ = std::fs::remove_file(&file);
-    Ok(print(&a, &cells)?)
+    print(&a, &cells)
 }
 
 /// One fio run through the engine: its job's JSON.
@@ -175,7 +179,7 @@ fn fio(
     rw: &str,
     qd: u32,
     run: &str,
-) -> Result<serde_json::Value, String> {
+) -> crate::error::Result<serde_json::Value> {
     let out = Command::new("fio")
         .env(moneta::RUN_ID_ENV, run)
         .arg("--name=moneta-fio-sweep")
@@ -189,26 +193,32 @@ fn fio(
         .arg(format!("--runtime={}", a.runtime))
         .args(["--time_based", "--norandommap", "--output-format=json"])
         .output()
-        .map_err(|e| format!("fio: {e} (make setup installs it)"))?;
+        .map_err(|e| Error::failed_with("running fio (make setup installs it)", e))?;
     if !out.status.success() {
-        return Err(format!(
+        return Err(Error::failed(format!(
             "fio --rw={rw} --iodepth={qd} failed: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
-        ));
+        )));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     // fio may print notes before its JSON.
     let json = text.find('{').map_or("", |i| &text[i..]);
-    let v: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| format!("fio's JSON: {e}: {text}"))?;
+    let v: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| Error::failed_with(format!("fio's JSON ({text})"), e))?;
     Ok(v["jobs"][0].clone())
 }
 
-fn print(a: &FioSweepArgs, cells: &[Cell]) -> Result<(), String> {
+fn print(a: &FioSweepArgs, cells: &[Cell]) -> crate::error::Result<()> {
     match a.format {
-        Format::Json => output::print_result_json(cells, &crate::provenance::Provenance::here()),
-        Format::Csv => output::print_result_csv(cells, &crate::provenance::Provenance::here()),
+        Format::Json => Ok(output::print_result_json(
+            cells,
+            &crate::provenance::Provenance::here(),
+        )?),
+        Format::Csv => Ok(output::print_result_csv(
+            cells,
+            &crate::provenance::Provenance::here(),
+        )?),
         Format::Table => {
             println!(
                 "fio through the Moneta engine on {} ({} B, {} s per cell) against `moneta sim` \

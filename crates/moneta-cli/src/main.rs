@@ -323,8 +323,7 @@ impl PatternArgs {
         let mut w = Workload::xdd(mix, size, threads, region, limit, seed);
         w.groups[0].random = self.pattern == Pattern::Random;
         w.groups[0].queue_depth = self.depth()?;
-        w.validate(config.device.capacity_bytes)
-            .map_err(Error::usage)?;
+        w.validate(config.device.capacity_bytes)?;
         Ok(w)
     }
 }
@@ -549,7 +548,7 @@ fn config_dump(a: &DeviceArgs) -> Result<()> {
 
 fn presets(verbose: bool) -> Result<()> {
     for name in preset_names() {
-        let c = Config::preset(name).map_err(|e| e.to_string())?;
+        let c = Config::preset(name).map_err(|e| Error::config(format!("preset {name}"), e))?;
         if verbose {
             println!("# ---- {name} ----");
             println!("{}", preset_source(name).unwrap_or_default());
@@ -576,7 +575,7 @@ fn presets(verbose: bool) -> Result<()> {
 }
 
 pub(crate) fn parse_op(s: &str) -> Result<OpMix> {
-    OpMix::parse(s.trim()).map_err(Error::usage)
+    Ok(OpMix::parse(s.trim())?)
 }
 
 fn sim_run(a: RunArgs) -> Result<()> {
@@ -631,11 +630,11 @@ fn sim_compare(a: CompareArgs) -> Result<()> {
     let report = output::compare_report(&points, &labels);
     if let Some(path) = &a.plot {
         let svg = output::compare_bars(&points, &labels).to_svg(900, 520);
-        plot::write_file_from(path, &svg, &provenance).map_err(|e| e.to_string())?;
+        plot::write_file_from(path, &svg, &provenance).map_err(Error::because)?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &a.report {
-        plot::write_file_from(path, &report.to_html(), &provenance).map_err(|e| e.to_string())?;
+        plot::write_file_from(path, &report.to_html(), &provenance).map_err(Error::because)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())
@@ -768,13 +767,13 @@ fn sim_sweep(a: SweepArgs) -> Result<()> {
         let mut chart = output::bandwidth_chart(&configs, &points);
         output::mark_partial(&mut chart.title, partial);
         plot::write_file_from(path, &chart.to_svg(900, 480), &provenance)
-            .map_err(|e| e.to_string())?;
+            .map_err(Error::because)?;
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &a.report {
         let mut report = output::sweep_report(&configs, &points);
         output::mark_partial(&mut report.title, partial);
-        plot::write_file_from(path, &report.to_html(), &provenance).map_err(|e| e.to_string())?;
+        plot::write_file_from(path, &report.to_html(), &provenance).map_err(Error::because)?;
         eprintln!("wrote {}", path.display());
     }
     if let Some((done, all)) = partial {

@@ -173,9 +173,9 @@ pub(crate) use moneta_model::units::parse_size;
 /// `bytes` for messages: in the largest binary unit that divides it ("3 GiB"),
 /// else to a tenth of a MiB, else in bytes.
 pub(crate) fn human(bytes: u64) -> String {
-    use moneta_model::units::{format_size, IEC_UNITS};
+    use moneta_model::units::{format_mib, format_size, IEC_UNITS};
     if bytes >= 1 << 20 && !bytes.is_multiple_of(1 << 10) {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+        format_mib(bytes)
     } else {
         format_size(bytes as f64, true, &IEC_UNITS)
     }
@@ -248,7 +248,7 @@ fn canonical(path: &Path) -> Result<PathBuf> {
         path.to_path_buf()
     } else {
         std::env::current_dir()
-            .map_err(|e| format!("the current directory: {e}"))?
+            .map_err(|e| Error::failed_with("the current directory", e))?
             .join(path)
     };
     let mut base = abs.as_path();
@@ -720,7 +720,8 @@ pub(crate) fn need_root(what: &str) -> Result<()> {
 
 pub fn up(a: UpArgs) -> Result<()> {
     need_root("up")?;
-    fs::create_dir_all(RUN_DIR).map_err(|e| format!("creating {RUN_DIR}: {e}"))?;
+    fs::create_dir_all(RUN_DIR)
+        .map_err(|e| Error::failed_with(format!("creating {RUN_DIR}"), e))?;
     let inst = Instance::for_mount(&a.mount)?;
     let mount = inst.mount.display().to_string();
     let _lock = inst.sd.lock(&format!("moneta up/down on {mount}"))?;
@@ -811,17 +812,18 @@ pub fn up(a: UpArgs) -> Result<()> {
     let mut rb = Rollback::default();
     if !inst.sd.dir.exists() {
         fs::create_dir(&inst.sd.dir)
-            .map_err(|e| format!("creating {}: {e}", inst.sd.dir.display()))?;
+            .map_err(|e| Error::failed_with(format!("creating {}", inst.sd.dir.display()), e))?;
         let dir = inst.sd.dir.clone();
         rb.push(format!("removed {}", dir.display()), move || {
-            fs::remove_dir_all(&dir).map_err(|e| e.to_string())
+            fs::remove_dir_all(&dir)
         });
     }
 
     let image_note = if record.is_none() {
         if image_exists {
-            fs::remove_file(&inst.image)
-                .map_err(|e| format!("removing the old {}: {e}", inst.image.display()))?;
+            fs::remove_file(&inst.image).map_err(|e| {
+                Error::failed_with(format!("removing the old {}", inst.image.display()), e)
+            })?;
             let _ = fs::remove_file(&inst.record);
             eprintln!("moneta: --fresh: removed the old image");
         }
@@ -839,7 +841,7 @@ pub fn up(a: UpArgs) -> Result<()> {
         let (image, record) = (inst.image.clone(), inst.record.clone());
         rb.push(format!("removed {}", image.display()), move || {
             let _ = fs::remove_file(&record);
-            fs::remove_file(&image).map_err(|e| e.to_string())
+            fs::remove_file(&image)
         });
         checkpoint("image")?;
         run(&mut want.fs.mkfs(&inst.image))?;
@@ -893,7 +895,7 @@ pub fn up(a: UpArgs) -> Result<()> {
     {
         let path = inst.state.clone();
         rb.push(format!("removed {}", path.display()), move || {
-            fs::remove_file(&path).map_err(|e| e.to_string())
+            fs::remove_file(&path)
         });
     }
     checkpoint("state")?;
@@ -959,7 +961,7 @@ fn mount_fs(inst: &Instance, want: &Wanted, dev: &Path, rb: &mut Rollback) -> Re
     )?;
     for dir in made.into_iter() {
         rb.push(format!("removed {}", dir.display()), move || {
-            fs::remove_dir(&dir).map_err(|e| e.to_string())
+            fs::remove_dir(&dir)
         });
     }
     run(Command::new("mount")
@@ -987,7 +989,7 @@ fn start_nbdfuse(inst: &Instance, size: u64, rb: &mut Rollback) -> Result<u32> {
     }
     let _ = fs::remove_dir(&inst.fuse_dir);
     fs::create_dir(&inst.fuse_dir)
-        .map_err(|e| format!("creating {}: {e}", inst.fuse_dir.display()))?;
+        .map_err(|e| Error::failed_with(format!("creating {}", inst.fuse_dir.display()), e))?;
     let uri = moneta_nbd::unix_uri("moneta", &inst.nbd_socket);
     let mut cmd = Command::new("nbdfuse");
     cmd.arg(&inst.fuse_file).arg(&uri);
@@ -1079,7 +1081,8 @@ fn make_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
 /// signals, survives the shell), cwd `/` (never keeps a mount busy), output
 /// to the log. Returns once it accepts connections.
 fn start_daemon(inst: &Instance, want: &Wanted, nbd: bool, rb: &mut Rollback) -> Result<u32> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding the moneta binary: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| Error::failed_with("finding the moneta binary", e))?;
     let mut cmd = Command::new(&exe);
     cmd.arg("serve");
     match &want.config {
@@ -1174,8 +1177,9 @@ pub fn down(a: DownArgs) -> Result<()> {
     if a.purge {
         if inst.sd.dir.exists() {
             let removed = remove_made_dirs(&inst);
-            fs::remove_dir_all(&inst.sd.dir)
-                .map_err(|e| format!("removing {}: {e}", inst.sd.dir.display()))?;
+            fs::remove_dir_all(&inst.sd.dir).map_err(|e| {
+                Error::failed_with(format!("removing {}", inst.sd.dir.display()), e)
+            })?;
             let removed: String = removed
                 .iter()
                 .map(|d| format!(" and {}", d.display()))

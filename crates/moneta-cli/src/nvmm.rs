@@ -7,6 +7,7 @@
 //! of them as crosses (`moneta report` puts the same figures on its NVMM
 //! page).
 
+use crate::error::{Error, ErrorKind};
 use crate::output::table;
 use crate::output::{print_result_csv, print_result_json, Format};
 use crate::plot::{self, Chart, Series};
@@ -73,14 +74,15 @@ pub struct NvmmConfigArgs {
 }
 
 impl NvmmConfigArgs {
-    fn config(&self) -> Result<NvmmConfig, String> {
+    fn config(&self) -> crate::error::Result<NvmmConfig> {
         let mut c = match &self.config {
             Some(path) => NvmmConfig::from_file(path)
-                .map_err(|e| format!("--config {}: {e}", path.display()))?,
-            None => NvmmConfig::preset(&self.preset).map_err(|e| e.to_string())?,
+                .map_err(|e| Error::config(format!("--config {}", path.display()), e))?,
+            None => NvmmConfig::preset(&self.preset).map_err(|e| Error::config("", e))?,
         };
         for s in &self.set {
-            c.set(s).map_err(|e| format!("--set {s}: {e}"))?;
+            c.set(s)
+                .map_err(|e| Error::config(format!("--set {s}"), e))?;
         }
         Ok(c)
     }
@@ -182,7 +184,7 @@ pub fn dispatch(command: NvmmCommand) -> crate::error::Result<()> {
         },
         NvmmCommand::Presets { verbose } => {
             for (name, text) in NVMM_PRESETS {
-                let c = NvmmConfig::preset(name).map_err(|e| e.to_string())?;
+                let c = NvmmConfig::preset(name).map_err(Error::because)?;
                 println!("{name:<16} {}", c.description);
                 if verbose {
                     println!("{text}");
@@ -193,23 +195,29 @@ pub fn dispatch(command: NvmmCommand) -> crate::error::Result<()> {
     }
 }
 
-fn parse_list<T>(
+/// A comma-separated option: each item parsed by `parse`; a bad one is a
+/// usage error naming `what`, its cause kept.
+fn parse_list<T, E>(
     what: &str,
     list: &str,
-    parse: impl Fn(&str) -> Result<T, String>,
-) -> Result<Vec<T>, String> {
+    parse: impl Fn(&str) -> Result<T, E>,
+) -> crate::error::Result<Vec<T>>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
     let items: Vec<T> = list
         .split(',')
-        .map(|s| parse(s.trim()).map_err(|e| format!("{what}: {e}")))
+        .map(|s| parse(s.trim()).map_err(|e| Error::with_source(ErrorKind::Usage, what, e)))
         .collect::<Result<_, _>>()?;
     if items.is_empty() {
-        return Err(format!("{what}: empty list"));
+        return Err(Error::usage(format!("{what}: empty list")));
     }
     Ok(items)
 }
 
-fn number<T: std::str::FromStr>(s: &str) -> Result<T, String> {
-    s.parse().map_err(|_| format!("'{s}' is not a number"))
+fn number<T: std::str::FromStr>(s: &str) -> crate::error::Result<T> {
+    s.parse()
+        .map_err(|_| Error::usage(format!("'{s}' is not a number")))
 }
 
 /// Print rows as the format asks; the table shows `columns`.
@@ -219,10 +227,16 @@ fn emit<T: Serialize>(
     title: &str,
     rows: &[T],
     columns: &[&str],
-) -> Result<(), String> {
+) -> crate::error::Result<()> {
     match common.format {
-        Format::Json => print_result_json(rows, &Provenance::here().seed(common.seed)),
-        Format::Csv => print_result_csv(rows, &Provenance::here().seed(common.seed)),
+        Format::Json => Ok(print_result_json(
+            rows,
+            &Provenance::here().seed(common.seed),
+        )?),
+        Format::Csv => Ok(print_result_csv(
+            rows,
+            &Provenance::here().seed(common.seed),
+        )?),
         Format::Table => {
             let (header, cells) = table(rows, columns)?;
             println!("{title}  (preset {}, seed {})", config.name, common.seed);
@@ -238,7 +252,7 @@ fn sim_run(a: RunArgs) -> crate::error::Result<()> {
     let workload = match (kind, &a.trace) {
         (WorkloadKind::Trace, Some(path)) => {
             let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("--trace {}: {e}", path.display()))?;
+                .map_err(|e| Error::failed_with(format!("--trace {}", path.display()), e))?;
             Workload::from_trace(&text, config.dram.line_bytes)?
         }
         (WorkloadKind::Trace, None) => return Err("the trace workload needs --trace FILE".into()),
@@ -250,7 +264,7 @@ fn sim_run(a: RunArgs) -> crate::error::Result<()> {
             a.shape.accesses,
             a.shape.footprint_ratio,
         )
-        .map_err(|e| e.to_string())?,
+        .map_err(Error::because)?,
     };
     let systems: Vec<SystemKind> = if a.systems == "all" {
         vec![SystemKind::Nvmm, SystemKind::Ssd, SystemKind::AllDram]
@@ -261,7 +275,7 @@ fn sim_run(a: RunArgs) -> crate::error::Result<()> {
     let mut meter = Meter::new();
     for (i, &system) in systems.iter().enumerate() {
         meter.tick(i, systems.len(), system.name());
-        rows.push(run(&config, system, &workload, a.common.seed).map_err(|e| e.to_string())?);
+        rows.push(run(&config, system, &workload, a.common.seed).map_err(Error::because)?);
     }
     meter.tick(systems.len(), systems.len(), "");
     Ok(emit(
@@ -295,7 +309,7 @@ fn sim_sweep(a: SweepArgs) -> crate::error::Result<()> {
             "--workloads",
             &a.workloads,
             |s| match WorkloadKind::parse(s)? {
-                WorkloadKind::Trace => Err("a sweep runs gups, mmap or sequential".into()),
+                WorkloadKind::Trace => Err(String::from("a sweep runs gups, mmap or sequential")),
                 k => Ok(k),
             },
         )?,
@@ -319,7 +333,7 @@ fn sim_sweep(a: SweepArgs) -> crate::error::Result<()> {
     let points = latency_sweep(&config, &setup, &mut |done, all| {
         meter.tick(done.min(all.saturating_sub(1)), all, "sweep")
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(Error::because)?;
     meter.tick(points.len(), points.len(), "");
     if let Some(path) = &a.plot {
         let svg = plot::stacked_svg(&sweep_charts(&config, &setup, &points), 900, 480);
@@ -352,7 +366,7 @@ fn sim_wear(a: WearArgs) -> crate::error::Result<()> {
     let mut config = a.common.config()?;
     config
         .set(&format!("flash.blocks_per_plane={}", a.blocks_per_plane))
-        .map_err(|e| format!("--blocks-per-plane: {e}"))?;
+        .map_err(|e| Error::failed_with("--blocks-per-plane", e))?;
     if let Some(path) = &a.plot {
         plot::check_output(path, true)?;
     }
@@ -365,7 +379,7 @@ fn sim_wear(a: WearArgs) -> crate::error::Result<()> {
         a.endurance_scale,
         a.common.seed,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(Error::because)?;
     meter.tick(1, 1, "");
     if let Some(path) = &a.plot {
         write_plot(path, &wear_chart(&report, &curve).to_svg(900, 480))?;
@@ -392,7 +406,7 @@ fn sim_wear(a: WearArgs) -> crate::error::Result<()> {
 }
 
 fn write_plot(path: &Path, svg: &str) -> crate::error::Result<()> {
-    plot::write_file(path, svg).map_err(|e| e.to_string())?;
+    plot::write_file(path, svg).map_err(Error::because)?;
     eprintln!("wrote {}", path.display());
     Ok(())
 }
@@ -604,7 +618,8 @@ mod tests {
             vec![1, 2]
         );
         let e = parse_list("--threads", "1,x", number::<u32>).unwrap_err();
-        assert!(e.starts_with("--threads"), "{e}");
+        assert!(e.to_string().starts_with("--threads"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Usage);
         let args = NvmmConfigArgs {
             preset: "nvmm-slc".into(),
             config: None,
@@ -613,7 +628,8 @@ mod tests {
             format: Format::Table,
         };
         let e = args.config().unwrap_err();
-        assert!(e.contains("onfi4"), "{e}");
+        assert!(e.to_string().contains("onfi4"), "{e}");
+        assert_eq!(e.kind(), ErrorKind::Config);
     }
 
     /// The figures of `sweep --plot`, `wear --plot` and the report's NVMM

@@ -18,6 +18,7 @@
 //! loudly: the device's numbers then describe a minority of the run.
 
 use moneta_abi::stats::{ClientStats, OpStats};
+use moneta_model::units::format_mib as mib;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -101,10 +102,14 @@ pub struct ShimReport {
 }
 
 /// Parse one shim report; an error value names what is wrong.
-pub fn parse_shim_report(text: &str) -> Result<ShimReport, String> {
-    let r: ShimReport = serde_json::from_str(text).map_err(|e| e.to_string())?;
+pub fn parse_shim_report(text: &str) -> crate::error::Result<ShimReport> {
+    use crate::error::Error;
+    let r: ShimReport = serde_json::from_str(text).map_err(Error::because)?;
     if r.schema != SHIM_SCHEMA {
-        return Err(format!("schema '{}', expected '{SHIM_SCHEMA}'", r.schema));
+        return Err(Error::failed(format!(
+            "schema '{}', expected '{SHIM_SCHEMA}'",
+            r.schema
+        )));
     }
     Ok(r)
 }
@@ -128,7 +133,7 @@ pub fn read_shim_reports(dir: &Path) -> (Vec<ShimReport>, Vec<String>) {
     names.sort();
     for path in names {
         match std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
+            .map_err(crate::error::Error::because)
             .and_then(|t| parse_shim_report(&t))
         {
             Ok(r) => reports.push(r),
@@ -353,10 +358,6 @@ pub fn build(i: Inputs) -> RunReport {
     }
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
-}
-
 fn op_line(label: &str, o: &OpStats) -> String {
     format!(
         "  {label:<6} {:>9} requests {:>12}   model device time mean {:.2} µs (max {:.2}); posted \
@@ -478,7 +479,10 @@ mod tests {
         assert_eq!(r.kernel_reasons[1].reason, "io-uring");
         assert_eq!(r.notes, ["free text"]);
         let other = FILE.replace("moneta-shim-report/1", "moneta-shim-report/9");
-        assert!(parse_shim_report(&other).unwrap_err().contains("schema"));
+        assert!(parse_shim_report(&other)
+            .unwrap_err()
+            .to_string()
+            .contains("schema"));
         assert!(parse_shim_report("{\"pid\":").is_err());
         assert!(parse_shim_report("[]").is_err());
     }

@@ -780,7 +780,7 @@ fn per_cpu(c: &Config, p: &crate::summary::PointSummary) -> f64 {
 
 /// Dissertation §4.3.4, Figs. 4.5–4.6: preset `moneta-d` with each
 /// completion, 32 threads of 50/50 random requests per size.
-pub fn completion_sweep(ops: u64, seed: u64) -> Result<Vec<CompletionPoint>, String> {
+pub fn completion_sweep(ops: u64, seed: u64) -> crate::error::Result<Vec<CompletionPoint>> {
     let mut out = Vec::new();
     for completion in COMPLETIONS {
         let mut c = preset("moneta-d", Stack::Direct);
@@ -946,7 +946,7 @@ pub struct AsyncPoint {
 /// completion), 50/50 random requests of each size (the op is our
 /// assumption, as the completion experiment's), 1 and 8 threads, each
 /// synchronous and asynchronous ([`async_queue_depth`]).
-pub fn async_sweep(ops: u64, seed: u64) -> Result<Vec<AsyncPoint>, String> {
+pub fn async_sweep(ops: u64, seed: u64) -> crate::error::Result<Vec<AsyncPoint>> {
     let c = preset("moneta-d", Stack::Direct);
     let mut out = Vec::new();
     for threads in ASYNC_THREADS {

@@ -76,6 +76,7 @@ use crate::device::driver::{ChannelRefusal, ChannelRequest, DeviceDriver, Finish
 use crate::device::pipeline::{CommandWords, DeviceCounters};
 use crate::device::protection::{RecordSpec, Update, READ, WRITE};
 use crate::device::tags::TagPool;
+use crate::error::Error;
 use crate::host::extent_map::ExtentMap;
 use crate::host::{
     hard_miss_ns, plan, request_pieces, FileLock, Forwarded, PermissionOutcome, Plan, Step, SERVERS,
@@ -318,8 +319,8 @@ pub fn rate(count: u64, elapsed_ns: Ns) -> f64 {
 }
 
 /// Run `workload` on the configured host stack and device in virtual time.
-pub fn run(config: &Config, workload: &Workload) -> Result<RunResult, String> {
-    config.validate().map_err(|e| e.to_string())?;
+pub fn run(config: &Config, workload: &Workload) -> Result<RunResult, Error> {
+    config.validate()?;
     workload.validate(config.device.capacity_bytes)?;
     Simulation::new(config, workload)?.run(VirtualClock::new())
 }
@@ -365,7 +366,7 @@ struct Simulation<'a> {
 }
 
 impl<'a> Simulation<'a> {
-    fn new(config: &'a Config, workload: &'a Workload) -> Result<Self, String> {
+    fn new(config: &'a Config, workload: &'a Workload) -> Result<Self, Error> {
         let direct = (config.host.stack == Stack::Direct)
             .then(|| DirectLibrary::new(config, workload))
             .transpose()?;
@@ -393,10 +394,10 @@ impl<'a> Simulation<'a> {
         let mut cores = vec![Core::default(); config.host.contexts() as usize];
         if let Some(g) = workload.groups.iter().find(|g| g.queue_depth > 1) {
             if config.host.stack != Stack::Direct || config.direct.completion != Completion::Dma {
-                return Err(format!(
+                return Err(Error::workload(format!(
                     "{}: a queue depth of {} is asynchronous IO, which is Moneta-D's library here (--stack direct with direct.completion = dma); the kernel stacks and the other completions are synchronous",
                     g.name, g.queue_depth
-                ));
+                )));
             }
         }
         let asynchronous_threads: u64 = workload
@@ -406,10 +407,10 @@ impl<'a> Simulation<'a> {
             .map(|g| u64::from(g.threads))
             .sum();
         if asynchronous_threads > cores.len() as u64 {
-            return Err(format!(
+            return Err(Error::workload(format!(
                 "{asynchronous_threads} asynchronous threads each keep a core's thread context (they poll for their completions); the host has {} (host.cores × host.threads_per_core)",
                 cores.len()
-            ));
+            )));
         }
         for (gi, g) in workload.groups.iter().enumerate() {
             let asynchronous = g.queue_depth > 1;
@@ -502,7 +503,7 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    fn run<C: Clock>(mut self, clock: C) -> Result<RunResult, String> {
+    fn run<C: Clock>(mut self, clock: C) -> Result<RunResult, Error> {
         for t in 0..self.threads.len() as u32 {
             self.queue.push(0, Event::Wake(t));
         }
@@ -778,7 +779,7 @@ impl<'a> Simulation<'a> {
     }
 
     /// Run thread `t`'s program from its current step; `t` holds a core.
-    fn advance(&mut self, now: Ns, t: u32) -> Result<(), String> {
+    fn advance(&mut self, now: Ns, t: u32) -> Result<(), Error> {
         let th = &mut self.threads[t as usize];
         th.time.resume(now);
         // Handlers took its core while it worked; a woken thread switches in first.
@@ -889,7 +890,7 @@ impl<'a> Simulation<'a> {
                     let words = encode_command(self.config, tag, th.op, th.addr + offset, len)?;
                     self.driver
                         .submit_command(now, words, piece_token(t, piece))
-                        .map_err(|e| format!("device refused a request: {e}"))?;
+                        .map_err(|e| Error::model("device refused a request", e))?;
                 }
                 Step::NextPiece { from } => {
                     let th = &mut self.threads[t as usize];
@@ -1062,7 +1063,7 @@ impl<'a> Simulation<'a> {
     /// Issue thread `t`'s request on its group's channel: a virtual tag,
     /// then the device's retag and protection stages. `false`: the thread
     /// waits for a tag, or pays a hard miss and retries.
-    fn issue_direct(&mut self, now: Ns, t: u32) -> Result<bool, String> {
+    fn issue_direct(&mut self, now: Ns, t: u32) -> Result<bool, Error> {
         let d = self.direct.as_mut().expect("direct stack");
         let th = &mut self.threads[t as usize];
         let group = th.group;
@@ -1123,7 +1124,7 @@ impl<'a> Simulation<'a> {
                 self.queue.push(now + ns, Event::Resume(t));
                 Ok(false)
             }
-            Err(e) => Err(format!("device refused a request: {e:?}")),
+            Err(e) => Err(Error::model("device refused a request", format!("{e:?}"))),
         }
     }
 
@@ -1257,7 +1258,7 @@ struct DirectLibrary {
 }
 
 impl DirectLibrary {
-    fn new(config: &Config, workload: &Workload) -> Result<Self, String> {
+    fn new(config: &Config, workload: &Workload) -> Result<Self, Error> {
         let maps: Vec<ExtentMap> = workload
             .groups
             .iter()
@@ -1269,12 +1270,12 @@ impl DirectLibrary {
             .enumerate()
             .find(|(_, m)| m.end_bytes() > config.device.capacity_bytes)
         {
-            return Err(format!(
+            return Err(Error::workload(format!(
                 "group {g}'s file of {} extents, with the gaps between non-adjacent ones, ends at byte {} beyond the device's {} (lower direct.file_extents or raise direct.adjacent_fraction)",
                 m.extents(),
                 m.end_bytes(),
                 config.device.capacity_bytes
-            ));
+            )));
         }
         Ok(DirectLibrary {
             virtual_tags: maps
@@ -1339,7 +1340,7 @@ fn encode_command(
     op: Op,
     addr: u64,
     bytes: u64,
-) -> Result<CommandWords, String> {
+) -> Result<CommandWords, Error> {
     let baseline = matches!(config.host.stack, Stack::Base | Stack::NoSched);
     let command = Command {
         tag: tag.0,
@@ -1355,7 +1356,7 @@ fn encode_command(
     } else {
         command::encode_atomic(&command).map(CommandWords::Atomic)
     };
-    words.map_err(|e| format!("the host cannot express this request as a command: {e}"))
+    words.map_err(|e| Error::model("the host cannot express this request as a command", e))
 }
 
 /// The interrupt handler and its lock of a plan that sleeps for its completion.
@@ -1943,7 +1944,8 @@ mod tests {
         let mut kernel = Config::preset("moneta").unwrap();
         kernel.set_stack(Stack::Spin);
         let e = run(&kernel, &w).unwrap_err();
-        assert!(e.contains("asynchronous IO"), "{e}");
+        assert_eq!(e.kind(), crate::ErrorKind::Workload);
+        assert!(e.to_string().contains("asynchronous IO"), "{e}");
         let mut sleep = direct();
         sleep.direct.completion = Completion::IssueSleep;
         assert!(run(&sleep, &w).is_err());
@@ -1951,10 +1953,10 @@ mod tests {
         let c = direct();
         let many = asynchronous(OpMix::Read, 4096, c.host.cores + 1, 2, 100);
         let e = run(&c, &many).unwrap_err();
-        assert!(e.contains("cores"), "{e}");
+        assert!(e.to_string().contains("cores"), "{e}");
         for depth in [0, CHANNEL_TAGS + 1] {
             let e = run(&c, &asynchronous(OpMix::Read, 4096, 1, depth, 100)).unwrap_err();
-            assert!(e.contains("queue depth"), "{e}");
+            assert!(e.to_string().contains("queue depth"), "{e}");
         }
     }
 

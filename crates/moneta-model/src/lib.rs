@@ -24,6 +24,7 @@
 //! - [`config`]: presets as data, overrides, validation.
 //! - [`experiment`]: runs one configured experiment and reports its results.
 //! - [`breakdown`]: where each request's time goes (Table 3.1 / 4.2).
+//! - [`error`]: the crate's one error type (kind, context, cause).
 //! - [`calibration`], [`orderings`]: the published numbers and the published
 //!   "A beats B" orderings beside the model's; [`check`]: one such number.
 
@@ -32,6 +33,7 @@ pub mod calibration;
 pub mod check;
 pub mod config;
 pub mod device;
+pub mod error;
 pub mod experiment;
 pub mod host;
 pub mod kernel;
@@ -43,3 +45,5 @@ pub mod suggest;
 pub mod summary;
 pub mod units;
 pub mod workload;
+
+pub use error::{Error, ErrorKind};

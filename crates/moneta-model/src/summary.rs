@@ -4,6 +4,7 @@
 use crate::breakdown::Breakdown;
 use crate::config::Config;
 use crate::device::power;
+use crate::error::Error;
 use crate::experiment::{run, RunResult};
 use crate::workload::{OpMix, RunLimit, Workload};
 use serde::Serialize;
@@ -159,7 +160,7 @@ pub fn xdd_point(
     threads: u32,
     limit: RunLimit,
     seed: u64,
-) -> Result<PointSummary, String> {
+) -> Result<PointSummary, Error> {
     let w = Workload::xdd(
         op,
         size_bytes,
@@ -172,9 +173,11 @@ pub fn xdd_point(
 }
 
 /// Run a single-group workload and summarize it.
-pub fn workload_point(config: &Config, workload: &Workload) -> Result<PointSummary, String> {
+pub fn workload_point(config: &Config, workload: &Workload) -> Result<PointSummary, Error> {
     if workload.groups.len() != 1 {
-        return Err("a point summary needs a workload of one thread group".into());
+        return Err(Error::workload(
+            "a point summary needs a workload of one thread group",
+        ));
     }
     let r = run(config, workload)?;
     Ok(PointSummary::new(config, workload, &r))

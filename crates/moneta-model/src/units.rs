@@ -12,11 +12,16 @@ use serde::{Deserialize, Serialize};
 /// bytes). "GB" is refused rather than guessed. Zero is a valid count (an
 /// offset); callers that need a size check for it. The one parser of the
 /// command line and of the NBD server's export specifications.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+pub fn parse_bytes(s: &str) -> crate::error::Result<u64> {
+    use crate::error::Error;
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (number, suffix) = t.split_at(digits);
-    let bad = || format!("'{s}': expected bytes, or a number with K, M, G or T (powers of 1024)");
+    let bad = || {
+        Error::parse(format!(
+            "'{s}': expected bytes, or a number with K, M, G or T (powers of 1024)"
+        ))
+    };
     let n: u64 = number.parse().map_err(|_| bad())?;
     let shift = match suffix.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
@@ -27,13 +32,15 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
         _ => return Err(bad()),
     };
     n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("'{s}': more than 16 EiB"))
+        .ok_or_else(|| Error::parse(format!("'{s}': more than 16 EiB")))
 }
 
 /// [`parse_bytes`] for sizes: zero is refused.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> crate::error::Result<u64> {
     match parse_bytes(s)? {
-        0 => Err(format!("'{s}': a size must be at least 1 byte")),
+        0 => Err(crate::error::Error::parse(format!(
+            "'{s}': a size must be at least 1 byte"
+        ))),
         n => Ok(n),
     }
 }
@@ -67,6 +74,12 @@ pub fn format_size(bytes: f64, exact: bool, units: &SizeUnits) -> String {
     format!("{number}{}", units[unit])
 }
 
+/// `bytes` in MiB to a tenth (`0.0 MiB`, `1.5 MiB`, `2048.0 MiB`): the
+/// fixed unit of the run report's tables, where columns compare.
+pub fn format_mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
 /// A number in a label: `v` with at most three decimals and no trailing
 /// zeros (`1.5`, `2`, `0.125`). What sizes ([`format_size`]) and plot axis
 /// ticks print, where a value is as exact as it was given.
@@ -96,9 +109,9 @@ pub fn format_table_number(v: f64) -> String {
 
 /// A comma-separated list of sizes (`--sizes 512,4k,1M`); `what` names
 /// the option in errors.
-pub fn parse_size_list(what: &str, list: &str) -> Result<Vec<u64>, String> {
+pub fn parse_size_list(what: &str, list: &str) -> crate::error::Result<Vec<u64>> {
     list.split(',')
-        .map(|s| parse_size(s).map_err(|e| format!("{what}: {e}")))
+        .map(|s| parse_size(s).map_err(|e| e.context(what)))
         .collect()
 }
 
@@ -231,10 +244,12 @@ mod tests {
         assert_eq!(format_size(262_144.0, true, &ARG_UNITS), "256k");
         assert_eq!(format_size((3u64 << 30) as f64, true, &IEC_UNITS), "3 GiB");
         assert_eq!(format_size(4096.0, false, &LEGEND_UNITS), "4 KB");
+        assert_eq!(format_mib(0), "0.0 MiB");
+        assert_eq!(format_mib(3 << 19), "1.5 MiB");
         assert_eq!(format_size(0.5, false, &SHORT_UNITS), "0.5");
         for n in [1u64, 512, 4096, 1 << 20, 3 << 40, 12_345 << 10] {
             let arg = format_size(n as f64, true, &ARG_UNITS);
-            assert_eq!(parse_size(&arg), Ok(n), "{arg}");
+            assert_eq!(parse_size(&arg).ok(), Some(n), "{arg}");
         }
     }
 
@@ -253,13 +268,13 @@ mod tests {
 
     #[test]
     fn sizes_take_binary_suffixes_and_refuse_guesses() {
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("0"), Ok(0));
-        assert_eq!(parse_size("4k"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("4g"), Ok(4 << 30));
-        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        assert_eq!(parse_bytes("4096").ok(), Some(4096));
+        assert_eq!(parse_bytes("0").ok(), Some(0));
+        assert_eq!(parse_size("4k").ok(), Some(4096));
+        assert_eq!(parse_size("64K").ok(), Some(64 << 10));
+        assert_eq!(parse_size("512MiB").ok(), Some(512 << 20));
+        assert_eq!(parse_size("4g").ok(), Some(4 << 30));
+        assert_eq!(parse_size("1T").ok(), Some(1 << 40));
         assert!(parse_size("4GB").is_err());
         assert!(parse_size("0").is_err());
         assert!(parse_size("-1").is_err());

@@ -119,7 +119,7 @@ impl Layering {
     /// A configuration file (see [`Layering::load_toml`]); a file without
     /// `name` is named after the file (`my-array.toml` → `my-array`).
     pub fn load_file<T: Layered>(&self, path: &std::path::Path) -> Result<T, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| err("", e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::caused("", e))?;
         let stem = path
             .file_stem()
             .map_or("config".into(), |s| s.to_string_lossy());
@@ -197,7 +197,7 @@ impl Layering {
         let (key, raw) = (key.trim(), raw.trim());
         let mut tree = Value::try_from(config).map_err(|e| err(key, e.to_string()))?;
         let old = lookup_mut(&mut tree, key)?;
-        let mut top = coerce_like(old, parse_value(raw)).map_err(|m| err(key, m))?;
+        let mut top = coerce_like(key, old, parse_value(raw))?;
         for part in key.rsplit('.') {
             top = Value::Table(Table::from_iter([(part.to_string(), top)]));
         }

@@ -21,29 +21,73 @@ use crate::units::{transfer_ns, Ns};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A configuration error: which key, and what is wrong with it.
-#[derive(Debug, Clone, PartialEq)]
+/// A configuration error: which key, what is wrong with it, and what it
+/// came from when something else failed first (the file that could not be
+/// read), kept as its [`source`](std::error::Error::source). The model's
+/// [`crate::Error`] carries it as the cause of an `ErrorKind::Config`.
+#[derive(Debug, Clone)]
 pub struct ConfigError {
     pub key: String,
     pub message: String,
+    cause: Option<std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.key.is_empty() {
-            write!(f, "{}", self.message)
-        } else {
-            write!(f, "{}: {}", self.key, self.message)
+impl ConfigError {
+    /// `key` could not be read because of `cause` (its text is the message).
+    pub(crate) fn caused(
+        key: &str,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> ConfigError {
+        ConfigError {
+            key: key.to_string(),
+            message: String::new(),
+            cause: Some(std::sync::Arc::new(cause)),
         }
     }
 }
 
-impl std::error::Error for ConfigError {}
+/// Two errors are the same when they name the same key and say the same;
+/// their causes are not compared.
+impl PartialEq for ConfigError {
+    fn eq(&self, other: &ConfigError) -> bool {
+        self.key == other.key && self.message == other.message
+    }
+}
+
+/// `key: message: cause`, each part only when there is one.
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cause = self.cause.as_ref().map(|c| c.to_string());
+        let parts = [
+            Some(self.key.as_str()),
+            Some(self.message.as_str()),
+            cause.as_deref(),
+        ];
+        let mut first = true;
+        for part in parts.into_iter().flatten().filter(|p| !p.is_empty()) {
+            if !first {
+                f.write_str(": ")?;
+            }
+            f.write_str(part)?;
+            first = false;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
 
 pub(crate) fn err(key: &str, message: impl Into<String>) -> ConfigError {
     ConfigError {
         key: key.to_string(),
         message: message.into(),
+        cause: None,
     }
 }
 
@@ -958,26 +1002,27 @@ impl FabricTiming {
         let bytes_per_s = n.link_bits_per_s / 8.0;
         let min_frame_ns = transfer_ns(packet::arrival_bytes(HEADER_BYTES), bytes_per_s);
         let min_packet_buffer_ns = packet_buffer_tail_ns(n, HEADER_BYTES);
-        let switch_ns = n
-            .extra_hop_ns
-            .checked_sub(min_frame_ns)
-            .ok_or_else(|| ConfigError {
-                key: "network.extra_hop_ns".into(),
-                message: format!(
+        let switch_ns = n.extra_hop_ns.checked_sub(min_frame_ns).ok_or_else(|| {
+            err(
+                "network.extra_hop_ns",
+                format!(
                     "{} ns is less than a minimum frame on the link ({min_frame_ns} ns)",
                     n.extra_hop_ns
                 ),
-            })?;
+            )
+        })?;
         let nics_ns = n
             .min_one_way_ns
             .checked_sub(2 * min_frame_ns + switch_ns + min_packet_buffer_ns)
-            .ok_or_else(|| ConfigError {
-                key: "network.min_one_way_ns".into(),
-                message: format!(
-                    "{} ns is less than two links, a switch and the packet buffer take ({} ns)",
-                    n.min_one_way_ns,
-                    2 * min_frame_ns + switch_ns + min_packet_buffer_ns
-                ),
+            .ok_or_else(|| {
+                err(
+                    "network.min_one_way_ns",
+                    format!(
+                        "{} ns is less than two links, a switch and the packet buffer take ({} ns)",
+                        n.min_one_way_ns,
+                        2 * min_frame_ns + switch_ns + min_packet_buffer_ns
+                    ),
+                )
             })?;
         Ok(FabricTiming {
             nic_tx_ns: nics_ns.div_ceil(2),
@@ -1070,19 +1115,27 @@ pub(crate) fn parse_value(raw: &str) -> toml::Value {
 }
 
 /// Integers are accepted where floats are expected (`link.bandwidth_bytes_per_s=1e9` or `=1000000000`).
-pub(crate) fn coerce_like(old: &toml::Value, new: toml::Value) -> Result<toml::Value, String> {
+/// An error names `key`.
+pub(crate) fn coerce_like(
+    key: &str,
+    old: &toml::Value,
+    new: toml::Value,
+) -> Result<toml::Value, ConfigError> {
     match (old, new) {
         (toml::Value::Float(_), toml::Value::Integer(i)) => Ok(toml::Value::Float(i as f64)),
         (toml::Value::Integer(_), toml::Value::Float(f)) if f.fract() == 0.0 && f >= 0.0 => {
             Ok(toml::Value::Integer(f as i64))
         }
-        (toml::Value::Table(_), _) => Err("is a section, not a value".to_string()),
+        (toml::Value::Table(_), _) => Err(err(key, "is a section, not a value")),
         (old, new) if std::mem::discriminant(old) == std::mem::discriminant(&new) => Ok(new),
-        (old, new) => Err(format!(
-            "expected {}, got {} '{}'",
-            old.type_str(),
-            new.type_str(),
-            new
+        (old, new) => Err(err(
+            key,
+            format!(
+                "expected {}, got {} '{}'",
+                old.type_str(),
+                new.type_str(),
+                new
+            ),
         )),
     }
 }

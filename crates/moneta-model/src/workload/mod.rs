@@ -34,15 +34,15 @@ impl OpMix {
         }
     }
 
-    pub fn parse(s: &str) -> Result<OpMix, String> {
+    pub fn parse(s: &str) -> crate::error::Result<OpMix> {
         match s {
             "read" => Ok(OpMix::Read),
             "write" => Ok(OpMix::Write),
             "mixed" => Ok(OpMix::Mixed(0.5)),
-            _ => Err(format!(
+            _ => Err(crate::error::Error::parse(format!(
                 "unknown op '{s}'{} (expected read, write or mixed)",
                 crate::suggest::did_you_mean(s, ["read", "write", "mixed"])
-            )),
+            ))),
         }
     }
 
@@ -178,9 +178,9 @@ impl Workload {
         self.groups.iter().map(|g| g.threads).sum()
     }
 
-    pub fn validate(&self, capacity_bytes: u64) -> Result<(), String> {
+    pub fn validate(&self, capacity_bytes: u64) -> crate::error::Result<()> {
         if self.groups.is_empty() || self.groups.iter().all(|g| g.threads == 0) {
-            return Err("the workload has no threads".into());
+            return Err(crate::error::Error::workload("the workload has no threads"));
         }
         let requesters: u64 = self
             .groups
@@ -188,42 +188,48 @@ impl Workload {
             .map(|g| u64::from(g.threads) * u64::from(g.queue_depth.max(1)))
             .sum();
         if requesters > MAX_REQUESTERS {
-            return Err(format!(
+            return Err(crate::error::Error::workload(format!(
                 "{requesters} requesters (threads × queue depth) in one run: at most {MAX_REQUESTERS}"
-            ));
+            )));
         }
         for g in &self.groups {
             if g.size_bytes == 0 || g.size_bytes % 512 != 0 {
-                return Err(format!(
+                return Err(crate::error::Error::workload(format!(
                     "{}: size {} must be a positive multiple of 512 B",
                     g.name, g.size_bytes
-                ));
+                )));
             }
             if g.region_bytes < g.size_bytes {
-                return Err(format!("{}: region smaller than one request", g.name));
+                return Err(crate::error::Error::workload(format!(
+                    "{}: region smaller than one request",
+                    g.name
+                )));
             }
             if g.region_offset_bytes.saturating_add(g.region_bytes) > capacity_bytes {
-                return Err(format!(
+                return Err(crate::error::Error::workload(format!(
                     "{}: region exceeds the device capacity {capacity_bytes}",
                     g.name
-                ));
+                )));
             }
             if !(1..=CHANNEL_TAGS).contains(&g.queue_depth) {
-                return Err(format!(
+                return Err(crate::error::Error::workload(format!(
                     "{}: queue depth {} must be 1 (synchronous) to {CHANNEL_TAGS} (a channel's tags)",
                     g.name, g.queue_depth
-                ));
+                )));
             }
             if let OpMix::Mixed(p) = g.op {
                 if !(0.0..=1.0).contains(&p) {
-                    return Err(format!("{}: read fraction {p} outside 0..1", g.name));
+                    return Err(crate::error::Error::workload(format!(
+                        "{}: read fraction {p} outside 0..1",
+                        g.name
+                    )));
                 }
             }
         }
         match self.limit {
-            RunLimit::Ops(0) | RunLimit::DurationNs(0) => {
-                Err("the run limit must be positive".into())
-            }
+            RunLimit::Ops(0) | RunLimit::DurationNs(0) => Err(crate::error::Error::workload(
+                "the run limit must be positive",
+            )),
             _ => Ok(()),
         }
     }
