@@ -3,8 +3,8 @@
 //! (issue 12 items 1, 2, 5): checksummed 4 KB and 8 KB blocks written and
 //! read back with zero errors under 1% loss, 0.1% corruption and
 //! reordering; a too-small MTU is an error. The namespaces and links are
-//! removed by a Drop guard, also on failure. Skipped (with a message) when
-//! not root.
+//! removed by a Drop guard, also on failure. Fails without root
+//! (`moneta_testkit::require_root`; `MONETA_TEST_SKIP_UNAVAILABLE=1` skips).
 
 mod common;
 
