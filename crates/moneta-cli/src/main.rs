@@ -754,7 +754,7 @@ fn sim_sweep(a: SweepArgs) -> Result<()> {
             ""
         );
     }
-    let partial = (points.len() < mine.len()).then(|| (points.len(), mine.len()));
+    let partial = (points.len() < mine.len()).then_some((points.len(), mine.len()));
     let provenance = sim_provenance(a.model.seed, limit).partial(partial.is_some());
     output::print_points(
         &points,

@@ -278,7 +278,7 @@ fn sim_run(a: RunArgs) -> crate::error::Result<()> {
         rows.push(run(&config, system, &workload, a.common.seed).map_err(Error::because)?);
     }
     meter.tick(systems.len(), systems.len(), "");
-    Ok(emit(
+    emit(
         &a.common,
         &config,
         &format!(
@@ -299,7 +299,7 @@ fn sim_run(a: RunArgs) -> crate::error::Result<()> {
             "flash_programs",
             "flash_erases",
         ],
-    )?)
+    )
 }
 
 fn sim_sweep(a: SweepArgs) -> crate::error::Result<()> {
@@ -339,7 +339,7 @@ fn sim_sweep(a: SweepArgs) -> crate::error::Result<()> {
         let svg = plot::stacked_svg(&sweep_charts(&config, &setup, &points), 900, 480);
         write_plot(path, &svg)?;
     }
-    Ok(emit(
+    emit(
         &a.common,
         &config,
         &format!(
@@ -359,7 +359,7 @@ fn sim_sweep(a: SweepArgs) -> crate::error::Result<()> {
             "slowdown_vs_dram",
             "nvmm_hit_rate",
         ],
-    )?)
+    )
 }
 
 fn sim_wear(a: WearArgs) -> crate::error::Result<()> {
@@ -384,7 +384,7 @@ fn sim_wear(a: WearArgs) -> crate::error::Result<()> {
     if let Some(path) = &a.plot {
         write_plot(path, &wear_chart(&report, &curve).to_svg(900, 480))?;
     }
-    Ok(emit(
+    emit(
         &a.common,
         &config,
         "NVMM wear (SPEC §7 estimates: one 8 Gb device with a 32 GB cache, moderate load: \
@@ -402,7 +402,7 @@ fn sim_wear(a: WearArgs) -> crate::error::Result<()> {
             "years_to_half_1000_devices",
             "years_to_end_1000_devices",
         ],
-    )?)
+    )
 }
 
 fn write_plot(path: &Path, svg: &str) -> crate::error::Result<()> {
