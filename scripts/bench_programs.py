@@ -3,7 +3,7 @@
 (issues 4, 8 and 11; README "Unmodified programs" and "NBD and the kernel
 path"): fio 512 B / 4 KiB random reads and writes, SQLite transactions,
 Berkeley DB transactions, and the growth suite of issue 8 (creating and
-extending files: tar extract, cp into the mount, SQLite with a WAL and with
+extending files: fio randwrite on a new sparse file, tar extract, cp into the mount, SQLite with a WAL and with
 a rollback journal, pgbench -i), on the same preset, in one run, on these
 sides:
 
@@ -173,7 +173,17 @@ def growth_workloads(work):
             return timed(prefix + ["sqlite3", os.path.join(d, "g.db")], input=script)
         return go
 
+    def fio_new_file(prefix, mount):
+        # A new sparse file (fio sizes it with ftruncate), written at random:
+        # growth into holes (1 MiB chunks), no fsync.
+        d = fresh(mount, "fio")
+        return timed(prefix + ["fio", "--name=g", f"--filename={os.path.join(d, 'f')}",
+                               "--rw=randwrite", "--bs=4k", "--size=64m", "--ioengine=psync",
+                               "--fallocate=none", "--output-format=terse"])
+
     workloads = [
+        ("fio randwrite, new file", "fio randwrite 4 KiB psync over a new 64 MiB sparse file",
+         fio_new_file),
         ("tar extract", f"tar -xf of 2000 files (1-64 KiB, {os.path.getsize(archive) >> 20} MiB)", tar),
         ("cp into the mount", "cp -r of the same tree and a 128 MiB file", cp),
         ("SQLite WAL", f"{inserts} autocommit inserts, journal_mode=WAL", sqlite_script(wal)),
@@ -227,6 +237,9 @@ def growth(sides, repeats):
     try:
         rows = []
         for name, what, go in growth_workloads(work):
+            # The 1-minute load average around the row: on a shared machine
+            # the direct side's threads wait for a core at every request.
+            load = [os.getloadavg()[0]]
             times = {side: [] for side, _, _ in sides}
             verdicts = {}
             for _ in range(repeats):
@@ -236,9 +249,10 @@ def growth(sides, repeats):
                     v = run_verdict(prefix)
                     if v:
                         verdicts[side] = v  # the last repeat's
+            load.append(os.getloadavg()[0])
             rows.append({"workload": name, "what": what,
                          "seconds": {side: sorted(t)[repeats // 2] for side, t in times.items()},
-                         "verdicts": verdicts})
+                         "verdicts": verdicts, "load_average": load})
         return rows
     finally:
         subprocess.run(["rm", "-rf", work], check=True)
@@ -370,7 +384,8 @@ def main():
         print(f"growth, seconds (median of {a.repeats}, alternating):")
         for g in results["growth"]:
             print(f"  {g['workload']:<26}" + "".join(
-                f"  {n} {t:.3f}" for n, t in g["seconds"].items()) + f"   ({g['what']})")
+                f"  {n} {t:.3f}" for n, t in g["seconds"].items()) + f"   ({g['what']}; load "
+                + " -> ".join(f"{x:.1f}" for x in g["load_average"]) + ")")
             print_verdicts(g["verdicts"])
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
