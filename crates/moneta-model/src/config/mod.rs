@@ -410,6 +410,19 @@ pub struct HostConfig {
     /// gets ([`WakeOnCore`]); its latency is the same either way.
     #[serde(default)]
     pub wake_on_core: WakeOnCore,
+    /// Base only (its interrupt handler runs in the no-op scheduler's one
+    /// context, `Server::IoScheduler`): the completion's wake-up of the
+    /// sleeper beyond SPEC §2.2's switch (Table 3.1's wake-up less the
+    /// 2 µs: 2.3 µs reads, 1.6 µs writes) runs in that context too, after
+    /// the handler and before the context serves anything else; the switch
+    /// runs on the core the thread gets. MICRO'10 §IV: "The no-op scheduler
+    /// is single-threaded so it removes any parallelism in request
+    /// handling"; Linux 2.6.18 wakes an O_DIRECT waiter from the request's
+    /// completion (fs/direct-io.c `dio_bio_end_io` → `wake_up_process`),
+    /// i.e. inside the request handling that context serializes. The CPU
+    /// per request and a lone request's latency are `wake_on_core`'s.
+    #[serde(default)]
+    pub wake_in_scheduler: bool,
     /// With `threads_per_core` above 1: the share of its own speed a
     /// context's software runs at while a sibling context of its core holds
     /// a thread (computing, spinning or polling: a spin loop executes), in
