@@ -72,9 +72,12 @@ fn short_schedules_keep_every_acknowledged_write() {
 /// two holders asked at once to discard their own side. Exactly one of
 /// the two contradicting resolves may be granted (two grants are a
 /// violation), and the copies converge on the winner's.
+///
+/// A force step that finds no outdated copy makes one: it cuts a node off
+/// from every peer (its copies go outdated, its partners' on alone) and
+/// forces its copies `SPLIT_FORCE_NS` later, with nothing healing the cut
+/// until then (before, these schedules made no split brain at all).
 #[test]
-#[ignore = "these schedules make no split brain yet: no force step finds an outdated copy (make \
-            san-sim runs the nemesis)"]
 fn operator_split_brains_are_resolved_once() {
     let seed = seed();
     let mut kinds = std::collections::BTreeMap::new();
@@ -181,11 +184,16 @@ fn the_triaged_seeds_pass() {
 /// reaches the copy; the writer tells both holders once both acknowledged
 /// (a peer acknowledgement) and the mark is cleared; a mark left when the
 /// holders meet again is settled as the unsure granules of a lost partner
-/// are (`settle_unsure`). Its cost is a dirty-map fdatasync per new granule
-/// on each holder, so it needs an extent log first (README).
+/// are (`settle_unsure`).
+///
+/// Fixed (`engine/port.rs`, `PortState::remote`, `PEER_ACK_TAG`): the
+/// holders keep a receiving-side activity log of a non-holder's writes,
+/// durable before the bytes land; the writer's peer acknowledgement
+/// forgets it (or, for a failed write, settles it), and a writer lost
+/// before it said settles its granules with a partner that is up at once.
+/// Its cost is a dirty-map fdatasync per newly marked granule on each
+/// holder (an extent log would batch them).
 #[test]
-#[ignore = "seed 71930362: a writer that holds no copy dies mid-write and the copies differ (no \
-            peer acknowledgement yet)"]
 fn seed_71930362_copies_converge_after_failed_writes() {
     assert_schedule_holds_ops(71930362, 3000);
 }
