@@ -876,7 +876,7 @@ impl Sim<'_> {
         let c = self.contests.len();
         self.contests.push((slice, [None, None]));
         // The order the two requests are made in comes from the seed too.
-        let order = if k / both.len() % 2 == 0 {
+        let order = if (k / both.len()).is_multiple_of(2) {
             [0, 1]
         } else {
             [1, 0]

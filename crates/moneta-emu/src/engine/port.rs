@@ -512,6 +512,13 @@ impl PortState {
         }
     }
 
+    /// Mark granule `g` unsure with respect to `partner` (an activity log's).
+    fn mark_unsure(&mut self, partner: u16, g: u64) {
+        self.port
+            .dirty
+            .mark(unsure(partner), g * GRANULE_BYTES, GRANULE_BYTES);
+    }
+
     /// `writer`'s mirrored write on granule `g` (with respect to
     /// `partner`) finished here: both copies took it (`ok`), or it failed
     /// or its outcome is unknown (the writer was lost). The last write on
@@ -1102,17 +1109,7 @@ impl<C: Clock> DeviceThread<C> {
 
     /// Send the refusals the window held back.
     fn send_refusals(&mut self, state: &mut PortState, now: Ns) -> bool {
-        let mut worked = false;
-        while let Some(&(peer, header)) = state.refusals_out.front() {
-            match state.port.endpoint.send(now, peer, header, &[]) {
-                Err(WireError::WindowFull { .. }) => break,
-                _ => {
-                    worked = true;
-                    state.refusals_out.pop_front();
-                }
-            }
-        }
-        worked
+        send_queued(&mut state.port.endpoint, &mut state.refusals_out, now)
     }
 
     /// `moneta san resolve --discard` on this node: its writes in the
@@ -1861,10 +1858,7 @@ impl<C: Clock> DeviceThread<C> {
             });
         for &(partner, g) in was_unsure.iter().chain(&granules) {
             state.active.entry((partner, g)).or_insert((0, false)).0 += 1;
-            state
-                .port
-                .dirty
-                .mark(unsure(partner), g * GRANULE_BYTES, GRANULE_BYTES);
+            state.mark_unsure(partner, g);
         }
         if state.flush_dirty(now) {
             return true;
@@ -2115,10 +2109,7 @@ impl<C: Clock> DeviceThread<C> {
             if e.0.insert(from) {
                 new.push(key);
             }
-            state
-                .port
-                .dirty
-                .mark(unsure(partner), g * GRANULE_BYTES, GRANULE_BYTES);
+            state.mark_unsure(partner, g);
         }
         if state.flush_dirty(now) {
             return true;
@@ -2198,17 +2189,7 @@ impl<C: Clock> DeviceThread<C> {
     /// cannot go to a failed peer is dropped: it orphans the write there
     /// when it loses this node (`orphan_writes`).
     fn send_peer_acks(&mut self, state: &mut PortState, now: Ns) -> bool {
-        let mut worked = false;
-        while let Some(&(peer, header)) = state.peer_acks_out.front() {
-            match state.port.endpoint.send(now, peer, header, &[]) {
-                Err(WireError::WindowFull { .. }) => break,
-                _ => {
-                    worked = true;
-                    state.peer_acks_out.pop_front();
-                }
-            }
-        }
-        worked
+        send_queued(&mut state.port.endpoint, &mut state.peer_acks_out, now)
     }
 
     /// A peer's request on this node's copy of a slice whose state forbids
@@ -2449,6 +2430,26 @@ impl<C: Clock> DeviceThread<C> {
         }
         worked
     }
+}
+
+/// Send the payload-less completions of `queue` while the window takes
+/// them (one to a failed peer is dropped). Returns whether any went.
+fn send_queued(
+    endpoint: &mut Endpoint<Box<dyn Transport + Send>>,
+    queue: &mut VecDeque<(u16, PacketHeader)>,
+    now: Ns,
+) -> bool {
+    let mut worked = false;
+    while let Some(&(peer, header)) = queue.front() {
+        match endpoint.send(now, peer, header, &[]) {
+            Err(WireError::WindowFull { .. }) => break,
+            _ => {
+                worked = true;
+                queue.pop_front();
+            }
+        }
+    }
+    worked
 }
 
 /// The (partner, granule) pairs of the mirrored copies held here that a
