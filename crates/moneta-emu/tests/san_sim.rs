@@ -234,3 +234,30 @@ fn assert_schedule_holds_ops(seed: u64, ops: u64) {
     );
     assert!(r.final_reads >= 24 * 3, "seed {seed}: every block read");
 }
+
+/// Found by the first long run with operator-made split brains reaching
+/// them (`moneta san sim-protocol --minutes 17 --max-ops 10000000 --jobs 2
+/// --ops 20000 --keep-going --split-brains --seed 39300000`); not triaged.
+/// Both pass without `--split-brains`. 39300064: both contested resolves
+/// were decided once (slice 1 at 7.36 s, slice 0 at 10.89 s: n0's side
+/// discarded, n1's wins), then a stale read of block 0 (slice 0) through
+/// n2 and n1 at 12.005 s, v385 where v386 was acknowledged. 39300066:
+/// copies of slice 0 differ after the final recovery (block 0 v246 on n0,
+/// v244 on n1). Whether the protocol (a resync after a discard) or the
+/// model's floors after a granted resolve are wrong is not known yet.
+#[test]
+#[ignore = "seeds 39300064, 39300066 with --split-brains: not triaged (a stale read after a \
+            granted discard; copies that differ after the final recovery)"]
+fn split_brain_seeds_of_the_first_long_run() {
+    for seed in [39300064, 39300066] {
+        let mut o = SimOptions::new(seed, 20000, &dir(&format!("split-{seed}")));
+        o.split_brains = true;
+        let r = san_sim::run(&o).unwrap();
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {:#?}\nreplay: moneta san sim-protocol --seed {seed} --ops 20000 \
+             --split-brains --trace",
+            r.violations
+        );
+    }
+}
