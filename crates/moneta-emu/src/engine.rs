@@ -1090,6 +1090,7 @@ impl<C: Clock> DeviceThread<C> {
             };
             if let Some((addr, len)) = write {
                 self.activity_end(addr, len, code == ResultCode::Ok);
+                self.peer_ack(posted, addr, len, code == ResultCode::Ok);
             }
             self.count_for_client(channel, tag, code, &f, posted);
             self.finish(channel, tag, code, due);

@@ -80,6 +80,16 @@ const FINAL_RETRY_NS: Ns = 50_000_000;
 /// After a recovery, the resolve comes this much later (the peers meet
 /// again within the silence bound; then a split brain is known).
 const RECOVER_RESOLVE_NS: Ns = 1_500_000_000;
+/// An operator making a split brain (`SimOptions::split_brains`) cuts a
+/// node off and forces its copies this much later: past the lease (half
+/// the wire's 1 s silence bound) and the tie-breaker's grace, when the cut
+/// node's copies are outdated (it reaches no majority) and its partners'
+/// go on alone.
+const SPLIT_FORCE_NS: Ns = 1_500_000_000;
+/// And then leaves both sides writing this long before anything heals,
+/// kills or fills a disk (a kill of a third node would take the majority
+/// from the partner's side, which then writes nothing: no split brain).
+const SPLIT_WRITE_NS: Ns = 1_000_000_000;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
@@ -305,6 +315,12 @@ struct Sim<'a> {
     step_at: Ns,
     /// The last step of the virtual clock (`advance`).
     step_ns: Ns,
+    /// An operator making a split brain: the node cut off, and when its
+    /// outdated copies are forced (`SPLIT_FORCE_NS`). Until then nothing
+    /// heals it.
+    split_plan: Option<(Ns, u16)>,
+    /// After its force, until when the split brain's two sides write.
+    split_hold: Ns,
 }
 
 fn san_text(nodes: u16) -> String {
@@ -381,6 +397,8 @@ impl<'a> Sim<'a> {
             contests: Vec::new(),
             step_at: u64::MAX,
             step_ns: TICK_NS,
+            split_plan: None,
+            split_hold: 0,
         })
     }
 
@@ -724,6 +742,9 @@ impl Sim<'_> {
         if let Some((t, _)) = self.recover_resolve {
             due = due.min(t);
         }
+        if let Some((t, _)) = self.split_plan {
+            due = due.min(t);
+        }
         due
     }
 
@@ -855,7 +876,7 @@ impl Sim<'_> {
         let c = self.contests.len();
         self.contests.push((slice, [None, None]));
         // The order the two requests are made in comes from the seed too.
-        let order = if k / both.len() % 2 == 0 {
+        let order = if (k / both.len()).is_multiple_of(2) {
             [0, 1]
         } else {
             [1, 0]
@@ -959,10 +980,123 @@ impl Sim<'_> {
         }
     }
 
+    /// `resolve --force` on node `i` (with operator-made split brains, on
+    /// the first live node from `i` on with an outdated copy).
+    fn force_step(&mut self, i: u16) -> Result<(), String> {
+        let i = if self.o.split_brains {
+            self.force_target(i)
+        } else {
+            i
+        };
+        // The operator forces a copy whose partner is down (the
+        // force's contract: "it may lack writes the partner
+        // acknowledged before it went down"). A partner that is
+        // alive behind a cut would go on writing too: two sides
+        // taking writes, a split brain by the operator's choice,
+        // which no single history of a block describes.
+        let outdated: Vec<(u32, u16)> = self.nodes[i as usize]
+            .sim
+            .as_ref()
+            .expect("alive")
+            .slices()
+            .iter()
+            .filter(|x| x.state == "outdated")
+            .map(|x| (x.slice, x.partner))
+            .collect();
+        let mut partner_down: Vec<u32> = outdated
+            .iter()
+            .filter(|&&(_, p)| !self.alive(p))
+            .map(|&(s, _)| s)
+            .collect();
+        // With operator-made split brains, a partner alive behind
+        // a cut too: the force's own check (the partner is
+        // unreachable from here) is all that stops it.
+        let mut split = Vec::new();
+        if self.o.split_brains && partner_down.is_empty() {
+            split = outdated.iter().map(|&(s, _)| s).collect();
+            partner_down.clone_from(&split);
+        }
+        if partner_down.is_empty() {
+            self.did(
+                "skipped",
+                format!("force n{i}: no outdated copy whose partner is down"),
+            );
+            return Ok(());
+        }
+        let sim = self.nodes[i as usize].sim.as_mut().expect("alive");
+        let r: Vec<Result<String, String>> = partner_down
+            .iter()
+            .map(|&s| sim.force(Some(s as usize)))
+            .collect();
+        let after: BTreeSet<u32> = self.slices_in(i, "up-to-date").into_iter().collect();
+        let forced: Vec<u32> = partner_down
+            .into_iter()
+            .filter(|s| after.contains(s))
+            .collect();
+        // The operator accepted the loss of what those copies missed.
+        self.give_up(&forced);
+        // And, the partner alive, two sides now write those slices.
+        for b in 0..self.o.blocks as usize {
+            let slice = (self.addr[b] / self.slice_bytes) as u32;
+            if split.contains(&slice) && forced.contains(&slice) {
+                self.blocks[b].split = true;
+            }
+        }
+        self.did(
+            if forced.is_empty() {
+                "force-refused"
+            } else {
+                "force"
+            },
+            format!("resolve --force n{i}: {r:?} (forced slices {forced:?})"),
+        );
+        Ok(())
+    }
+
+    /// Whether any live node holds an outdated copy.
+    fn any_outdated(&self) -> bool {
+        (0..self.o.nodes).any(|j| !self.slices_in(j, "outdated").is_empty())
+    }
+
+    /// A split brain's force, when due (`split_plan`): the cut node's
+    /// outdated copies are forced while their partners, alive behind the
+    /// cut, go on alone.
+    fn split_due(&mut self) -> Result<(), String> {
+        let Some((t, i)) = self.split_plan else {
+            return Ok(());
+        };
+        if self.now < t {
+            return Ok(());
+        }
+        self.split_plan = None;
+        self.split_hold = self.now + SPLIT_WRITE_NS;
+        if !self.alive(i) || !self.cuts.iter().any(|&(a, _)| a == i) {
+            self.did(
+                "skipped",
+                format!("split brain at n{i}: it is down or no longer cut off"),
+            );
+            return Ok(());
+        }
+        self.force_step(i)
+    }
+
     fn step(&mut self, step: Step) -> Result<(), String> {
         let max_down = (self.o.nodes as usize).saturating_sub(2).max(1);
         let down = self.down();
         match step {
+            Step::Heal(_)
+            | Step::Recover(_)
+            | Step::Lossy(..)
+            | Step::Kill(_)
+            | Step::ReplaceDisk(_)
+            | Step::DiskFull(_)
+                if self.split_plan.is_some() || self.now < self.split_hold =>
+            {
+                self.did(
+                    "skipped",
+                    format!("{step:?}: a split brain is being made (nothing heals it)"),
+                )
+            }
             Step::Kill(i) if !self.alive(i) => {
                 self.did("skipped", format!("kill n{i}: already down"))
             }
@@ -1053,75 +1187,24 @@ impl Sim<'_> {
             Step::Force(i) if !self.alive(i) => {
                 self.did("skipped", format!("force n{i}: it is down"))
             }
-            Step::Force(i) => {
-                let i = if self.o.split_brains {
-                    self.force_target(i)
-                } else {
-                    i
-                };
-                // The operator forces a copy whose partner is down (the
-                // force's contract: "it may lack writes the partner
-                // acknowledged before it went down"). A partner that is
-                // alive behind a cut would go on writing too: two sides
-                // taking writes, a split brain by the operator's choice,
-                // which no single history of a block describes.
-                let outdated: Vec<(u32, u16)> = self.nodes[i as usize]
-                    .sim
-                    .as_ref()
-                    .expect("alive")
-                    .slices()
-                    .iter()
-                    .filter(|x| x.state == "outdated")
-                    .map(|x| (x.slice, x.partner))
-                    .collect();
-                let mut partner_down: Vec<u32> = outdated
-                    .iter()
-                    .filter(|&&(_, p)| !self.alive(p))
-                    .map(|&(s, _)| s)
-                    .collect();
-                // With operator-made split brains, a partner alive behind
-                // a cut too: the force's own check (the partner is
-                // unreachable from here) is all that stops it.
-                let mut split = Vec::new();
-                if self.o.split_brains && partner_down.is_empty() {
-                    split = outdated.iter().map(|&(s, _)| s).collect();
-                    partner_down.clone_from(&split);
-                }
-                if partner_down.is_empty() {
-                    self.did(
-                        "skipped",
-                        format!("force n{i}: no outdated copy whose partner is down"),
-                    );
-                    return Ok(());
-                }
-                let sim = self.nodes[i as usize].sim.as_mut().expect("alive");
-                let r: Vec<Result<String, String>> = partner_down
-                    .iter()
-                    .map(|&s| sim.force(Some(s as usize)))
-                    .collect();
-                let after: BTreeSet<u32> = self.slices_in(i, "up-to-date").into_iter().collect();
-                let forced: Vec<u32> = partner_down
-                    .into_iter()
-                    .filter(|s| after.contains(s))
-                    .collect();
-                // The operator accepted the loss of what those copies missed.
-                self.give_up(&forced);
-                // And, the partner alive, two sides now write those slices.
-                for b in 0..self.o.blocks as usize {
-                    let slice = (self.addr[b] / self.slice_bytes) as u32;
-                    if split.contains(&slice) && forced.contains(&slice) {
-                        self.blocks[b].split = true;
-                    }
-                }
+            Step::Force(i)
+                if self.o.split_brains
+                    && self.split_plan.is_none()
+                    && self.cuts.is_empty()
+                    && self.down() == 0
+                    && !self.any_outdated() =>
+            {
+                // No copy to force: the operator makes one, cutting the
+                // node off (its copies go outdated, its partners' on
+                // alone), and forces it once they are.
+                self.set_partition(i, None);
+                self.split_plan = Some((self.now + SPLIT_FORCE_NS, i));
                 self.did(
-                    if forced.is_empty() {
-                        "force-refused"
-                    } else {
-                        "force"
-                    },
-                    format!("resolve --force n{i}: {r:?} (forced slices {forced:?})"),
+                    "split-cut",
+                    format!("partition n{i} from every peer, to force its copies later"),
                 );
             }
+            Step::Force(i) => self.force_step(i)?,
             Step::Recover(k) => {
                 for i in 0..self.o.nodes {
                     self.heal(i);
@@ -1168,6 +1251,8 @@ impl Sim<'_> {
     /// every node.
     fn finish(&mut self) -> Result<(), String> {
         self.trace("final: heal, restart, resolve, read everything".into());
+        self.split_plan = None;
+        self.split_hold = 0;
         self.step(Step::Recover(0))?;
         self.recover_resolve = None;
         self.step_at = u64::MAX;
@@ -1295,6 +1380,7 @@ fn run_in(o: &SimOptions) -> Result<SimReport, String> {
             step = next;
             s.step_at = s.now + pause;
         }
+        s.split_due()?;
         if let Some((t, k)) = s.recover_resolve {
             if s.now >= t {
                 s.recover_resolve = None;

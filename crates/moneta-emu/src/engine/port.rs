@@ -117,6 +117,15 @@ pub const DISCARD_TAG: u16 = u16::MAX - 3;
 /// decides, once per split brain (ADDR: the slice; OFFSETS: `ASK`,
 /// `GRANTED` or `REFUSED`; SIZE: the node whose writes are discarded).
 pub const RESOLVE_TAG: u16 = u16::MAX - 5;
+/// The TAG of a completion a writer that holds no copy of a slice sends
+/// both holders once its mirrored write there is finished (a peer
+/// acknowledgement, DRBD 9's `P_PEER_ACK`; ADDR: the first granule's
+/// global address; SIZE: how many granules; OFFSETS: `PEER_ACK_OK` if
+/// both copies took it, else 0): the holders' receiving-side activity log
+/// (`PortState::remote`) forgets the granules, or settles them if the
+/// write failed.
+pub const PEER_ACK_TAG: u16 = u16::MAX - 6;
+const PEER_ACK_OK: u16 = 1;
 const ASK: u16 = 1;
 const GRANTED: u16 = 2;
 const REFUSED: u16 = 3;
@@ -294,6 +303,22 @@ pub(super) struct PortState {
     /// with a write on its copy that its partner never got brings the
     /// granule back as unsure, settled at the next meeting (`settle_unsure`).
     active: BTreeMap<(u16, u64), (u32, bool)>,
+    /// The receiving side's activity log (DRBD commit 6719fb036cea, "we
+    /// need to set out of sync and do AL transactions … on the receiving
+    /// side"): (partner, granule) of mirrored writes in flight here from a
+    /// writer that holds no copy of the slice, with the writers and
+    /// whether the granule is to stay unsure (one of its writes failed, or
+    /// it was unsure before). Marked `unsure(partner)` durably before the
+    /// bytes land (`remote_begin`); forgotten on the writer's peer
+    /// acknowledgement (`PEER_ACK_TAG`) of a write both copies took; a
+    /// write that failed, or whose writer was lost before it said
+    /// (`forget_exchange`), leaves the granule unsure and settles it at
+    /// once with a partner that is up (else when they meet): a writer that
+    /// died mid-write no longer leaves the two copies different for good
+    /// (seed 71930362).
+    remote: BTreeMap<(u16, u64), (BTreeSet<u16>, bool)>,
+    /// Peer acknowledgements to send (the window was full).
+    peer_acks_out: VecDeque<(u16, PacketHeader)>,
 }
 
 fn state_code(s: ReplicaState) -> u64 {
@@ -408,6 +433,8 @@ impl PortState {
             dirty_retry_ns: 0,
             flush_error: None,
             active: BTreeMap::new(),
+            remote: BTreeMap::new(),
+            peer_acks_out: VecDeque::new(),
             marked_up: BTreeMap::new(),
         }
     }
@@ -474,10 +501,46 @@ impl PortState {
             if e.0 == 0 {
                 let failed = e.1;
                 self.active.remove(&(partner, g));
-                if !failed {
-                    self.port.dirty.forget_unsure(partner, g * GRANULE_BYTES);
+                match self.remote.get_mut(&(partner, g)) {
+                    // A peer's write in flight on it still decides, and
+                    // this one's failure stays with it.
+                    Some(r) => r.1 |= failed,
+                    None if !failed => self.port.dirty.forget_unsure(partner, g * GRANULE_BYTES),
+                    None => {}
                 }
             }
+        }
+    }
+
+    /// Mark granule `g` unsure with respect to `partner` (an activity log's).
+    fn mark_unsure(&mut self, partner: u16, g: u64) {
+        self.port
+            .dirty
+            .mark(unsure(partner), g * GRANULE_BYTES, GRANULE_BYTES);
+    }
+
+    /// `writer`'s mirrored write on granule `g` (with respect to
+    /// `partner`) finished here: both copies took it (`ok`), or it failed
+    /// or its outcome is unknown (the writer was lost). The last write on
+    /// it leaves the receiving side's log (`remote`), and the granule is
+    /// forgotten as unsure unless one failed (or it was unsure before).
+    fn remote_done(&mut self, partner: u16, g: u64, writer: u16, ok: bool) {
+        let Some(e) = self.remote.get_mut(&(partner, g)) else {
+            return;
+        };
+        if !e.0.remove(&writer) {
+            return;
+        }
+        e.1 |= !ok;
+        if !e.0.is_empty() {
+            return;
+        }
+        let failed = e.1;
+        self.remote.remove(&(partner, g));
+        match self.active.get_mut(&(partner, g)) {
+            Some(a) => a.1 |= failed,
+            None if !failed => self.port.dirty.forget_unsure(partner, g * GRANULE_BYTES),
+            None => {}
         }
     }
 
@@ -706,6 +769,7 @@ impl PortState {
         self.is_quiet()
             && self.port.endpoint.is_idle()
             && self.refusals_out.is_empty()
+            && self.peer_acks_out.is_empty()
             && self.resyncing.is_empty()
             && self.incoming.is_empty()
             && self.retell.is_empty()
@@ -763,6 +827,7 @@ impl<C: Clock> DeviceThread<C> {
         let durable = state.flush_dirty(now);
         worked |= self.send_due(&mut state, now, durable);
         worked |= self.send_refusals(&mut state, now);
+        worked |= self.send_peer_acks(&mut state, now);
         worked |= self.send_asks(&mut state, now);
         worked |= self.resync(&mut state, now);
         if now >= state.last_save_ns + SAVE_INTERVAL_NS || state.port.dirty.is_empty() {
@@ -809,6 +874,46 @@ impl<C: Clock> DeviceThread<C> {
         for slice in routes.shared_slices(peer) {
             state.incoming.remove(&slice);
         }
+        self.orphan_writes(state, peer);
+    }
+
+    /// The mirrored writes of `writer` in flight here (the receiving
+    /// side's log, `PortState::remote`) will never be acknowledged to us:
+    /// the writer was lost, came back or restarted (its peer
+    /// acknowledgements are gone with the session). Their granules stay
+    /// unsure and are settled now with each partner that is up (with a
+    /// partner that is not, when they meet): the writer may have died with
+    /// the write on this copy and not on the partner's.
+    fn orphan_writes(&mut self, state: &mut PortState, writer: u16) {
+        let orphaned: Vec<(u16, u64)> = state
+            .remote
+            .iter()
+            .filter(|(_, e)| e.0.contains(&writer))
+            .map(|(&k, _)| k)
+            .collect();
+        if orphaned.is_empty() {
+            return;
+        }
+        for &(partner, g) in &orphaned {
+            state.remote_done(partner, g, writer, false);
+        }
+        self.settle_failed(state, writer, &orphaned);
+    }
+
+    /// Settle the unsure granules of the slices of `granules` ((partner,
+    /// granule) of failed or orphaned writes of `writer`) with each
+    /// partner that is up, as at a meeting.
+    fn settle_failed(&mut self, state: &mut PortState, writer: u16, granules: &[(u16, u64)]) {
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let slices: BTreeSet<(u16, usize)> = granules
+            .iter()
+            .filter(|&&(p, _)| p != writer && state.liveness.is_up(p))
+            .map(|&(p, g)| (p, routes.slice_of(g * GRANULE_BYTES)))
+            .collect();
+        for (partner, slice) in slices {
+            let wins = self.copy_wins(state, partner, slice);
+            self.settle_unsure(state, partner, slice, wins);
+        }
     }
 
     /// The unsure granules of `slice` with respect to `partner` (a failed
@@ -824,7 +929,8 @@ impl<C: Clock> DeviceThread<C> {
         // outcome settles them (`activity_end`); handed over now, the
         // partner's older version could come over an acknowledged write.
         granules.retain(|&g| {
-            let busy = state.active.contains_key(&(partner, g / GRANULE_BYTES));
+            let key = (partner, g / GRANULE_BYTES);
+            let busy = state.active.contains_key(&key) || state.remote.contains_key(&key);
             if busy {
                 state.port.dirty.mark(unsure(partner), g, GRANULE_BYTES);
             }
@@ -1003,17 +1109,7 @@ impl<C: Clock> DeviceThread<C> {
 
     /// Send the refusals the window held back.
     fn send_refusals(&mut self, state: &mut PortState, now: Ns) -> bool {
-        let mut worked = false;
-        while let Some(&(peer, header)) = state.refusals_out.front() {
-            match state.port.endpoint.send(now, peer, header, &[]) {
-                Err(WireError::WindowFull { .. }) => break,
-                _ => {
-                    worked = true;
-                    state.refusals_out.pop_front();
-                }
-            }
-        }
-        worked
+        send_queued(&mut state.port.endpoint, &mut state.refusals_out, now)
     }
 
     /// `moneta san resolve --discard` on this node: its writes in the
@@ -1762,10 +1858,7 @@ impl<C: Clock> DeviceThread<C> {
             });
         for &(partner, g) in was_unsure.iter().chain(&granules) {
             state.active.entry((partner, g)).or_insert((0, false)).0 += 1;
-            state
-                .port
-                .dirty
-                .mark(unsure(partner), g * GRANULE_BYTES, GRANULE_BYTES);
+            state.mark_unsure(partner, g);
         }
         if state.flush_dirty(now) {
             return true;
@@ -1893,6 +1986,10 @@ impl<C: Clock> DeviceThread<C> {
                 self.heard_resolve(state, from, &h);
                 continue;
             }
+            if h.kind == PacketKind::WriteCompletion && h.tag == PEER_ACK_TAG {
+                self.heard_peer_ack(state, from, &h);
+                continue;
+            }
             if h.kind == PacketKind::WriteCompletion && h.tag == DISCARD_TAG {
                 // The partner discarded its write of this granule: ours goes
                 // to it in the resync.
@@ -1946,10 +2043,153 @@ impl<C: Clock> DeviceThread<C> {
             {
                 continue;
             }
+            if h.kind == PacketKind::WriteRequest && !self.remote_begin(state, now, from, &h, n) {
+                // Its receiving-side log cannot be made durable: the write
+                // does not land, and is refused (the writer fails it).
+                let mut header =
+                    self.header_to(from, PacketKind::WriteCompletion, h.addr, h.tag, 0);
+                header.offsets = h.offsets;
+                header.ctrl |= CTRL_REFUSED;
+                state.refusals_out.push_back((from, header));
+                state.refusal(format!(
+                    "a write from node {from} at its device address {}: the dirty map cannot be \
+                     made durable ({})",
+                    h.addr,
+                    state.stats.dirty_save_error.clone().unwrap_or_default()
+                ));
+                continue;
+            }
             self.arrival_data(state, from, &h, n);
             self.driver.receive_packet(now, from, h);
         }
         worked
+    }
+
+    /// The receiving side's activity log (`PortState::remote`) before a
+    /// mirrored write of `from`, a writer that holds no copy of the slice,
+    /// lands on this copy: each granule is marked unsure with respect to
+    /// the partner, durably. Resync and degraded writes are not (a resync
+    /// comes from the partner; a degraded copy records the partner's miss
+    /// itself), nor a holder's write (its own activity log marks it).
+    /// Returns false when the marks cannot be made durable (they are then
+    /// taken back): the write must not land.
+    fn remote_begin(
+        &mut self,
+        state: &mut PortState,
+        now: Ns,
+        from: u16,
+        h: &PacketHeader,
+        len: usize,
+    ) -> bool {
+        if h.tag == RESYNC_TAG || h.ctrl & CTRL_DEGRADED != 0 || len == 0 {
+            return true;
+        }
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let Some(global) = routes.global_of(h.addr) else {
+            return true;
+        };
+        let slice = routes.slice_of(global);
+        if routes
+            .holders(slice)
+            .is_none_or(|(a, b)| a == from || b == from)
+        {
+            return true;
+        }
+        let granules = active_granules(routes, global, len as u64);
+        let mut new = Vec::new();
+        for &(partner, g) in &granules {
+            let key = (partner, g);
+            let fresh = !state.active.contains_key(&key) && !state.remote.contains_key(&key);
+            // Unsure already by an earlier failed write: it stays so.
+            let was = fresh && state.port.dirty.is_unsure(partner, g * GRANULE_BYTES);
+            let e = state
+                .remote
+                .entry(key)
+                .or_insert_with(|| (BTreeSet::new(), was));
+            if e.0.insert(from) {
+                new.push(key);
+            }
+            state.mark_unsure(partner, g);
+        }
+        if state.flush_dirty(now) {
+            return true;
+        }
+        for (partner, g) in new {
+            state.remote_done(partner, g, from, true);
+        }
+        false
+    }
+
+    /// A writer's peer acknowledgement (`PEER_ACK_TAG`): its write on the
+    /// granules leaves the receiving side's log; a failed one settles them
+    /// with the partner if it is up.
+    fn heard_peer_ack(&mut self, state: &mut PortState, from: u16, h: &PacketHeader) {
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let slice = routes.slice_of(h.addr);
+        let Some(partner) = routes.partner_of(slice) else {
+            return;
+        };
+        let ok = h.offsets & PEER_ACK_OK != 0;
+        let first = h.addr / GRANULE_BYTES;
+        let granules: Vec<(u16, u64)> = (first..first + u64::from(h.size))
+            .map(|g| (partner, g))
+            .collect();
+        for &(p, g) in &granules {
+            state.remote_done(p, g, from, ok);
+        }
+        if !ok {
+            self.settle_failed(state, from, &granules);
+        }
+    }
+
+    /// A client's mirrored write of global `[addr, addr + len)` finished
+    /// (`ok`: acknowledged): for each slice it touched that this node
+    /// holds no copy of, both holders are told (a peer acknowledgement,
+    /// `PEER_ACK_TAG`), so their receiving-side logs forget or settle it.
+    pub(super) fn peer_ack(&mut self, now: Ns, addr: u64, len: u64, ok: bool) {
+        let Some(mut state) = self.port.take() else {
+            return;
+        };
+        let routes = &self.driver.device().port().expect("a port").routes;
+        let end = addr.saturating_add(len);
+        let mut at = addr;
+        let mut acks = Vec::new();
+        while at < end && routes.mirrored() {
+            let slice = routes.slice_of(at);
+            let stop = slice_range(routes, slice).1.min(end);
+            if stop <= at {
+                break;
+            }
+            if let (Some((a, b)), None) = (routes.holders(slice), routes.partner_of(slice)) {
+                let (first, last) = (at / GRANULE_BYTES, (stop - 1) / GRANULE_BYTES);
+                let mut g = first;
+                while g <= last {
+                    let n = (last - g + 1).min(u64::from(u16::MAX));
+                    for holder in [a, b] {
+                        acks.push((holder, g * GRANULE_BYTES, n as u16));
+                    }
+                    g += n;
+                }
+            }
+            at = stop;
+        }
+        for (holder, global, n) in acks {
+            let mut header =
+                self.header_to(holder, PacketKind::WriteCompletion, global, PEER_ACK_TAG, n);
+            if ok {
+                header.offsets = PEER_ACK_OK;
+            }
+            state.peer_acks_out.push_back((holder, header));
+        }
+        self.send_peer_acks(&mut state, now);
+        self.port = Some(state);
+    }
+
+    /// Send the peer acknowledgements the window held back. One that
+    /// cannot go to a failed peer is dropped: it orphans the write there
+    /// when it loses this node (`orphan_writes`).
+    fn send_peer_acks(&mut self, state: &mut PortState, now: Ns) -> bool {
+        send_queued(&mut state.port.endpoint, &mut state.peer_acks_out, now)
     }
 
     /// A peer's request on this node's copy of a slice whose state forbids
@@ -2190,6 +2430,26 @@ impl<C: Clock> DeviceThread<C> {
         }
         worked
     }
+}
+
+/// Send the payload-less completions of `queue` while the window takes
+/// them (one to a failed peer is dropped). Returns whether any went.
+fn send_queued(
+    endpoint: &mut Endpoint<Box<dyn Transport + Send>>,
+    queue: &mut VecDeque<(u16, PacketHeader)>,
+    now: Ns,
+) -> bool {
+    let mut worked = false;
+    while let Some(&(peer, header)) = queue.front() {
+        match endpoint.send(now, peer, header, &[]) {
+            Err(WireError::WindowFull { .. }) => break,
+            _ => {
+                worked = true;
+                queue.pop_front();
+            }
+        }
+    }
+    worked
 }
 
 /// The (partner, granule) pairs of the mirrored copies held here that a
