@@ -1489,6 +1489,40 @@ mod tests {
     }
 
     #[test]
+    fn shared_host_cores_make_client_and_target_software_queue_for_a_core() {
+        // Distributed, 4 nodes: each node's clients and (iSCSI) its target
+        // share the node's cores when `san.host_cores_shared`.
+        let run = |interface, shared: bool, cores: u32, threads| {
+            let mut s = setup(1_600);
+            s.costs.host_cores_shared = shared;
+            s.device.host.cores = cores;
+            let t = topology(false, 4).unwrap();
+            let r = s
+                .run_point(
+                    s.san(t, false),
+                    interface,
+                    random(OpMix::Read, 4096, Locality::Any),
+                    threads,
+                    None,
+                )
+                .unwrap();
+            (r.breakdown.mean_ns(Component::CoreWait), r)
+        };
+        let rate = |r: &RunResult| r.ops as f64 / r.elapsed_ns as f64;
+        let (off, r_off) = run(Interface::Iscsi, false, 1, 8);
+        assert_eq!(off, 0.0, "own cores: nobody waits for one");
+        let (one, r_one) = run(Interface::Iscsi, true, 1, 8);
+        let (eight, _) = run(Interface::Iscsi, true, 8, 8);
+        assert!(one > 0.0 && eight < one, "{one} {eight}");
+        // One shared core per node: fewer requests per second than with
+        // the target's and the clients' software on cores of their own.
+        assert!(rate(&r_one) < rate(&r_off));
+        // QuickSAN-D threads keep their own cores: no pool.
+        let (d, _) = run(Interface::QuicksanD, true, 1, 4);
+        assert_eq!(d, 0.0);
+    }
+
+    #[test]
     fn same_seed_same_numbers_other_seed_other_numbers() {
         let s = setup(500);
         let t = topology(false, 4).unwrap();
