@@ -261,10 +261,12 @@ mod tests {
 
     #[test]
     fn a_specpower_curve_is_interpolated_between_its_levels() {
-        let mut costs = InterfaceCosts::default();
-        costs.host_power_w = vec![
-            66.0, 107.0, 120.0, 131.0, 143.0, 156.0, 173.0, 191.0, 211.0, 229.0, 247.0,
-        ];
+        let mut costs = InterfaceCosts {
+            host_power_w: vec![
+                66.0, 107.0, 120.0, 131.0, 143.0, 156.0, 173.0, 191.0, 211.0, 229.0, 247.0,
+            ],
+            ..InterfaceCosts::default()
+        };
         let p = HostPower::of_costs(&costs).unwrap();
         assert_eq!((p.idle_w, p.busy_w), (66.0, 247.0));
         assert_eq!(p.host_w(0.0), 66.0);
