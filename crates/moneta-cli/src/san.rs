@@ -283,14 +283,16 @@ pub struct EnergyArgs {
     op: String,
     #[arg(long, default_value_t = 4096, value_parser = moneta_model::units::parse_size)]
     size: u64,
-    /// Host power with idle cores, W (half the busy power: Barroso and
-    /// Hölzle, IEEE Computer 2007).
-    #[arg(long, default_value_t = HostPower::default().idle_w)]
-    host_idle_w: f64,
-    /// Host power with every core busy, W (idle + two E5520s' 80 W TDP,
-    /// Intel ARK).
-    #[arg(long, default_value_t = HostPower::default().busy_w)]
-    host_busy_w: f64,
+    /// Host power with idle cores, W: with --host-busy-w, a line in place
+    /// of the preset's measured curve (san.host_power_w, SPECpower_ssj2008).
+    /// Without the curve the line's default is 160 W (half the busy power:
+    /// Barroso and Hölzle, IEEE Computer 2007).
+    #[arg(long)]
+    host_idle_w: Option<f64>,
+    /// Host power with every core busy, W (the line's default: idle + two
+    /// E5520s' 80 W TDP, Intel ARK: 320 W).
+    #[arg(long)]
+    host_busy_w: Option<f64>,
 }
 
 pub fn dispatch(command: SanCommand) -> crate::error::Result<()> {
@@ -839,13 +841,20 @@ fn energy(a: EnergyArgs) -> Result<(), String> {
     let setup = a.common.setup(20_000)?;
     let (interfaces, t) = a.scope.parse()?;
     let mixes = parse_mixes(&a.op)?;
-    if !(a.host_idle_w >= 0.0 && a.host_busy_w >= a.host_idle_w) {
-        return Err("host power: need 0 ≤ --host-idle-w ≤ --host-busy-w".into());
-    }
-    let power = HostPower {
-        idle_w: a.host_idle_w,
-        busy_w: a.host_busy_w,
-        ..HostPower::default()
+    let power = match (a.host_idle_w, a.host_busy_w) {
+        (None, None) => HostPower::of_costs(&setup.costs)?,
+        (idle, busy) => {
+            let line = HostPower::default();
+            let (idle_w, busy_w) = (idle.unwrap_or(line.idle_w), busy.unwrap_or(line.busy_w));
+            if !(idle_w >= 0.0 && busy_w >= idle_w) {
+                return Err("host power: need 0 ≤ --host-idle-w ≤ --host-busy-w".into());
+            }
+            HostPower {
+                idle_w,
+                busy_w,
+                ..line
+            }
+        }
     };
     let mut meter = Meter::new();
     let progress: Progress = &mut |d, n, w| meter.tick(d, n, w);

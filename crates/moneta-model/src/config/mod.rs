@@ -687,6 +687,18 @@ pub struct InterfaceCosts {
     /// The Fibre Channel link we assume: 8GFC, 800 MB/s of payload per
     /// direction (8.5 GBd, 8b/10b), the common HBA of 2012.
     pub fc_link_bytes_per_s: f64,
+    /// A host's power at the supply, W, at SPECpower_ssj2008's 11 load
+    /// levels (active idle, 10 % … 100 %), interpolated in the busy
+    /// fraction of its cores (`san::energy::HostPower`). Empty: linear from
+    /// 160 W idle to 320 W busy (TDP-based).
+    #[serde(default)]
+    pub host_power_w: Vec<f64>,
+    /// A host's `host.cores` are shared: its block-transport clients'
+    /// software and, distributed, the iSCSI target's software on the same
+    /// host queue for them (`san::experiments`), and the sort's CPU shares
+    /// them with the IO stack (`san::sort`). Off: each has its own.
+    #[serde(default)]
+    pub host_cores_shared: bool,
 }
 
 impl Default for InterfaceCosts {

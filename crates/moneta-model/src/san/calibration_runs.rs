@@ -96,7 +96,7 @@ impl QuicksanRuns {
                 distributed(),
                 &mixes,
                 4096,
-                &HostPower::default(),
+                &HostPower::of_costs(&loaded.costs).expect("the preset's host power"),
                 &mut |_, _, _| {},
             )
             .expect("energy runs"),

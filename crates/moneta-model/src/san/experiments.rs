@@ -25,8 +25,14 @@
 //!
 //! Every request's parts (host software, waits, network, the device's own
 //! parts from the SAN) sum exactly to its latency: checked per request.
-//! Each thread holds its own core (threads per host ≤ the E5520 pair's 8
-//! cores in every experiment here), so no core waits are modeled.
+//! A QuickSAN thread holds its own core while it runs and spins (threads
+//! per host ≤ the E5520 pair's 8 cores in every experiment here). With
+//! `san.host_cores_shared` a host's `host.cores` are one FIFO pool that its
+//! block-transport clients' software (before the issue, after the
+//! response) and, distributed, the iSCSI target's software on the same
+//! host share: a burst waits for a free core (`CoreWait`; the target's
+//! event loop and workers wait for their own thread and a core). Off, the
+//! target's threads and the clients never contend.
 //!
 //! On top of [`run`], one function per experiment returns its rows:
 //! [`latency`] (§5.4.2, one thread; Table 5.1's grouping beside the
@@ -220,6 +226,9 @@ struct Engine<'a> {
     target_cpu: Vec<FifoServers>,
     /// Per host: tgt's backing-store worker threads.
     target_workers: Vec<FifoServers>,
+    /// Per host, with `san.host_cores_shared`: its cores, shared by the
+    /// block-transport clients' software and the iSCSI target's.
+    cores: Option<Vec<FifoServers>>,
     /// Fibre Channel ports per host: transmit and receive.
     fc_tx: Vec<FifoServers>,
     fc_rx: Vec<FifoServers>,
@@ -339,6 +348,16 @@ impl<'a> Engine<'a> {
                 .map(|_| FifoServers::new(1))
                 .collect::<Result<Vec<_>, _>>()
         };
+        let cores = if x.costs.host_cores_shared && !x.interface.uses_quicksan_network() {
+            let per_host = x.san.device.host.cores;
+            Some(
+                (0..n)
+                    .map(|_| FifoServers::new(per_host))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        } else {
+            None
+        };
         let ssds = (0..san.hosts())
             .flat_map(|h| san.devices_of(HostId(h)).to_vec())
             .filter(|&d| san.kind(d) == DeviceKind::Ssd)
@@ -352,6 +371,7 @@ impl<'a> Engine<'a> {
             scripts,
             target_cpu,
             target_workers,
+            cores,
             fc_tx: ports()?,
             fc_rx: ports()?,
             issued: 0,
@@ -622,8 +642,47 @@ impl<'a> Engine<'a> {
         th.parts.add(Component::LockWait, now - th.start_ns - entry);
         th.parts.add(Component::WakeUp, switch_ns);
         self.result.client_cpu_ns += switch_ns;
-        th.cursor_ns = now + switch_ns + before - entry;
+        let burst = switch_ns + before - entry;
+        let start = match &mut self.cores {
+            Some(cores) => cores[th.host.0 as usize].serve(now, burst).0,
+            None => now,
+        };
+        th.parts.add(Component::CoreWait, start - now);
+        th.cursor_ns = start + burst;
         self.queue.push(th.cursor_ns, HostEvent::Issue(t));
+    }
+
+    /// Thread `t`'s software after its response, ready at `now`: on a core
+    /// of its host (waiting for one when they are shared), then `Finish`.
+    fn return_after(&mut self, now: Ns, t: u32, after_ns: Ns) {
+        let th = &mut self.threads[t as usize];
+        let start = match &mut self.cores {
+            Some(cores) => cores[th.host.0 as usize].serve(now, after_ns).0,
+            None => now,
+        };
+        th.parts.add(Component::CoreWait, start - now);
+        self.queue.push(start + after_ns, HostEvent::Finish(t));
+    }
+
+    /// `ns` of the iSCSI target's work at `now` on host `h`: on one of
+    /// `threads` (its event loop or its workers) and, with shared cores, on
+    /// a core of the host too. Returns (start, end).
+    fn target_serve(&mut self, now: Ns, h: usize, workers: bool, ns: Ns) -> (Ns, Ns) {
+        let threads = if workers {
+            &mut self.target_workers[h]
+        } else {
+            &mut self.target_cpu[h]
+        };
+        match &mut self.cores {
+            Some(cores) => {
+                let ready = now
+                    .max(threads.earliest_free_ns())
+                    .max(cores[h].earliest_free_ns());
+                threads.serve(ready, ns);
+                cores[h].serve(ready, ns)
+            }
+            None => threads.serve(now, ns),
+        }
     }
 
     fn issue(&mut self, now: Ns, t: u32) -> Result<(), String> {
@@ -694,15 +753,18 @@ impl<'a> Engine<'a> {
         let submit = if self.x.interface == Interface::Iscsi {
             // The event loop takes the PDU, then a worker the block IO.
             let h = target_host.0 as usize;
-            let (start, end) = self.target_cpu[h].serve(now, p.target_ns);
+            let (start, end) = self.target_serve(now, h, false, p.target_ns);
+            let th = &mut self.threads[t as usize];
             th.until(Component::TargetWait, start);
             th.until(Component::BlockTransport, end);
-            let (start, end) = self.target_workers[h].serve(end, p.target_worker_ns);
+            let (start, end) = self.target_serve(end, h, true, p.target_worker_ns);
+            let th = &mut self.threads[t as usize];
             th.until(Component::TargetWait, start);
             end
         } else {
             now + p.target_ns
         };
+        let th = &mut self.threads[t as usize];
         th.until(Component::BlockTransport, submit);
         self.queue.push(submit, HostEvent::TargetSubmit(t));
     }
@@ -723,7 +785,7 @@ impl<'a> Engine<'a> {
                 let arrived = time_ns + p.interconnect_ns_each_way;
                 th.until(Component::BlockTransport, arrived);
                 if th.device_done {
-                    self.queue.push(arrived + p.after_ns, HostEvent::Finish(t));
+                    self.return_after(arrived, t, p.after_ns);
                     self.unlock_at(arrived, t);
                 } else {
                     self.queue.push(arrived, HostEvent::AtTarget(t));
@@ -773,7 +835,7 @@ impl<'a> Engine<'a> {
                     }
                     Path::Transport(p) if interface == Interface::Iscsi => {
                         if host == target_host {
-                            self.queue.push(time_ns + p.after_ns, HostEvent::Finish(t));
+                            self.return_after(time_ns, t, p.after_ns);
                             self.unlock_at(time_ns, t);
                         } else {
                             self.san
@@ -783,7 +845,7 @@ impl<'a> Engine<'a> {
                     }
                     Path::Transport(p) => {
                         let back = self.fc_wire(time_ns, t, target_host, host, p.response_bytes);
-                        self.queue.push(back + p.after_ns, HostEvent::Finish(t));
+                        self.return_after(back, t, p.after_ns);
                         self.unlock_at(back, t);
                     }
                 }
@@ -1424,6 +1486,40 @@ mod tests {
         };
         let (c1, c2, c4) = (clients(1), clients(2), clients(4));
         assert!(c1 == 0.0 && c1 < c2 && c2 < c4, "{c1} {c2} {c4}");
+    }
+
+    #[test]
+    fn shared_host_cores_make_client_and_target_software_queue_for_a_core() {
+        // Distributed, 4 nodes: each node's clients and (iSCSI) its target
+        // share the node's cores when `san.host_cores_shared`.
+        let run = |interface, shared: bool, cores: u32, threads| {
+            let mut s = setup(1_600);
+            s.costs.host_cores_shared = shared;
+            s.device.host.cores = cores;
+            let t = topology(false, 4).unwrap();
+            let r = s
+                .run_point(
+                    s.san(t, false),
+                    interface,
+                    random(OpMix::Read, 4096, Locality::Any),
+                    threads,
+                    None,
+                )
+                .unwrap();
+            (r.breakdown.mean_ns(Component::CoreWait), r)
+        };
+        let rate = |r: &RunResult| r.ops as f64 / r.elapsed_ns as f64;
+        let (off, r_off) = run(Interface::Iscsi, false, 1, 8);
+        assert_eq!(off, 0.0, "own cores: nobody waits for one");
+        let (one, r_one) = run(Interface::Iscsi, true, 1, 8);
+        let (eight, _) = run(Interface::Iscsi, true, 8, 8);
+        assert!(one > 0.0 && eight < one, "{one} {eight}");
+        // One shared core per node: fewer requests per second than with
+        // the target's and the clients' software on cores of their own.
+        assert!(rate(&r_one) < rate(&r_off));
+        // QuickSAN-D threads keep their own cores: no pool.
+        let (d, _) = run(Interface::QuicksanD, true, 1, 4);
+        assert_eq!(d, 0.0);
     }
 
     #[test]
