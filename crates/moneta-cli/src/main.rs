@@ -55,6 +55,8 @@ use std::time::Instant;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    figure: plot::FigureArgs,
 }
 
 #[derive(Subcommand)]
@@ -463,6 +465,7 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(cli: Cli) -> Result<()> {
+    plot::set_figure(cli.figure).map_err(Error::usage)?;
     if matches!(
         cli.command,
         Command::Presets { .. }
@@ -755,7 +758,7 @@ fn sim_sweep(a: SweepArgs) -> Result<()> {
             ""
         );
     }
-    let partial = (points.len() < mine.len()).then(|| (points.len(), mine.len()));
+    let partial = (points.len() < mine.len()).then_some((points.len(), mine.len()));
     let provenance = sim_provenance(a.model.seed, limit).partial(partial.is_some());
     output::print_points(
         &points,
