@@ -461,8 +461,9 @@ impl Chart {
         if !self.title.is_empty() {
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="{:.1}" font-weight="bold">{}</text>"#,
                 w / 2.0,
+                title_font(&self.title, w),
                 escape(&self.title)
             );
         }
@@ -939,8 +940,9 @@ impl StackedBars {
         if !self.title.is_empty() {
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="{:.1}" font-weight="bold">{}</text>"#,
                 w / 2.0,
+                title_font(&self.title, w),
                 escape(&self.title)
             );
         }
@@ -1330,6 +1332,18 @@ impl Default for FigureArgs {
             font_pt: 8.0,
             dpi: 300,
         }
+    }
+}
+
+/// A title's font size: 16 px, smaller where the title would not fit the
+/// figure's width (a one-column figure), never below the body's 12 px less
+/// a quarter.
+fn title_font(title: &str, width: f64) -> f64 {
+    let wide = text_width(title, 16.0);
+    if wide <= width - 16.0 {
+        16.0
+    } else {
+        (16.0 * (width - 16.0) / wide).max(9.0)
     }
 }
 
