@@ -23,7 +23,7 @@ ROOT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.pat
 SRC = os.path.join(ROOT, "docs", "src")
 README = os.path.join(ROOT, "README.md")
 VERBATIM = {"design/spec.md", "design/design.md"}
-PROVENANCE = re.compile(r"^<small>moneta \S+ \(commit [0-9a-f]+\), ")
+PROVENANCE = re.compile(r"^<small>moneta \S+ \(commit [0-9a-f]+(-dirty)?\), ")
 README_MAX_LINES = 250
 
 HISTORY = [

@@ -46,8 +46,8 @@ pub struct DocsArgs {
     #[arg(long)]
     check: bool,
     /// Also run the calibration suite and write `results/calibration.md`
-    /// with its provenance (not kept in the repository: it names the commit
-    /// and date it was made on).
+    /// with its provenance (the commit and date it was made on; the
+    /// repository keeps the last one, `make docs` makes it anew).
     #[arg(long, conflicts_with = "check")]
     results: bool,
 }

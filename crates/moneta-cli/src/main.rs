@@ -55,6 +55,8 @@ use std::time::Instant;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    figure: plot::FigureArgs,
 }
 
 #[derive(Subcommand)]
@@ -462,6 +464,7 @@ fn main() -> ExitCode {
 }
 
 fn dispatch(cli: Cli) -> Result<()> {
+    plot::set_figure(cli.figure).map_err(Error::usage)?;
     if matches!(
         cli.command,
         Command::Presets { .. }

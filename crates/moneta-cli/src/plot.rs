@@ -356,7 +356,8 @@ impl Chart {
     /// ticks, grid, one polyline with markers per series, and a legend to
     /// the right of the plot area (or below it when names are long).
     pub fn to_svg(&self, width_px: u32, height_px: u32) -> String {
-        let (w, h) = (f64::from(width_px.max(200)), f64::from(height_px.max(150)));
+        let (w, h) = canvas(width_px, height_px);
+        let (w, h) = (w.max(200.0), h.max(150.0));
         let data: Vec<Vec<(f64, f64)>> = (0..self.series.len()).map(|i| self.drawable(i)).collect();
         let all = data.iter().flatten();
         let (mut x_min, mut x_max, mut y_min, mut y_max) = (
@@ -460,8 +461,9 @@ impl Chart {
         if !self.title.is_empty() {
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="{:.1}" font-weight="bold">{}</text>"#,
                 w / 2.0,
+                title_font(&self.title, w),
                 escape(&self.title)
             );
         }
@@ -642,23 +644,29 @@ impl Chart {
 /// `width_px` × `height_px` (one `--plot` file for a command that draws
 /// more than one figure).
 pub fn stacked_svg(charts: &[Chart], width_px: u32, height_px: u32) -> String {
-    let (w, h) = (width_px.max(200), height_px.max(150));
-    let docs: Vec<(String, u32)> = charts.iter().map(|c| (c.to_svg(w, h), h)).collect();
-    one_below_the_other(&docs, w)
+    let docs: Vec<String> = charts
+        .iter()
+        .map(|c| c.to_svg(width_px, height_px))
+        .collect();
+    one_below_the_other(&docs)
 }
 
-/// SVG documents (each with its height) one below the other in one
-/// document `width_px` wide: the panels of one figure.
-pub fn one_below_the_other(docs: &[(String, u32)], width_px: u32) -> String {
-    let total = docs.iter().map(|(_, h)| *h as usize).sum::<usize>().max(1);
-    let w = width_px;
+/// SVG documents one below the other in one document as wide as the
+/// widest: the panels of one figure (each panel's size is its root's).
+pub fn one_below_the_other(docs: &[String]) -> String {
+    let sizes: Vec<(f64, f64)> = docs
+        .iter()
+        .map(|d| root_size(d).unwrap_or((900.0, 480.0)))
+        .collect();
+    let w = sizes.iter().map(|&(w, _)| w).fold(1.0, f64::max);
+    let total = sizes.iter().map(|&(_, h)| h).sum::<f64>().max(1.0);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{total}\" viewBox=\"0 0 {w} {total}\">\n"
     );
-    let mut y = 0;
-    for (one, h) in docs {
+    let mut y = 0.0;
+    for (one, (_, h)) in docs.iter().zip(&sizes) {
         s.push_str(&one.replacen("<svg ", &format!("<svg y=\"{y}\" "), 1));
-        y += *h as usize;
+        y += h;
     }
     s.push_str("</svg>\n");
     s
@@ -843,7 +851,8 @@ impl StackedBars {
     /// A standalone SVG document: bars left to right with their totals on
     /// top, a linear y axis from 0, and the component legend on the right.
     pub fn to_svg(&self, width_px: u32, height_px: u32) -> String {
-        let (w, h) = (f64::from(width_px.max(300)), f64::from(height_px.max(200)));
+        let (w, h) = canvas(width_px, height_px);
+        let (w, h) = (w.max(300.0), h.max(200.0));
         let font = 12.0;
         let names = self.components();
         let value = |parts: &[(String, f64)], v: f64| {
@@ -931,8 +940,9 @@ impl StackedBars {
         if !self.title.is_empty() {
             let _ = writeln!(
                 s,
-                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="16" font-weight="bold">{}</text>"#,
+                r#"<text x="{:.1}" y="24" text-anchor="middle" font-size="{:.1}" font-weight="bold">{}</text>"#,
                 w / 2.0,
+                title_font(&self.title, w),
                 escape(&self.title)
             );
         }
@@ -1135,11 +1145,13 @@ impl Report {
     }
 }
 
-/// Writes `contents` (an SVG document or an HTML page) to `path`. The
-/// name must end in `.svg` or `.html`/`.htm` to match what is written: a
-/// `--plot x.png` is refused, not filled with SVG under a PNG name (convert
-/// with `rsvg-convert` or a browser). No directory is created: a missing
-/// parent is an error naming it. Errors carry the path in their message.
+/// Write an output file: an SVG document to `*.svg`, or rendered to
+/// `*.png` (raster, [`FigureArgs::dpi`]) or `*.pdf` (vector); an HTML page
+/// to `*.html`. Each carries its provenance (a `<metadata>` element, a
+/// page footer, a PNG `tEXt` chunk, the PDF's document information). Any
+/// other name is refused, as is SVG under an HTML name. No directory is
+/// created: a missing parent is an error naming it. Errors carry the path
+/// in their message.
 pub fn write_file(path: &Path, contents: &str) -> std::io::Result<()> {
     write_file_from(path, contents, &crate::provenance::Provenance::here())
 }
@@ -1154,7 +1166,20 @@ pub fn write_file_from(
     let is_svg = contents.trim_start().starts_with("<svg") || contents.starts_with("<?xml");
     check_output(path, is_svg)
         .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidInput, m))?;
-    std::fs::write(path, stamp(contents, &provenance.line()))
+    let line = provenance.line();
+    let sized = if is_svg {
+        physical_size(contents)
+    } else {
+        contents.to_string()
+    };
+    let stamped = stamp(&sized, &line);
+    let bytes = match output_kind(path) {
+        Some(OutputKind::Png) => render_png(&stamped, &line),
+        Some(OutputKind::Pdf) => render_pdf(&stamped, &line),
+        _ => Ok(stamped.into_bytes()),
+    }
+    .map_err(|m| std::io::Error::other(format!("{}: {m}", path.display())))?;
+    std::fs::write(path, bytes)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
@@ -1186,21 +1211,47 @@ pub fn stamp(contents: &str, provenance: &str) -> String {
     s
 }
 
-/// Whether [`write_file`] will accept `path` for an SVG (`svg`) or an HTML
-/// page: commands call it before they run, so a bad name costs no run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OutputKind {
+    Svg,
+    Png,
+    Pdf,
+    Html,
+}
+
+fn output_kind(path: &Path) -> Option<OutputKind> {
+    let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+    Some(match ext.as_str() {
+        "svg" => OutputKind::Svg,
+        "png" => OutputKind::Png,
+        "pdf" => OutputKind::Pdf,
+        "html" | "htm" => OutputKind::Html,
+        _ => return None,
+    })
+}
+
+/// Whether [`write_file`] will accept `path` for a figure (`svg`: SVG, PNG
+/// or PDF) or an HTML page: commands call it before they run, so a bad
+/// name costs no run.
 pub fn check_output(path: &Path, svg: bool) -> Result<(), String> {
-    let wanted: &[&str] = if svg { &["svg"] } else { &["html", "htm"] };
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    if !ext.as_deref().is_some_and(|e| wanted.contains(&e)) {
-        return Err(format!(
-            "{}: this writes {} only; name the file *.{} (for a PNG, convert the SVG, e.g. rsvg-convert)",
-            path.display(),
-            if svg { "SVG" } else { "HTML" },
-            wanted[0]
-        ));
+    let kind = output_kind(path);
+    let fits = match kind {
+        Some(OutputKind::Svg | OutputKind::Png | OutputKind::Pdf) => svg,
+        Some(OutputKind::Html) => !svg,
+        None => false,
+    };
+    if !fits {
+        return Err(if svg {
+            format!(
+                "{}: a figure is written as SVG, PNG or PDF; name the file *.svg, *.png or *.pdf",
+                path.display()
+            )
+        } else {
+            format!(
+                "{}: this writes an HTML page only; name the file *.html",
+                path.display()
+            )
+        });
     }
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         if !parent.is_dir() {
@@ -1214,10 +1265,298 @@ pub fn check_output(path: &Path, svg: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// [`check_output`] for a command's optional `--plot` (SVG) and `--report` (HTML).
+/// [`check_output`] for a command's optional `--plot` (SVG, PNG or PDF)
+/// and `--report` (HTML).
 pub fn check_outputs(plot: Option<&Path>, report: Option<&Path>) -> Result<(), String> {
     plot.map_or(Ok(()), |p| check_output(p, true))?;
     report.map_or(Ok(()), |p| check_output(p, false))
+}
+
+// ---------------------------------------------------------------------------
+// Figure sizes for papers, and PNG and PDF output.
+
+/// A figure's size: for a screen (the layout's own pixels), or on paper,
+/// across one column of a two-column paper or across the page.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum FigureSize {
+    /// The layout's own pixels (900 px wide for most figures), for a browser.
+    #[default]
+    Screen,
+    /// 3.5 in wide: one column of a two-column paper (ACM, IEEE).
+    Column,
+    /// 7 in wide: across both columns.
+    Page,
+}
+
+impl FigureSize {
+    /// The width on paper, in inches.
+    pub fn width_in(self) -> Option<f64> {
+        match self {
+            FigureSize::Screen => None,
+            FigureSize::Column => Some(3.5),
+            FigureSize::Page => Some(7.0),
+        }
+    }
+}
+
+/// How figures are sized and rendered (options of every command that
+/// writes one).
+#[derive(clap::Args, Clone, Copy, Debug, PartialEq)]
+pub struct FigureArgs {
+    /// Figures' size: `screen` (the layout's pixels), `column` (3.5 in, one
+    /// column of a two-column paper) or `page` (7 in). On paper the text is
+    /// --font-pt and the file's width and height are physical (SVG in
+    /// inches, PDF in points, PNG at --dpi).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        help_heading = "Figures"
+    )]
+    pub figure: FigureSize,
+    /// Figure body text in points for `--figure column` and `page` (titles
+    /// 4/3 and axis labels 13/12 of it).
+    #[arg(long, global = true, default_value_t = 8.0, help_heading = "Figures")]
+    pub font_pt: f64,
+    /// PNG resolution in dots per inch (on paper; a screen figure's PNG has
+    /// two pixels per layout pixel).
+    #[arg(long, global = true, default_value_t = 300, help_heading = "Figures")]
+    pub dpi: u32,
+}
+
+impl Default for FigureArgs {
+    fn default() -> Self {
+        FigureArgs {
+            figure: FigureSize::Screen,
+            font_pt: 8.0,
+            dpi: 300,
+        }
+    }
+}
+
+/// A title's font size: 16 px, smaller where the title would not fit the
+/// figure's width (a one-column figure), never below the body's 12 px less
+/// a quarter.
+fn title_font(title: &str, width: f64) -> f64 {
+    let wide = text_width(title, 16.0);
+    if wide <= width - 16.0 {
+        16.0
+    } else {
+        (16.0 * (width - 16.0) / wide).max(9.0)
+    }
+}
+
+/// The layout's body font (px); on paper it becomes [`FigureArgs::font_pt`].
+const BODY_FONT_PX: f64 = 12.0;
+
+static FIGURE: std::sync::OnceLock<FigureArgs> = std::sync::OnceLock::new();
+
+/// Set once, by main, from the command line.
+pub fn set_figure(args: FigureArgs) -> Result<(), String> {
+    if !(4.0..=24.0).contains(&args.font_pt) {
+        return Err(format!("--font-pt {}: from 4 to 24", args.font_pt));
+    }
+    if !(36..=2400).contains(&args.dpi) {
+        return Err(format!("--dpi {}: from 36 to 2400", args.dpi));
+    }
+    let _ = FIGURE.set(args);
+    Ok(())
+}
+
+thread_local! {
+    /// A test's figure settings on its own thread (the process's are set once).
+    static FIGURE_HERE: std::cell::Cell<Option<FigureArgs>> = const { std::cell::Cell::new(None) };
+}
+
+fn figure() -> FigureArgs {
+    FIGURE_HERE
+        .with(|f| f.get())
+        .or_else(|| FIGURE.get().copied())
+        .unwrap_or_default()
+}
+
+/// `f` with figures sized by `args` on this thread (the tests' way to draw
+/// at paper sizes side by side).
+#[cfg(test)]
+pub(crate) fn with_figure<T>(args: FigureArgs, f: impl FnOnce() -> T) -> T {
+    FIGURE_HERE.with(|c| c.set(Some(args)));
+    let out = f();
+    FIGURE_HERE.with(|c| c.set(None));
+    out
+}
+
+/// The layout canvas (px) for a figure the caller drew at `width_px` ×
+/// `height_px` on a screen: on paper, as wide as makes the body font
+/// --font-pt at the paper width, and no flatter than 0.6 (a one-column
+/// figure needs the height for its legend).
+fn canvas(width_px: u32, height_px: u32) -> (f64, f64) {
+    let (w, h) = (f64::from(width_px.max(1)), f64::from(height_px.max(1)));
+    let f = figure();
+    match f.figure.width_in() {
+        None => (w, h),
+        Some(inches) => {
+            let cw = (inches * 72.0 * BODY_FONT_PX / f.font_pt).round();
+            (cw, (cw * (h / w).max(0.6)).round())
+        }
+    }
+}
+
+/// The root element's `width` and `height` (layout px) of one of this
+/// module's SVG documents.
+fn root_size(svg: &str) -> Option<(f64, f64)> {
+    let start = svg.find("<svg")?;
+    let tag = &svg[start..start + svg[start..].find('>')?];
+    let attr = |name: &str| -> Option<f64> {
+        let key = format!(" {name}=\"");
+        let at = tag.find(&key)? + key.len();
+        tag[at..at + tag[at..].find('"')?].parse().ok()
+    };
+    Some((attr("width")?, attr("height")?))
+}
+
+/// On paper, the root's width and height in inches (the viewBox keeps the
+/// layout); on a screen, unchanged.
+fn physical_size(svg: &str) -> String {
+    let Some(inches) = figure().figure.width_in() else {
+        return svg.to_string();
+    };
+    let Some((w, h)) = root_size(svg) else {
+        return svg.to_string();
+    };
+    let from = format!(" width=\"{w}\" height=\"{h}\"");
+    let to = format!(
+        " width=\"{inches:.3}in\" height=\"{:.3}in\"",
+        inches * h / w
+    );
+    svg.replacen(&from, &to, 1)
+}
+
+/// The SVG as usvg's tree, its text in the system's fonts: Helvetica or
+/// Arial where installed, else DejaVu Sans (Debian's fonts-dejavu-core).
+fn svg_tree(svg: &str) -> Result<resvg::usvg::Tree, String> {
+    let mut options = resvg::usvg::Options::default();
+    let db = options.fontdb_mut();
+    db.load_system_fonts();
+    if db.is_empty() {
+        return Err(
+            "no fonts found for the figure's text: install fonts-dejavu-core (make setup)".into(),
+        );
+    }
+    let has = |family: &str| {
+        db.faces()
+            .any(|f| f.families.iter().any(|(name, _)| name == family))
+    };
+    if let Some(sans) = ["Helvetica", "Arial", "Liberation Sans", "DejaVu Sans"]
+        .into_iter()
+        .find(|f| has(f))
+    {
+        db.set_sans_serif_family(sans);
+    }
+    resvg::usvg::Tree::from_str(svg, &options).map_err(|e| format!("rendering the figure: {e}"))
+}
+
+/// The figure rasterized: a screen figure at 2 px per layout px, a paper
+/// figure at --dpi, with the provenance in a `tEXt` chunk and the
+/// resolution in `pHYs`.
+fn render_png(svg: &str, provenance: &str) -> Result<Vec<u8>, String> {
+    use resvg::tiny_skia;
+    let tree = svg_tree(svg)?;
+    let f = figure();
+    // usvg's size: inches at 96 px each, or the layout's px.
+    let (scale, dpi) = match f.figure.width_in() {
+        None => (2.0, 192.0),
+        Some(_) => (f64::from(f.dpi) / 96.0, f64::from(f.dpi)),
+    };
+    let size = tree.size();
+    let (pw, ph) = (
+        (f64::from(size.width()) * scale).ceil() as u32,
+        (f64::from(size.height()) * scale).ceil() as u32,
+    );
+    let mut pixmap = tiny_skia::Pixmap::new(pw.max(1), ph.max(1))
+        .ok_or_else(|| format!("a {pw} × {ph} px image is too large"))?;
+    pixmap.fill(tiny_skia::Color::WHITE);
+    resvg::render(
+        &tree,
+        tiny_skia::Transform::from_scale(scale as f32, scale as f32),
+        &mut pixmap.as_mut(),
+    );
+    let png = pixmap
+        .encode_png()
+        .map_err(|e| format!("encoding the PNG: {e}"))?;
+    let per_metre = (dpi / 0.0254).round() as u32;
+    let mut phys = Vec::with_capacity(9);
+    phys.extend_from_slice(&per_metre.to_be_bytes());
+    phys.extend_from_slice(&per_metre.to_be_bytes());
+    phys.push(1);
+    let mut text = b"Source\0".to_vec();
+    // tEXt is Latin-1: anything else becomes '?'.
+    text.extend(
+        provenance
+            .chars()
+            .map(|c| if (c as u32) < 256 { c as u8 } else { b'?' }),
+    );
+    Ok(png_with_chunks(&png, &[(b"pHYs", &phys), (b"tEXt", &text)]))
+}
+
+/// `png` with `chunks` inserted right after IHDR (the first chunk: 8 bytes
+/// of signature, then 4 length + 4 type + 13 data + 4 CRC).
+fn png_with_chunks(png: &[u8], chunks: &[(&[u8; 4], &[u8])]) -> Vec<u8> {
+    let after_ihdr = 8 + 4 + 4 + 13 + 4;
+    let mut out = Vec::with_capacity(png.len() + 256);
+    out.extend_from_slice(&png[..after_ihdr]);
+    for (kind, data) in chunks {
+        out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&kind[..]);
+        crc.update(data);
+        out.extend_from_slice(&kind[..]);
+        out.extend_from_slice(data);
+        out.extend_from_slice(&crc.finalize().to_be_bytes());
+    }
+    out.extend_from_slice(&png[after_ihdr..]);
+    out
+}
+
+/// The figure as a one-page vector PDF of its size (text embedded as font
+/// subsets), the provenance in the document information's Subject.
+fn render_pdf(svg: &str, provenance: &str) -> Result<Vec<u8>, String> {
+    use pdf_writer::{Content, Finish, Name, Pdf, Rect, Ref, TextStr};
+    let tree = svg_tree(svg)?;
+    let (chunk, svg_ref) = svg2pdf::to_chunk(&tree, svg2pdf::ConversionOptions::default())
+        .map_err(|e| format!("converting the figure to PDF: {e}"))?;
+    let mut alloc = Ref::new(1);
+    let (catalog, pages, page, content, info) = (
+        alloc.bump(),
+        alloc.bump(),
+        alloc.bump(),
+        alloc.bump(),
+        alloc.bump(),
+    );
+    let mut map = std::collections::HashMap::new();
+    let chunk = chunk.renumber(|old| *map.entry(old).or_insert_with(|| alloc.bump()));
+    let svg_ref = map[&svg_ref];
+    // usvg's px are 1/96 in; PDF's points 1/72.
+    let (w, h) = (tree.size().width() * 0.75, tree.size().height() * 0.75);
+    let mut pdf = Pdf::new();
+    pdf.catalog(catalog).pages(pages);
+    pdf.pages(pages).kids([page]).count(1);
+    let mut p = pdf.page(page);
+    p.media_box(Rect::new(0.0, 0.0, w, h));
+    p.parent(pages);
+    p.contents(content);
+    p.resources().x_objects().pair(Name(b"F0"), svg_ref);
+    p.finish();
+    let mut c = Content::new();
+    c.transform([w, 0.0, 0.0, h, 0.0, 0.0])
+        .x_object(Name(b"F0"));
+    pdf.stream(content, &c.finish());
+    pdf.extend(&chunk);
+    pdf.document_info(info)
+        .creator(TextStr(&format!("moneta {}", env!("CARGO_PKG_VERSION"))))
+        .producer(TextStr("moneta (svg2pdf)"))
+        .subject(TextStr(provenance));
+    Ok(pdf.finish())
 }
 
 #[cfg(test)]
@@ -1550,9 +1889,11 @@ pub(crate) mod tests {
         let svg = "<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>";
         write_file(&dir.join("p.svg"), svg).unwrap();
         write_file(&dir.join("r.html"), "<!doctype html><html></html>").unwrap();
-        let png = write_file(&dir.join("p.png"), svg).unwrap_err();
-        assert!(png.to_string().contains("p.png"), "{png}");
-        assert!(!dir.join("p.png").exists());
+        let jpeg = write_file(&dir.join("p.jpg"), svg).unwrap_err();
+        assert!(jpeg.to_string().contains("p.jpg"), "{jpeg}");
+        assert!(!dir.join("p.jpg").exists());
+        let html_as_png = write_file(&dir.join("r.png"), "<!doctype html>").unwrap_err();
+        assert!(html_as_png.to_string().contains("HTML"), "{html_as_png}");
         let html_as_svg = write_file(&dir.join("r.svg"), "<!doctype html>").unwrap_err();
         assert!(html_as_svg.to_string().contains("HTML"), "{html_as_svg}");
         // A missing directory is named and not created.
@@ -1902,6 +2243,150 @@ pub(crate) mod tests {
             svg.matches("<text").count(),
             3 * one.matches("<text").count()
         );
+    }
+
+    /// Every plot type this module draws (line chart on log2, linear and
+    /// log10 axes with published points and a dense CDF, stacked bars,
+    /// panels one below the other) renders to PNG and PDF at each figure
+    /// size: a PNG of the size asked for whose pixels are not all white and
+    /// that carries the provenance, and a PDF page of the size in points
+    /// with the text's font embedded. `MONETA_FIGURE_DIR=D` keeps them in D
+    /// for a look.
+    #[test]
+    fn every_plot_type_renders_to_png_and_pdf_at_every_figure_size() {
+        use resvg::tiny_skia::Pixmap;
+        let keep = std::env::var_os("MONETA_FIGURE_DIR").map(std::path::PathBuf::from);
+        let dir = keep.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("moneta-figures-{}", std::process::id()))
+        });
+        std::fs::create_dir_all(&dir).unwrap();
+        let line = sample_chart();
+        let mut linear = sample_chart();
+        linear.x_log2 = false;
+        linear.title = "linear axes".into();
+        linear.series.push(Series {
+            name: format!("{PUBLISHED_PREFIX}1 thread"),
+            points: vec![(4096.0, 300.0), (65536.0, 1100.0)],
+        });
+        let cdf = Chart {
+            title: "latency CDF".into(),
+            x_label: "latency (µs)".into(),
+            y_label: "fraction of requests".into(),
+            x_log10: true,
+            series: vec![Series {
+                name: "read".into(),
+                points: (1..=200)
+                    .map(|i| (5.0 + f64::from(i).powf(1.5), f64::from(i) / 200.0))
+                    .collect(),
+            }],
+            ..Chart::default()
+        };
+        let part = |n: &str, v: f64| (n.to_string(), v);
+        let bars = StackedBars {
+            title: "where time goes, read 4 KB".into(),
+            y_label: "µs per request".into(),
+            bars: ["base", "spin", "direct"]
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    (
+                        l.to_string(),
+                        vec![
+                            part("system call", 3.0 - i as f64),
+                            part("driver", 2.0),
+                            part("PCIe link", 1.5),
+                            part("memory array", 4.0),
+                        ],
+                    )
+                })
+                .collect(),
+            percent: false,
+        };
+        let panels = one_below_the_other(&[line.to_svg(900, 480), bars.to_svg(900, 520)]);
+        let figures = [
+            ("line", line.to_svg(900, 480)),
+            ("linear", linear.to_svg(900, 480)),
+            ("cdf", cdf.to_svg(900, 480)),
+            ("bars", bars.to_svg(900, 520)),
+            (
+                "stacked",
+                stacked_svg(&[line.clone(), cdf.clone()], 900, 480),
+            ),
+            ("panels", panels),
+        ];
+        let provenance = crate::provenance::Provenance::here().seed(7);
+        for size in [FigureSize::Screen, FigureSize::Column, FigureSize::Page] {
+            let args = FigureArgs {
+                figure: size,
+                dpi: 150,
+                ..FigureArgs::default()
+            };
+            with_figure(args, || {
+                // Re-laid out at this size (the canvas depends on it).
+                let figures: Vec<(&str, String)> = match size {
+                    FigureSize::Screen => figures.to_vec(),
+                    _ => vec![
+                        ("line", line.to_svg(900, 480)),
+                        ("cdf", cdf.to_svg(900, 480)),
+                        ("bars", bars.to_svg(900, 520)),
+                        (
+                            "stacked",
+                            stacked_svg(&[line.clone(), cdf.clone()], 900, 480),
+                        ),
+                    ],
+                };
+                for (name, svg) in &figures {
+                    let what = format!("{name} at {size:?}");
+                    let (w, h) = root_size(svg).unwrap();
+                    let base = dir.join(format!("{name}-{size:?}").to_lowercase());
+                    for ext in ["svg", "png", "pdf"] {
+                        write_file_from(&base.with_extension(ext), svg, &provenance)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    }
+                    let png = std::fs::read(base.with_extension("png")).unwrap();
+                    let image = Pixmap::decode_png(&png).unwrap();
+                    let (want_w, want_h) = match size.width_in() {
+                        None => (2.0 * w, 2.0 * h),
+                        Some(inches) => (inches * 150.0, inches * 150.0 * h / w),
+                    };
+                    assert!(
+                        (f64::from(image.width()) - want_w).abs() <= 1.0
+                            && (f64::from(image.height()) - want_h).abs() <= 1.0,
+                        "{what}: {} × {} px, wanted {want_w} × {want_h}",
+                        image.width(),
+                        image.height()
+                    );
+                    let inked = image
+                        .pixels()
+                        .iter()
+                        .filter(|p| p.red() < 128 && p.green() < 128 && p.blue() < 128)
+                        .count();
+                    // Axes, text and lines: well over 0.3% of the pixels dark.
+                    assert!(
+                        inked * 300 > image.pixels().len(),
+                        "{what}: {inked} dark pixels of {}",
+                        image.pixels().len()
+                    );
+                    let text = String::from_utf8_lossy(&png);
+                    assert!(text.contains("tEXtSource\0moneta ") && text.contains("; seed 7"));
+                    let pdf = std::fs::read(base.with_extension("pdf")).unwrap();
+                    let text = String::from_utf8_lossy(&pdf);
+                    assert!(
+                        text.starts_with("%PDF-") && text.contains("/FontFile"),
+                        "{what}"
+                    );
+                    let pt = size.width_in().map_or(w * 0.75, |i| i * 72.0);
+                    assert!(
+                        text.contains(&format!("/MediaBox [0 0 {pt} ")),
+                        "{what}: no {pt} pt wide page"
+                    );
+                    assert!(text.contains("seed 7"), "{what}: provenance");
+                }
+            });
+        }
+        if keep.is_none() {
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 
     /// `cargo test -p moneta-cli render_sample -- --ignored` writes

@@ -137,6 +137,7 @@ fn run(a: VmRunArgs) -> Result<(), String> {
         echo_console: !a.quiet,
         echo_output: true,
         force_tcg: a.tcg,
+        mark_prefix: None,
     };
     let r = vm::run(&plane, &spec)?;
     engine

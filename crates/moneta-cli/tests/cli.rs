@@ -719,7 +719,7 @@ fn compare_puts_stacks_side_by_side_with_a_bar_each() {
 }
 
 #[test]
-fn sizes_take_suffixes_and_plots_are_svg_in_existing_directories_only() {
+fn sizes_take_suffixes_and_plots_are_figures_in_existing_directories_only() {
     let o = moneta(&[
         "sim", "run", "--size", "4k", "--ops", "200", "--format", "json",
     ]);
@@ -744,15 +744,64 @@ fn sizes_take_suffixes_and_plots_are_svg_in_existing_directories_only() {
             plot.to_str().unwrap(),
         ])
     };
-    let png = dir.join("bw.png");
-    let o = sweep(&png);
-    assert!(!o.status.success() && !png.exists());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("bw.png"));
+    let jpeg = dir.join("bw.jpg");
+    let o = sweep(&jpeg);
+    assert!(!o.status.success() && !jpeg.exists());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bw.jpg") && err.contains("*.png"), "{err}");
     let nested = dir.join("not/there/bw.svg");
     let o = sweep(&nested);
     assert!(!o.status.success() && !dir.join("not").exists());
     let svg = dir.join("bw.svg");
     assert!(sweep(&svg).status.success() && svg.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--plot x.png` and `--plot x.pdf` render the figure (resvg, svg2pdf):
+/// a PNG of the paper size at --dpi with the provenance in a tEXt chunk,
+/// a one-page PDF of the paper size in points with the provenance in its
+/// document information, and the SVG itself in inches.
+#[test]
+fn plots_are_png_and_pdf_too_at_a_paper_size() {
+    let dir = std::env::temp_dir().join(format!("moneta-cli-paper-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sweep = |plot: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "sim",
+            "sweep",
+            "--op",
+            "read",
+            "--sizes",
+            "512,4k,64k",
+            "--ops",
+            "200",
+            "--plot",
+            plot.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let o = moneta(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::read(plot).unwrap()
+    };
+    let png = sweep(&dir.join("bw.png"), &["--figure", "column", "--dpi", "200"]);
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    assert_eq!(width, 700, "3.5 in at 200 dpi");
+    let text = String::from_utf8_lossy(&png);
+    assert!(text.contains("tEXtSource\0moneta ") && text.contains("--figure column"));
+    let pdf = sweep(&dir.join("bw.pdf"), &["--figure", "page"]);
+    let text = String::from_utf8_lossy(&pdf);
+    assert!(text.starts_with("%PDF-"), "{}", &text[..20]);
+    assert!(text.contains("/MediaBox [0 0 504 "), "7 in is 504 pt");
+    assert!(
+        text.contains("/Subject (moneta "),
+        "provenance in the document information"
+    );
+    assert!(text.contains("/FontFile"), "the text's font is embedded");
+    let svg = String::from_utf8(sweep(&dir.join("bw.svg"), &["--figure", "column"])).unwrap();
+    assert!(svg.contains(" width=\"3.500in\""), "{}", &svg[..200]);
+    let o = moneta(&["sim", "run", "--ops", "10", "--font-pt", "40"]);
+    assert_eq!(o.status.code(), Some(documented_exit_code("usage")));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

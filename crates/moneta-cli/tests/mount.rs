@@ -447,11 +447,17 @@ fn failed_up_leaves_nothing_behind() {
     assert_nothing_left(&m);
     assert!(!state_dir(&m).exists());
 
-    // The mount point is a regular file: found after the image, the file
-    // system and the loop device were made, which are undone.
+    // The mount point is a regular file: refused before anything is made
+    // (no image, file system or loop device to undo: nothing rolled back).
     let file = t.at("file");
     std::fs::write(&file, "not a directory").unwrap();
-    refused(&up(&file, &ext4), "not a directory");
+    let o = up(&file, &ext4);
+    refused(&o, "not a directory");
+    assert!(
+        !text(&o.stderr).contains("rolled back"),
+        "refused only after making something: {}",
+        text(&o.stderr)
+    );
     assert_nothing_left(&file);
     assert!(!state_dir(&file).exists());
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "not a directory");

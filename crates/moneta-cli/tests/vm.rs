@@ -309,3 +309,48 @@ fn assert_xfs_clean(image: &std::path::Path, when: &str) {
         String::from_utf8_lossy(&repair.stderr)
     );
 }
+
+/// `moneta vm compare` (one raw guest, two fio jobs, one second each):
+/// every measured row carries its own job's verdict, judged on the device
+/// requests between the marks the guest printed around that job, and the
+/// JSON carries the provenance with the overall verdict.
+#[test]
+fn vm_compare_gives_each_job_its_own_verdict() {
+    if !needs() {
+        return;
+    }
+    let s = Scratch::new("compare");
+    let out = moneta()
+        .args(["vm", "compare", "--no-xfs", "--tcg", "--format", "json"])
+        .args(["--set", "device.capacity_bytes=1073741824"])
+        .args([
+            "--rw",
+            "randread,randwrite",
+            "--sizes",
+            "4k",
+            "--uring-depths",
+            "",
+        ])
+        .args(["--runtime-s", "1", "--region", "16m", "--timeout-s", "400"])
+        .current_dir(&s.dir)
+        .output()
+        .expect("running moneta vm compare");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = v["results"].as_array().unwrap();
+    let guest: Vec<&serde_json::Value> = rows.iter().filter(|r| r["path"] == "guest raw").collect();
+    assert_eq!(guest.len(), 2, "{v}");
+    for r in &guest {
+        let verdict = r["verdict"].as_str().unwrap();
+        assert!(r["faithful"].is_boolean(), "{r}");
+        assert!(
+            verdict == "faithful" || verdict.starts_with("not faithful: "),
+            "each job is judged on its own requests: {r}"
+        );
+    }
+    let overall = v["provenance"]["verdict"].as_str().unwrap();
+    let any_not = rows.iter().any(|r| r["faithful"] == false);
+    assert_eq!(overall == "not faithful", any_not, "{v}");
+    assert!(rows.iter().any(|r| r["path"] == "sim base"), "{v}");
+}

@@ -77,6 +77,19 @@ pub struct Boot {
     pub echo_console: bool,
     /// Copy the command's output lines to stdout as they come.
     pub echo_output: bool,
+    /// Called with each line of the command's output as it arrives.
+    pub on_output: Option<OnOutput>,
+}
+
+/// A callback on the command's output lines, as they arrive (what the
+/// device saw by then can be read at each one).
+#[derive(Clone)]
+pub struct OnOutput(pub std::sync::Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for OnOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnOutput")
+    }
 }
 
 /// What a run gave.
@@ -225,6 +238,9 @@ impl Boot {
             return;
         }
         if *in_command {
+            if let Some(f) = &self.on_output {
+                (f.0)(&line);
+            }
             if self.echo_output {
                 let _ = writeln!(std::io::stdout().lock(), "{line}");
             }

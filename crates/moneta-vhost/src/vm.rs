@@ -31,6 +31,10 @@ pub struct VmSpec {
     pub echo_output: bool,
     /// Force TCG even where KVM is usable.
     pub force_tcg: bool,
+    /// Output lines starting with this (after leading blanks) are marks:
+    /// the backend's counters are read as each arrives ([`VmResult::marks`]),
+    /// so a run of several jobs has each job's own share.
+    pub mark_prefix: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -46,6 +50,9 @@ pub struct VmResult {
     pub verdict: String,
     /// The backend's thread, if it ended with an error.
     pub backend_error: Option<String>,
+    /// Each mark line ([`VmSpec::mark_prefix`], trimmed) with the backend's
+    /// counters when it arrived.
+    pub marks: Vec<(String, StatsSnapshot)>,
 }
 
 /// Boot a guest with the whole device of `plane` as /dev/vda, run the
@@ -89,6 +96,17 @@ fn boot(
     if spec.force_tcg && accel == Accel::Kvm {
         (accel, accel_reason) = (Accel::Tcg, "TCG asked for (--tcg)".into());
     }
+    let marks = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let on_output = spec.mark_prefix.clone().map(|prefix| {
+        let (stats, marks) = (stats.clone(), marks.clone());
+        qemu::OnOutput(Arc::new(move |line: &str| {
+            let line = line.trim();
+            if line.starts_with(&prefix) {
+                let mut m = marks.lock().unwrap_or_else(|e| e.into_inner());
+                m.push((line.to_string(), stats.snapshot()));
+            }
+        }))
+    });
     let boot = Boot {
         qemu: qemu_path.to_path_buf(),
         accel,
@@ -99,6 +117,7 @@ fn boot(
         timeout: spec.timeout,
         echo_console: spec.echo_console,
         echo_output: spec.echo_output,
+        on_output,
     };
     let outcome = boot.run();
     // A QEMU that never connected leaves the server in accept.
@@ -110,6 +129,7 @@ fn boot(
             "the vhost-user thread did not end within {SERVER_GRACE:?} (left behind)"
         )),
     };
+    let marks = std::mem::take(&mut *marks.lock().unwrap_or_else(|e| e.into_inner()));
     let snapshot = stats.snapshot();
     let runnable = moneta_abi::fidelity::runnable_now().unwrap_or(0.0);
     let (faithful, verdict) = moneta_abi::fidelity::judge(
@@ -127,5 +147,6 @@ fn boot(
         faithful,
         verdict,
         backend_error,
+        marks,
     })
 }

@@ -27,7 +27,7 @@ use moneta_model::config::Stack;
 use moneta_model::summary::workload_point;
 use moneta_model::units::{format_size, parse_size, parse_size_list, LEGEND_UNITS};
 use moneta_model::workload::{OpMix, RunLimit, Workload};
-use moneta_vhost::backend::{ChannelTarget, Stats};
+use moneta_vhost::backend::{ChannelTarget, Stats, StatsSnapshot};
 use moneta_vhost::blk::Target;
 use moneta_vhost::guest::{RunSpec, DEFAULT_PROGRAMS};
 use moneta_vhost::vm::{self, VmResult, VmSpec};
@@ -153,7 +153,7 @@ struct Row {
     latency_us_p99: f64,
     iops: f64,
     /// Measured rows: whether the device's completions were seen at their
-    /// model time, for the whole run the row belongs to.
+    /// model time during this row's job (a guest's: between its marks).
     faithful: Option<bool>,
     verdict: String,
 }
@@ -211,6 +211,7 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
             echo_console: a.console,
             echo_output: false,
             force_tcg: a.tcg,
+            mark_prefix: Some("@@moneta-fio-".into()),
         };
         let r = vm::run(&plane, &spec)?;
         if let Some(f) = &r.outcome.failure {
@@ -224,7 +225,9 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
             ));
         }
         let measured = guest_results(&r.outcome.output, jobs.len())?;
-        for (job, m) in jobs.iter().zip(measured) {
+        let runnable = fidelity::runnable_now().unwrap_or(0.0);
+        for (i, (job, m)) in jobs.iter().zip(measured).enumerate() {
+            let (faithful, verdict) = job_verdict(&r.marks, i, runnable)?;
             rows.push(Row {
                 path: path.to_string(),
                 kind: format!("measured, {}", accel_short(&r)),
@@ -232,8 +235,8 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
                 latency_us_p50: m.p50,
                 latency_us_p99: m.p99,
                 iops: m.iops,
-                faithful: Some(r.faithful),
-                verdict: r.verdict.clone(),
+                faithful: Some(faithful),
+                verdict,
                 ..row_of(job)
             });
         }
@@ -258,7 +261,7 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
         .map_or(String::new(), |(_, r)| r.kernel_release.clone());
     let notes = transport_notes(&rows, &accel);
     let (layer_header, layers) = layer_table(&rows, &accel);
-    let all_faithful = runs.iter().all(|(_, r)| r.faithful);
+    let all_faithful = rows.iter().all(|r| r.faithful != Some(false));
     let provenance = Provenance::here().seed(a.seed).verdict(if all_faithful {
         "faithful"
     } else {
@@ -270,7 +273,7 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
         Format::Table => {
             println!("{accel}; kernel {kernel}; preset {preset}");
             for (path, r) in &runs {
-                println!("{path}: {}", r.verdict);
+                println!("{path}, the whole run: {}", r.verdict);
             }
             let header: Vec<String> =
                 ["job", "path", "kind", "mean µs", "p50 µs", "p99 µs", "IOPS"]
@@ -290,8 +293,8 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
     }
     let panels = figures(&rows, &accel);
     if let Some(p) = &a.plot {
-        let docs: Vec<(String, u32)> = panels.iter().map(|b| (b.to_svg(1100, 520), 520)).collect();
-        plot::write_file_from(p, &plot::one_below_the_other(&docs, 1100), &provenance)
+        let docs: Vec<String> = panels.iter().map(|b| b.to_svg(1100, 520)).collect();
+        plot::write_file_from(p, &plot::one_below_the_other(&docs), &provenance)
             .map_err(|e| e.to_string())?;
         eprintln!("wrote {}", p.display());
     }
@@ -303,7 +306,10 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
         ))];
         sections.extend(panels.into_iter().map(ReportSection::Bars));
         for (path, r) in &runs {
-            sections.push(ReportSection::Paragraph(format!("{path}: {}", r.verdict)));
+            sections.push(ReportSection::Paragraph(format!(
+                "{path}, the whole run: {} (each job's own verdict is in its row)",
+                r.verdict
+            )));
         }
         sections.push(ReportSection::Table {
             header: ["job", "path", "kind", "mean µs", "p50 µs", "p99 µs", "IOPS"]
@@ -412,6 +418,37 @@ struct Measured {
     p50: f64,
     p99: f64,
     iops: f64,
+}
+
+/// Job `i`'s own verdict: the backend's counters between the job's begin
+/// and end marks (the device requests it made, how far behind the model's
+/// time their completions came), judged as a whole run is.
+fn job_verdict(
+    marks: &[(String, StatsSnapshot)],
+    i: usize,
+    runnable: f64,
+) -> Result<(bool, String), String> {
+    let at = |mark: String| {
+        marks
+            .iter()
+            .find(|(m, _)| *m == mark)
+            .map(|(_, s)| *s)
+            .ok_or_else(|| format!("the backend saw no '{mark}' (its counters per job)"))
+    };
+    let (begin, end) = (at(format!("{BEGIN} {i}"))?, at(format!("{END} {i}"))?);
+    let n = end.device_requests.saturating_sub(begin.device_requests);
+    if n == 0 {
+        return Ok((false, "no device requests during the job".into()));
+    }
+    let share = |e: f64, b: f64| {
+        (e * end.device_requests as f64 - b * begin.device_requests as f64) / n as f64
+    };
+    Ok(fidelity::judge(
+        share(end.behind_ns_mean, begin.behind_ns_mean).max(0.0),
+        share(end.modeled_ns_mean, begin.modeled_ns_mean).max(0.0),
+        runnable,
+        fidelity::cores(),
+    ))
 }
 
 /// Each job's numbers, from fio's JSON between the markers in the guest's
@@ -745,6 +782,38 @@ fn figures(rows: &[Row], accel: &str) -> Vec<StackedBars> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A job's verdict is its own: the counters between its marks, not the
+    /// run's. Job 0 keeps up (0.1 µs behind 4 µs modeled); job 1 falls
+    /// 40 µs behind, which the whole run's mean would have diluted.
+    #[test]
+    fn each_job_is_judged_on_the_requests_between_its_marks() {
+        let snap = |n: u64, behind_ns_mean: f64, modeled_ns_mean: f64| StatsSnapshot {
+            requests: n,
+            reads: n,
+            writes: 0,
+            flushes: 0,
+            malformed: 0,
+            errors: 0,
+            device_requests: n,
+            modeled_ns_mean,
+            wall_ns_mean: 0.0,
+            behind_ns_mean,
+        };
+        // Cumulative means: 1,000 requests at 100 ns behind, then 100 more
+        // at 40,000 ns behind (mean over 1,100: (100,000 + 4,000,000) / 1,100).
+        let marks = vec![
+            (format!("{BEGIN} 0"), snap(0, 0.0, 0.0)),
+            (format!("{END} 0"), snap(1000, 100.0, 4000.0)),
+            (format!("{BEGIN} 1"), snap(1000, 100.0, 4000.0)),
+            (format!("{END} 1"), snap(1100, 4_100_000.0 / 1100.0, 4000.0)),
+        ];
+        let (ok0, text0) = job_verdict(&marks, 0, 0.0).unwrap();
+        assert!(ok0, "{text0}");
+        let (ok1, text1) = job_verdict(&marks, 1, 0.0).unwrap();
+        assert!(!ok1 && text1.contains("40.0 µs behind"), "{text1}");
+        assert!(job_verdict(&marks, 2, 0.0).is_err(), "no marks: an error");
+    }
 
     #[test]
     fn guest_output_is_split_into_each_jobs_json() {
