@@ -956,9 +956,9 @@ fn nvmm_sweep_and_wear_draw_their_figures() {
     assert!(svg.contains("MMAP, 1 thread") && svg.contains("<title>published no prefetch</title>"));
     let svg = draw(&["wear", "--endurance-scale", "1000"], "wear.svg");
     assert!(svg.contains("<title>published one 8 Gb device</title>"));
-    let png = dir.0.join("wear.png");
-    let o = moneta(&["nvmm", "sim", "wear", "--plot", png.to_str().unwrap()]);
-    assert!(!o.status.success() && stderr(&o).contains("wear.png"));
+    let gif = dir.0.join("wear.gif");
+    let o = moneta(&["nvmm", "sim", "wear", "--plot", gif.to_str().unwrap()]);
+    assert!(!o.status.success() && stderr(&o).contains("wear.gif"));
     assert!(stdout(&o).is_empty(), "refused before the run");
 }
 

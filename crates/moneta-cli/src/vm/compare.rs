@@ -59,9 +59,10 @@ pub struct VmCompareArgs {
     /// Request sizes, comma-separated (512 B to 256 KB).
     #[arg(long, default_value = "4k")]
     sizes: String,
-    /// io_uring queue depths run besides psync at depth 1 (empty: none).
-    #[arg(long, value_delimiter = ',', default_value = "1,32")]
-    uring_depths: Vec<u32>,
+    /// io_uring queue depths run besides psync at depth 1, comma-separated
+    /// (an empty list, `--uring-depths ""`: psync only).
+    #[arg(long, default_value = "1,32")]
+    uring_depths: String,
     /// Seconds per fio job (and per host-path cell).
     #[arg(long, default_value_t = 3)]
     runtime_s: u32,
@@ -348,6 +349,19 @@ pub fn compare(a: VmCompareArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// `--uring-depths`: a comma-separated list of depths from 1 to 64, or
+/// nothing at all (no io_uring jobs).
+fn uring_depths(list: &str) -> Result<Vec<u32>, String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| match d.parse::<u32>() {
+            Ok(n) if (1..=64).contains(&n) => Ok(n),
+            _ => Err(format!("--uring-depths {d}: from 1 to 64")),
+        })
+        .collect()
+}
+
 fn jobs(a: &VmCompareArgs) -> Result<Vec<Job>, String> {
     let sizes = parse_size_list("--sizes", &a.sizes)?;
     for &s in &sizes {
@@ -357,9 +371,7 @@ fn jobs(a: &VmCompareArgs) -> Result<Vec<Job>, String> {
             ));
         }
     }
-    if let Some(d) = a.uring_depths.iter().find(|&&d| d == 0 || d > 64) {
-        return Err(format!("--uring-depths {d}: from 1 to 64"));
-    }
+    let uring_depths = uring_depths(&a.uring_depths)?;
     if a.runtime_s == 0 {
         return Err("--runtime-s 0: at least 1".into());
     }
@@ -369,8 +381,8 @@ fn jobs(a: &VmCompareArgs) -> Result<Vec<Job>, String> {
             return Err(format!("--rw {rw}: randread or randwrite"));
         }
         for &size_bytes in &sizes {
-            let engines = std::iter::once(("psync", 1))
-                .chain(a.uring_depths.iter().map(|&d| ("io_uring", d)));
+            let engines =
+                std::iter::once(("psync", 1)).chain(uring_depths.iter().map(|&d| ("io_uring", d)));
             for (engine, queue_depth) in engines {
                 jobs.push(Job {
                     rw: rw.clone(),
@@ -782,6 +794,21 @@ fn figures(rows: &[Row], accel: &str) -> Vec<StackedBars> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--uring-depths ""` runs psync only; a depth outside 1–64 or a word
+    /// is refused by name.
+    #[test]
+    fn uring_depths_may_be_empty_and_are_bounded() {
+        assert_eq!(uring_depths(""), Ok(vec![]));
+        assert_eq!(uring_depths("1,32"), Ok(vec![1, 32]));
+        assert_eq!(uring_depths(" 4 , 8 "), Ok(vec![4, 8]));
+        for bad in ["0", "65", "x", "1,0"] {
+            assert!(
+                uring_depths(bad).unwrap_err().contains("from 1 to 64"),
+                "{bad}"
+            );
+        }
+    }
 
     /// A job's verdict is its own: the counters between its marks, not the
     /// run's. Job 0 keeps up (0.1 µs behind 4 µs modeled); job 1 falls
